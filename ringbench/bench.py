@@ -1,0 +1,190 @@
+"""The timing protocol, the FLOP count and the memory figures of one case (MEASUREMENT.md)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ringbench.spec import DTYPES
+from ringbench.variants import get_variant
+from ringbench.variants.comm import TRAFFIC, reset_traffic
+from ringbench.variants.kernels import get_kernel
+
+GIB = 1024 ** 3
+
+#: Dense bf16/fp16 tensor-core peak by GPU model, TFLOP/s, from the vendors' datasheets.
+#: A measured figure above it is an error, not a result.
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0}
+
+
+def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causal: bool,
+                    mode: str) -> float:
+    """FLOPs of one attention over the whole sequence, in the flash-attn convention.
+
+    Forward is ``4 * B * S^2 * Hq * D``, halved when causal; forward + backward is 3.5 times
+    forward. GQA and the layout change nothing. Divide by the world size for per-GPU figures.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    fwd = 4.0 * batch * seqlen * seqlen * heads * head_dim
+    if causal:
+        fwd /= 2
+    if mode == "fwd":
+        return fwd
+    if mode == "fwd_bwd":
+        return 3.5 * fwd
+    raise ValueError(f"mode {mode!r} is unknown; choose fwd or fwd_bwd")
+
+
+def peak_tflops(device_name: str | None) -> float | None:
+    """The dense bf16 peak of the named GPU in TFLOP/s, or ``None`` when it is not known."""
+    for model, peak in PEAK_TFLOPS.items():
+        if device_name and model in device_name:
+            return peak
+    return None
+
+
+def time_iterations(fn: Callable[[], None], *, iters: int, warmup: int, device: torch.device,
+                    group=None) -> list[float]:
+    """Time ``fn`` ``iters`` times after ``warmup`` untimed calls; per-iteration times in ms.
+
+    Every timed iteration starts after a barrier, so all ranks time the same ring step. CUDA
+    events time the device; on CPU ``time.perf_counter`` runs after the call has returned.
+    """
+    for _ in range(warmup):
+        fn()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    times = []
+    for _ in range(iters):
+        if group is not None or dist.is_initialized():
+            dist.barrier(group=group)
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _random(shape, dtype, device, gen) -> torch.Tensor:
+    # Never zeros: zeros hide unwritten outputs and can run faster than real data.
+    return torch.randn(shape, generator=gen, dtype=torch.float32, device=device).to(dtype)
+
+
+def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
+    """Measure one ``run`` case on this rank and return the record fields rank 0 will write.
+
+    Each rank draws its own shard from ``(seed, rank)``; the whole sequence is never built.
+    The reference is the same kernel, same mode, on one rank's share (``S / W`` tokens).
+
+    Args:
+        spec: a ``CaseSpec.to_dict()``.
+        device: this rank's device.
+        group: the context-parallel group (default: the world).
+
+    Returns:
+        The run fields of the record (docs/CONTRACTS.md), identical on every rank.
+
+    Raises:
+        RuntimeError: a TFLOP/s above the device's peak, or a multi-rank run that sent nothing.
+    """
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    variant, kernel = get_variant(spec["variant"]), get_kernel(spec["kernel"])
+    dtype = getattr(torch, DTYPES[spec["dtype"]])
+    B, S, H, Hkv, D = spec["batch"], spec["seqlen"], spec["heads"], spec["kv_heads"], spec["head_dim"]
+    local = S // world_size
+    gen = torch.Generator(device=device).manual_seed(spec["seed"] * 100003 + rank)
+    q = _random((B, local, H, D), dtype, device, gen)
+    k = _random((B, local, Hkv, D), dtype, device, gen)
+    v = _random((B, local, Hkv, D), dtype, device, gen)
+    dout = _random((B, local, H, D), dtype, device, gen)
+    causal, scale, backward = spec["causal"], D ** -0.5, spec["mode"] == "fwd_bwd"
+    attention = variant.attention
+
+    def step() -> None:
+        if not backward:
+            with torch.no_grad():
+                attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel)
+            return
+        for t in (q, k, v):
+            t.requires_grad_(True)
+            t.grad = None
+        out, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel)
+        out.backward(dout)
+
+    def reference() -> None:
+        with torch.no_grad():
+            out, lse = kernel.forward(q, k, v, causal, scale)
+            if backward:
+                kernel.backward(dout, q, k, v, out, lse, causal, scale)
+
+    iters, warmup = spec["iters"], spec["warmup"]
+    cuda = device.type == "cuda"
+    # Warm up before resetting the counters, so allocator growth and traffic of the warm-up
+    # stay out of the figures.
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    reset_traffic()
+    times = time_iterations(step, iters=iters, warmup=0, device=device, group=group)
+    sent, received = TRAFFIC.bytes_sent / iters, TRAFFIC.bytes_received / iters
+    peak_alloc = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
+    peak_reserved = torch.cuda.max_memory_reserved(device) / GIB if cuda else None
+    for t in (q, k, v):
+        t.grad = None
+        t.requires_grad_(False)
+    ref_times = time_iterations(reference, iters=iters, warmup=warmup, device=device, group=group)
+
+    mine = (statistics.median(times), statistics.median(ref_times), sent, received,
+            peak_alloc, peak_reserved)
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, mine, group=group)
+    per_rank = [g[0] for g in gathered]
+    time_ms = max(per_rank)
+    ref_ms = max(g[1] for g in gathered)
+    flops_per_gpu = attention_flops(batch=B, seqlen=S, heads=H, head_dim=D, causal=causal,
+                                    mode=spec["mode"]) / world_size
+    ref_flops = attention_flops(batch=B, seqlen=local, heads=H, head_dim=D, causal=causal,
+                                mode=spec["mode"])
+    tflops = flops_per_gpu / (time_ms * 1e-3) / 1e12
+    ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
+    max_sent = max(g[2] for g in gathered)
+    fields = {
+        "time_ms": time_ms,
+        "per_rank_time_ms": per_rank,
+        "imbalance": time_ms / min(per_rank) if min(per_rank) > 0 else None,
+        "flops_convention": "flash-attn",
+        "flops_per_gpu": flops_per_gpu,
+        "tflops_per_gpu": tflops,
+        "ref_time_ms": ref_ms,
+        "ref_tflops": ref_tflops,
+        "efficiency": tflops / ref_tflops if ref_tflops > 0 else None,
+        "peak_allocated_gib": max(g[4] for g in gathered) if cuda else None,
+        "peak_reserved_gib": max(g[5] for g in gathered) if cuda else None,
+        "bytes_sent": int(max_sent),
+        "bytes_received": int(max(g[3] for g in gathered)),
+        "bus_gib_s": max_sent / GIB / (time_ms * 1e-3) if world_size > 1 else None,
+    }
+    peak = peak_tflops(torch.cuda.get_device_name(device)) if cuda else None
+    if peak is not None and dtype in (torch.bfloat16, torch.float16) and tflops > peak:
+        raise RuntimeError(f"measured {tflops:.0f} TFLOP/s per GPU exceeds the device's dense peak of "
+                           f"{peak:.0f}; the result cannot be true, so it is refused")
+    if world_size > 1 and max_sent == 0:
+        raise RuntimeError(f"the {spec['variant']} variant sent no bytes at world size {world_size}; "
+                           "context parallelism was not active, so the timing is refused")
+    return fields

@@ -1,0 +1,159 @@
+"""Correctness of one case: the variant against two references, under the tolerance rule.
+
+For each tensor T in (out, lse, dq, dk, dv), with T_fp64 the math kernel in float64 and
+T_single the same kernel on one device over the whole sequence::
+
+    pass  iff  max|T_variant - T_fp64| <= 2 * max|T_single - T_fp64| + floor(T)
+
+``floor(T)`` is a small absolute error per dtype (``FLOORS``) that keeps the allowance above
+zero where the single-device kernel happens to be exact (float64 inputs, tiny problems).
+NaN or Inf fails, and so does a dtype or shape that differs from the input's.
+Comparing against the fp64 reference, not only against the same kernel without context
+parallelism, keeps a kernel bug from cancelling itself out (MEASUREMENT.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ringbench.spec import DTYPES
+from ringbench.variants import get_variant, layouts
+from ringbench.variants.kernels import KERNELS, get_kernel
+
+TENSORS = ("out", "lse", "dq", "dk", "dv")
+ERR_FACTOR = 2.0
+
+
+#: floor(dtype): absolute, for tensors of order one (verify draws inputs from N(0, 1)).
+FLOORS = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 1e-4, torch.bfloat16: 1e-3}
+
+
+def floor_for(dtype: torch.dtype) -> float:
+    """The absolute error floor of a tensor of ``dtype``."""
+    return FLOORS[dtype]
+
+
+def compare(name: str, got: torch.Tensor, single: torch.Tensor, ref: torch.Tensor,
+            expected_dtype: torch.dtype, expected_shape: tuple) -> dict:
+    """Apply the tolerance rule to one tensor and return its check entry (docs/CONTRACTS.md)."""
+    ref = ref.double()
+    finite_ref = torch.isfinite(ref)
+    got_d, single_d = got.double(), single.double()
+    # Where the reference is -inf (lse of a row that sees no key) the variant must match exactly.
+    finite = bool(torch.isfinite(got_d[finite_ref]).all()) and bool(
+        (got_d[~finite_ref] == ref[~finite_ref]).all())
+    diff = (got_d - ref)[finite_ref].abs()
+    diff_single = (single_d - ref)[finite_ref].abs()
+    err = float(diff.max()) if diff.numel() else 0.0
+    err_single = float(diff_single.max()) if diff_single.numel() else 0.0
+    floor = floor_for(expected_dtype)
+    allowed = ERR_FACTOR * err_single + floor
+    dtype_ok = got.dtype == expected_dtype
+    shape_ok = tuple(got.shape) == tuple(expected_shape)
+    ok_err = err == err and err <= allowed  # err == err is False for nan
+    return {
+        "tensor": name,
+        "err": err,
+        "err_single": err_single,
+        "floor": floor,
+        "allowed": allowed,
+        "ratio": err / allowed if allowed > 0 else (0.0 if err == 0 else float("inf")),
+        "mean_err": float(diff.mean()) if diff.numel() else 0.0,
+        "mean_err_single": float(diff_single.mean()) if diff_single.numel() else 0.0,
+        "finite": finite,
+        "dtype_ok": dtype_ok,
+        "shape_ok": shape_ok,
+        "passed": bool(ok_err and finite and dtype_ok and shape_ok),
+        "dtype": str(got.dtype).replace("torch.", ""),
+    }
+
+
+def _gather(t: torch.Tensor, layout: str, dim: int, group) -> torch.Tensor:
+    world_size = dist.get_world_size(group)
+    parts = [torch.empty_like(t) for _ in range(world_size)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return layouts.unshard(parts, layout, dim=dim)
+
+
+def global_inputs(spec: dict, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The whole-sequence q, k, v, dout of a verify case, identical on every rank (CPU seed)."""
+    B, S, H, Hkv, D = spec["batch"], spec["seqlen"], spec["heads"], spec["kv_heads"], spec["head_dim"]
+    gen = torch.Generator().manual_seed(spec["seed"])
+    shapes = ((B, S, H, D), (B, S, Hkv, D), (B, S, Hkv, D), (B, S, H, D))
+    return tuple(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).to(device) for s in shapes)
+
+
+def _run_variant(attention, layout, inputs, *, rank, world_size, causal, scale, group, kernel):
+    q, k, v, dout = (layouts.shard(x, layout, rank, world_size) for x in inputs)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out, lse = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel)
+    out.backward(dout)
+    return out.detach(), lse, q.grad, k.grad, v.grad
+
+
+def cp_active(attention, layout, inputs, *, rank, world_size, causal, scale, group, kernel) -> bool:
+    """Whether changing one rank's K/V changes another rank's output (a silent fall-back to local
+    attention would not). Non-causal: K/V of the last rank, output of rank 0; causal: K/V of
+    rank 0, output of the last rank, which sees it in every layout ringbench has."""
+    source, watcher = (0, world_size - 1) if causal else (world_size - 1, 0)
+    q, k, v = (layouts.shard(x, layout, rank, world_size) for x in inputs[:3])
+    with torch.no_grad():
+        before, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel)
+        if rank == source:
+            k, v = -k.flip(1), v.flip(1) * 2 + 1
+        after, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel)
+    changed = torch.tensor([float((before.float() - after.float()).abs().max()) if rank == watcher else 0.0],
+                           device=q.device)
+    dist.all_reduce(changed, group=group)
+    return bool(changed.item() > 0)
+
+
+def verify_case(spec: dict, *, device: torch.device, group=None) -> dict:
+    """Check one ``verify`` case; every rank calls it, every rank gets the same fields back.
+
+    Args:
+        spec: a ``CaseSpec.to_dict()``; the whole sequence must fit on one device.
+        device: this rank's device.
+        group: the context-parallel group (default: the world).
+
+    Returns:
+        ``{"status": "ok" | "fail", "reason": str | None, "checks": [...], "cp_active": bool | None}``.
+    """
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    variant, kernel = get_variant(spec["variant"]), get_kernel(spec["kernel"])
+    dtype = getattr(torch, DTYPES[spec["dtype"]])
+    causal, scale = spec["causal"], spec["head_dim"] ** -0.5
+    inputs = global_inputs(spec, dtype, device)
+    kwargs = dict(rank=rank, world_size=world_size, causal=causal, scale=scale, group=group, kernel=kernel)
+    local = _run_variant(variant.attention, variant.layout, inputs, **kwargs)
+    dims = (1, 2, 1, 1, 1)
+    gathered = [_gather(t, variant.layout, d, group) for t, d in zip(local, dims)]
+    active = cp_active(variant.attention, variant.layout, inputs, **kwargs) if world_size > 1 else None
+
+    checks = None
+    if rank == 0:
+        q, k, v, dout = inputs
+        s_out, s_lse = kernel.forward(q, k, v, causal, scale)
+        single = (s_out, s_lse, *kernel.backward(dout, q, k, v, s_out, s_lse, causal, scale))
+        math = KERNELS["math"]
+        q64, k64, v64, d64 = (x.double() for x in inputs)
+        r_out, r_lse = math.forward(q64, k64, v64, causal, scale)
+        ref = (r_out, r_lse, *math.backward(d64, q64, k64, v64, r_out, r_lse, causal, scale))
+        expected = ((dtype, q.shape), (torch.float32 if dtype != torch.float64 else dtype,
+                                       (q.shape[0], q.shape[2], q.shape[1])),
+                    (dtype, q.shape), (dtype, k.shape), (dtype, v.shape))
+        checks = [compare(n, g, s, r, *e) for n, g, s, r, e in zip(TENSORS, gathered, single, ref, expected)]
+    box = [checks]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0,
+                               group=group)
+    checks = box[0]
+    failed = [c["tensor"] for c in checks if not c["passed"]]
+    reasons = []
+    if failed:
+        reasons.append("over the tolerance or malformed: " + ", ".join(failed))
+    if active is False:
+        reasons.append(f"changing one rank's K/V left the other rank's output unchanged, so "
+                       f"context parallelism was not active at world size {world_size}")
+    return {"status": "fail" if reasons else "ok", "reason": "; ".join(reasons) or None,
+            "checks": checks, "cp_active": active}

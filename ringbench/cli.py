@@ -1,0 +1,368 @@
+"""The ``ringbench`` command line: ``run``, ``verify`` and (later) ``compare``.
+
+Parsing and every check that needs no GPU happen here, before any process starts; a bad
+input prints one red sentence on stderr and exits 2. Torch and the harness modules are
+imported inside the commands, so ``ringbench --help`` is instant.
+
+Exit codes: 0 every case passed, 1 a case failed, 2 bad usage, 3 a launch failed or timed out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import sys
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, List, Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from ringbench import __version__
+from ringbench.spec import SpecError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_RUN = 0, 1, 2, 3
+#: Statuses that do not fail a command; anything else (fail, oom, error, timeout) does.
+PASSING = ("ok", "skipped")
+SCHEMA_VERSION = 1
+
+app = typer.Typer(
+    name="ringbench",
+    help="Run, verify and compare context-parallel (ring) attention variants across ranks.\n\n"
+         "Exit codes: 0 all passed, 1 a case failed, 2 bad usage, 3 a launch failed or timed out.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+
+# --------------------------------------------------------------------------- options
+
+_DEV = "Default: cuda {cuda}, cpu {cpu}."
+VARIANT_HELP = "Context-parallel variant to run, as registered in ringbench.variants (ring, zigzag, ...)."
+SEQLEN_HELP = ("Global tokens per sequence, split across ranks; a whole number with an optional k (x1024) "
+               "or M (x1024^2) suffix, such as 4096, 128k or 1M. " + _DEV.format(cuda="16k", cpu="4k"))
+WORLD_HELP = ("Ranks in the context-parallel group, one process each. Default: cuda every visible GPU, "
+              "cpu 2.")
+BATCH_HELP = "Sequences per batch (B). Default: 1."
+HEADS_HELP = "Query heads (Hq). " + _DEV.format(cuda=32, cpu=4)
+KV_HEADS_HELP = ("Key/value heads (Hkv); must divide --heads, fewer than --heads means GQA. "
+                 + _DEV.format(cuda=8, cpu=2))
+HEAD_DIM_HELP = "Channels per head (D). " + _DEV.format(cuda=128, cpu=32)
+DTYPE_HELP = "Input dtype: bf16, fp16, fp32 or fp64. " + _DEV.format(cuda="bf16", cpu="fp32")
+CAUSAL_HELP = "Apply a causal mask (--causal, the default) or attend to every key (--no-causal)."
+MODE_HELP = "What one iteration times: fwd (forward only) or fwd_bwd (forward and backward). Default: fwd_bwd."
+KERNEL_HELP = ("Local attention kernel: flash-attn, torch-flash, cudnn (cuda), cpu, math (any device), or "
+               "auto, the first one available here that takes the dtype and head dim. Default: auto.")
+ITERS_HELP = "Timed iterations per case. " + _DEV.format(cuda=20, cpu=10)
+WARMUP_HELP = "Untimed warm-up iterations before timing (0 allowed). " + _DEV.format(cuda=5, cpu=3)
+SEED_HELP = "Seed of the random inputs (0 or more). Default: 0."
+DEVICE_HELP = ("Run on cuda (NCCL, one GPU per rank) or cpu (gloo). Default: cuda when a GPU is visible, "
+               "else cpu; a scenario that names its device (smoke says cpu) keeps it unless this is given.")
+OUT_HELP = "Folder for the records; run appends to OUT/runs.jsonl, verify to OUT/verify.jsonl. Default: results."
+JSON_HELP = "Print one JSON record per line on stdout and nothing else there, instead of the table."
+TIMEOUT_HELP = ("Seconds one launch (all cases of one world size and device) may take before it is "
+                "stopped and its unreported cases recorded as timeout. Default: 600.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ringbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Run, verify and compare context-parallel (ring) attention variants across ranks."""
+
+
+# --------------------------------------------------------------------------- commands
+
+@app.command()
+def run(
+    variant: Optional[str] = typer.Option(None, "--variant", help=VARIANT_HELP + " Required unless --scenario is given."),
+    seqlen: Optional[str] = typer.Option(None, "--seqlen", help=SEQLEN_HELP),
+    world_size: Optional[int] = typer.Option(None, "--world-size", help=WORLD_HELP),
+    batch: Optional[int] = typer.Option(None, "--batch", help=BATCH_HELP),
+    heads: Optional[int] = typer.Option(None, "--heads", help=HEADS_HELP),
+    kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help=KV_HEADS_HELP),
+    head_dim: Optional[int] = typer.Option(None, "--head-dim", help=HEAD_DIM_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
+    causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help=CAUSAL_HELP, show_default=False),
+    mode: Optional[str] = typer.Option(None, "--mode", help=MODE_HELP),
+    kernel: Optional[str] = typer.Option(None, "--kernel", help=KERNEL_HELP),
+    iters: Optional[int] = typer.Option(None, "--iters", help=ITERS_HELP),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help=WARMUP_HELP),
+    seed: Optional[int] = typer.Option(None, "--seed", help=SEED_HELP),
+    device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
+    scenario: Optional[str] = typer.Option(
+        None, "--scenario", help="Sweep a scenario instead of one case: a built-in name (smoke, ci-nightly) or "
+                                 "a .toml file; the options above then override its fields."),
+    out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    timeout: float = typer.Option(600.0, "--timeout", help=TIMEOUT_HELP, show_default=False),
+) -> None:
+    """Measure a variant's time, throughput and memory on one shape (or a scenario's sweep)."""
+    given = {k: v for k, v in dict(
+        variant=variant, seqlen=seqlen, world_size=world_size, batch=batch, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, causal=causal, mode=mode, kernel=kernel,
+        iters=iters, warmup=warmup, seed=seed, device=device).items() if v is not None}
+    with _usage_errors():
+        _check_given(given, timeout)
+        if scenario is None and "variant" not in given:
+            raise SpecError(_no_variant_message())
+        if scenario is not None:
+            # As in verify: these replace the sweep axis and filter the explicit cases.
+            given.update({k: [given[k]] for k in ("variant", "world_size") if k in given})
+        cases = _build_cases("run", scenario, given)
+        _check_out(out, None)
+    raise typer.Exit(_execute(cases, task="run", out=out, json_out=json_out, timeout_s=timeout))
+
+
+@app.command()
+def verify(
+    variant: Optional[List[str]] = typer.Option(
+        None, "--variant", help="Variant to verify; repeat for several. Replaces the scenario's variant axis and "
+                                "keeps only its explicit cases of these variants. Default: with no --scenario, "
+                                "every user-facing variant; else the scenario's."),
+    scenario: Optional[str] = typer.Option(
+        None, "--scenario", help="Built-in scenario name (smoke, ci-nightly) or a .toml file. Default: smoke, a "
+                                 "CPU scenario that runs on CPU even on a GPU machine."),
+    world_size: Optional[List[int]] = typer.Option(
+        None, "--world-size", help="World size to verify at; repeat for several. Replaces the scenario's world "
+                                   "sizes and keeps only its explicit cases at these sizes."),
+    kernel: Optional[str] = typer.Option(None, "--kernel", help=KERNEL_HELP.replace("Default: auto.",
+                                         "Default: the scenario's kernel, else auto.")),
+    device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
+    junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help="Also write the results as JUnit XML to "
+                                             "this file, one test case per case. Default: no file."),
+    out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    timeout: float = typer.Option(600.0, "--timeout", help=TIMEOUT_HELP, show_default=False),
+) -> None:
+    """Check that variants compute the same attention as one device, within tolerance."""
+    from ringbench.variants import list_variants
+
+    given: dict[str, Any] = {}
+    if variant:
+        given["variant"] = list(variant)
+    elif scenario is None:
+        given["variant"] = list_variants()
+    if world_size:
+        given["world_size"] = list(world_size)
+    if kernel is not None:
+        given["kernel"] = kernel
+    if device is not None:
+        given["device"] = device
+    with _usage_errors():
+        _check_given(given, timeout)
+        cases = _build_cases("verify", scenario or "smoke", given)
+        _check_out(out, junit_xml)
+    raise typer.Exit(_execute(cases, task="verify", out=out, json_out=json_out, timeout_s=timeout,
+                              junit_xml=junit_xml))
+
+
+@app.command()
+def compare() -> None:
+    """Turn results into tables, plots and regression verdicts (not built yet)."""
+    _error("ringbench compare is not built yet; read the records in results/*.jsonl meanwhile")
+    raise typer.Exit(EXIT_USAGE)
+
+
+# --------------------------------------------------------------------------- usage checks
+
+def _error(message: str) -> None:
+    Console(stderr=True, soft_wrap=True).print(Text(message, style="red"))
+
+
+@contextlib.contextmanager
+def _usage_errors() -> Iterator[None]:
+    """Turn a SpecError into one red sentence on stderr and exit code 2."""
+    try:
+        yield
+    except SpecError as exc:
+        _error(str(exc))
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def _no_variant_message() -> str:
+    from ringbench.variants import list_variants
+
+    return (f"no variant was given; pass --variant with one of {', '.join(list_variants())}, "
+            "or --scenario")
+
+
+def _check_given(given: dict[str, Any], timeout: float) -> None:
+    """Refuse bad option values before the (slow, torch-importing) device detection."""
+    from ringbench.spec import check_fields, parse_size
+
+    if "seqlen" in given:
+        given["seqlen"] = parse_size(given["seqlen"])
+    for key, value in given.items():
+        for item in value if isinstance(value, list) else [value]:
+            check_fields({key: item})
+    if all(not isinstance(given.get(k), list) for k in ("variant", "world_size")):
+        check_fields(given)
+    if not timeout > 0:
+        raise SpecError(f"timeout {timeout:g} must be positive; pass --timeout with a number of seconds, "
+                        "such as 600")
+
+
+def _check_out(out: Path, junit_xml: Optional[Path]) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"out {str(out)!r} could not be created ({exc.strerror}); pass --out with a "
+                        "writable folder") from None
+    if junit_xml is not None:
+        try:
+            junit_xml.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpecError(f"junit-xml {str(junit_xml)!r} has a folder that could not be created "
+                            f"({exc.strerror}); pass --junit-xml with a writable path") from None
+
+
+def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any]) -> list:
+    """Expand, validate and resolve the cases; raises SpecError on the first bad one."""
+    from ringbench.scenarios import load_scenario
+    from ringbench.spec import CaseSpec, default_fields, detect_device, resolve, validate
+
+    scen = load_scenario(scenario) if scenario is not None else None
+    machine, gpus = detect_device()
+    if scen is None:
+        device = given.get("device", machine)
+        cases = [CaseSpec.from_dict({"task": task, **default_fields(device, gpus), **given})]
+    else:
+        cases = scen.cases(task, machine, given, visible_gpus=gpus)
+        if not cases:
+            raise SpecError(f"scenario {scen.source} has no case left after the --variant and --world-size "
+                            "filters; pass values that its cases use")
+    resolved = []
+    for i, case in enumerate(cases):
+        try:
+            validate(case, visible_gpus=gpus)
+            resolved.append(resolve(case))
+        except SpecError as exc:
+            if scen is None:
+                raise
+            raise SpecError(f"scenario {scen.source} case {i + 1} of {len(cases)} ({case.variant}, world_size "
+                            f"{case.world_size}, seqlen {case.seqlen}, kernel {case.kernel}): {exc}") from None
+    seen: dict[str, Any] = {}
+    for case in resolved:
+        other = seen.setdefault(case.case_id(), case)
+        if other is not case:
+            raise SpecError(f"two cases share case_id {case.case_id()} because they differ only in iters, warmup "
+                            "or seed, so their records could not be told apart; sweep other fields")
+    return resolved
+
+
+# --------------------------------------------------------------------------- execution
+
+def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: float,
+             junit_xml: Optional[Path] = None) -> int:
+    """Launch the cases, one launch per (world_size, device), and report; returns the exit code."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    # Looked up at call time, so tests can stand in for the harness modules.
+    launch_mod = importlib.import_module("ringbench.launch")
+    results = importlib.import_module("ringbench.results")
+    report = importlib.import_module("ringbench.report")
+
+    err = Console(stderr=True, soft_wrap=True)
+    results_path = out / ("runs.jsonl" if task == "run" else "verify.jsonl")
+    run_id = uuid.uuid4().hex
+    groups: dict[tuple[int, str], list] = {}
+    for case in cases:
+        groups.setdefault((case.world_size, case.device), []).append(case)
+
+    by_id: dict[str, dict] = {}
+    env: list[dict | None] = []  # collected once, on the first unreported case
+    not_run = False
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("launches"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=err) as progress:
+        bar = progress.add_task(task, total=len(groups))
+        for (world_size, device), group in groups.items():
+            progress.update(bar, description=f"{task}: {len(group)} cases at world_size {world_size} on {device}")
+            try:
+                result = launch_mod.launch([c.to_dict() for c in group], world_size=world_size, device=device,
+                                           results_path=results_path, run_id=run_id, timeout_s=timeout_s)
+                timed_out, failure, log_dir = result.timed_out, result.failure, result.log_dir
+            except Exception as exc:  # a launcher crash still leaves one record per case
+                timed_out, failure, log_dir = False, f"the launcher raised {type(exc).__name__}: {exc}", None
+            ids = {c.case_id() for c in group}
+            found = {r["case_id"]: r for r in results.read_records(results_path)
+                     if r.get("run_id") == run_id and r.get("case_id") in ids}
+            missing = [c for c in group if c.case_id() not in found]
+            if missing and not env:
+                env.append(_env(missing[0].kernel))
+            for case in missing:
+                reason = failure or (f"the launch timed out after {timeout_s:g} s" if timed_out
+                                     else "the job ended before this case reported")
+                record = _missing_record(case, run_id, timed_out, reason, env[0])
+                results.append_record(results_path, record)
+                found[case.case_id()] = record
+            if missing or timed_out or failure:
+                not_run = not_run or bool(missing)
+                what = "timed out" if timed_out else f"failed: {failure or 'no reason given'}"
+                where = f"; logs in {log_dir}" if log_dir else ""
+                progress.console.print(Text(f"launch at world_size {world_size} on {device} {what}; "
+                                            f"{len(missing)} of {len(group)} cases unreported{where}",
+                                            style="red"))
+            by_id.update(found)
+            progress.advance(bar)
+
+    records = [by_id[c.case_id()] for c in cases]
+    if json_out:
+        for record in records:
+            sys.stdout.write(json.dumps(record) + "\n")
+        sys.stdout.flush()
+    else:
+        console = Console()
+        (report.print_run_table if task == "run" else report.print_verify_table)(records, console)
+    if junit_xml is not None:
+        report.write_junit(records, junit_xml)
+    err.print(f"{len(records)} records appended to {results_path}", style="dim", markup=False)
+    if not_run:
+        return EXIT_NOT_RUN
+    if any(r.get("status") not in PASSING for r in records):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _env(kernel: str) -> dict | None:
+    try:
+        return importlib.import_module("ringbench.envinfo").collect(kernel)
+    except Exception:  # the environment is context; its failure must not cost the record
+        return None
+
+
+def _missing_record(case, run_id: str, timed_out: bool, reason: str, env: dict | None) -> dict[str, Any]:
+    """The record of a case the launched job never reported."""
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "task": case.task,
+        "run_id": run_id,
+        "case_id": case.case_id(),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "spec": case.to_dict(),
+        "status": "timeout" if timed_out else "error",
+        "reason": reason,
+        "kernel": case.kernel,
+        "env": env,
+    }
+    if case.task == "run":
+        record.update(dict.fromkeys((
+            "time_ms", "per_rank_time_ms", "imbalance", "flops_per_gpu", "tflops_per_gpu", "ref_time_ms",
+            "ref_tflops", "efficiency", "peak_allocated_gib", "peak_reserved_gib", "bytes_sent",
+            "bytes_received", "bus_gib_s")))
+        record["flops_convention"] = "flash-attn"
+    else:
+        record.update(checks=[], cp_active=None)
+    return record

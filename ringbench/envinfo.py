@@ -1,0 +1,66 @@
+"""The environment a record was measured in: versions, device, topology, git commit."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=cwd)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def git_commit() -> str | None:
+    """The commit of the ringbench checkout this code runs from, ``-dirty`` when modified."""
+    here = Path(__file__).resolve().parent
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=here)
+    if commit and _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here):
+        commit += "-dirty"
+    return commit
+
+
+def collect(kernel: str | None = None) -> dict:
+    """Describe this machine and software stack as a JSON-ready dict (imports torch)."""
+    import torch
+
+    import ringbench
+
+    env = {
+        "ringbench": ringbench.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": None,
+        "gpu_name": None,
+        "gpu_count": 0,
+        "topology": None,
+        "flash_attn": None,
+        "kernel": kernel,
+        "git_commit": git_commit(),
+    }
+    if torch.cuda.is_available():
+        env["gpu_name"] = torch.cuda.get_device_name(0)
+        env["gpu_count"] = torch.cuda.device_count()
+        try:
+            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # NCCL missing from this build
+            env["nccl"] = None
+        if shutil.which("nvidia-smi"):
+            env["topology"] = _run(["nvidia-smi", "topo", "-m"])
+    try:
+        import flash_attn
+
+        env["flash_attn"] = flash_attn.__version__
+    except Exception:  # absent or broken: the record says so by null
+        pass
+    return env

@@ -1,0 +1,362 @@
+"""Presenting records: rich tables for the terminal and JUnit XML for CI.
+
+Everything here reads the record dicts of docs/CONTRACTS.md and nothing else; it imports no
+torch, so a report of old results works on a machine without GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+#: Statuses a verify case can end with besides ``ok`` and ``fail``; counted as errors.
+ERROR_STATUSES = ("error", "timeout", "oom")
+
+_STATUS_STYLE = {"ok": "green", "skipped": "yellow"}
+_MISSING = "-"
+
+
+def format_size(n: int) -> str:
+    """Write a token count the way people say it, in binary units.
+
+    Args:
+        n: a count, such as a seqlen.
+
+    Returns:
+        ``"16k"`` for 16384, ``"128k"`` for 131072, ``"1M"`` for 1048576; a count that is
+        not a whole number of 1024s is written out (``"3000"``).
+    """
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("k", 1 << 10)):
+        if n and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def _missing(x: Any) -> bool:
+    # None is "not measured"; NaN is a measured value gone wrong, so it is shown as nan.
+    return x is None
+
+
+def _num(x: Any, fmt: str) -> str:
+    """Format a number; "-" when absent (None), "nan"/"inf" as they are."""
+    if _missing(x):
+        return _MISSING
+    try:
+        return format(x, fmt)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def _ms(x: Any) -> str:
+    """Milliseconds with about four significant digits (0.1234, 12.34, 1234)."""
+    if _missing(x) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return _num(x, "g")
+    digits = 0 if abs(x) >= 1000 else 1 if abs(x) >= 100 else 2 if abs(x) >= 10 else 4
+    return f"{x:.{digits}f}"
+
+
+def _spec(record: dict) -> dict:
+    spec = record.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _field(record: dict, key: str) -> Any:
+    """A spec field, read from the record's spec (and the record itself as a fallback)."""
+    spec = _spec(record)
+    return spec[key] if key in spec else record.get(key)
+
+
+def _text(x: Any) -> str:
+    return _MISSING if _missing(x) else str(x)
+
+
+def _status_text(status: Any) -> Text:
+    status = _text(status)
+    return Text(status, style=_STATUS_STYLE.get(status, "bold red"))
+
+
+def _heads(record: dict) -> str:
+    heads, kv_heads = _field(record, "heads"), _field(record, "kv_heads")
+    if _missing(heads):
+        return _MISSING
+    return f"{heads}/{_text(kv_heads)}"
+
+
+def _kernel(record: dict) -> Any:
+    kernel = record.get("kernel")
+    return kernel if not _missing(kernel) else _spec(record).get("kernel")
+
+
+def _causal(record: dict) -> str:
+    causal = _field(record, "causal")
+    return _MISSING if causal is None else ("causal" if causal else "non-causal")
+
+
+def case_label(record: dict) -> str:
+    """A one-line name of a record's case, e.g. ``zigzag W=2 S=16k H=32/8 D=128 bf16 causal
+    torch-flash`` (`` fwd`` is appended for forward-only cases)."""
+    seqlen = _field(record, "seqlen")
+    parts = [
+        _text(_field(record, "variant")),
+        f"W={_text(_field(record, 'world_size'))}",
+        f"S={_MISSING if _missing(seqlen) else format_size(int(seqlen))}",
+        f"H={_heads(record)}",
+        f"D={_text(_field(record, 'head_dim'))}",
+        _text(_field(record, "dtype")),
+        _causal(record),
+        _text(_kernel(record)),
+    ]
+    if _field(record, "mode") == "fwd":
+        parts.append("fwd")
+    return " ".join(parts)
+
+
+def print_run_table(records: list[dict], console: Console | None = None) -> None:
+    """Print one row per ``run`` record: shape, status and the measured figures.
+
+    Columns: variant, kernel, W, seqlen, heads (Hq/Hkv), head_dim, dtype, causal, mode,
+    status, time (ms, slowest rank's median), imbalance (max/min over ranks), TFLOP/s per
+    GPU, efficiency (against the same kernel on one rank's share), peak allocated (GiB),
+    bus (GiB/s). A ``reason`` column is added when some record is not ``ok``. Absent values
+    show as ``-``.
+
+    Args:
+        records: record dicts as ``results.read_records`` returns them.
+        console: where to print; a new ``rich.console.Console`` when None.
+    """
+    console = console or Console()
+    table = Table(title="ringbench run", title_justify="left")
+    for name, justify in (
+            ("variant", "left"), ("kernel", "left"), ("W", "right"), ("seqlen", "right"),
+            ("heads", "right"), ("D", "right"), ("dtype", "left"), ("causal", "left"),
+            ("mode", "left"), ("status", "left"), ("time ms", "right"),
+            ("imbal.", "right"), ("TFLOP/s/GPU", "right"), ("eff.", "right"),
+            ("peak GiB", "right"), ("bus GiB/s", "right")):
+        table.add_column(name, justify=justify)
+    with_reason = any(r.get("status") != "ok" for r in records)
+    if with_reason:
+        table.add_column("reason", overflow="fold", max_width=60)
+    for r in records:
+        seqlen = _field(r, "seqlen")
+        row: list[Any] = [
+            _text(_field(r, "variant")),
+            _text(_kernel(r)),
+            _text(_field(r, "world_size")),
+            _MISSING if _missing(seqlen) else format_size(int(seqlen)),
+            _heads(r),
+            _text(_field(r, "head_dim")),
+            _text(_field(r, "dtype")),
+            _causal(r),
+            _text(_field(r, "mode")),
+            _status_text(r.get("status")),
+            _ms(r.get("time_ms")),
+            _num(r.get("imbalance"), ".3f"),
+            _num(r.get("tflops_per_gpu"), ".1f"),
+            _num(r.get("efficiency"), ".3f"),
+            _num(r.get("peak_allocated_gib"), ".2f"),
+            _num(r.get("bus_gib_s"), ".1f"),
+        ]
+        if with_reason:
+            reason = r.get("reason")
+            row.append(Text(_text(reason) if r.get("status") != "ok" else "", style="red"))
+        table.add_row(*row)
+    console.print(table)
+
+
+def _check_passed(check: dict) -> bool:
+    return bool(check.get("passed")) and check.get("finite", True) is not False
+
+
+def _case_outcome(record: dict) -> str:
+    """``passed``, ``failed``, ``errors`` or ``skipped`` for one verify record."""
+    status = record.get("status")
+    checks = record.get("checks") or []
+    if status == "skipped":
+        return "skipped"
+    if status in ("ok", "fail") and not checks:
+        return "errors"  # nothing was compared, so nothing was verified
+    if status == "fail" or (status == "ok" and not all(_check_passed(c) for c in checks)):
+        return "failed"
+    if status == "ok":
+        return "passed"
+    return "errors"  # error, timeout, oom, and anything unknown: the run did not finish
+
+
+def verify_summary(records: list[dict]) -> dict[str, int]:
+    """Count verify outcomes, for the summary line and the exit code.
+
+    A case passes when its status is ``ok`` and every check passed; an ``ok`` record with a
+    failing check counts as failed, and an ``ok`` or ``fail`` record without checks as an
+    error. ``error``, ``timeout``, ``oom`` and unknown statuses are
+    errors. The caller should treat ``cases == 0`` as a failure too: nothing was verified.
+
+    Args:
+        records: verify record dicts.
+
+    Returns:
+        ``{"cases", "passed", "failed", "errors", "skipped"}`` counts.
+    """
+    counts = {"cases": len(records), "passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    for r in records:
+        counts[_case_outcome(r)] += 1
+    return counts
+
+
+def _check_notes(check: dict) -> str:
+    notes = []
+    if check.get("finite") is False:
+        notes.append("non-finite values")
+    if check.get("dtype_ok") is False:
+        notes.append("wrong dtype")
+    if check.get("shape_ok") is False:
+        notes.append("wrong shape")
+    return ", ".join(notes)
+
+
+def _ratio(check: dict) -> Any:
+    ratio = check.get("ratio")
+    if _missing(ratio):
+        err, allowed = check.get("err"), check.get("allowed")
+        if isinstance(err, (int, float)) and isinstance(allowed, (int, float)) and allowed > 0:
+            ratio = err / allowed
+    return ratio
+
+
+def print_verify_table(records: list[dict], console: Console | None = None) -> None:
+    """Print one row per (case, tensor) of verify records, then a summary line.
+
+    Columns: case label, tensor, err (max |variant - fp64|), allowed (2 * err_single +
+    floor), ratio (err / allowed; pass needs <= 1), result (PASS / FAIL) and a note (non-finite,
+    wrong dtype or shape, or the reason of a case that did not finish). A case whose status is
+    neither ``ok`` nor ``fail`` is one row with its status.
+
+    Args:
+        records: verify record dicts as ``results.read_records`` returns them.
+        console: where to print; a new ``rich.console.Console`` when None.
+    """
+    console = console or Console()
+    table = Table(title="ringbench verify", title_justify="left")
+    table.add_column("case", overflow="fold")
+    table.add_column("tensor")
+    table.add_column("err", justify="right")
+    table.add_column("allowed", justify="right")
+    table.add_column("ratio", justify="right")
+    table.add_column("result")
+    table.add_column("note", overflow="fold", max_width=60)
+    for i, r in enumerate(records):
+        label = case_label(r)
+        status = r.get("status")
+        checks = r.get("checks") or []
+        if status not in ("ok", "fail") or not checks:
+            table.add_row(label, _MISSING, _MISSING, _MISSING, _MISSING,
+                          _status_text(status if checks or status not in ("ok", "fail")
+                                       else "error"),
+                          Text(_case_reason(r), style="red"), end_section=True)
+            continue
+        for j, check in enumerate(checks):
+            passed = _check_passed(check)
+            table.add_row(
+                label if j == 0 else "",
+                _text(check.get("tensor")),
+                _num(check.get("err"), ".3e"),
+                _num(check.get("allowed"), ".3e"),
+                _num(_ratio(check), ".2f"),
+                Text("PASS", style="green") if passed else Text("FAIL", style="bold red"),
+                _check_notes(check),
+                end_section=j == len(checks) - 1,
+            )
+    console.print(table)
+    s = verify_summary(records)
+    line = Text(f"{s['cases']} cases: ")
+    line.append(f"{s['passed']} passed", style="green")
+    line.append(", ")
+    line.append(f"{s['failed']} failed", style="bold red" if s["failed"] else "")
+    line.append(", ")
+    line.append(f"{s['errors']} errors", style="bold red" if s["errors"] else "")
+    if s["skipped"]:
+        line.append(f", {s['skipped']} skipped", style="yellow")
+    console.print(line)
+
+
+def _case_reason(record: dict) -> str:
+    if record.get("reason"):
+        return str(record["reason"])
+    if record.get("status") in ("ok", "fail") and not record.get("checks"):
+        return f"status {record['status']} but no checks were recorded"
+    return _MISSING
+
+
+def _property_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _failure_message(record: dict) -> str:
+    bad = [c for c in record.get("checks") or [] if not _check_passed(c)]
+    if not bad:
+        return _text(record.get("reason")) if record.get("reason") else "status fail"
+    parts = []
+    for c in bad:
+        part = (f"{_text(c.get('tensor'))}: err {_num(c.get('err'), '.3e')} > allowed "
+                f"{_num(c.get('allowed'), '.3e')}")
+        notes = _check_notes(c)
+        parts.append(f"{part} ({notes})" if notes else part)
+    return f"{len(bad)} of {len(record.get('checks') or [])} tensors over allowance: " + \
+        "; ".join(parts)
+
+
+def write_junit(records: list[dict], path: Path | str) -> None:
+    """Write verify records as JUnit XML, one testcase per case, for CI dashboards.
+
+    The file holds ``<testsuites>`` with one ``<testsuite name="ringbench.verify">``. Its
+    ``<properties>`` come from the first record's ``env`` (dicts and lists as JSON text).
+    Each case is ``<testcase classname="ringbench.verify.<variant>" name="<case label>">``;
+    a failing check gives ``<failure>`` naming each tensor over its allowance with err and
+    allowed; status error, timeout or oom gives ``<error>`` with the reason; skipped gives
+    ``<skipped>``. ``time`` is the record's ``elapsed_s`` when it has one, else 0.
+
+    Args:
+        records: verify record dicts.
+        path: the XML file to write; parent folders are created.
+    """
+    summary = verify_summary(records)
+    total_s = sum(float(r.get("elapsed_s") or 0.0) for r in records)
+    suites = ET.Element("testsuites", tests=str(summary["cases"]),
+                        failures=str(summary["failed"]), errors=str(summary["errors"]),
+                        skipped=str(summary["skipped"]), time=f"{total_s:.3f}")
+    suite = ET.SubElement(suites, "testsuite", name="ringbench.verify",
+                          tests=str(summary["cases"]), failures=str(summary["failed"]),
+                          errors=str(summary["errors"]), skipped=str(summary["skipped"]),
+                          time=f"{total_s:.3f}")
+    env = records[0].get("env") if records else None
+    if isinstance(env, dict) and env:
+        props = ET.SubElement(suite, "properties")
+        for key, value in env.items():
+            ET.SubElement(props, "property", name=str(key), value=_property_value(value))
+    for r in records:
+        case = ET.SubElement(suite, "testcase",
+                             classname=f"ringbench.verify.{_text(_field(r, 'variant'))}",
+                             name=case_label(r), time=f"{float(r.get('elapsed_s') or 0.0):.3f}")
+        outcome = _case_outcome(r)
+        if outcome == "failed":
+            message = _failure_message(r)
+            failure = ET.SubElement(case, "failure", message=message, type="tolerance")
+            failure.text = json.dumps(r.get("checks") or [], indent=1)
+        elif outcome == "errors":
+            ET.SubElement(case, "error", message=_case_reason(r), type=_text(r.get("status")))
+        elif outcome == "skipped":
+            ET.SubElement(case, "skipped", message=_text(r.get("reason")))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.indent(suites)
+    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)

@@ -1,0 +1,207 @@
+"""Scenario files: a sweep of cases declared in TOML.
+
+A scenario has an optional ``description``, an optional ``[defaults]`` table of case fields,
+an optional ``[sweep]`` table of lists whose cartesian product gives cases, and optional
+``[[case]]`` tables, each one explicit extra case. In ``[sweep]``, the key ``shape`` takes a
+list of tables that are merged into the case together, for values that must go in pairs
+(``shape = [{heads = 32, kv_heads = 32}, {heads = 32, kv_heads = 8}]``). ``seqlen`` takes
+sizes as ints or strings such as ``"128k"``. Any field a scenario leaves out takes the
+device's default (:func:`ringbench.spec.default_fields`).
+
+Built-in scenarios ship in the ``ringbench.builtin_scenarios`` package; ``smoke`` is a CPU scenario
+(its defaults say ``device = "cpu"``), so it runs on CPU even on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from ringbench.spec import CaseSpec, SpecError, coerce_field, default_fields, field_names
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+_TOP_KEYS = ("description", "defaults", "sweep", "case")
+_SHAPE = "shape"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A parsed scenario file.
+
+    Attributes:
+        name: the built-in name or the file's stem.
+        source: where it was read from, for messages.
+        description: one line for listings.
+        defaults: fields every case starts from, values type-checked.
+        sweep: axis name -> values; ``shape`` values are field tables.
+        extra: explicit ``[[case]]`` field tables.
+    """
+
+    name: str
+    source: str
+    description: str = ""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    sweep: dict[str, list] = field(default_factory=dict)
+    extra: list[dict[str, Any]] = field(default_factory=list)
+    has_sweep: bool = False
+
+    def cases(self, task: str, device: str, overrides: Mapping[str, Any] | None = None, *,
+              visible_gpus: int = 0) -> list[CaseSpec]:
+        """Expand the scenario into cases, in file order, duplicates dropped.
+
+        Precedence, lowest first: the device's defaults, ``[defaults]``, the sweep axes or the
+        ``[[case]]`` table, then ``overrides``. A scalar override replaces the field in every
+        case. A list override (for example ``{"variant": ["zigzag"]}``) replaces the sweep
+        axis of that field, and keeps only those ``[[case]]`` entries whose pinned value is in
+        the list, so explicit cases act as filters rather than turning into new shapes.
+
+        Args:
+            task: ``run`` or ``verify``.
+            device: this machine's device, used where the scenario and overrides name none.
+            overrides: field -> value or list of values, usually from the CLI.
+            visible_gpus: GPUs here; the cuda default world size.
+
+        Returns:
+            The cases; not yet validated (see :func:`ringbench.spec.validate`).
+
+        Raises:
+            SpecError: an override that is not a case field or has the wrong type, or a case
+                missing ``variant``.
+        """
+        overrides = dict(overrides or {})
+        scalars, lists = {}, {}
+        for key, value in overrides.items():
+            if key == "task" or key not in field_names():
+                raise SpecError(f"override {key!r} is not a case field; use one of "
+                                f"{', '.join(n for n in field_names() if n != 'task')}")
+            if isinstance(value, (list, tuple)):
+                lists[key] = [coerce_field(key, v) for v in value]
+            else:
+                scalars[key] = coerce_field(key, value)
+
+        tables: list[dict[str, Any]] = []
+        if self.has_sweep:
+            axes = {**self.sweep, **lists}
+            names = list(axes)
+            for combo in itertools.product(*(axes[n] for n in names)):
+                case: dict[str, Any] = {}
+                for name, value in zip(names, combo):
+                    case.update(value if name == _SHAPE else {name: value})
+                tables.append(case)
+        for entry in self.extra:
+            if any(k in entry and entry[k] not in lists[k] for k in lists):
+                continue
+            free = [k for k in lists if k not in entry]
+            for combo in itertools.product(*(lists[k] for k in free)):
+                tables.append({**entry, **dict(zip(free, combo))})
+
+        out: list[CaseSpec] = []
+        for table in tables:
+            merged = {**self.defaults, **table, **scalars}
+            case_device = merged.get("device", device)
+            full = {"task": task, **default_fields(case_device, visible_gpus), **merged}
+            if "variant" not in full:
+                raise SpecError(f"scenario {self.source} gives a case without a variant; add variant to "
+                                "[defaults], [sweep] or the [[case]], or pass --variant")
+            spec = CaseSpec.from_dict(full)
+            if spec not in out:
+                out.append(spec)
+        return out
+
+
+def builtin_names() -> list[str]:
+    """Names of the scenarios shipped in the ``ringbench.builtin_scenarios`` package."""
+    folder = resources.files("ringbench.builtin_scenarios")
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """Read a scenario by built-in name (``smoke``) or by file path.
+
+    Raises:
+        SpecError: no such built-in or file, malformed TOML (the message carries the line),
+            an unknown key, or a value of the wrong type; the message names the file and key.
+    """
+    builtin = resources.files("ringbench.builtin_scenarios").joinpath(f"{name_or_path}.toml")
+    if "/" not in name_or_path and not name_or_path.endswith(".toml") and builtin.is_file():
+        return parse_scenario(builtin.read_text(encoding="utf-8"), name=name_or_path,
+                              source=f"{name_or_path} (built-in)")
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise SpecError(f"scenario {name_or_path!r} is neither a built-in ({', '.join(builtin_names())}) "
+                        "nor a file; pass a built-in name or the path of a .toml file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"scenario {path} could not be read ({exc}); check the file") from None
+    return parse_scenario(text, name=path.stem, source=str(path))
+
+
+def parse_scenario(text: str, *, name: str, source: str) -> Scenario:
+    """Parse a scenario's TOML ``text``; ``source`` names it in messages.
+
+    Raises:
+        SpecError: see :func:`load_scenario`.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"scenario {source} is not valid TOML: {exc}; fix the syntax there") from None
+
+    def fail(key: str, problem: str, fix: str) -> SpecError:
+        return SpecError(f"scenario {source}: {key} {problem}; {fix}")
+
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise fail(repr(key), "is not a scenario key", f"use {', '.join(_TOP_KEYS)}")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise fail("description", "must be a string", "quote it")
+
+    defaults = _fields(data.get("defaults", {}), "[defaults]", fail)
+    sweep_table = data.get("sweep")
+    sweep: dict[str, list] = {}
+    if sweep_table is not None:
+        if not isinstance(sweep_table, dict):
+            raise fail("sweep", "must be a table", "write it as [sweep]")
+        for key, values in sweep_table.items():
+            where = f"[sweep] {key}"
+            if not isinstance(values, list) or not values:
+                raise fail(where, "must be a non-empty list", f"write {key} = [value, ...]")
+            if key == _SHAPE:
+                sweep[key] = [_fields(v, f"{where} item", fail) for v in values]
+            else:
+                sweep[key] = [_fields({key: v}, "[sweep]", fail)[key] for v in values]
+
+    extra_tables = data.get("case", [])
+    if not isinstance(extra_tables, list):
+        raise fail("case", "must be an array of tables", "write each one as [[case]]")
+    extra = [_fields(t, f"[[case]] {i + 1}", fail) for i, t in enumerate(extra_tables)]
+    if sweep_table is None and not extra:
+        raise fail("the file", "declares no case", "add a [sweep] table or [[case]] entries")
+    return Scenario(name=name, source=source, description=description, defaults=defaults,
+                    sweep=sweep, extra=extra, has_sweep=sweep_table is not None)
+
+
+def _fields(table: Any, where: str, fail) -> dict[str, Any]:
+    """Type-check a table of case fields (``task`` excluded) found at ``where``."""
+    if not isinstance(table, dict):
+        raise fail(where, "must be a table of case fields", "write it as {field = value, ...}")
+    allowed = [n for n in field_names() if n != "task"]
+    out = {}
+    for key, value in table.items():
+        if key not in allowed:
+            raise fail(f"{where} key {key!r}", "is not a case field", f"use one of {', '.join(allowed)}")
+        try:
+            out[key] = coerce_field(key, value)
+        except SpecError as exc:
+            raise fail(f"{where} key {key!r}", f"is refused ({exc})", "fix its value") from None
+    return out

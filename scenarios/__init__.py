@@ -1,0 +1,1 @@
+"""Built-in scenario files (``*.toml``), shipped as package data of ringbench."""

@@ -1,0 +1,188 @@
+"""The CLI: usage errors, help, and the launch loop with stand-in harness modules (no processes)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ringbench.cli import app
+
+runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+
+
+@dataclass
+class FakeLaunchResult:
+    returncode: int
+    timed_out: bool
+    log_dir: Path
+    failure: str | None
+
+
+class FakeHarness:
+    """Stand-ins for ringbench.launch, .results and .report that record what the CLI asks of them.
+
+    ``outcome(case) -> status or None`` decides each case's record; None leaves it unreported.
+    """
+
+    def __init__(self, monkeypatch, outcome=lambda case: "ok", timed_out=False, failure=None):
+        self.launches: list[dict] = []
+        self.written: dict[Path, list[dict]] = {}
+        self.printed: list[str] = []
+        self.junit: list[Path] = []
+        self.outcome, self.timed_out, self.failure = outcome, timed_out, failure
+        for name, attrs in {
+            "launch": {"launch": self.launch},
+            "results": {"read_records": self.read_records, "append_record": self.append_record},
+            "report": {"print_run_table": self.table("run"), "print_verify_table": self.table("verify"),
+                       "write_junit": lambda records, path: self.junit.append(Path(path))},
+            "envinfo": {"collect": lambda kernel=None: {"kernel": kernel}},
+        }.items():
+            monkeypatch.setitem(sys.modules, f"ringbench.{name}", types.SimpleNamespace(**attrs))
+
+    def launch(self, cases, *, world_size, device, results_path, run_id, timeout_s):
+        from ringbench.spec import CaseSpec
+
+        self.launches.append({"cases": cases, "world_size": world_size, "device": device, "timeout_s": timeout_s})
+        for case in cases:
+            status = self.outcome(case)
+            if status is not None:
+                self.append_record(results_path, {"run_id": run_id, "status": status, "spec": case,
+                                                  "case_id": CaseSpec.from_dict(case).case_id()})
+        return FakeLaunchResult(1 if self.failure else 0, self.timed_out, Path("logs"), self.failure)
+
+    def read_records(self, path):
+        return list(self.written.get(Path(path), []))
+
+    def append_record(self, path, record):
+        self.written.setdefault(Path(path), []).append(record)
+
+    def table(self, task):
+        return lambda records, console: self.printed.append(f"{task} table of {len(records)}")
+
+
+@pytest.fixture
+def harness(monkeypatch):
+    return FakeHarness(monkeypatch)
+
+
+# --------------------------------------------------------------------------- usage errors
+
+@pytest.mark.parametrize("args, pattern", [
+    (["run", "--variant", "nope"], r"^variant 'nope' is unknown; choose one of ring, zigzag$"),
+    (["run", "--variant", "zigzag", "--seqlen", "12q"],
+     r"^seqlen '12q' is not a size; use a whole number with an optional k or M suffix, such as 4096 or 128k$"),
+    (["run", "--variant", "zigzag", "--seqlen", "3004", "--world-size", "4"],
+     r"^seqlen 3004 is not a multiple of 2 \* world_size = 8, which zigzag needs; use 3008$"),
+    (["run", "--dtype", "fp8"], r"^dtype 'fp8' is unknown; pass --dtype with one of bf16, fp16, fp32, fp64$"),
+    (["run", "--seqlen", "4k"], r"^no variant was given; pass --variant with one of ring, zigzag, or --scenario$"),
+    (["run", "--variant", "ring", "--heads", "6", "--kv-heads", "4"], r"^heads 6 is not a multiple of kv_heads 4"),
+    (["run", "--variant", "ring", "--world-size", "0"], r"^world_size 0 must be positive"),
+    (["run", "--variant", "ring", "--mode", "bwd"], r"^mode 'bwd' is unknown"),
+    (["run", "--variant", "ring", "--timeout", "0"], r"^timeout 0 must be positive"),
+    (["run", "--variant", "ring", "--device", "cpu", "--kernel", "cudnn"], r"^kernel 'cudnn' runs on cuda, not cpu"),
+    (["verify", "--scenario", "/nonexistent.toml"], r"^scenario '/nonexistent\.toml' is neither a built-in"),
+    (["verify", "--variant", "nope"], r"^variant 'nope' is unknown"),
+    (["verify", "--world-size", "3"], r"^scenario smoke \(built-in\) case 1 of \d+ \(ring, world_size 3, seqlen 520, "
+                                      r"kernel cpu\): seqlen 520 is not a multiple of world_size = 3"),
+    (["compare"], r"^ringbench compare is not built yet"),
+])
+def test_cli_bad_input_exits_2_with_one_sentence(harness, args, pattern):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert re.search(pattern, result.stderr.strip()), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output and result.stdout == ""
+    assert harness.launches == []
+
+
+def test_cli_scenario_syntax_error_names_the_line(harness, tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[sweep]\nvariant = ["ring",\nheads = 4\n')
+    result = runner.invoke(app, ["verify", "--scenario", str(path)])
+    assert result.exit_code == 2
+    assert re.search(r"bad\.toml is not valid TOML: .*line 3", result.stderr)
+    assert harness.launches == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--help"], ["run", "verify", "compare", "Exit codes"]),
+    (["run", "--help"], ["--variant", "--seqlen", "128k", "--world-size", "--batch", "--heads", "--kv-heads",
+                         "--head-dim", "--dtype", "--causal", "--no-causal", "--mode", "--kernel", "--iters",
+                         "--warmup", "--seed", "--out", "--json", "--timeout", "Default"]),
+    (["verify", "--help"], ["--variant", "--scenario", "--world-size", "--kernel", "--junit-xml", "--json", "--out",
+                            "--timeout", "smoke"]),
+])
+def test_cli_help_exits_0_and_lists_options(args, words):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0
+    for word in words:
+        assert word in result.stdout, word
+
+
+# --------------------------------------------------------------------------- launch loop (stand-ins)
+
+def test_cli_verify_default_runs_smoke_on_cpu_grouped_by_world_size(harness, tmp_path):
+    result = runner.invoke(app, ["verify", "--out", str(tmp_path), "--junit-xml", str(tmp_path / "j" / "v.xml")])
+    assert result.exit_code == 0, result.output
+    assert [(g["world_size"], g["device"]) for g in harness.launches] == [(1, "cpu"), (2, "cpu"), (4, "cpu")]
+    cases = [c for g in harness.launches for c in g["cases"]]
+    assert len(cases) > 0 and {c["kernel"] for c in cases} == {"cpu"} and {c["task"] for c in cases} == {"verify"}
+    assert all(c["world_size"] == g["world_size"] for g in harness.launches for c in g["cases"])
+    assert harness.printed == [f"verify table of {len(cases)}"]
+    assert harness.junit == [tmp_path / "j" / "v.xml"]
+
+
+def test_cli_run_json_prints_only_records(harness, tmp_path):
+    result = runner.invoke(app, ["run", "--variant", "zigzag", "--seqlen", "1k", "--world-size", "2",
+                                 "--device", "cpu", "--json", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == 1 and records[0]["status"] == "ok"
+    assert records[0]["spec"]["seqlen"] == 1024 and records[0]["spec"]["kernel"] == "cpu"
+    assert harness.printed == []
+    assert list(harness.written) == [tmp_path / "runs.jsonl"]
+
+
+def test_cli_failed_case_exits_1(monkeypatch, tmp_path):
+    FakeHarness(monkeypatch, outcome=lambda case: "fail" if case["variant"] == "zigzag" else "ok")
+    result = runner.invoke(app, ["verify", "--world-size", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+
+
+@pytest.mark.parametrize("timed_out, failure, status, reason", [
+    (True, None, "timeout", r"the launch timed out after 30 s"),
+    (False, "rank 1 raised RuntimeError: boom", "error", r"rank 1 raised RuntimeError: boom"),
+])
+def test_cli_unreported_cases_get_records_and_exit_3(monkeypatch, tmp_path, timed_out, failure, status, reason):
+    fake = FakeHarness(monkeypatch, outcome=lambda case: "ok" if case["variant"] == "ring" else None,
+                       timed_out=timed_out, failure=failure)
+    result = runner.invoke(app, ["verify", "--world-size", "2", "--out", str(tmp_path), "--json", "--timeout", "30"])
+    assert result.exit_code == 3, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    made = [r for r in records if r["spec"]["variant"] == "zigzag"]
+    assert made and all(r["status"] == status and re.search(reason, r["reason"]) for r in made)
+    assert all(r["schema_version"] == 1 and r["task"] == "verify" and r["kernel"] == "cpu" for r in made)
+    assert len(fake.written[tmp_path / "verify.jsonl"]) == len(records)
+    assert "unreported" in result.stderr
+
+
+def test_cli_launcher_crash_is_recorded_not_raised(monkeypatch, tmp_path):
+    fake = FakeHarness(monkeypatch)
+
+    def crash(*args, **kwargs):
+        raise OSError("torchrun not found")
+
+    monkeypatch.setattr(sys.modules["ringbench.launch"], "launch", crash)
+    result = runner.invoke(app, ["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 3
+    (record,) = fake.written[tmp_path / "runs.jsonl"]
+    assert record["status"] == "error" and "OSError: torchrun not found" in record["reason"]
+    assert record["time_ms"] is None
+

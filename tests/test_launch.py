@@ -1,0 +1,172 @@
+"""launch.py against the real torchrun, with a stand-in worker written per test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from ringbench import launch as launch_mod
+from ringbench import results
+from ringbench.launch import launch
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Each case says what the stand-in does: "record" (rank 0 appends a record), "raise"
+# (rank 1 raises, rank 0 waits as a peer blocked in a collective would), "hang" (every rank
+# sleeps; the rank named by ignore_term_rank also ignores SIGTERM, like a rank stuck in a
+# C call, so only SIGKILL stops it).
+FAKE_WORKER = '''
+import argparse, json, os, signal, sys, time
+from ringbench import results
+
+if os.environ["RANK"] == "1" and "raise" in open(sys.argv[sys.argv.index("--cases") + 1]).read():
+    # Only the rank that raises needs torchelastic's error file; importing torch costs
+    # seconds, so the other ranks and tests go without it.
+    from torch.distributed.elastic.multiprocessing.errors import record
+else:
+    def record(fn):
+        return fn
+
+
+def mark(rank, text):
+    with open(os.path.join(os.environ["RINGBENCH_PROGRESS_DIR"], f"rank{rank}.txt"), "a") as f:
+        f.write(text + "\\n")
+
+
+@record
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases")
+    parser.add_argument("--results")
+    args = parser.parse_args()
+    rank = int(os.environ["RANK"])
+    with open(args.cases) as f:
+        job = json.load(f)
+    for i, case in enumerate(job["cases"]):
+        mark(rank, f"case {i} {case['action']} start")
+        if case["action"] == "record":
+            if rank == 0:
+                results.append_record(args.results, {"run_id": job["run_id"], "case_id": i,
+                                                     "status": "ok"})
+        elif case["action"] == "raise":
+            if rank == 1:
+                raise RuntimeError("boom: rank 1 could not run case " + str(i))
+            time.sleep(60)
+        elif case["action"] == "hang":
+            if case.get("ignore_term_rank") == rank:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            mark(rank, f"case {i} waiting forever")
+            time.sleep(3600)
+        mark(rank, f"case {i} done")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.fixture
+def worker_env(tmp_path):
+    """Env that makes the stand-in importable as ``fake_worker`` in torchrun's children."""
+    folder = tmp_path / "mods"
+    folder.mkdir()
+    (folder / "fake_worker.py").write_text(FAKE_WORKER)
+    path = os.pathsep.join(p for p in (str(folder), str(REPO), os.environ.get("PYTHONPATH"))
+                           if p)
+    return {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+
+
+def _live_cmdlines_with(needle: str) -> list[str]:
+    """Command lines of live processes that mention ``needle`` (zombies have none)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def _run(tmp_path, worker_env, cases, *, timeout_s, **kw):
+    kw.setdefault("log_dir", tmp_path / "logs")
+    return launch(cases, world_size=2, device="cpu", results_path=tmp_path / "out.jsonl",
+                  run_id="t1", timeout_s=timeout_s, module="fake_worker", env=worker_env, **kw)
+
+
+def test_launch_success_writes_records_and_logs(tmp_path, worker_env):
+    cases = [{"action": "record", "world_size": 2, "device": "cpu"} for _ in range(3)]
+    res = _run(tmp_path, worker_env, cases, timeout_s=60, log_dir=None)
+    assert (res.returncode, res.timed_out, res.failure) == (0, False, None)
+    recs = results.read_records(tmp_path / "out.jsonl")
+    assert [(r["run_id"], r["case_id"]) for r in recs] == [("t1", 0), ("t1", 1), ("t1", 2)]
+    # Default log folder: <results dir>/logs/<run_id>/<nnn>-w<W>, with per-rank logs.
+    assert res.log_dir.parent == tmp_path / "logs" / "t1"
+    assert res.log_dir.name.endswith("-w2")
+    assert (res.log_dir / "cases.json").exists()
+    assert len(list((res.log_dir / "torchrun").glob("*/attempt_0/1/stderr.log"))) == 1
+    assert launch_mod.last_progress(res.log_dir, 2) == {0: "case 2 done", 1: "case 2 done"}
+
+
+def test_launch_rank_failure_names_rank_and_exception(tmp_path, worker_env):
+    cases = [{"action": "record"}, {"action": "raise"}]
+    start = time.monotonic()
+    res = _run(tmp_path, worker_env, cases, timeout_s=60)
+    elapsed = time.monotonic() - start
+    assert res.returncode != 0 and not res.timed_out
+    assert res.failure is not None
+    assert res.failure.startswith("rank 1/2 failed")
+    assert "RuntimeError: boom: rank 1 could not run case 1" in res.failure
+    assert "fake_worker.py" in res.failure  # the traceback came along
+    assert len(results.read_records(tmp_path / "out.jsonl")) == 1  # case 0 kept
+    assert elapsed < 30, f"torchrun took {elapsed:.1f} s to stop rank 0 after rank 1 failed"
+
+
+def test_launch_timeout_kills_every_process(tmp_path, worker_env, monkeypatch):
+    # A short grace keeps the test quick. Rank 1 ignores SIGTERM and torchrun's own shutdown
+    # wait is longer than this grace, so the SIGKILL path is what must stop rank 1.
+    monkeypatch.setattr(launch_mod, "TERM_GRACE_S", 1.5)
+    cases = [{"action": "record"}, {"action": "hang", "ignore_term_rank": 1}]
+    timeout_s = 8.0
+    start = time.monotonic()
+    res = _run(tmp_path, worker_env, cases, timeout_s=timeout_s)
+    elapsed = time.monotonic() - start
+    assert res.timed_out and res.returncode != 0
+    assert timeout_s <= elapsed < timeout_s + launch_mod.TERM_GRACE_S + 4
+    assert "timed out after 8 s" in res.failure
+    assert "rank 0: case 1 waiting forever" in res.failure
+    assert "rank 1: case 1 waiting forever" in res.failure
+    leftovers = _live_cmdlines_with(str(res.log_dir / "cases.json"))
+    assert leftovers == []
+
+
+def test_launch_ctrl_c_stops_job_and_reraises(tmp_path, worker_env, monkeypatch):
+    monkeypatch.setattr(launch_mod, "TERM_GRACE_S", 1.5)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    # SIGALRM stands in for Ctrl-C: both raise KeyboardInterrupt in the main thread.
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 5.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _run(tmp_path, worker_env, [{"action": "hang", "ignore_term_rank": 0}],
+                 timeout_s=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert _live_cmdlines_with(str(tmp_path / "logs" / "cases.json")) == []
+
+
+def test_launch_mismatched_case_world_size_raises(tmp_path):
+    with pytest.raises(ValueError, match=r"case 1 has world_size 4 but this launch uses 2"):
+        launch([{"world_size": 2}, {"world_size": 4}], world_size=2, device="cpu",
+               results_path=tmp_path / "r.jsonl", run_id="x", timeout_s=5)
+    assert not (tmp_path / "logs").exists()  # refused before anything was written

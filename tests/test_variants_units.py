@@ -1,0 +1,431 @@
+"""Fast unit tests of ringbench.variants: the lse merge, the layouts, the local kernels, the ring
+communicator's misuse errors and the registry. No test here needs more than one process.
+
+Every numerical test prints its max and mean differences before asserting, so a failure says how
+far off it was.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ringbench.variants import LAYOUT_CHUNKS, get_variant, layouts, list_variants
+from ringbench.variants.kernels import KERNELS, get_kernel, resolve_kernel
+from ringbench.variants.merge import merge_
+
+Tensor = torch.Tensor
+
+
+# --------------------------------------------------------------------------- helpers
+
+def attention_fp64(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float,
+                   key_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Plain softmax attention in float64, written independently of ringbench's kernels.
+
+    Args:
+        q: ``[B, Sq, Hq, D]``, any float dtype.
+        k, v: ``[B, Sk, Hkv, D]`` with ``Hq % Hkv == 0`` (GQA by repeating K/V heads).
+        causal: mask ``key > query`` (needs ``Sq == Sk``).
+        scale: softmax scale.
+        key_bias: optional float64 ``[Sk]`` added to every score of that key.
+
+    Returns:
+        out float64 ``[B, Sq, Hq, D]`` and lse float64 ``[B, Hq, Sq]``; differentiable
+        with respect to q, k, v when they require grad.
+    """
+    groups = q.shape[2] // k.shape[2]
+    q, k, v = q.double(), k.double(), v.double()
+    k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if key_bias is not None:
+        scores = scores + key_bias
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        scores = scores.masked_fill(torch.ones(sq, sk, dtype=torch.bool).triu(1), -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v)
+    return out, lse
+
+
+def report(label: str, got: Tensor, want: Tensor) -> tuple[float, float]:
+    """Print and return the max and mean |got - want| over the entries where ``want`` is finite."""
+    want = want.double()
+    finite = torch.isfinite(want)
+    diff = (got.double() - want)[finite].abs()
+    max_diff = float(diff.max()) if diff.numel() else 0.0
+    mean_diff = float(diff.mean()) if diff.numel() else 0.0
+    print(f"{label}: max diff {max_diff:.3e}, mean diff {mean_diff:.3e}, "
+          f"max |ref| {float(want[finite].abs().max()) if finite.any() else 0.0:.3e}")
+    return max_diff, mean_diff
+
+
+# --------------------------------------------------------------------------- merge_
+
+def fold(blocks: list[tuple[Tensor, Tensor]], acc: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Fold (out, lse) blocks with merge_ from the empty state the ring starts from."""
+    out0, lse0 = blocks[0]
+    out = torch.zeros(out0.shape, dtype=acc)
+    lse = torch.full(lse0.shape, -math.inf, dtype=acc)
+    for b_out, b_lse in blocks:
+        merge_(out, lse, b_out, b_lse.to(acc))
+    return out, lse
+
+
+def exact_combination(blocks: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """The exact union of partial results in float64, through torch.logsumexp."""
+    outs = torch.stack([o.double() for o, _ in blocks])            # [N, B, S, H, D]
+    lses = torch.stack([l.double() for _, l in blocks])            # [N, B, H, S]
+    lse = torch.logsumexp(lses, dim=0)
+    weights = torch.exp(lses - lse).transpose(2, 3).unsqueeze(-1)  # [N, B, S, H, 1]
+    return (weights * outs).sum(0), lse
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    gaps=st.lists(st.sampled_from([0.0, 3.0, -7.5, 30.0, -60.0, 100.0, -100.0, 1000.0, -1000.0]),
+                  min_size=6, max_size=6),
+    seqlen=st.integers(1, 7),
+    seed=st.integers(0, 2**16),
+    acc=st.sampled_from([torch.float64, torch.float32]),
+)
+def test_merge_fold_matches_logsumexp_combination(sizes, gaps, seqlen, seed, acc):
+    """Attention over a key set split into blocks, folded block by block, equals the whole.
+
+    Block i's keys get ``gaps[i]`` added to every score, so partial lse values differ by up to
+    ~2000 between blocks; the fold must still equal both the exact logsumexp combination and
+    plain attention over all the keys.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    B, H, D = 2, 3, 8
+    n_keys = sum(sizes)
+    q = torch.randn(B, seqlen, H, D, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, n_keys, H, D, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, n_keys, H, D, generator=gen, dtype=torch.float64)
+    owner = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    owner = owner[torch.randperm(n_keys, generator=gen)]  # a random split, not only contiguous runs
+    bias = torch.tensor(gaps, dtype=torch.float64)[owner]
+    scale = D ** -0.5
+    blocks = []
+    for i in range(len(sizes)):
+        keys = (owner == i).nonzero().flatten()
+        blocks.append(attention_fp64(q, k[:, keys], v[:, keys], causal=False, scale=scale,
+                                     key_bias=bias[keys]))
+    whole_out, whole_lse = attention_fp64(q, k, v, causal=False, scale=scale, key_bias=bias)
+    comb_out, comb_lse = exact_combination(blocks)
+    out, lse = fold([(o.to(acc), l.to(acc)) for o, l in blocks], acc)
+
+    rtol = 1e-12 if acc == torch.float64 else 4e-6
+    lse_scale = float(whole_lse.abs().max()) + 1.0
+    d_out, _ = report("out vs logsumexp combination", out, comb_out)
+    d_lse, _ = report("lse vs logsumexp combination", lse, comb_lse)
+    d_out_whole, _ = report("out vs whole attention", out, whole_out)
+    d_lse_whole, _ = report("lse vs whole attention", lse, whole_lse)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert d_out <= rtol * 8 and d_out_whole <= rtol * 8
+    assert d_lse <= rtol * lse_scale and d_lse_whole <= rtol * lse_scale
+
+
+@pytest.mark.parametrize("gap", [100.0, 1000.0])
+@pytest.mark.parametrize("big_first", [True, False], ids=["big_first", "big_second"])
+def test_merge_large_gap_is_finite_and_exact(gap, big_first):
+    """Two blocks whose lse differ by 100 or 1000 merge in float32 without overflow, in both orders."""
+    gen = torch.Generator().manual_seed(int(gap) + big_first)
+    B, S, H, D = 2, 5, 3, 4
+    small = (torch.randn(B, S, H, D, generator=gen, dtype=torch.float64),
+             torch.randn(B, H, S, generator=gen, dtype=torch.float64))
+    big = (torch.randn(B, S, H, D, generator=gen, dtype=torch.float64), small[1] + gap)
+    blocks = [big, small] if big_first else [small, big]
+    want_out, want_lse = exact_combination(blocks)
+    # The naive form lse + log(1 + exp(lse_b - lse)) overflows here in float32: this case is the pitfall.
+    naive = small[1].float() + torch.log1p(torch.exp(big[1].float() - small[1].float()))
+    assert not torch.isfinite(naive).all()
+
+    out, lse = fold([(o.float(), l.float()) for o, l in blocks], torch.float32)
+    d_out, _ = report(f"out, gap {gap}", out, want_out)
+    d_lse, _ = report(f"lse, gap {gap}", lse, want_lse)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert d_out <= 4 * torch.finfo(torch.float32).eps * float(want_out.abs().max())
+    assert d_lse <= 4 * torch.finfo(torch.float32).eps * float(want_lse.abs().max())
+
+
+def _merge_case(seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    B, S, H, D = 2, 6, 3, 4
+    return (torch.randn(B, S, H, D, generator=gen), torch.randn(B, H, S, generator=gen),
+            torch.randn(B, S, H, D, generator=gen), torch.randn(B, H, S, generator=gen))
+
+
+def test_merge_neg_inf_running_lse_takes_block_exactly():
+    """A running lse of -inf (nothing seen yet) contributes nothing: the result is the block, bit for bit."""
+    out, lse, b_out, b_lse = _merge_case(1)
+    lse[:, :, ::2] = -math.inf  # some rows empty, the others not
+    keep_out, keep_lse = out.clone(), lse.clone()
+    merge_(out, lse, b_out, b_lse)
+    empty = torch.zeros_like(lse, dtype=torch.bool)
+    empty[:, :, ::2] = True
+    rows = empty.transpose(1, 2)  # [B, S, H]
+    report("out on empty rows vs block", out[rows], b_out[rows])
+    assert torch.equal(out[rows], b_out[rows])
+    assert torch.equal(lse[empty], b_lse[empty])
+    # The other rows really merged (they differ from both inputs).
+    assert not torch.equal(out[~rows], keep_out[~rows]) and not torch.equal(lse[~empty], keep_lse[~empty])
+
+
+def test_merge_neg_inf_block_lse_leaves_result_unchanged():
+    """A block lse of -inf (a fully masked block) contributes nothing: the running result is kept exactly."""
+    out, lse, b_out, b_lse = _merge_case(2)
+    b_lse.fill_(-math.inf)
+    keep_out, keep_lse = out.clone(), lse.clone()
+    merge_(out, lse, b_out, b_lse)
+    report("out vs before", out, keep_out)
+    assert torch.equal(out, keep_out)
+    assert torch.equal(lse, keep_lse)
+
+
+def test_merge_both_neg_inf_stays_empty_and_finite():
+    """Both lse -inf: lse stays -inf, out is unchanged and finite (no NaN from -inf - -inf)."""
+    out, lse, b_out, b_lse = _merge_case(3)
+    lse.fill_(-math.inf)
+    b_lse.fill_(-math.inf)
+    out.zero_()  # the ring's initial state
+    merge_(out, lse, b_out, b_lse)
+    report("out vs zeros", out, torch.zeros_like(out))
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.isneginf(lse).all()
+
+
+# --------------------------------------------------------------------------- layouts
+
+AWKWARD_LOCAL = (1, 3, 7, 13)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUT_CHUNKS))
+@pytest.mark.parametrize("world_size", range(1, 9))
+def test_layouts_shard_unshard_round_trip(layout, world_size):
+    """unshard(shard(x, r) for every r) gives x back exactly, and each position is held once."""
+    for per_chunk in AWKWARD_LOCAL:
+        seqlen = per_chunk * layouts.required_multiple(layout, world_size)
+        x = torch.randn(2, seqlen, 3, 5)
+        lse_like = torch.randn(2, 3, seqlen)
+        shards = [layouts.shard(x, layout, r, world_size) for r in range(world_size)]
+        lse_shards = [layouts.shard(lse_like, layout, r, world_size, dim=2) for r in range(world_size)]
+        assert all(s.shape == (2, seqlen // world_size, 3, 5) for s in shards)
+        back = layouts.unshard(shards, layout)
+        lse_back = layouts.unshard(lse_shards, layout, dim=2)
+        report(f"{layout} W={world_size} S={seqlen} round trip", back, x)
+        assert torch.equal(back, x)
+        assert torch.equal(lse_back, lse_like)
+        held = torch.cat([layouts.token_index(layout, seqlen, r, world_size) for r in range(world_size)])
+        assert torch.equal(held.sort().values, torch.arange(seqlen))
+
+
+def test_layouts_zigzag_token_index_w2_s8():
+    """Zigzag at W=2, S=8: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2."""
+    assert layouts.token_index("zigzag", 8, 0, 2).tolist() == [0, 1, 6, 7]
+    assert layouts.token_index("zigzag", 8, 1, 2).tolist() == [2, 3, 4, 5]
+    assert layouts.token_index("contiguous", 8, 1, 2).tolist() == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("layout, seqlen, world_size, multiple", [
+    ("zigzag", 1000, 8, 16), ("zigzag", 12, 4, 8), ("contiguous", 10, 4, 4), ("contiguous", 97, 2, 2)])
+def test_layouts_seqlen_not_multiple_raises(layout, seqlen, world_size, multiple):
+    """A seqlen the layout cannot split evenly is refused with a ValueError naming both numbers."""
+    pattern = rf"seqlen {seqlen}\b.*\b{multiple}\b"
+    with pytest.raises(ValueError, match=pattern):
+        layouts.token_index(layout, seqlen, 0, world_size)
+    with pytest.raises(ValueError, match=pattern):
+        layouts.shard(torch.zeros(1, seqlen, 1, 1), layout, 0, world_size)
+
+
+# --------------------------------------------------------------------------- kernels
+
+#: Allowed max error, in units of eps(input dtype) * max|reference|. A bf16 result is rounded
+#: once to bf16 (half a unit) after blockwise work in float32; fp32 results carry rounding
+#: accumulated over about sqrt(S) terms of the softmax sums and matmuls (S up to 257 here).
+EPS_UNITS = {torch.float32: 32.0, torch.bfloat16: 4.0}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("seqlen", [97, 257])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa2", "mqa"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("kernel_name", ["cpu", "math"])
+def test_kernels_match_fp64_reference(kernel_name, causal, kv_heads, seqlen, dtype):
+    """Forward (out, lse) and backward (dq, dk, dv) of the CPU kernels against float64 autograd."""
+    kernel = KERNELS[kernel_name]
+    B, H, D = 2, 4, 32
+    gen = torch.Generator().manual_seed(seqlen * 10 + kv_heads + 100 * causal)
+    q = torch.randn(B, seqlen, H, D, generator=gen).to(dtype)
+    k = torch.randn(B, seqlen, kv_heads, D, generator=gen).to(dtype)
+    v = torch.randn(B, seqlen, kv_heads, D, generator=gen).to(dtype)
+    dout = torch.randn(B, seqlen, H, D, generator=gen).to(dtype)
+    scale = D ** -0.5
+
+    out, lse = kernel.forward(q, k, v, causal, scale)
+    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, causal, scale)
+
+    q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
+    r_out, r_lse = attention_fp64(q64, k64, v64, causal=causal, scale=scale)
+    r_out.backward(dout.double())
+    want = {"out": r_out.detach(), "lse": r_lse.detach(), "dq": q64.grad, "dk": k64.grad, "dv": v64.grad}
+    got = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+
+    assert out.dtype == dtype and out.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == (B, H, seqlen)
+    assert (dq.dtype, dk.dtype, dv.dtype) == (dtype, dtype, dtype)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    failures = []
+    for name in got:
+        max_diff, _ = report(f"{kernel_name} {name}", got[name], want[name])
+        allowed = EPS_UNITS[dtype] * torch.finfo(dtype).eps * float(want[name].abs().max())
+        if not (torch.isfinite(got[name]).all() and max_diff <= allowed):
+            failures.append(f"{name}: max diff {max_diff:.3e} > allowed {allowed:.3e}")
+    assert not failures, "; ".join(failures)
+
+
+def test_kernels_auto_on_cpu_is_cpu():
+    assert resolve_kernel("auto", "cpu").name == "cpu"
+    assert resolve_kernel("math", "cpu").name == "math"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
+@pytest.mark.parametrize("name", ["flash-attn", "torch-flash", "cudnn"])
+def test_kernels_cuda_unavailable_with_reason(name):
+    """Without a GPU each CUDA kernel says why it cannot run, and resolve refuses it with that reason."""
+    reason = KERNELS[name].unavailable()
+    print(f"{name}: {reason}")
+    assert isinstance(reason, str) and reason
+    with pytest.raises(ValueError, match=rf"{re.escape(name)}.*unavailable here: {re.escape(reason)}"):
+        resolve_kernel(name, "cuda")
+    with pytest.raises(ValueError, match="runs on cuda, not cpu"):
+        resolve_kernel(name, "cpu")
+
+
+def test_kernels_unknown_name_lists_valid_ones():
+    with pytest.raises(ValueError, match="nope") as info:
+        get_kernel("nope")
+    for name in KERNELS:
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize("kernel_name", ["cpu", "math"])
+def test_kernels_causal_rectangular_raises(kernel_name):
+    """A causal block with Sq != Sk is refused (backends disagree on its alignment)."""
+    kernel = KERNELS[kernel_name]
+    q, k = torch.randn(1, 8, 2, 4), torch.randn(1, 6, 2, 4)
+    with pytest.raises(ValueError, match=r"Sq == Sk.*8 and 6"):
+        kernel.forward(q, k, k, True, 0.5)
+    with pytest.raises(ValueError, match=r"Sq == Sk.*8 and 6"):
+        kernel.backward(q, q, k, k, q, torch.zeros(1, 2, 8), True, 0.5)
+    out, lse = kernel.forward(q, k, k, False, 0.5)  # the same shapes without a mask are fine
+    assert out.shape == q.shape and lse.shape == (1, 2, 8)
+
+
+# --------------------------------------------------------------------------- RingComm
+
+@pytest.fixture
+def solo_group(tmp_path):
+    """A world-size-1 gloo process group on a FileStore, destroyed after the test."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ringcomm_misuse_raises(solo_group):
+    from ringbench.variants.comm import RingComm
+
+    comm = RingComm()
+    with pytest.raises(RuntimeError, match=r"wait\(\).*no batch in flight"):
+        comm.wait()
+    with pytest.raises(RuntimeError, match=r"commit\(\).*nothing queued"):
+        comm.commit()
+    with pytest.raises(RuntimeError, match="must match"):
+        comm.send_recv(torch.zeros(4), torch.zeros(5))
+    with pytest.raises(RuntimeError, match="must match"):
+        comm.send_recv(torch.zeros(4), torch.zeros(4, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- registry
+
+def test_registry_lists_ring_and_zigzag_hides_broken_merge():
+    names = list_variants()
+    assert "ring" in names and "zigzag" in names
+    assert "broken_merge" not in names
+    assert "broken_merge" in list_variants(include_hidden=True)
+    assert get_variant("broken_merge").hidden
+
+
+def test_registry_unknown_variant_lists_user_facing_ones():
+    with pytest.raises(ValueError, match="'nope' is unknown") as info:
+        get_variant("nope")
+    assert "ring" in str(info.value) and "zigzag" in str(info.value)
+    assert "broken_merge" not in str(info.value)
+
+
+def test_registry_check_zigzag_names_rule_and_fix():
+    message = get_variant("zigzag").check(seqlen=1000, world_size=8, causal=True)
+    print(message)
+    assert message is not None
+    assert "seqlen 1000" in message
+    assert "2 * world_size = 16" in message
+    assert re.search(r"\buse 1008\b", message)
+    assert get_variant("zigzag").check(seqlen=1008, world_size=8, causal=True) is None
+
+
+def test_registry_check_ring_names_rule_and_fix():
+    message = get_variant("ring").check(seqlen=1001, world_size=8, causal=False)
+    print(message)
+    assert message is not None and "world_size = 8" in message and re.search(r"\buse 1008\b", message)
+    assert get_variant("ring").check(seqlen=1000, world_size=8, causal=True) is None
+
+
+# --------------------------------------------------------------------------- the tolerance rule
+
+def test_check_compare_shape_mismatch_is_a_failed_check():
+    """A result of the wrong shape is a failed check (shape_ok False), not an exception.
+
+    ringbench/check.py's docstring says a shape that differs from the input's fails; compare
+    indexes the result with the reference's finite mask first, so it raises instead.
+    """
+    from ringbench.check import compare
+
+    ref = torch.randn(1, 8, 2, 4, dtype=torch.float64)
+    single = ref.float()
+    got = torch.randn(1, 4, 2, 4)  # half the tokens: a lost shard
+    entry = compare("out", got, single, ref, torch.float32, tuple(ref.shape))
+    print(entry)
+    assert entry["shape_ok"] is False and entry["passed"] is False
+
+
+def test_check_compare_rule_passes_and_fails():
+    """err <= 2 * err_single + floor passes; a little above it fails; NaN and a wrong dtype fail."""
+    from ringbench.check import compare
+
+    gen = torch.Generator().manual_seed(5)
+    ref = torch.randn(1, 16, 2, 4, generator=gen, dtype=torch.float64)
+    single = ref + 1e-3
+    shape = tuple(ref.shape)
+    floor = compare("out", ref, single, ref, torch.float64, shape)["floor"]
+    allowed = 2e-3 + floor
+    inside = compare("out", ref + 0.99 * allowed, single, ref, torch.float64, shape)
+    outside = compare("out", ref + 1.01 * allowed, single, ref, torch.float64, shape)
+    print(inside, outside, sep="\n")
+    assert inside["passed"] and not outside["passed"]
+    nan = ref.float().clone()
+    nan[0, 3, 1, 2] = math.nan
+    assert not compare("out", nan, single, ref, torch.float32, shape)["passed"]
+    assert not compare("out", ref.half(), single, ref, torch.float32, shape)["passed"]
