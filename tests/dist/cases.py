@@ -6,11 +6,13 @@
 ``CASES.json`` is a JSON list of case objects (see :func:`run_case` for the fields). Every
 rank builds the same global q, k, v and dout from the case's seed, takes its shard with
 ``ringbench.variants.layouts.shard``, runs the variant's ``attention`` forward and backward,
-and all-gathers and unshards out, lse, dq, dk and dv. Rank 0 then checks each tensor with
-``ringbench.check.compare`` (MEASUREMENT.md's rule: the variant's max error against the
-float64 math kernel must stay within twice the same kernel's single-device error plus a
-dtype floor) and appends one JSON line per case to ``RESULTS.jsonl`` as soon as the case ends,
-so a later hang loses nothing. A case that raises is recorded with ``status: "error"``.
+and all-gathers and unshards out, lse, dq, dk and dv. Rank 0 computes the float64 math
+reference while rank 1 (when there is one) runs the single-device kernel; rank 0 then checks
+each tensor with ``ringbench.check.compare`` (MEASUREMENT.md's rule: the variant's max error
+against the float64 math kernel must stay within twice the same kernel's single-device error
+plus a dtype floor) and appends one JSON line per case to ``RESULTS.jsonl`` as soon as the
+case ends, so a later hang loses nothing. A case that raises is recorded with
+``status: "error"`` and the next case runs.
 """
 
 from __future__ import annotations
@@ -163,6 +165,7 @@ def run_case(case: dict) -> dict | None:
         "local_shapes": local_shapes,
         "local_dtypes": local_dtypes,
         "ref_lse_max": float(ref[1][torch.isfinite(ref[1])].max()),
+        "ref_abs_max": {n: float(r[torch.isfinite(r)].abs().max()) for n, r in zip(TENSORS, ref)},
         "checks": checks,
         "passed": all(c["passed"] for c in checks),
         "variant_time_s": round(variant_time_s, 3),
