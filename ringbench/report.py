@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -60,6 +61,21 @@ def _ms(x: Any) -> str:
         return _num(x, "g")
     digits = 0 if abs(x) >= 1000 else 1 if abs(x) >= 100 else 2 if abs(x) >= 10 else 4
     return f"{x:.{digits}f}"
+
+
+def _rate(x: Any) -> str:
+    """A rate such as TFLOP/s or GiB/s: one decimal from 1 up, three significant digits below,
+    so a CPU run's 0.0153 TFLOP/s does not read as 0.0."""
+    if _missing(x) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return _num(x, "g")
+    return f"{x:.1f}" if abs(x) >= 1 or x == 0 else f"{x:.3g}"
+
+
+def _ratio_text(x: Any) -> str:
+    """An err / allowed ratio: two decimals, or three significant digits from 1000 up."""
+    if isinstance(x, (int, float)) and math.isfinite(x) and abs(x) >= 1000:
+        return f"{x:.3g}"
+    return _num(x, ".2f")
 
 
 def _spec(record: dict) -> dict:

@@ -47,14 +47,18 @@ def contiguous_plan(step: int, source: int, rank: int, world_size: int, seqlen_l
     return Block(_ALL, _ALL, False) if source < rank else None
 
 
+def _dense(t: Tensor, dtype: torch.dtype) -> Tensor:
+    # Accumulators are updated in place and sent as they are: contiguous, in the accumulation dtype.
+    return t.to(dtype).contiguous()
+
+
 def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
                   group, kernel: Kernel, plan: Plan) -> tuple[Tensor, Tensor]:
     comm = RingComm(group)
     rank, world_size = comm.rank, comm.world_size
     B, S, H, D = q.shape
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    out = torch.zeros(B, S, H, D, dtype=acc, device=q.device)
-    lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
+    out = lse = None
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
     kv = (k, v)
     for step in range(world_size):
@@ -67,10 +71,20 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
         if block is not None:
             b_out, b_lse = kernel.forward(q[:, block.q], kv[0][:, block.kv], kv[1][:, block.kv],
                                           block.causal, scale)
-            merge_(out[:, block.q], lse[:, :, block.q], b_out, b_lse)
+            if out is None and block.q == _ALL:
+                # The first block that covers every query is the accumulator: no merge needed.
+                out, lse = _dense(b_out, acc), _dense(b_lse, acc)
+            else:
+                if out is None:
+                    out = torch.zeros(B, S, H, D, dtype=acc, device=q.device)
+                    lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
+                merge_(out[:, block.q], lse[:, :, block.q], b_out, b_lse)
         if step + 1 < world_size:
             comm.wait()
             kv = nxt
+    if out is None:  # no block at all: every query sees no key
+        out = torch.zeros(B, S, H, D, dtype=acc, device=q.device)
+        lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
     return out.to(q.dtype), lse
 
 
@@ -81,14 +95,13 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     rank, world_size = kv_comm.rank, kv_comm.world_size
     S = q.shape[1]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    # dK/dV of the visiting block travel with it and reach the owner after W hops, in float32.
-    dkv = [(torch.empty(k.shape, dtype=acc, device=k.device),
-            torch.empty(v.shape, dtype=acc, device=v.device)) for _ in range(2)]
+    dq = None
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
     kv = (k, v)
+    cur = in_flight = None
     for step in range(world_size):
-        if step + 1 < world_size:
+        last = step == world_size - 1
+        if not last:
             nxt = spare[step % 2]
             kv_comm.send_recv(kv[0], nxt[0])
             kv_comm.send_recv(kv[1], nxt[1])
@@ -99,28 +112,52 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
             grads = kernel.backward(dout[:, block.q], q[:, block.q], kv[0][:, block.kv],
                                     kv[1][:, block.kv], out[:, block.q], lse[:, :, block.q],
                                     block.causal, scale)
-            dq[:, block.q] += grads[0]
+            if dq is None and block.q == _ALL:
+                dq = _dense(grads[0], acc)
+            else:
+                if dq is None:
+                    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+                dq[:, block.q] += grads[0]
+        # dK/dV of the visiting block travel with it, in float32, and reach their owner after
+        # W hops; the buffer arriving now holds the earlier ranks' share for this block.
         if step == 0:
-            cur = dkv[0]
-            cur[0].zero_()
-            cur[1].zero_()
+            if grads is not None and block.kv == _ALL:
+                cur = (_dense(grads[1], acc), _dense(grads[2], acc))
+            else:
+                cur = (torch.zeros(k.shape, dtype=acc, device=k.device),
+                       torch.zeros(v.shape, dtype=acc, device=v.device))
+                if grads is not None:
+                    cur[0][:, block.kv] += grads[1]
+                    cur[1][:, block.kv] += grads[2]
         else:
             dkv_comm.wait()
-            cur = dkv[step % 2]
-        if grads is not None:
-            cur[0][:, block.kv] += grads[1]
-            cur[1][:, block.kv] += grads[2]
+            cur, in_flight = in_flight[1], None
+            if grads is not None:
+                cur[0][:, block.kv] += grads[1]
+                cur[1][:, block.kv] += grads[2]
         if world_size > 1:
-            landing = dkv[(step + 1) % 2]
-            dkv_comm.send_recv(cur[0], landing[0])
-            dkv_comm.send_recv(cur[1], landing[1])
+            if last:
+                # The sum is complete: the owner only casts it, so it can travel in the input
+                # dtype (same rounding, half the bytes of the hop nothing overlaps).
+                send = (cur[0].to(k.dtype), cur[1].to(v.dtype))
+                landing = (torch.empty_like(k), torch.empty_like(v))
+            else:
+                send = cur
+                landing = (torch.empty_like(cur[0]), torch.empty_like(cur[1]))
+            dkv_comm.send_recv(send[0], landing[0])
+            dkv_comm.send_recv(send[1], landing[1])
             dkv_comm.commit()
-        if step + 1 < world_size:
+            in_flight = (send, landing)  # keep both alive until the transfer is waited on
+        if not last:
             kv_comm.wait()
             kv = nxt
+    if dq is None:
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     if world_size > 1:
         dkv_comm.wait()
-    dk, dv = dkv[world_size % 2] if world_size > 1 else dkv[0]
+        dk, dv = in_flight[1]
+    else:
+        dk, dv = cur
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
