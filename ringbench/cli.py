@@ -289,7 +289,7 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: fl
     with Progress(*columns, console=err) as progress:
         bar = progress.add_task(task, total=len(groups))
         for (world_size, device), group in groups.items():
-            progress.update(bar, description=f"{task}: {len(group)} cases at world_size {world_size} on {device}")
+            progress.update(bar, description=f"{task}: {_count(len(group), 'case')} at world_size {world_size} on {device}")
             try:
                 result = launch_mod.launch([c.to_dict() for c in group], world_size=world_size, device=device,
                                            results_path=results_path, run_id=run_id, timeout_s=timeout_s)
@@ -325,15 +325,24 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: fl
         sys.stdout.flush()
     else:
         console = Console()
-        (report.print_run_table if task == "run" else report.print_verify_table)(records, console)
+        if task == "run":
+            report.print_run_table(records, console)
+        else:
+            report.print_verify_table(records, console)
+            report.print_growth_table(records, console)
     if junit_xml is not None:
         report.write_junit(records, junit_xml)
-    err.print(f"{len(records)} records appended to {results_path}", style="dim", markup=False)
+    err.print(f"{_count(len(records), 'record')} appended to {results_path}", style="dim", markup=False)
     if not_run:
         return EXIT_NOT_RUN
     if any(r.get("status") not in PASSING for r in records):
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 case``, ``3 cases``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _env(kernel: str) -> dict | None:
@@ -366,3 +375,7 @@ def _missing_record(case, run_id: str, timed_out: bool, reason: str, env: dict |
     else:
         record.update(checks=[], cp_active=None)
     return record
+
+
+if __name__ == "__main__":  # python -m ringbench.cli, as the end-to-end tests run it
+    app(prog_name="ringbench")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import socket
@@ -18,7 +19,13 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 
 
 def git_commit() -> str | None:
-    """The commit of the ringbench checkout this code runs from, ``-dirty`` when modified."""
+    """The commit of the ringbench checkout this code runs from, ``-dirty`` when modified.
+
+    Where the code runs from a copy without ``.git`` (a GPU machine reached by copying the
+    tree), ``RINGBENCH_GIT_COMMIT`` names it.
+    """
+    if os.environ.get("RINGBENCH_GIT_COMMIT"):
+        return os.environ["RINGBENCH_GIT_COMMIT"]
     here = Path(__file__).resolve().parent
     commit = _run(["git", "rev-parse", "HEAD"], cwd=here)
     if commit and _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here):

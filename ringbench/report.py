@@ -115,14 +115,25 @@ def _causal(record: dict) -> str:
     return _MISSING if causal is None else ("causal" if causal else "non-causal")
 
 
-def case_label(record: dict) -> str:
-    """A one-line name of a record's case, e.g. ``zigzag W=2 S=16k H=32/8 D=128 bf16 causal
-    torch-flash`` (`` fwd`` is appended for forward-only cases)."""
+def _size(record: dict) -> str:
     seqlen = _field(record, "seqlen")
-    parts = [
-        _text(_field(record, "variant")),
-        f"W={_text(_field(record, 'world_size'))}",
-        f"S={_MISSING if _missing(seqlen) else format_size(int(seqlen))}",
+    return _MISSING if _missing(seqlen) else format_size(int(seqlen))
+
+
+def _batch(record: dict) -> Any:
+    """The batch when it is not 1 (labels leave the common case out), else None."""
+    batch = _field(record, "batch")
+    return None if _missing(batch) or batch == 1 else batch
+
+
+def _label(record: dict, *, world_size: bool = True) -> str:
+    parts = [_text(_field(record, "variant"))]
+    if world_size:
+        parts.append(f"W={_text(_field(record, 'world_size'))}")
+    if _batch(record) is not None:
+        parts.append(f"B={_batch(record)}")
+    parts += [
+        f"S={_size(record)}",
         f"H={_heads(record)}",
         f"D={_text(_field(record, 'head_dim'))}",
         _text(_field(record, "dtype")),
@@ -134,56 +145,80 @@ def case_label(record: dict) -> str:
     return " ".join(parts)
 
 
-def print_run_table(records: list[dict], console: Console | None = None) -> None:
-    """Print one row per ``run`` record: shape, status and the measured figures.
+def case_label(record: dict) -> str:
+    """A one-line name of a record's case, e.g. ``zigzag W=2 S=16k H=32/8 D=128 bf16 causal
+    torch-flash``; ``B=<batch>`` follows the world size when the batch is not 1, and `` fwd``
+    is appended for forward-only cases."""
+    return _label(record)
 
-    Columns: variant, kernel, W, seqlen, heads (Hq/Hkv), head_dim, dtype, causal, mode,
-    status, time (ms, slowest rank's median), imbalance (max/min over ranks), TFLOP/s per
-    GPU, efficiency (against the same kernel on one rank's share), peak allocated (GiB),
-    bus (GiB/s). A ``reason`` column is added when some record is not ``ok``. Absent values
-    show as ``-``.
+
+def _shape(record: dict) -> str:
+    """The shape cell of the run table, e.g. ``W2 16k 32/8×128`` over ``bf16 causal fwd_bwd``:
+    world size, batch (``B2``, only when not 1), seqlen and Hq/Hkv×D on the first line,
+    dtype, mask and mode on the second."""
+    sizes = [f"W{_text(_field(record, 'world_size'))}"]
+    if _batch(record) is not None:
+        sizes.append(f"B{_batch(record)}")
+    sizes += [_size(record), f"{_heads(record)}×{_text(_field(record, 'head_dim'))}"]
+    kind = [_text(_field(record, "dtype")), _causal(record), _text(_field(record, "mode"))]
+    return " ".join(sizes) + "\n" + " ".join(kind)
+
+
+def _compact_table(title: str | None) -> Table:
+    """A table with no outer frame and one space of padding, so that about 50 columns of
+    numbers fit next to the labels on an 80-column terminal."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                 pad_edge=False, collapse_padding=True)
+
+
+def print_run_table(records: list[dict], console: Console | None = None) -> None:
+    """Print one row per ``run`` record: its case, shape, status and the measured figures.
+
+    Columns: case (variant over the kernel that ran), shape (see below), status (with a
+    note number ``[n]`` when a reason was recorded), ms (slowest rank's median time of one
+    iteration), imbal. (max/min over ranks), TFLOP/s per GPU, eff. (efficiency against the
+    same kernel on one rank's share), peak GiB (peak allocated, max over ranks) and bus GiB/s.
+    The shape reads ``W2 16k 32/8×128`` over ``bf16 causal fwd_bwd``: world size, seqlen,
+    Hq/Hkv×D, then dtype, mask and mode, with ``B<batch>`` after the world size when the
+    batch is not 1. Absent values show as ``-``. The reasons follow the table, one numbered
+    line each.
+
+    The figures and the case never wrap or shorten; on a narrow terminal (80 columns) the
+    shape and status cells wrap instead.
 
     Args:
         records: record dicts as ``results.read_records`` returns them.
         console: where to print; a new ``rich.console.Console`` when None.
     """
     console = console or Console()
-    table = Table(title="ringbench run", title_justify="left")
-    for name, justify in (
-            ("variant", "left"), ("kernel", "left"), ("W", "right"), ("seqlen", "right"),
-            ("heads", "right"), ("D", "right"), ("dtype", "left"), ("causal", "left"),
-            ("mode", "left"), ("status", "left"), ("time ms", "right"),
-            ("imbal.", "right"), ("TFLOP/s/GPU", "right"), ("eff.", "right"),
-            ("peak GiB", "right"), ("bus GiB/s", "right")):
-        table.add_column(name, justify=justify)
-    with_reason = any(r.get("status") != "ok" for r in records)
-    if with_reason:
-        table.add_column("reason", overflow="fold", max_width=60)
+    table = _compact_table("ringbench run")
+    # The case is two short names on two lines and never shrinks, so "torch-flash" is not cut
+    # in two; the shape, two lines already, wraps further when the terminal is narrow.
+    table.add_column("case", no_wrap=True)
+    table.add_column("shape", overflow="fold")
+    table.add_column("status", overflow="fold")
+    for header in ("ms", "imbal.", "TFLOP/s\n/GPU", "eff.", "peak\nGiB", "bus\nGiB/s"):
+        table.add_column(header, justify="right", no_wrap=True)
+    reasons: list[str] = []
     for r in records:
-        seqlen = _field(r, "seqlen")
-        row: list[Any] = [
-            _text(_field(r, "variant")),
-            _text(_kernel(r)),
-            _text(_field(r, "world_size")),
-            _MISSING if _missing(seqlen) else format_size(int(seqlen)),
-            _heads(r),
-            _text(_field(r, "head_dim")),
-            _text(_field(r, "dtype")),
-            _causal(r),
-            _text(_field(r, "mode")),
-            _status_text(r.get("status")),
+        status = _status_text(r.get("status"))
+        if r.get("status") != "ok" and r.get("reason"):
+            reasons.append(str(r["reason"]))
+            status.append(f" [{len(reasons)}]")
+        table.add_row(
+            f"{_text(_field(r, 'variant'))}\n{_text(_kernel(r))}",
+            _shape(r),
+            status,
             _ms(r.get("time_ms")),
             _num(r.get("imbalance"), ".3f"),
-            _num(r.get("tflops_per_gpu"), ".1f"),
+            _rate(r.get("tflops_per_gpu")),
             _num(r.get("efficiency"), ".3f"),
             _num(r.get("peak_allocated_gib"), ".2f"),
-            _num(r.get("bus_gib_s"), ".1f"),
-        ]
-        if with_reason:
-            reason = r.get("reason")
-            row.append(Text(_text(reason) if r.get("status") != "ok" else "", style="red"))
-        table.add_row(*row)
+            _rate(r.get("bus_gib_s")),
+        )
     console.print(table)
+    for i, reason in enumerate(reasons, 1):
+        console.print(Text(f"[{i}] {reason}", style="red"))
 
 
 def _check_passed(check: dict) -> bool:
@@ -249,45 +284,50 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     """Print one row per (case, tensor) of verify records, then a summary line.
 
     Columns: case label, tensor, err (max |variant - fp64|), allowed (2 * err_single +
-    floor), ratio (err / allowed; pass needs <= 1), result (PASS / FAIL) and a note (non-finite,
-    wrong dtype or shape, or the reason of a case that did not finish). A case whose status is
-    neither ``ok`` nor ``fail`` is one row with its status.
+    floor), ratio (err / allowed; pass needs <= 1), result (PASS / FAIL) and, when some row
+    has one, a note (non-finite, wrong dtype or shape, or the reason of a case that did not
+    finish). A case whose status is neither ``ok`` nor ``fail`` is one row with its status.
+    The numbers never wrap or shorten; on a narrow terminal the case label and note wrap.
 
     Args:
         records: verify record dicts as ``results.read_records`` returns them.
         console: where to print; a new ``rich.console.Console`` when None.
     """
     console = console or Console()
-    table = Table(title="ringbench verify", title_justify="left")
-    table.add_column("case", overflow="fold")
-    table.add_column("tensor")
-    table.add_column("err", justify="right")
-    table.add_column("allowed", justify="right")
-    table.add_column("ratio", justify="right")
-    table.add_column("result")
-    table.add_column("note", overflow="fold", max_width=60)
-    for i, r in enumerate(records):
+    rows: list[tuple[list[Any], bool]] = []  # (cells without the note, last row of its case)
+    notes: list[Any] = []
+    for r in records:
         label = case_label(r)
         status = r.get("status")
         checks = r.get("checks") or []
         if status not in ("ok", "fail") or not checks:
-            table.add_row(label, _MISSING, _MISSING, _MISSING, _MISSING,
-                          _status_text(status if checks or status not in ("ok", "fail")
-                                       else "error"),
-                          Text(_case_reason(r), style="red"), end_section=True)
+            shown = status if checks or status not in ("ok", "fail") else "error"
+            rows.append(([label, _MISSING, _MISSING, _MISSING, _MISSING, _status_text(shown)], True))
+            notes.append(Text(_case_reason(r), style="red"))
             continue
         for j, check in enumerate(checks):
             passed = _check_passed(check)
-            table.add_row(
+            rows.append(([
                 label if j == 0 else "",
                 _text(check.get("tensor")),
                 _num(check.get("err"), ".3e"),
                 _num(check.get("allowed"), ".3e"),
-                _num(_ratio(check), ".2f"),
+                _ratio_text(_ratio(check)),
                 Text("PASS", style="green") if passed else Text("FAIL", style="bold red"),
-                _check_notes(check),
-                end_section=j == len(checks) - 1,
-            )
+            ], j == len(checks) - 1))
+            notes.append(_check_notes(check))
+
+    table = Table(title="ringbench verify", title_justify="left")
+    table.add_column("case", overflow="fold")
+    table.add_column("tensor", no_wrap=True)
+    for header in ("err", "allowed", "ratio"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("result", no_wrap=True)
+    with_notes = any(str(note) for note in notes)
+    if with_notes:
+        table.add_column("note", overflow="fold", max_width=60)
+    for (cells, last), note in zip(rows, notes):
+        table.add_row(*cells, *([note] if with_notes else []), end_section=last)
     console.print(table)
     s = verify_summary(records)
     line = Text(f"{s['cases']} cases: ")
@@ -299,6 +339,94 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     if s["skipped"]:
         line.append(f", {s['skipped']} skipped", style="yellow")
     console.print(line)
+
+
+#: Spec fields that make two verify records one problem at two world sizes (see
+#: :func:`print_growth_table`); together with the kernel that ran.
+GROWTH_KEY = ("variant", "device", "batch", "seqlen", "heads", "kv_heads", "head_dim", "dtype",
+              "causal", "mode", "seed")
+
+
+def growth_groups(records: list[dict]) -> list[tuple[dict, dict[int, dict]]]:
+    """Group verify records by their problem with the world size left out.
+
+    Two records are one problem when they agree on every field of :data:`GROWTH_KEY` and on
+    the kernel that ran. Only records with checks count (a case that errored compared
+    nothing); when a world size has several, the last one is kept.
+
+    Args:
+        records: verify record dicts.
+
+    Returns:
+        ``(first record, {world_size: record})`` per problem that has checks at two or more
+        world sizes, in the order the problems first appear.
+    """
+    groups: dict[tuple, tuple[dict, dict[int, dict]]] = {}
+    for r in records:
+        world_size = _field(r, "world_size")
+        if not r.get("checks") or not isinstance(world_size, int):
+            continue
+        key = tuple(_field(r, k) for k in GROWTH_KEY) + (_kernel(r),)
+        first, by_world = groups.setdefault(key, (r, {}))
+        by_world[world_size] = r
+    return [(first, dict(sorted(by_world.items()))) for first, by_world in groups.values()
+            if len(by_world) >= 2]
+
+
+def _growth(errs: dict[int, Any]) -> str:
+    """The largest error at a world size above 1 over the error at 1, as text."""
+    base = errs.get(1)
+    others = [e for w, e in errs.items() if w != 1 and isinstance(e, (int, float))]
+    if not isinstance(base, (int, float)) or not others:
+        return _MISSING
+    if any(math.isnan(e) for e in [base, *others]):
+        return "nan"
+    worst = max(others)
+    if base == 0:
+        return "1.00" if worst == 0 else "inf"
+    return f"{worst / base:.2f}"
+
+
+def print_growth_table(records: list[dict], console: Console | None = None) -> None:
+    """Print how each tensor's error moves with the world size, one table per problem.
+
+    Records are grouped by their case with the world size left out (:func:`growth_groups`);
+    each group with checks at two or more world sizes gets a table. Rows: the tensors
+    (out, lse, dq, dk, dv). Columns: ``W=<n>`` per world size, ascending, holding err
+    (max |variant - fp64|; red where that check failed), with ``W=1``, the variant on one
+    rank, as the baseline; then ``max/W=1``, the largest err at a world size above 1 over the
+    err at W=1: the growth a longer ring brings (``-`` without a W=1 record, below 1 when
+    the ring was more accurate). Nothing is printed when no group qualifies.
+
+    Args:
+        records: verify record dicts as ``results.read_records`` returns them.
+        console: where to print; a new ``rich.console.Console`` when None.
+    """
+    console = console or Console()
+    for first, by_world in growth_groups(records):
+        # The title on its own line: a table title would wrap at the (narrow) table's width.
+        console.print(Text(f"error growth: {_label(first, world_size=False)}", style="italic"))
+        table = _compact_table(None)
+        table.add_column("tensor", no_wrap=True)
+        for world_size in by_world:
+            table.add_column(f"W={world_size}", justify="right", no_wrap=True)
+        table.add_column("max/W=1", justify="right", no_wrap=True)
+        checks = {w: {c.get("tensor"): c for c in r["checks"]} for w, r in by_world.items()}
+        tensors = list(dict.fromkeys(t for by_tensor in checks.values() for t in by_tensor))
+        for tensor in tensors:
+            cells: list[Any] = [_text(tensor)]
+            errs: dict[int, Any] = {}
+            for world_size, by_tensor in checks.items():
+                check = by_tensor.get(tensor)
+                if check is None:
+                    cells.append(_MISSING)
+                    continue
+                errs[world_size] = check.get("err")
+                cells.append(Text(_num(check.get("err"), ".2e"),
+                                  style="" if _check_passed(check) else "bold red"))
+            cells.append(_growth(errs))
+            table.add_row(*cells)
+        console.print(table)
 
 
 def _case_reason(record: dict) -> str:

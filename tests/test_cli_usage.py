@@ -41,6 +41,8 @@ class FakeHarness:
             "launch": {"launch": self.launch},
             "results": {"read_records": self.read_records, "append_record": self.append_record},
             "report": {"print_run_table": self.table("run"), "print_verify_table": self.table("verify"),
+                       "print_growth_table": lambda records, console: self.printed.append(
+                           f"growth table of {len(records)}"),
                        "write_junit": lambda records, path: self.junit.append(Path(path))},
             "envinfo": {"collect": lambda kernel=None: {"kernel": kernel}},
         }.items():
@@ -131,11 +133,11 @@ def test_cli_help_exits_0_and_lists_options(args, words):
 def test_cli_verify_default_runs_smoke_on_cpu_grouped_by_world_size(harness, tmp_path):
     result = runner.invoke(app, ["verify", "--out", str(tmp_path), "--junit-xml", str(tmp_path / "j" / "v.xml")])
     assert result.exit_code == 0, result.output
-    assert [(g["world_size"], g["device"]) for g in harness.launches] == [(1, "cpu"), (2, "cpu"), (4, "cpu")]
+    assert [(g["world_size"], g["device"]) for g in harness.launches] == [(1, "cpu"), (2, "cpu"), (4, "cpu"), (8, "cpu")]
     cases = [c for g in harness.launches for c in g["cases"]]
     assert len(cases) > 0 and {c["kernel"] for c in cases} == {"cpu"} and {c["task"] for c in cases} == {"verify"}
     assert all(c["world_size"] == g["world_size"] for g in harness.launches for c in g["cases"])
-    assert harness.printed == [f"verify table of {len(cases)}"]
+    assert harness.printed == [f"verify table of {len(cases)}", f"growth table of {len(cases)}"]
     assert harness.junit == [tmp_path / "j" / "v.xml"]
 
 

@@ -112,10 +112,115 @@ def test_report_run_table_shows_figures_and_reasons():
     oom = {"spec": {**SPEC, "task": "run", "variant": "ring"}, "status": "oom", "kernel": "cudnn",
            "reason": "CUDA out of memory on rank 1"}
     text = _render(report.print_run_table, [ok, oom])
-    row = next(line for line in text.splitlines() if "128k" in line)
-    for cell in ("zigzag", "cudnn", "32/8", "causal", "fwd_bwd", "12.35", "1.021", "512.3",
-                 "0.988", "10.50"):
+    lines = text.splitlines()
+    i = next(i for i, line in enumerate(lines) if "128k" in line)
+    row = lines[i] + lines[i + 1]  # variant over kernel, sizes over dtype, mask and mode
+    for cell in ("zigzag", "W2 128k 32/8×128", "ok", "12.35", "1.021", "512.3", "0.988",
+                 "10.50", "cudnn", "bf16 causal fwd_bwd"):
         assert cell in row, (cell, row)
     oom_row = next(line for line in text.splitlines() if "oom" in line)
-    assert "CUDA out of memory on rank 1" in oom_row
+    assert "oom [1]" in oom_row and "CUDA" not in oom_row
     assert oom_row.count(" - ") >= 5  # its missing figures show as "-"
+    assert text.splitlines()[-1] == "[1] CUDA out of memory on rank 1"
+
+
+def test_report_case_label_names_a_batch_above_one():
+    assert report.case_label(_verify("ok", batch=2)).startswith("zigzag W=2 B=2 S=16k ")
+
+
+# --------------------------------------------------------------------------- error growth
+
+def _growth_record(world_size: int, errs: dict, **spec) -> dict:
+    return _verify("ok", [_check(t, e, allowed=1.0) for t, e in errs.items()],
+                   world_size=world_size, **spec)
+
+
+def _lines_after(text: str, title: str) -> list[list[str]]:
+    """The whitespace-split lines of the table whose title starts with ``title``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith("error growth:") or not line.strip():
+            break
+        rows.append(line.split())
+    return rows
+
+
+def test_report_growth_table_ratio_is_worst_over_world_size_one():
+    records = [
+        _growth_record(1, {"out": 1e-3, "dq": 4e-3}),
+        _growth_record(2, {"out": 1.5e-3, "dq": 1e-3}),
+        _growth_record(4, {"out": 2e-3, "dq": 2e-3}),
+        _verify("error", reason="rank 3 died", world_size=8),  # no checks: no W=8 column
+        _growth_record(2, {"out": 1e-3}, variant="ring"),  # no W=1: ratio "-"
+        _growth_record(4, {"out": 3e-3}, variant="ring"),
+        _growth_record(2, {"out": 9.0}, seqlen=4096),  # one world size only: no table
+    ]
+    text = _render(report.print_growth_table, records)
+    assert text.count("error growth:") == 2
+    zigzag = _lines_after(text, "error growth: zigzag S=16k H=32/8 D=128 bf16 causal cpu")
+    assert zigzag[0] == ["tensor", "W=1", "W=2", "W=4", "max/W=1"]
+    assert ["out", "1.00e-03", "1.50e-03", "2.00e-03", "2.00"] in zigzag
+    assert ["dq", "4.00e-03", "1.00e-03", "2.00e-03", "0.50"] in zigzag
+    ring = _lines_after(text, "error growth: ring S=16k")
+    assert ring[0] == ["tensor", "W=2", "W=4", "max/W=1"]
+    assert ["out", "1.00e-03", "3.00e-03", "-"] in ring
+    assert "9.00e+00" not in text
+
+
+def test_report_growth_groups_keep_problems_apart():
+    records = [_growth_record(w, {"out": 1e-3}, **spec)
+               for spec in ({}, {"dtype": "fp32"}, {"kv_heads": 32}, {"causal": False})
+               for w in (1, 2)]
+    groups = report.growth_groups(records)
+    assert len(groups) == 4 and all(list(by_world) == [1, 2] for _, by_world in groups)
+
+
+# --------------------------------------------------------------------------- 80 columns
+
+def _render_80(fn, records) -> str:
+    console = Console(record=True, width=80)
+    fn(records, console)
+    return console.export_text()
+
+
+def test_report_run_table_fits_80_columns_with_whole_numbers():
+    spec = {**SPEC, "task": "run", "variant": "zigzag", "world_size": 8, "seqlen": 2**20,
+            "heads": 64, "causal": False}
+    ok = {"spec": spec, "status": "ok", "kernel": "torch-flash", "time_ms": 12345.678,
+          "imbalance": 1.0213, "tflops_per_gpu": 512.34, "efficiency": 0.9876,
+          "peak_allocated_gib": 123.456, "bus_gib_s": 1234.56}
+    cpu = {"spec": {**SPEC, "task": "run", "seqlen": 4096}, "status": "ok", "kernel": "cpu",
+           "time_ms": 492.83, "imbalance": 1.005, "tflops_per_gpu": 0.015251,
+           "efficiency": 0.7742, "peak_allocated_gib": None, "bus_gib_s": 0.0079262}
+    oom = {"spec": {**spec, "variant": "ring", "batch": 4}, "status": "oom", "kernel": "cudnn",
+           "reason": "CUDA out of memory on rank 1 while allocating 2.00 GiB; logs in "
+                     "/tmp/ringbench-logs/0123456789abcdef"}
+    text = _render_80(report.print_run_table, [ok, cpu, oom])
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for cell in ("12346", "1.021", "512.3", "0.988", "123.46", "1234.6",  # big figures
+                 "492.8", "0.0153", "0.774", "0.00793",  # a CPU run's small rates
+                 "W8 1M", "64/8×128", "W8 B4 1M", "torch-flash", "non-causal", "fwd_bwd"):
+        assert cell in text, (cell, text)
+    assert "oom [1]" in text and "[1] CUDA out of memory on rank 1 while allocating" in text
+
+
+def test_report_verify_table_fits_80_columns_with_whole_numbers():
+    records = [
+        _verify("fail", [_check("out", 3.1416), _check("dv", math.inf)], variant="broken_merge",
+                kernel="torch-flash", seqlen=2**20, causal=False, batch=2),
+        _verify("timeout", reason="no progress for 600 s at case 3; logs in "
+                                  "/tmp/ringbench-logs/0123456789abcdef"),
+    ]
+    text = _render_80(report.print_verify_table, records)
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for cell in ("3.142e+00", "1.000e-03", "3.14e+03", "inf", "FAIL", "timeout"):
+        assert cell in text, (cell, text)
+
+
+def test_report_verify_table_leaves_out_an_empty_note_column():
+    text = _render(report.print_verify_table, [_verify("ok", [_check("out", 1e-4)])])
+    assert "note" not in text and "PASS" in text

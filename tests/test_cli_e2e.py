@@ -1,0 +1,113 @@
+"""The CLI end to end: ``python -m ringbench.cli`` as a user runs it, with real torchrun and gloo.
+
+Nothing is stood in for: each test starts the command line in a subprocess of the interpreter
+running pytest, which launches the workers, and then reads what a user would read: the exit
+code, stdout, stderr, the records file and the JUnit XML. About two minutes on two CPU cores,
+most of it the smoke scenario's world size 8 launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+#: Seconds one command may take before it is killed; the CLI's own --timeout is per launch.
+COMMAND_TIMEOUT_S = 300
+
+
+def ringbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run ``ringbench ARGS`` in ``cwd`` on an 80-column terminal and return what it printed."""
+    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "ringbench.cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: torchrun and the workers too
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"ringbench {' '.join(args)} ran past {COMMAND_TIMEOUT_S} s\n{stdout}\n{stderr}")
+    print(stdout[-6000:], stderr[-3000:], sep="\n")  # shown when an assert below fails
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_cli_e2e_verify_smoke_passes_every_case(tmp_path):
+    from ringbench.scenarios import load_scenario
+
+    cases = load_scenario("smoke").cases("verify", "cpu")
+    assert len(cases) > 0
+    junit = tmp_path / "j.xml"
+    result = ringbench("verify", "--out", str(tmp_path), "--junit-xml", str(junit), cwd=tmp_path)
+    assert result.returncode == 0
+
+    records = read_jsonl(tmp_path / "verify.jsonl")
+    assert sorted(r["case_id"] for r in records) == sorted(c.case_id() for c in cases)
+    assert [r["status"] for r in records] == ["ok"] * len(cases)
+    assert all(len(r["checks"]) == 5 and all(c["passed"] for c in r["checks"]) for r in records)
+    assert f"{len(cases)} cases: {len(cases)} passed, 0 failed, 0 errors" in result.stdout
+
+    suite = ET.parse(junit).getroot().find("testsuite")
+    testcases = suite.findall("testcase")
+    assert len(testcases) == len(cases) and suite.get("tests") == str(len(cases))
+    assert (suite.get("failures"), suite.get("errors")) == ("0", "0")
+    assert all(list(tc) == [] for tc in testcases)  # no failure, error or skipped element
+
+    # The growth table of the one problem the smoke scenario runs at world sizes 1 to 8.
+    lines = result.stdout.splitlines()
+    title = lines.index("error growth: zigzag S=512 H=4/2 D=32 bf16 causal cpu")
+    assert lines[title + 1].split() == ["tensor", "W=1", "W=2", "W=4", "W=8", "max/W=1"]
+    rows = [line.split() for line in lines[title + 3:title + 8]]
+    assert [row[0] for row in rows] == ["out", "lse", "dq", "dk", "dv"]
+    assert all(re.fullmatch(r"\d+\.\d\d", row[-1]) for row in rows), rows
+    assert "…" not in result.stdout  # every cell whole at 80 columns
+
+
+def test_cli_e2e_verify_broken_variant_fails(tmp_path):
+    result = ringbench("verify", "--variant", "broken_merge", "--world-size", "2",
+                       "--out", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 1
+    records = read_jsonl(tmp_path / "verify.jsonl")
+    assert len(records) > 0 and {r["status"] for r in records} == {"fail"}
+    assert "FAIL" in result.stdout and "PASS" not in result.stdout
+    assert f"{len(records)} cases: 0 passed, {len(records)} failed, 0 errors" in result.stdout
+
+
+def test_cli_e2e_run_json_prints_one_record(tmp_path):
+    result = ringbench("run", "--variant", "zigzag", "--seqlen", "4k", "--iters", "3", "--warmup", "1",
+                       "--out", str(tmp_path), "--json", cwd=tmp_path)
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1, lines
+    record = json.loads(lines[0])
+    assert record["status"] == "ok" and record["reason"] is None
+    assert record["spec"]["seqlen"] == 4096 and record["spec"]["world_size"] == 2
+    assert record["tflops_per_gpu"] > 0 and record["efficiency"] > 0 and record["bytes_sent"] > 0
+    assert record["env"]["torch"]
+    assert read_jsonl(tmp_path / "runs.jsonl") == [record]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--variant", "ring", "--seqlen", "1000", "--world-size", "3"],
+     r"seqlen 1000 is not a multiple of world_size = 3, which ring needs; use 1002"),
+    # A test-only variant runs when named, but a user is never offered it.
+    (["run", "--variant", "nope"], r"variant 'nope' is unknown; choose one of ring, zigzag"),
+])
+def test_cli_e2e_refused_case_starts_nothing(tmp_path, args, message):
+    out = tmp_path / "results"
+    result = ringbench(*args, "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 2
+    assert re.fullmatch(message, result.stderr.strip())
+    assert result.stdout == ""
+    assert not out.exists()
