@@ -1,12 +1,31 @@
 """Scenario files: a sweep of cases declared in TOML.
 
-A scenario has an optional ``description``, an optional ``[defaults]`` table of case fields,
-an optional ``[sweep]`` table of lists whose cartesian product gives cases, and optional
-``[[case]]`` tables, each one explicit extra case. In ``[sweep]``, the key ``shape`` takes a
-list of tables that are merged into the case together, for values that must go in pairs
-(``shape = [{heads = 32, kv_heads = 32}, {heads = 32, kv_heads = 8}]``). ``seqlen`` takes
-sizes as ints or strings such as ``"128k"``. Any field a scenario leaves out takes the
-device's default (:func:`ringbench.spec.default_fields`).
+A scenario has these top-level keys, all optional but that it must declare some case:
+
+- ``description``: one line for listings.
+- ``model``: a model preset from :data:`MODEL_PRESETS` (``llama3-8b``, ``llama3-70b``,
+  ``qwen2.5-7b``, ``mha-d64``) that sets ``heads``, ``kv_heads`` and ``head_dim``. It is a
+  top-level key, not a ``[defaults]`` one, because it names what the whole file is about;
+  ``[defaults]`` may then not set those three fields again (which would win is not obvious),
+  but a ``[sweep]`` axis or a ``[[case]]`` may, and so may the CLI.
+- ``[defaults]``: case fields every case starts from.
+- ``[sweep]``: lists whose cartesian product gives cases. The key ``shape`` takes a list of
+  tables that are merged into the case together, for values that must go in pairs
+  (``shape = [{heads = 32, kv_heads = 32}, {heads = 32, kv_heads = 8}]``).
+- ``[[case]]``: explicit extra cases, one table each.
+
+``seqlen`` takes sizes as ints or strings such as ``"128k"``. Any field a scenario leaves out
+takes the device's default (:func:`ringbench.spec.default_fields`). Precedence, lowest first:
+the device's defaults, the model preset, ``[defaults]``, the sweep axes or the ``[[case]]``,
+then the CLI's options.
+
+Document distributions (varlen mixes such as "lengths drawn from a log-normal") are not a
+scenario key yet: the key ``documents`` is reserved for them (see :data:`RESERVED_KEYS`) and
+refused with a message until the varlen work gives ``CaseSpec`` a field to carry them; that
+is where they plug in, as one more sweep axis.
+
+Every error names the file, the line when it can be found, and the key, e.g.
+``scenario s.toml, line 3: [defaults] key 'colour' is not a case field; use one of ...``.
 
 Built-in scenarios ship in the ``ringbench.builtin_scenarios`` package; ``smoke`` is a CPU scenario
 (its defaults say ``device = "cpu"``), so it runs on CPU even on a GPU machine.
@@ -15,6 +34,7 @@ Built-in scenarios ship in the ``ringbench.builtin_scenarios`` package; ``smoke`
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
@@ -28,8 +48,21 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-_TOP_KEYS = ("description", "defaults", "sweep", "case")
+_TOP_KEYS = ("description", "model", "defaults", "sweep", "case")
 _SHAPE = "shape"
+
+#: Model presets: the attention shape of a model, as the case fields it sets.
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "llama3-8b": {"heads": 32, "kv_heads": 8, "head_dim": 128},
+    "llama3-70b": {"heads": 64, "kv_heads": 8, "head_dim": 128},
+    "qwen2.5-7b": {"heads": 28, "kv_heads": 4, "head_dim": 128},
+    "mha-d64": {"heads": 16, "kv_heads": 16, "head_dim": 64},
+}
+
+#: Keys kept for features not built yet, with what to tell a file that uses them.
+RESERVED_KEYS: dict[str, str] = {
+    "documents": "is reserved for document distributions (varlen), which ringbench does not run yet",
+}
 
 
 @dataclass(frozen=True)
@@ -40,7 +73,8 @@ class Scenario:
         name: the built-in name or the file's stem.
         source: where it was read from, for messages.
         description: one line for listings.
-        defaults: fields every case starts from, values type-checked.
+        model: the model preset named by the file, or None; its fields are in ``defaults``.
+        defaults: fields every case starts from (the preset's included), values type-checked.
         sweep: axis name -> values; ``shape`` values are field tables.
         extra: explicit ``[[case]]`` field tables.
     """
@@ -48,6 +82,7 @@ class Scenario:
     name: str
     source: str
     description: str = ""
+    model: str | None = None
     defaults: dict[str, Any] = field(default_factory=dict)
     sweep: dict[str, list] = field(default_factory=dict)
     extra: list[dict[str, Any]] = field(default_factory=list)
@@ -155,53 +190,131 @@ def parse_scenario(text: str, *, name: str, source: str) -> Scenario:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"scenario {source} is not valid TOML: {exc}; fix the syntax there") from None
+    lines = _Lines(text)
 
-    def fail(key: str, problem: str, fix: str) -> SpecError:
-        return SpecError(f"scenario {source}: {key} {problem}; {fix}")
+    def fail(key: str, problem: str, fix: str, line: int | None = None) -> SpecError:
+        where = f"scenario {source}" if line is None else f"scenario {source}, line {line}"
+        return SpecError(f"{where}: {key} {problem}; {fix}")
 
     for key in data:
         if key not in _TOP_KEYS:
-            raise fail(repr(key), "is not a scenario key", f"use {', '.join(_TOP_KEYS)}")
+            problem = RESERVED_KEYS.get(key, "is not a scenario key")
+            raise fail(repr(key), problem, f"use {', '.join(_TOP_KEYS)}", lines.find(None, key))
     description = data.get("description", "")
     if not isinstance(description, str):
-        raise fail("description", "must be a string", "quote it")
+        raise fail("description", "must be a string", "quote it", lines.find(None, "description"))
 
-    defaults = _fields(data.get("defaults", {}), "[defaults]", fail)
+    defaults = _fields(data.get("defaults", {}), "[defaults]", fail, lines, ("defaults", None))
+    model = data.get("model")
+    if model is not None:
+        line = lines.find(None, "model")
+        if not isinstance(model, str) or model not in MODEL_PRESETS:
+            raise fail(f"model {model!r}", "is not a model preset",
+                       f"use one of {', '.join(MODEL_PRESETS)}, or set heads, kv_heads and head_dim "
+                       "in [defaults]", line)
+        preset = MODEL_PRESETS[model]
+        clash = [k for k in preset if k in defaults]
+        if clash:
+            raise fail(f"[defaults] key {clash[0]!r}", f"clashes with model {model!r}, which sets "
+                       f"{', '.join(preset)}", f"remove {clash[0]} from [defaults], or drop model",
+                       lines.find(("defaults", None), clash[0]))
+        defaults = {**preset, **defaults}
+
     sweep_table = data.get("sweep")
     sweep: dict[str, list] = {}
     if sweep_table is not None:
         if not isinstance(sweep_table, dict):
-            raise fail("sweep", "must be a table", "write it as [sweep]")
+            raise fail("sweep", "must be a table", "write it as [sweep]", lines.find(None, "sweep"))
         for key, values in sweep_table.items():
             where = f"[sweep] {key}"
             if not isinstance(values, list) or not values:
-                raise fail(where, "must be a non-empty list", f"write {key} = [value, ...]")
+                raise fail(where, "must be a non-empty list", f"write {key} = [value, ...]",
+                           lines.find(("sweep", None), key))
             if key == _SHAPE:
-                sweep[key] = [_fields(v, f"{where} item", fail) for v in values]
+                sweep[key] = [_fields(v, f"{where} item", fail, lines, ("sweep", None), inside=key)
+                              for v in values]
             else:
-                sweep[key] = [_fields({key: v}, "[sweep]", fail)[key] for v in values]
+                sweep[key] = [_fields({key: v}, "[sweep]", fail, lines, ("sweep", None))[key] for v in values]
 
     extra_tables = data.get("case", [])
     if not isinstance(extra_tables, list):
-        raise fail("case", "must be an array of tables", "write each one as [[case]]")
-    extra = [_fields(t, f"[[case]] {i + 1}", fail) for i, t in enumerate(extra_tables)]
+        raise fail("case", "must be an array of tables", "write each one as [[case]]", lines.find(None, "case"))
+    extra = [_fields(t, f"[[case]] {i + 1}", fail, lines, ("case", i + 1)) for i, t in enumerate(extra_tables)]
     if sweep_table is None and not extra:
         raise fail("the file", "declares no case", "add a [sweep] table or [[case]] entries")
-    return Scenario(name=name, source=source, description=description, defaults=defaults,
+    return Scenario(name=name, source=source, description=description, model=model, defaults=defaults,
                     sweep=sweep, extra=extra, has_sweep=sweep_table is not None)
 
 
-def _fields(table: Any, where: str, fail) -> dict[str, Any]:
-    """Type-check a table of case fields (``task`` excluded) found at ``where``."""
+def _fields(table: Any, where: str, fail, lines: "_Lines", section: tuple, inside: str | None = None
+            ) -> dict[str, Any]:
+    """Type-check a table of case fields (``task`` excluded) found at ``where``.
+
+    ``section`` and ``inside`` locate the table in the file for the line of an error
+    (see :meth:`_Lines.find`).
+    """
     if not isinstance(table, dict):
-        raise fail(where, "must be a table of case fields", "write it as {field = value, ...}")
+        raise fail(where, "must be a table of case fields", "write it as {field = value, ...}",
+                   lines.find(section, inside or where.split()[-1]))
     allowed = [n for n in field_names() if n != "task"]
     out = {}
     for key, value in table.items():
+        line = lines.find(section, key, inside=inside)
+        if key in RESERVED_KEYS:
+            raise fail(f"{where} key {key!r}", RESERVED_KEYS[key], "remove it", line)
         if key not in allowed:
-            raise fail(f"{where} key {key!r}", "is not a case field", f"use one of {', '.join(allowed)}")
+            raise fail(f"{where} key {key!r}", "is not a case field", f"use one of {', '.join(allowed)}", line)
         try:
             out[key] = coerce_field(key, value)
         except SpecError as exc:
-            raise fail(f"{where} key {key!r}", f"is refused ({exc})", "fix its value") from None
+            raise fail(f"{where} key {key!r}", f"is refused ({exc})", "fix its value", line) from None
     return out
+
+
+_HEADER_RE = re.compile(r"\s*(\[\[?)\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")
+
+
+class _Lines:
+    """Finds the line of a key in a scenario's text, for error messages.
+
+    tomllib reports lines only for syntax errors, so this scans the text: it tracks the
+    current table header (``[defaults]``, ``[sweep]``, the n-th ``[[case]]``) and looks for
+    ``key =`` in it. It is a locator for messages, not a parser: when it cannot tell, it
+    answers None and the message goes without a line.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.rows: list[tuple[tuple, int, str]] = []  # (section, 1-based line, text)
+        section: tuple = (None, None)
+        cases = 0
+        for number, line in enumerate(text.splitlines(), start=1):
+            header = _HEADER_RE.fullmatch(line)
+            if header and not line.lstrip().startswith("#"):
+                name = header.group(2).strip().strip("\"'")
+                if header.group(1) == "[[":
+                    cases += 1 if name == "case" else 0
+                    section = (name, cases if name == "case" else None)
+                else:
+                    section = (name, None)
+                self.rows.append(((None, None), number, f"{name} ="))  # the header stands for its key
+                continue
+            self.rows.append((section, number, line))
+
+    def find(self, section: tuple | None, key: str, *, inside: str | None = None) -> int | None:
+        """The line of ``key = ...`` in ``section`` (None: the top level), or of ``key =``
+        within the value of ``inside`` (an inline table in a list); None when not found."""
+        section = section or (None, None)
+        pattern = re.compile(rf"(^|[{{,\s])[\"']?{re.escape(key)}[\"']?\s*=")
+        start = re.compile(rf"\s*[\"']?{re.escape(inside or key)}[\"']?\s*=")
+        seen_start = False
+        for row_section, number, line in self.rows:
+            if row_section != section:
+                continue
+            if inside is None:
+                if start.match(line):
+                    return number
+            elif seen_start or start.match(line):
+                seen_start = True
+                if pattern.search(line.split("=", 1)[1] if start.match(line) else line):
+                    return number
+        return None

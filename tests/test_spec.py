@@ -310,18 +310,28 @@ def test_scenario_overrides_replace_axes_and_filter_explicit_cases(tmp_path):
 
 
 @pytest.mark.parametrize("text, pattern", [
-    ('colour = "red"\n[sweep]\nvariant = ["ring"]\n', r"s\.toml: 'colour' is not a scenario key"),
-    ('[defaults]\ncolour = 1\n[sweep]\nvariant = ["ring"]\n', r"s\.toml: \[defaults\] key 'colour' is not a case field"),
-    ('[sweep]\nvariant = ["ring"]\ncolour = [1]\n', r"s\.toml: \[sweep\] key 'colour' is not a case field"),
-    ('[[case]]\nvariant = "ring"\nheadz = 4\n', r"s\.toml: \[\[case\]\] 1 key 'headz' is not a case field"),
+    ('colour = "red"\n[sweep]\nvariant = ["ring"]\n', r"s\.toml, line 1: 'colour' is not a scenario key"),
+    ('[defaults]\ncolour = 1\n[sweep]\nvariant = ["ring"]\n',
+     r"s\.toml, line 2: \[defaults\] key 'colour' is not a case field; use one of variant, "),
+    ('[sweep]\nvariant = ["ring"]\ncolour = [1]\n', r"s\.toml, line 3: \[sweep\] key 'colour' is not a case field"),
+    ('[[case]]\nvariant = "ring"\n\n[[case]]\nvariant = "ring"\nheadz = 4\n',
+     r"s\.toml, line 6: \[\[case\]\] 2 key 'headz' is not a case field"),
     ('[defaults]\nheads = "four"\n[sweep]\nvariant = ["ring"]\n',
-     r"s\.toml: \[defaults\] key 'heads' is refused \(heads 'four' is a str, but heads must be an integer"),
-    ('[sweep]\nvariant = "ring"\n', r"s\.toml: \[sweep\] variant must be a non-empty list"),
-    ('[sweep]\nvariant = ["ring"]\ncausal = ["yes"]\n', r"\[sweep\] key 'causal' is refused"),
-    ('[sweep]\nvariant = ["ring"]\nseqlen = ["12q"]\n', r"\[sweep\] key 'seqlen' is refused \(seqlen '12q' is not a size"),
-    ('[sweep]\nshape = [{heads = 4, colour = 1}]\n', r"\[sweep\] shape item key 'colour' is not a case field"),
+     r"s\.toml, line 2: \[defaults\] key 'heads' is refused \(heads 'four' is a str, but heads must be an integer"),
+    ('[sweep]\nvariant = "ring"\n', r"s\.toml, line 2: \[sweep\] variant must be a non-empty list"),
+    ('[sweep]\nvariant = ["ring"]\ncausal = ["yes"]\n', r"line 3: \[sweep\] key 'causal' is refused"),
+    ('[sweep]\nvariant = ["ring"]\nseqlen = ["12q"]\n', r"line 3: \[sweep\] key 'seqlen' is refused \(seqlen '12q' is not a size"),
+    ('[sweep]\nshape = [\n  {heads = 4},\n  {heads = 4, colour = 1},\n]\n',
+     r"line 4: \[sweep\] shape item key 'colour' is not a case field"),
     ('description = "nothing"\n', r"s\.toml: the file declares no case"),
     ('[sweep]\nvariant = ["ring",\nheads = 4\n', r"s\.toml is not valid TOML: .*line 3"),
+    ('model = "llama3-9b"\n[sweep]\nvariant = ["ring"]\n', r"s\.toml, line 1: model 'llama3-9b' is not a model preset; "
+     r"use one of llama3-8b, llama3-70b, qwen2\.5-7b, mha-d64"),
+    ('model = 8\n[sweep]\nvariant = ["ring"]\n', r"line 1: model 8 is not a model preset"),
+    ('model = "llama3-8b"\n[defaults]\nkv_heads = 4\n[sweep]\nvariant = ["ring"]\n',
+     r"line 3: \[defaults\] key 'kv_heads' clashes with model 'llama3-8b'"),
+    ('[sweep]\nvariant = ["ring"]\ndocuments = ["lognormal"]\n',
+     r"line 3: \[sweep\] key 'documents' is reserved for document distributions"),
 ])
 def test_scenario_refuses_bad_files(tmp_path, text, pattern):
     path = tmp_path / "s.toml"
@@ -339,3 +349,31 @@ def test_scenario_without_variant_is_refused_on_expansion():
     scen = parse_scenario('[sweep]\nheads = [4]\n', name="x", source="x.toml")
     with pytest.raises(SpecError, match=r"scenario x\.toml gives a case without a variant"):
         scen.cases("run", "cpu", {})
+
+
+@pytest.mark.parametrize("model, shape", [
+    ("llama3-8b", (32, 8, 128)), ("llama3-70b", (64, 8, 128)), ("qwen2.5-7b", (28, 4, 128)), ("mha-d64", (16, 16, 64)),
+])
+def test_scenario_model_preset_sets_heads_and_head_dim(model, shape):
+    scen = parse_scenario(f'model = "{model}"\n[sweep]\nvariant = ["ring", "zigzag"]\n', name="m", source="m.toml")
+    cases = scen.cases("run", "cpu", {})
+    assert scen.model == model and len(cases) == 2
+    assert {(c.heads, c.kv_heads, c.head_dim) for c in cases} == {shape}
+
+
+def test_scenario_model_preset_yields_to_sweep_case_and_overrides():
+    scen = parse_scenario('model = "llama3-8b"\n[sweep]\nvariant = ["ring"]\nhead_dim = [64, 128]\n'
+                          '[[case]]\nvariant = "zigzag"\nkv_heads = 32\n', name="m", source="m.toml")
+    cases = scen.cases("run", "cpu", {})
+    assert [(c.variant, c.heads, c.kv_heads, c.head_dim) for c in cases] == [
+        ("ring", 32, 8, 64), ("ring", 32, 8, 128), ("zigzag", 32, 32, 128)]
+    assert {c.heads for c in scen.cases("run", "cpu", {"heads": 16})} == {16}
+
+
+def test_scenario_llama3_8b_sweeps_8k_to_128k_on_the_preset():
+    scen = load_scenario("llama3-8b")
+    cases = scen.cases("run", "cuda", {}, visible_gpus=2)
+    assert scen.model == "llama3-8b"
+    assert {(c.heads, c.kv_heads, c.head_dim, c.world_size) for c in cases} == {(32, 8, 128, 2)}
+    assert sorted({c.seqlen for c in cases}) == [8192, 16384, 32768, 65536, 131072]
+    assert len(cases) == 2 * 2 * 5 * 2  # variants x kernels x seqlens x modes
