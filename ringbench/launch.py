@@ -24,12 +24,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 #: Seconds between SIGTERM and SIGKILL when a job is stopped.
 TERM_GRACE_S = 10.0
 #: Seconds torchrun waits for its workers after SIGTERM before it kills them itself; kept
 #: below TERM_GRACE_S so torchrun usually finishes the job cleanly on its own.
 TORCHRUN_SHUTDOWN_S = 5
+#: Seconds between two calls of ``launch``'s ``on_poll`` while the job runs.
+POLL_S = 0.5
 #: Name of the environment variable that tells each rank where to write progress marks.
 PROGRESS_ENV = "RINGBENCH_PROGRESS_DIR"
 
@@ -65,7 +68,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def launch(cases: list[dict], *, world_size: int, device: str, results_path: Path | str,
            run_id: str, timeout_s: float, log_dir: Path | str | None = None,
-           module: str = "ringbench.worker", env: dict[str, str] | None = None) -> LaunchResult:
+           module: str = "ringbench.worker", env: dict[str, str] | None = None,
+           on_poll: Callable[[], None] | None = None) -> LaunchResult:
     """Run ``python -m <module> --cases F --results R`` on ``world_size`` local ranks.
 
     Blocks until torchrun exits or ``timeout_s`` passes. On timeout, and on Ctrl-C, the job
@@ -85,6 +89,9 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
             ``<results_path.parent>/logs/<run_id>/<nnn>-w<world_size>`` folder.
         module: the worker module to run (tests pass a stand-in).
         env: extra environment variables for the job, laid over ``os.environ``.
+        on_poll: called every ``POLL_S`` seconds while the job runs, and once after it ends,
+            in this thread (the CLI reads the new records there to move its progress bar).
+            An exception it raises stops the job like Ctrl-C does, then propagates.
 
     Returns:
         A LaunchResult; a failed or timed-out job is reported there, not raised.
@@ -123,14 +130,17 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
         proc = subprocess.Popen(cmd, env=child_env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=err, start_new_session=True)
         timed_out = False
+        deadline = time.monotonic() + timeout_s
         try:
-            returncode = proc.wait(timeout=timeout_s)
+            returncode = _wait(proc, deadline, on_poll)
         except subprocess.TimeoutExpired:
             timed_out = True
             returncode = _stop(proc)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, SIGTERM turned into an exception, or on_poll's error
             _stop(proc)
             raise
+        if on_poll is not None:
+            on_poll()  # the records of the last cases
 
     failure = None
     if timed_out:
@@ -139,6 +149,24 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
         failure = _failure_text(log_dir, world_size, returncode)
     return LaunchResult(returncode=returncode, timed_out=timed_out, log_dir=log_dir,
                         failure=failure)
+
+
+def _wait(proc: subprocess.Popen, deadline: float, on_poll: Callable[[], None] | None) -> int:
+    """Wait for ``proc`` until ``deadline`` (monotonic), calling ``on_poll`` between waits.
+
+    Raises:
+        subprocess.TimeoutExpired: the deadline passed with the job still running.
+    """
+    if on_poll is None:
+        return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return proc.wait(timeout=max(0.0, min(POLL_S, left)))
+        except subprocess.TimeoutExpired:
+            if left <= POLL_S:
+                raise
+        on_poll()
 
 
 def _check_args(cases: list[dict], *, world_size: int, device: str, timeout_s: float) -> None:

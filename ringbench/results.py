@@ -159,17 +159,56 @@ def read_records(path: Path | str) -> list[dict]:
     Raises:
         OSError: when the file exists but cannot be read.
     """
+    raw = _read_bytes(Path(path), 0)
+    return [] if raw is None else _parse_lines(raw, Path(path))
+
+
+def read_records_from(path: Path | str, offset: int) -> tuple[list[dict], int]:
+    """Read the records appended to a JSON Lines file since byte ``offset``.
+
+    For following a file while a job appends to it: pass the returned offset to the next
+    call. Only whole lines are read; a last line without its newline yet is left for the
+    next call. Damaged lines are skipped as in :func:`read_records` (the warning gives the
+    line number counted from ``offset``).
+
+    Args:
+        path: the ``.jsonl`` file.
+        offset: where to start, in bytes; 0 for the whole file, or a value this function
+            returned. A file that shrank below it is read from the start.
+
+    Returns:
+        ``(records, new_offset)``; ``([], 0)`` when the file does not exist.
+
+    Raises:
+        OSError: when the file exists but cannot be read.
+    """
     path = Path(path)
+    if offset and path.exists() and path.stat().st_size < offset:
+        offset = 0
+    raw = _read_bytes(path, offset)
+    if raw is None:
+        return [], 0
+    whole = raw.rfind(b"\n") + 1
+    return _parse_lines(raw[:whole], path), offset + whole
+
+
+def _read_bytes(path: Path, offset: int) -> bytes | None:
+    """The bytes of ``path`` from ``offset`` on, read under a shared lock; None if missing."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return []
+        return None
     with os.fdopen(fd, "rb") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_SH)  # never see a line being appended
         try:
-            raw = f.read()
+            f.seek(offset)
+            return f.read()
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _parse_lines(raw: bytes, path: Path) -> list[dict]:
+    """Records of ``raw`` JSON Lines; damaged lines skipped with a warning (see read_records)."""
     records = []
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
@@ -178,12 +217,12 @@ def read_records(path: Path | str) -> list[dict]:
             record = json.loads(line)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             warnings.warn(f"{path}:{lineno}: skipped a corrupt record line ({exc})",
-                          RuntimeWarning, stacklevel=2)
+                          RuntimeWarning, stacklevel=3)
             continue
         if not isinstance(record, dict):
             warnings.warn(f"{path}:{lineno}: skipped a line that is a JSON "
                           f"{type(record).__name__}, not a record object",
-                          RuntimeWarning, stacklevel=2)
+                          RuntimeWarning, stacklevel=3)
             continue
         _restore_nonfinite(record)
         records.append(record)

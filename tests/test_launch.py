@@ -170,3 +170,28 @@ def test_launch_mismatched_case_world_size_raises(tmp_path):
         launch([{"world_size": 2}, {"world_size": 4}], world_size=2, device="cpu",
                results_path=tmp_path / "r.jsonl", run_id="x", timeout_s=5)
     assert not (tmp_path / "logs").exists()  # refused before anything was written
+
+
+def test_launch_on_poll_sees_records_while_the_job_runs(tmp_path, worker_env):
+    seen: list[int] = []
+    cases = [{"action": "record"} for _ in range(3)]
+    res = _run(tmp_path, worker_env, cases, timeout_s=60,
+               on_poll=lambda: seen.append(len(results.read_records(tmp_path / "out.jsonl"))))
+    assert res.returncode == 0
+    assert len(seen) >= 2 and seen[-1] == 3  # polled while running, and once after the end
+    assert seen == sorted(seen)
+
+
+def test_launch_on_poll_error_stops_the_job_and_propagates(tmp_path, worker_env, monkeypatch):
+    monkeypatch.setattr(launch_mod, "TERM_GRACE_S", 1.5)
+    calls: list[float] = []
+
+    def poll():
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            raise RuntimeError("progress display broke")
+
+    with pytest.raises(RuntimeError, match="progress display broke"):
+        _run(tmp_path, worker_env, [{"action": "hang"}], timeout_s=60, on_poll=poll)
+    assert len(calls) == 3
+    assert _live_cmdlines_with(str(tmp_path / "logs" / "cases.json")) == []

@@ -131,3 +131,21 @@ def test_results_load_missing_path_raises(tmp_path):
 
 def test_results_load_empty_folder_gives_empty_frame(tmp_path):
     assert results.load(tmp_path).empty
+
+
+def test_results_read_records_from_follows_appends_whole_lines_only(tmp_path):
+    path = tmp_path / "r.jsonl"
+    assert results.read_records_from(path, 0) == ([], 0)
+    results.append_record(path, {"case_id": "a"})
+    first, offset = results.read_records_from(path, 0)
+    assert [r["case_id"] for r in first] == ["a"] and offset == path.stat().st_size
+    results.append_record(path, {"case_id": "b"})
+    with open(path, "ab") as f:
+        f.write(b'{"case_id": "c"')  # a line still being written
+    second, offset2 = results.read_records_from(path, offset)
+    assert [r["case_id"] for r in second] == ["b"]
+    with open(path, "ab") as f:
+        f.write(b"}\n")
+    third, _ = results.read_records_from(path, offset2)
+    assert [r["case_id"] for r in third] == ["c"]
+    assert [r["case_id"] for r in results.read_records(path)] == ["a", "b", "c"]
