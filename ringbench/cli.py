@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import signal
 import sys
 import uuid
 from datetime import datetime, timezone
@@ -65,6 +66,9 @@ DEVICE_HELP = ("Run on cuda (NCCL, one GPU per rank) or cpu (gloo). Default: cud
                "else cpu; a scenario that names its device (smoke says cpu) keeps it unless this is given.")
 OUT_HELP = "Folder for the records; run appends to OUT/runs.jsonl, verify to OUT/verify.jsonl. Default: results."
 JSON_HELP = "Print one JSON record per line on stdout and nothing else there, instead of the table."
+RESUME_HELP = ("Skip the cases that already have a record with status ok in the results file (same case_id: "
+               "every field but iters, warmup and seed), so a sweep that was stopped can be finished; the "
+               "table and --json still show every case. Default: run every case.")
 TIMEOUT_HELP = ("Seconds one launch (all cases of one world size and device) may take before it is "
                 "stopped and its unreported cases recorded as timeout. Default: 600.")
 
@@ -106,6 +110,7 @@ def run(
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     timeout: float = typer.Option(600.0, "--timeout", help=TIMEOUT_HELP, show_default=False),
+    resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
 ) -> None:
     """Measure a variant's time, throughput and memory on one shape (or a scenario's sweep)."""
     given = {k: v for k, v in dict(
@@ -121,7 +126,7 @@ def run(
             given.update({k: [given[k]] for k in ("variant", "world_size") if k in given})
         cases = _build_cases("run", scenario, given)
         _check_out(out, None)
-    raise typer.Exit(_execute(cases, task="run", out=out, json_out=json_out, timeout_s=timeout))
+    raise typer.Exit(_execute(cases, task="run", out=out, json_out=json_out, timeout_s=timeout, resume=resume))
 
 
 @app.command()
@@ -144,6 +149,7 @@ def verify(
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     timeout: float = typer.Option(600.0, "--timeout", help=TIMEOUT_HELP, show_default=False),
+    resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
 ) -> None:
     """Check that variants compute the same attention as one device, within tolerance."""
     from ringbench.variants import list_variants
@@ -164,7 +170,7 @@ def verify(
         cases = _build_cases("verify", scenario or "smoke", given)
         _check_out(out, junit_xml)
     raise typer.Exit(_execute(cases, task="verify", out=out, json_out=json_out, timeout_s=timeout,
-                              junit_xml=junit_xml))
+                              junit_xml=junit_xml, resume=resume))
 
 
 @app.command()
@@ -264,11 +270,14 @@ def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any]) -> l
 # --------------------------------------------------------------------------- execution
 
 def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: float,
-             junit_xml: Optional[Path] = None) -> int:
-    """Launch the cases, one launch per (world_size, device), and report; returns the exit code."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+             junit_xml: Optional[Path] = None, resume: bool = False) -> int:
+    """Launch the cases, one launch per (world_size, device), and report; returns the exit code.
 
+    A progress bar on stderr counts cases: it moves as the records appear in the results file
+    (read between waits on the job, see ``launch``'s ``on_poll``). Ctrl-C or SIGTERM stops
+    the job, keeps every record written so far and returns 130 or 143; ``--resume`` then
+    runs the rest.
+    """
     # Looked up at call time, so tests can stand in for the harness modules.
     launch_mod = importlib.import_module("ringbench.launch")
     results = importlib.import_module("ringbench.results")
@@ -277,46 +286,33 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: fl
     err = Console(stderr=True, soft_wrap=True)
     results_path = out / ("runs.jsonl" if task == "run" else "verify.jsonl")
     run_id = uuid.uuid4().hex
-    groups: dict[tuple[int, str], list] = {}
-    for case in cases:
-        groups.setdefault((case.world_size, case.device), []).append(case)
-
     by_id: dict[str, dict] = {}
-    env: list[dict | None] = []  # collected once, on the first unreported case
+    if resume:
+        wanted = {c.case_id() for c in cases}
+        for record in results.read_records(results_path):
+            if record.get("status") == "ok" and record.get("case_id") in wanted:
+                by_id[record["case_id"]] = record  # the latest ok record of the case
+        err.print(f"--resume: {len(by_id)} of {_count(len(cases), 'case')} already have an ok record in "
+                  f"{results_path}; running {len(cases) - len(by_id)}", style="dim", markup=False)
+    todo = [c for c in cases if c.case_id() not in by_id]
+
+    written = 0
     not_run = False
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("launches"),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=err) as progress:
-        bar = progress.add_task(task, total=len(groups))
-        for (world_size, device), group in groups.items():
-            progress.update(bar, description=f"{task}: {_count(len(group), 'case')} at world_size {world_size} on {device}")
-            try:
-                result = launch_mod.launch([c.to_dict() for c in group], world_size=world_size, device=device,
-                                           results_path=results_path, run_id=run_id, timeout_s=timeout_s)
-                timed_out, failure, log_dir = result.timed_out, result.failure, result.log_dir
-            except Exception as exc:  # a launcher crash still leaves one record per case
-                timed_out, failure, log_dir = False, f"the launcher raised {type(exc).__name__}: {exc}", None
-            ids = {c.case_id() for c in group}
-            found = {r["case_id"]: r for r in results.read_records(results_path)
-                     if r.get("run_id") == run_id and r.get("case_id") in ids}
-            missing = [c for c in group if c.case_id() not in found]
-            if missing and not env:
-                env.append(_env(missing[0].kernel))
-            for case in missing:
-                reason = failure or (f"the launch timed out after {timeout_s:g} s" if timed_out
-                                     else "the job ended before this case reported")
-                record = _missing_record(case, run_id, timed_out, reason, env[0])
-                results.append_record(results_path, record)
-                found[case.case_id()] = record
-            if missing or timed_out or failure:
-                not_run = not_run or bool(missing)
-                what = "timed out" if timed_out else f"failed: {failure or 'no reason given'}"
-                where = f"; logs in {log_dir}" if log_dir else ""
-                progress.console.print(Text(f"launch at world_size {world_size} on {device} {what}; "
-                                            f"{len(missing)} of {len(group)} cases unreported{where}",
-                                            style="red"))
-            by_id.update(found)
-            progress.advance(bar)
+    signum = [signal.SIGINT]
+    previous = _raise_on_sigterm(signum)
+    try:
+        written, not_run = _launch_all(todo, launch_mod, results, results_path, run_id, timeout_s, by_id, err,
+                                       task=task)
+    except KeyboardInterrupt:
+        ids = {c.case_id() for c in cases}
+        done = by_id.keys() | {r.get("case_id") for r in results.read_records(results_path)
+                               if r.get("run_id") == run_id}
+        _error(f"interrupted: {len(done & ids)} of {_count(len(cases), 'case')} have a record in {results_path}; "
+               "run the same command with --resume to run the others")
+        return 128 + signum[0]
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
     records = [by_id[c.case_id()] for c in cases]
     if json_out:
@@ -332,12 +328,124 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: fl
             report.print_growth_table(records, console)
     if junit_xml is not None:
         report.write_junit(records, junit_xml)
-    err.print(f"{_count(len(records), 'record')} appended to {results_path}", style="dim", markup=False)
+    reused = f"; {len(records) - written} reused (--resume)" if resume else ""
+    err.print(f"{_count(written, 'record')} appended to {results_path}{reused}", style="dim", markup=False)
     if not_run:
         return EXIT_NOT_RUN
     if any(r.get("status") not in PASSING for r in records):
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _raise_on_sigterm(signum: list) -> Any:
+    """Make SIGTERM raise KeyboardInterrupt (so the job is stopped, not orphaned) and note
+    which signal came in ``signum[0]``; returns the previous handler, None off the main thread."""
+    def handler(sig, frame):
+        signum[0] = sig
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return None
+
+
+def _launch_all(todo: list, launch_mod, results, results_path: Path, run_id: str, timeout_s: float,
+                by_id: dict, err: Console, *, task: str) -> tuple[int, bool]:
+    """Run ``todo`` one launch per (world_size, device) under a progress bar; fill ``by_id``.
+
+    Returns:
+        (records appended, whether some case went unreported by its launch).
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    groups: dict[tuple[int, str], list] = {}
+    for case in todo:
+        groups.setdefault((case.world_size, case.device), []).append(case)
+    varying = _varying_fields(todo)
+    env: list[dict | None] = []  # collected once, on the first unreported case
+    written, not_run = 0, False
+    columns = (TextColumn("{task.fields[counter]}"), BarColumn(bar_width=16), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"))
+    with Progress(*columns, console=err) as progress:
+        bar = progress.add_task(task, total=len(todo), counter=f"case 0 of {len(todo)}")
+
+        def show(current) -> None:
+            """Case i of n: i counts the finished cases and the one running now."""
+            done = int(progress.tasks[0].completed)
+            if current is None:
+                progress.update(bar, counter=f"case {done} of {len(todo)}", description="")
+            else:
+                progress.update(bar, counter=f"case {done + 1} of {len(todo)}",
+                                description=_short_label(current, varying))
+
+        for (world_size, device), group in groups.items():
+            ids = {c.case_id() for c in group}
+            found: dict[str, dict] = {}
+            offset = [results_path.stat().st_size if results_path.exists() else 0]
+
+            def poll() -> None:
+                new, offset[0] = results.read_records_from(results_path, offset[0])
+                for record in new:
+                    if record.get("run_id") == run_id and record.get("case_id") in ids - found.keys():
+                        found[record["case_id"]] = record
+                        progress.advance(bar)
+                show(next((c for c in group if c.case_id() not in found), None))
+
+            show(group[0])
+            try:
+                result = launch_mod.launch([c.to_dict() for c in group], world_size=world_size, device=device,
+                                           results_path=results_path, run_id=run_id, timeout_s=timeout_s,
+                                           on_poll=poll)
+                timed_out, failure, log_dir = result.timed_out, result.failure, result.log_dir
+            except Exception as exc:  # a launcher crash still leaves one record per case
+                timed_out, failure, log_dir = False, f"the launcher raised {type(exc).__name__}: {exc}", None
+            poll()  # records the hook has not seen (a crashed launcher never called it)
+            missing = [c for c in group if c.case_id() not in found]
+            if missing and not env:
+                env.append(_env(missing[0].kernel))
+            for case in missing:
+                reason = failure or (f"the launch timed out after {timeout_s:g} s" if timed_out
+                                     else "the job ended before this case reported")
+                record = _missing_record(case, run_id, timed_out, reason, env[0])
+                results.append_record(results_path, record)
+                found[case.case_id()] = record
+                progress.advance(bar)
+            written += len(found)
+            if missing or timed_out or failure:
+                not_run = not_run or bool(missing)
+                what = "timed out" if timed_out else f"failed: {failure or 'no reason given'}"
+                where = f"; logs in {log_dir}" if log_dir else ""
+                progress.console.print(Text(f"launch at world_size {world_size} on {device} {what}; "
+                                            f"{len(missing)} of {len(group)} cases unreported{where}",
+                                            style="red"))
+            by_id.update(found)
+        show(None)
+    return written, not_run
+
+
+#: Spec fields in the order a short case label names them.
+_LABEL_FIELDS = ("variant", "kernel", "device", "world_size", "batch", "seqlen", "heads", "kv_heads", "head_dim",
+                 "dtype", "causal", "mode")
+
+
+def _varying_fields(cases: list) -> set[str]:
+    """The spec fields that take more than one value among ``cases``."""
+    return {f for f in _LABEL_FIELDS if len({getattr(c, f) for c in cases}) > 1}
+
+
+def _short_label(case, varying: set[str]) -> str:
+    """The case named by its variant and kernel and the fields the sweep varies, such as
+    ``zigzag cudnn 16k fwd``, for the progress bar."""
+    from ringbench.spec import format_size
+
+    words = {
+        "variant": case.variant, "kernel": case.kernel, "device": case.device, "world_size": f"W={case.world_size}",
+        "batch": f"B={case.batch}", "seqlen": format_size(case.seqlen), "heads": f"H={case.heads}",
+        "kv_heads": f"KV={case.kv_heads}", "head_dim": f"D={case.head_dim}", "dtype": case.dtype,
+        "causal": "causal" if case.causal else "non-causal", "mode": case.mode,
+    }
+    return " ".join(words[f] for f in _LABEL_FIELDS if f in ("variant", "kernel") or f in varying)
 
 
 def _count(n: int, noun: str) -> str:

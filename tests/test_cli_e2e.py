@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -111,3 +112,75 @@ def test_cli_e2e_refused_case_starts_nothing(tmp_path, args, message):
     assert re.fullmatch(message, result.stderr.strip())
     assert result.stdout == ""
     assert not out.exists()
+
+
+KILL_SWEEP = """
+[defaults]
+device = "cpu"
+kernel = "cpu"
+world_size = 2
+heads = 4
+kv_heads = 2
+head_dim = 32
+mode = "fwd_bwd"
+iters = 3
+warmup = 1
+[sweep]
+variant = ["ring", "zigzag"]
+seqlen = [1024, 2048, 3072]
+"""
+
+
+def test_cli_e2e_sweep_killed_then_resumed_keeps_one_ok_record_per_case(tmp_path):
+    from ringbench.scenarios import load_scenario
+
+    scenario = tmp_path / "kill.toml"
+    scenario.write_text(KILL_SWEEP)
+    ids = {c.case_id() for c in load_scenario(str(scenario)).cases("run", "cpu")}
+    assert len(ids) == 6
+    out = tmp_path / "out"
+    runs = out / "runs.jsonl"
+    args = [sys.executable, "-m", "ringbench.cli", "run", "--scenario", str(scenario), "--out", str(out)]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        while not (runs.exists() and runs.read_text().count("\n") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended before its first record"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)  # as a batch system stops a job
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(stderr[-3000:])
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "--resume" in stderr
+    first = read_jsonl(runs)
+    ok_first = {r["case_id"] for r in first if r["status"] == "ok"}
+    assert 1 <= len(ok_first) < len(ids), "the kill did not land midway"
+    assert _live_cmdlines_with(str(out / "logs")) == []  # no rank outlived the CLI
+
+    result = ringbench("run", "--scenario", str(scenario), "--out", str(out), "--resume", cwd=tmp_path)
+    assert result.returncode == 0
+    assert f"--resume: {len(ok_first)} of 6 cases already have an ok record" in result.stderr
+    records = read_jsonl(runs)
+    assert records[:len(first)] == first  # nothing rewritten
+    ok = [r["case_id"] for r in records if r["status"] == "ok"]
+    assert sorted(ok) == sorted(ids)  # every case once: none lost, none duplicated
+    resumed = {r["case_id"] for r in records[len(first):]}
+    assert resumed == ids - ok_first
+
+
+def _live_cmdlines_with(needle: str) -> list[str]:
+    """Command lines of live processes that mention ``needle``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found

@@ -39,7 +39,8 @@ class FakeHarness:
         self.outcome, self.timed_out, self.failure = outcome, timed_out, failure
         for name, attrs in {
             "launch": {"launch": self.launch},
-            "results": {"read_records": self.read_records, "append_record": self.append_record},
+            "results": {"read_records": self.read_records, "append_record": self.append_record,
+                        "read_records_from": self.read_records_from},
             "report": {"print_run_table": self.table("run"), "print_verify_table": self.table("verify"),
                        "print_growth_table": lambda records, console: self.printed.append(
                            f"growth table of {len(records)}"),
@@ -48,7 +49,7 @@ class FakeHarness:
         }.items():
             monkeypatch.setitem(sys.modules, f"ringbench.{name}", types.SimpleNamespace(**attrs))
 
-    def launch(self, cases, *, world_size, device, results_path, run_id, timeout_s):
+    def launch(self, cases, *, world_size, device, results_path, run_id, timeout_s, on_poll=None):
         from ringbench.spec import CaseSpec
 
         self.launches.append({"cases": cases, "world_size": world_size, "device": device, "timeout_s": timeout_s})
@@ -57,10 +58,17 @@ class FakeHarness:
             if status is not None:
                 self.append_record(results_path, {"run_id": run_id, "status": status, "spec": case,
                                                   "case_id": CaseSpec.from_dict(case).case_id()})
+            if on_poll is not None:
+                on_poll()
         return FakeLaunchResult(1 if self.failure else 0, self.timed_out, Path("logs"), self.failure)
 
     def read_records(self, path):
         return list(self.written.get(Path(path), []))
+
+    def read_records_from(self, path, offset):
+        """The list index stands for the byte offset."""
+        records = self.written.get(Path(path), [])
+        return list(records[offset:]), len(records)
 
     def append_record(self, path, record):
         self.written.setdefault(Path(path), []).append(record)
@@ -117,9 +125,9 @@ def test_cli_scenario_syntax_error_names_the_line(harness, tmp_path):
     (["--help"], ["run", "verify", "compare", "Exit codes"]),
     (["run", "--help"], ["--variant", "--seqlen", "128k", "--world-size", "--batch", "--heads", "--kv-heads",
                          "--head-dim", "--dtype", "--causal", "--no-causal", "--mode", "--kernel", "--iters",
-                         "--warmup", "--seed", "--out", "--json", "--timeout", "Default"]),
+                         "--warmup", "--seed", "--out", "--json", "--timeout", "--resume", "Default"]),
     (["verify", "--help"], ["--variant", "--scenario", "--world-size", "--kernel", "--junit-xml", "--json", "--out",
-                            "--timeout", "smoke"]),
+                            "--timeout", "--resume", "smoke"]),
 ])
 def test_cli_help_exits_0_and_lists_options(args, words):
     result = runner.invoke(app, args)
@@ -188,3 +196,26 @@ def test_cli_launcher_crash_is_recorded_not_raised(monkeypatch, tmp_path):
     assert record["status"] == "error" and "OSError: torchrun not found" in record["reason"]
     assert record["time_ms"] is None
 
+
+
+def test_cli_resume_skips_cases_with_an_ok_record(monkeypatch, tmp_path):
+    from ringbench.spec import CaseSpec
+
+    fake = FakeHarness(monkeypatch)
+    args = ["verify", "--world-size", "2", "--out", str(tmp_path), "--json"]
+    assert runner.invoke(app, args).exit_code == 0
+    cases = [CaseSpec.from_dict(c) for c in fake.launches[0]["cases"]]
+    assert len(cases) >= 3
+    # Keep the first case ok, make the second one's record a failure, drop the others.
+    records = fake.written[tmp_path / "verify.jsonl"]
+    records[1]["status"] = "fail"
+    del records[2:]
+    fake.launches.clear()
+    result = runner.invoke(app, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    rerun = [CaseSpec.from_dict(c).case_id() for c in fake.launches[0]["cases"]]
+    assert rerun == [c.case_id() for c in cases[1:]]
+    shown = [json.loads(line)["case_id"] for line in result.stdout.splitlines()]
+    assert shown == [c.case_id() for c in cases]  # the reused record is shown too
+    assert f"--resume: 1 of {len(cases)} cases already have an ok record" in result.stderr
+    assert f"{len(cases) - 1} records appended" in result.stderr and "1 reused" in result.stderr
