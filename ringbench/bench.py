@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ringbench.spec import DTYPES
+from ringbench.spec import DTYPES, variant_options
 from ringbench.variants import get_variant
 from ringbench.variants.comm import TRAFFIC, reset_traffic
 from ringbench.variants.kernels import get_kernel
@@ -112,17 +112,19 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
     v = _random((B, local, Hkv, D), dtype, device, gen)
     dout = _random((B, local, H, D), dtype, device, gen)
     causal, scale, backward = spec["causal"], D ** -0.5, spec["mode"] == "fwd_bwd"
-    attention = variant.attention
+    attention, options = variant.attention, variant_options(spec)
 
     def step() -> None:
         if not backward:
             with torch.no_grad():
-                attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel)
+                attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
+                          **options)
             return
         for t in (q, k, v):
             t.requires_grad_(True)
             t.grad = None
-        out, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel)
+        out, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
+                           **options)
         out.backward(dout)
 
     def reference() -> None:

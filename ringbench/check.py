@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ringbench.spec import DTYPES
+from ringbench.spec import DTYPES, layout_of, variant_options
 from ringbench.variants import get_variant, layouts
 from ringbench.variants.kernels import KERNELS, get_kernel
 
@@ -94,25 +94,29 @@ def global_inputs(spec: dict, dtype: torch.dtype, device: torch.device) -> tuple
     return tuple(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).to(device) for s in shapes)
 
 
-def _run_variant(attention, layout, inputs, *, rank, world_size, causal, scale, group, kernel):
+def _run_variant(attention, layout, inputs, *, rank, world_size, causal, scale, group, kernel, options):
     q, k, v, dout = (layouts.shard(x, layout, rank, world_size) for x in inputs)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-    out, lse = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel)
+    out, lse = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
+                         **options)
     out.backward(dout)
     return out.detach(), lse, q.grad, k.grad, v.grad
 
 
-def cp_active(attention, layout, inputs, *, rank, world_size, causal, scale, group, kernel) -> bool:
+def cp_active(attention, layout, inputs, *, rank, world_size, causal, scale, group, kernel,
+              options) -> bool:
     """Whether changing one rank's K/V changes another rank's output (a silent fall-back to local
     attention would not). Non-causal: K/V of the last rank, output of rank 0; causal: K/V of
     rank 0, output of the last rank, which sees it in every layout ringbench has."""
     source, watcher = (0, world_size - 1) if causal else (world_size - 1, 0)
     q, k, v = (layouts.shard(x, layout, rank, world_size) for x in inputs[:3])
     with torch.no_grad():
-        before, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel)
+        before, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
+                              **options)
         if rank == source:
             k, v = -k.flip(1), v.flip(1) * 2 + 1
-        after, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel)
+        after, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
+                             **options)
     changed = torch.tensor([float((before.float() - after.float()).abs().max()) if rank == watcher else 0.0],
                            device=q.device)
     dist.all_reduce(changed, group=group)
@@ -135,11 +139,13 @@ def verify_case(spec: dict, *, device: torch.device, group=None) -> dict:
     dtype = getattr(torch, DTYPES[spec["dtype"]])
     causal, scale = spec["causal"], spec["head_dim"] ** -0.5
     inputs = global_inputs(spec, dtype, device)
-    kwargs = dict(rank=rank, world_size=world_size, causal=causal, scale=scale, group=group, kernel=kernel)
-    local = _run_variant(variant.attention, variant.layout, inputs, **kwargs)
+    layout = layout_of(spec, variant)
+    kwargs = dict(rank=rank, world_size=world_size, causal=causal, scale=scale, group=group, kernel=kernel,
+                  options=variant_options(spec))
+    local = _run_variant(variant.attention, layout, inputs, **kwargs)
     dims = (1, 2, 1, 1, 1)
-    gathered = [_gather(t, variant.layout, d, group) for t, d in zip(local, dims)]
-    active = cp_active(variant.attention, variant.layout, inputs, **kwargs) if world_size > 1 else None
+    gathered = [_gather(t, layout, d, group) for t, d in zip(local, dims)]
+    active = cp_active(variant.attention, layout, inputs, **kwargs) if world_size > 1 else None
 
     checks = None
     if rank == 0:

@@ -100,6 +100,10 @@ class CaseSpec:
         iters: timed iterations (run only).
         warmup: untimed iterations before timing (run only).
         seed: seed of the random inputs.
+        layout: the variant's layout when it takes more than one (llama3: ``zigzag`` or
+            ``contiguous``); ``""`` means the variant's default.
+        heads_k_stride: K/V heads gathered at a time by all-gather variants (llama3);
+            ``0`` means all of them at once.
     """
 
     task: str
@@ -118,6 +122,8 @@ class CaseSpec:
     iters: int
     warmup: int
     seed: int
+    layout: str = ""
+    heads_k_stride: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form the worker reads, field order as declared."""
@@ -134,15 +140,20 @@ class CaseSpec:
         unknown = [k for k in data if k not in names]
         if unknown:
             raise SpecError(f"field {unknown[0]!r} is not a case field; use one of {', '.join(names)}")
-        missing = [k for k in names if k not in data]
+        missing = [k for k in names if k not in data and k not in _DEFAULTED]
         if missing:
             raise SpecError(f"field {missing[0]!r} is missing from the case; give every field of "
                             "CaseSpec.to_dict()")
-        return cls(**{k: coerce_field(k, data[k]) for k in names})
+        return cls(**{k: coerce_field(k, data[k]) for k in names if k in data})
 
     def case_id(self) -> str:
-        """A stable 12-hex-digit sha1 of every field except iters, warmup and seed."""
-        keyed = {k: v for k, v in self.to_dict().items() if k not in ("iters", "warmup", "seed")}
+        """A stable 12-hex-digit sha1 of every field except iters, warmup and seed.
+
+        Optional fields left at their defaults are left out, so ids stay those of records
+        written before the field existed.
+        """
+        keyed = {k: v for k, v in self.to_dict().items()
+                 if k not in ("iters", "warmup", "seed") and not (k in _DEFAULTED and v == _DEFAULTED[k])}
         blob = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
@@ -157,6 +168,8 @@ def field_names() -> tuple[str, ...]:
 
 
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(CaseSpec)}
+_DEFAULTED = {f.name: f.default for f in dataclasses.fields(CaseSpec)
+              if f.default is not dataclasses.MISSING}
 _TYPE_WORDS = {"int": "an integer", "bool": "true or false", "str": "a string"}
 
 
@@ -183,6 +196,21 @@ def coerce_field(name: str, value: Any) -> Any:
         raise SpecError(f"{name} {value!r} is a {type(value).__name__}, but {name} must be "
                         f"{_TYPE_WORDS[kind]}; fix its value")
     return value
+
+
+def variant_options(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword options a case passes to its variant's ``attention`` beyond the contract."""
+    options: dict[str, Any] = {}
+    if spec.get("layout"):
+        options["layout"] = spec["layout"]
+    if spec.get("heads_k_stride"):
+        options["heads_k_stride"] = spec["heads_k_stride"]
+    return options
+
+
+def layout_of(spec: Mapping[str, Any], variant) -> str:
+    """The layout a case's tensors are sharded in: its own, or else the variant's."""
+    return spec.get("layout") or variant.layout
 
 
 # --------------------------------------------------------------------------- defaults
@@ -272,14 +300,15 @@ def check_fields(fields: Mapping[str, Any]) -> None:
             raise SpecError(f"seqlen {value} is above the limit of {MAX_SEQLEN} tokens; use a smaller size")
         elif name in ("world_size", "batch", "seqlen", "heads", "kv_heads", "head_dim", "iters"):
             _at_least(name, value, 1)
-        elif name in ("warmup", "seed"):
+        elif name in ("warmup", "seed", "heads_k_stride"):
             _at_least(name, value, 0)
         elif name == "kernel" and not value:
             raise SpecError("kernel '' is empty; pass --kernel with a kernel name or auto")
     if all(k in fields for k in ("variant", "seqlen", "world_size")):
         reason = get_variant(fields["variant"]).check(
             seqlen=coerce_field("seqlen", fields["seqlen"]), world_size=fields["world_size"],
-            causal=fields.get("causal", True))
+            causal=fields.get("causal", True), layout=fields.get("layout") or None,
+            heads_k_stride=fields.get("heads_k_stride", 0), kv_heads=fields.get("kv_heads"))
         if reason:
             raise SpecError(reason)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 #: Chunks per rank of each layout: the global seqlen must be a multiple of this times W.
-LAYOUT_CHUNKS = {"contiguous": 1, "zigzag": 2}
+LAYOUT_CHUNKS = {"contiguous": 1, "zigzag": 2, "stripe": 1}
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,14 @@ class Variant:
 
     Attributes:
         name: what users pass to ``--variant``.
-        layout: how the global sequence maps to ranks (``contiguous`` or ``zigzag``).
+        layout: how the global sequence maps to ranks (``contiguous``, ``zigzag`` or ``stripe``).
         target: ``"module:function"`` of its attention function, relative to this package.
         summary: one line for listings.
         causal, non_causal, gqa, varlen: what it supports.
         hidden: test-only variants, left out of user-facing lists.
+        layouts: other layouts it takes through its ``layout`` keyword (``layout`` first).
+        options: keyword options its ``attention`` takes beyond the common contract, such
+            as ``heads_k_stride``.
     """
 
     name: str
@@ -40,28 +43,45 @@ class Variant:
     gqa: bool = True
     varlen: bool = False
     hidden: bool = False
+    layouts: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
 
-    def seqlen_multiple(self, world_size: int) -> int:
+    def seqlen_multiple(self, world_size: int, layout: str | None = None) -> int:
         """The number the global seqlen must be a multiple of at ``world_size``."""
-        return LAYOUT_CHUNKS[self.layout] * world_size
+        return LAYOUT_CHUNKS[layout or self.layout] * world_size
 
-    def check(self, *, seqlen: int, world_size: int, causal: bool) -> str | None:
-        """Return the one-sentence reason this variant refuses the shape, or ``None``."""
+    def check(self, *, seqlen: int, world_size: int, causal: bool, layout: str | None = None,
+              heads_k_stride: int = 0, kv_heads: int | None = None) -> str | None:
+        """Return the one-sentence reason this variant refuses the case, or ``None``."""
+        allowed = (self.layout, *self.layouts)
+        if layout and layout not in allowed:
+            return (f"layout {layout!r} is not one {self.name} takes; choose "
+                    f"{' or '.join(allowed)}")
+        if heads_k_stride and "heads_k_stride" not in self.options:
+            return f"{self.name} takes no heads_k_stride; it is an option of all-gather variants such as llama3"
+        if heads_k_stride and kv_heads is not None and not 1 <= heads_k_stride <= kv_heads:
+            return (f"heads_k_stride {heads_k_stride} must be between 1 and kv_heads = {kv_heads}; "
+                    f"pass --heads-k-stride {kv_heads} or fewer")
+        layout = layout or self.layout
         if causal and not self.causal:
             return f"{self.name} does not support causal attention; pass --no-causal"
         if not causal and not self.non_causal:
             return f"{self.name} does not support non-causal attention; pass --causal"
-        n = self.seqlen_multiple(world_size)
+        n = self.seqlen_multiple(world_size, layout)
         if seqlen % n:
-            rule = f"2 * world_size = {n}" if LAYOUT_CHUNKS[self.layout] == 2 else f"world_size = {n}"
+            rule = f"2 * world_size = {n}" if LAYOUT_CHUNKS[layout] == 2 else f"world_size = {n}"
             up = (seqlen // n + 1) * n
-            return (f"seqlen {seqlen} is not a multiple of {rule}, which {self.name} needs; "
-                    f"use {up}")
+            which = self.name if layout == self.layout else f"{self.name} over the {layout} layout"
+            return f"seqlen {seqlen} is not a multiple of {rule}, which {which} needs; use {up}"
         return None
 
     @property
     def attention(self) -> Callable:
-        """The variant's attention function (imports its module, and so torch)."""
+        """The variant's attention function (imports its module, and so torch).
+
+        Beyond the common contract it takes ``layout=`` when ``layouts`` is not empty, and
+        each keyword named in ``options``.
+        """
         module, func = self.target.split(":")
         return getattr(importlib.import_module(f"{__name__}.{module}"), func)
 
@@ -73,6 +93,11 @@ VARIANTS: dict[str, Variant] = {
                 "basic ring: contiguous chunks, K/V passed around the ring"),
         Variant("zigzag", "zigzag", "zigzag:zigzag_attention",
                 "ring over the zigzag layout, balanced under a causal mask"),
+        Variant("stripe", "stripe", "stripe:stripe_attention",
+                "ring over the stripe layout (token t on rank t mod W), balanced under a causal mask"),
+        Variant("llama3", "zigzag", "llama3:llama3_attention",
+                "all-gather K/V (in head groups), zigzag layout for causal balance",
+                layouts=("contiguous",), options=("heads_k_stride",)),
         Variant("broken_merge", "contiguous", "testing:broken_merge_attention",
                 "test only: a ring whose merge drops the last block", hidden=True),
     )

@@ -90,7 +90,7 @@ def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: 
     G = Hq // Hkv
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     # [B, Hkv, G, S, D]: GQA without repeating K/V.
-    qg = q.to(acc).view(B, Sq, Hkv, G, D).permute(0, 2, 3, 1, 4)
+    qg = q.to(acc).reshape(B, Sq, Hkv, G, D).permute(0, 2, 3, 1, 4)
     kf = k.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
     vf = v.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
     out = torch.empty(B, Hkv, G, Sq, D, dtype=acc, device=q.device)
@@ -119,10 +119,10 @@ def _math_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
 
     def grouped(x: Tensor) -> Tensor:
-        return x.to(acc).view(B, x.shape[1], Hkv, G, D).permute(0, 2, 3, 1, 4)
+        return x.to(acc).reshape(B, x.shape[1], Hkv, G, D).permute(0, 2, 3, 1, 4)
 
     qg, dog, og = grouped(q), grouped(dout), grouped(out)
-    lseg = lse.to(acc).view(B, Hkv, G, Sq)
+    lseg = lse.to(acc).reshape(B, Hkv, G, Sq)
     kf = k.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
     vf = v.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
     delta = (dog * og).sum(-1)  # [B, Hkv, G, Sq]

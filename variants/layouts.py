@@ -3,6 +3,7 @@
 ``contiguous``: rank r holds tokens ``[r*S/W, (r+1)*S/W)``.
 ``zigzag``: the sequence is cut into 2W equal chunks and rank r holds chunks r and 2W-1-r,
 so every rank has the same amount of causal work (also called head-tail).
+``stripe``: token t lives on rank t mod W (Brandon et al., "Striped Attention", 2023).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def chunk_ids(layout: str, rank: int, world_size: int) -> list[int]:
         return [rank]
     if layout == "zigzag":
         return [rank, 2 * world_size - 1 - rank]
+    if layout == "stripe":
+        raise ValueError("the stripe layout holds single tokens, not chunks; use token_index")
     raise ValueError(f"layout {layout!r} is unknown; choose one of {', '.join(LAYOUTS)}")
 
 
@@ -42,6 +45,8 @@ def token_index(layout: str, seqlen: int, rank: int, world_size: int, device=Non
     if seqlen % n:
         raise ValueError(f"seqlen {seqlen} is not a multiple of {n}, which the {layout} layout "
                          f"needs at world_size {world_size}")
+    if layout == "stripe":
+        return torch.arange(rank, seqlen, world_size, device=device)
     c = seqlen // n
     return torch.cat([torch.arange(i * c, (i + 1) * c, device=device)
                       for i in chunk_ids(layout, rank, world_size)])

@@ -1,0 +1,192 @@
+"""All-gather context parallelism in the style of Llama 3: gather K/V, keep queries local.
+
+Each rank gathers every rank's K/V (a group of K/V heads at a time, the next group's gather
+in flight while the current one computes), then attends its local queries to all keys with
+the right causal offsets. Backward recomputes nothing: it reuses the gathered K/V, computes
+dq locally and reduce-scatters the float32 dK/dV to their owners. There are fewer merges
+than in a ring (two per local chunk), so less rounding; the price is a gather that is only
+overlapped across head groups, and gathered K/V held in memory.
+
+Causal runs default to the zigzag layout, which gives every rank the same causal work; the
+contiguous layout is there to measure what that balance is worth.
+
+Source: Llama 3 Herd of Models (Meta, 2024), section 3.3.2 "Context parallelism".
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import layouts
+from .comm import TRAFFIC
+from .kernels import Kernel, get_kernel
+from .merge import merge_
+
+Tensor = torch.Tensor
+
+#: The layouts llama3 takes; the first is the default.
+LAYOUTS = ("zigzag", "contiguous")
+
+
+def _chunks(layout: str, rank: int, world_size: int, seqlen_local: int) -> list[tuple[slice, int, int]]:
+    """Local query chunks as (local rows, first global token, chunk length)."""
+    ids = layouts.chunk_ids(layout, rank, world_size)
+    c = seqlen_local // len(ids)
+    return [(slice(i * c, (i + 1) * c), cid * c, c) for i, cid in enumerate(ids)]
+
+
+def _gather_global(x: Tensor, group, world_size: int) -> tuple[Tensor, dist.Work | None]:
+    """Start gathering every rank's shard of ``x`` [B, S/W, H, D]; returns the [W, ...] buffer."""
+    x = x.contiguous()
+    # Concatenated along dim 0, the shape every backend takes; viewed as [W, ...] after.
+    buf = torch.empty((world_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    work = dist.all_gather_into_tensor(buf, x, group=group, async_op=True)
+    nbytes = x.numel() * x.element_size()
+    TRAFFIC.bytes_sent += nbytes * (world_size - 1)
+    TRAFFIC.bytes_received += nbytes * (world_size - 1)
+    return buf, work
+
+
+def _to_global(buf: Tensor, layout: str) -> Tensor:
+    """[W, B, S/W, H, D] rank-ordered shards → [B, S, H, D] in global token order."""
+    return layouts.unshard(list(buf.unbind(0)), layout, dim=1)
+
+
+def _head_groups(kv_heads: int, stride: int) -> list[slice]:
+    return [slice(h, min(h + stride, kv_heads)) for h in range(0, kv_heads, stride)]
+
+
+def _gathered_kv(k: Tensor, v: Tensor, group, world_size: int, stride: int, layout: str):
+    """Yield (kv head slice, global K, global V) per head group, prefetching the next group."""
+    groups = _head_groups(k.shape[2], stride)
+
+    def start(hs):
+        return _gather_global(k[:, :, hs], group, world_size), _gather_global(v[:, :, hs], group, world_size)
+
+    pending = start(groups[0])
+    for i, hs in enumerate(groups):
+        (kb, kw), (vb, vw) = pending
+        if i + 1 < len(groups):
+            pending = start(groups[i + 1])  # overlaps this group's compute
+        kw.wait()
+        vw.wait()
+        yield (hs, _to_global(kb.unflatten(0, (world_size, -1)), layout),
+               _to_global(vb.unflatten(0, (world_size, -1)), layout))
+
+
+def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local: int, seqlen: int):
+    """(local query rows, key range, causal) of every kernel call this rank makes."""
+    if not causal:
+        return [(slice(None), slice(0, seqlen), False)]
+    out = []
+    for rows, start, length in _chunks(layout, rank, world_size, seqlen_local):
+        if start > 0:
+            out.append((rows, slice(0, start), False))
+        out.append((rows, slice(start, start + length), True))
+    return out
+
+
+def _forward(q, k, v, causal, scale, group, kernel, stride, layout):
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    B, S_local, H, D = q.shape
+    G = H // k.shape[2]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = torch.zeros(B, S_local, H, D, dtype=acc, device=q.device)
+    lse = torch.full((B, H, S_local), float("-inf"), dtype=acc, device=q.device)
+    saved = []
+    for hs, kg, vg in _gathered_kv(k, v, group, world_size, stride, layout):
+        qh = slice(hs.start * G, hs.stop * G)
+        for rows, keys, c in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1]):
+            b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale)
+            merge_(out[:, rows, qh], lse[:, qh, rows], b_out, b_lse)
+        saved.append((kg, vg))
+    return out.to(q.dtype), lse, saved
+
+
+def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, layout):
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    S_local, G = q.shape[1], q.shape[2] // k.shape[2]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk = torch.empty(k.shape, dtype=acc, device=k.device)
+    dv = torch.empty(v.shape, dtype=acc, device=v.device)
+    for hs, (kg, vg) in zip(_head_groups(k.shape[2], stride), saved):
+        qh = slice(hs.start * G, hs.stop * G)
+        dkg = torch.zeros(kg.shape, dtype=acc, device=k.device)
+        dvg = torch.zeros(vg.shape, dtype=acc, device=v.device)
+        for rows, keys, c in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1]):
+            g = kernel.backward(dout[:, rows, qh], q[:, rows, qh], kg[:, keys], vg[:, keys],
+                                out[:, rows, qh], lse[:, qh, rows], c, scale)
+            dq[:, rows, qh] += g[0]
+            dkg[:, keys] += g[1]
+            dvg[:, keys] += g[2]
+        for full, local in ((dkg, dk), (dvg, dv)):
+            # Reduce-scatter in float32: every rank's share of the key gradients to its owner.
+            shards = torch.cat([layouts.shard(full, layout, r, world_size) for r in range(world_size)])
+            part = torch.empty_like(shards[: shards.shape[0] // world_size])
+            dist.reduce_scatter_tensor(part, shards, group=group)
+            nbytes = part.numel() * part.element_size()
+            TRAFFIC.bytes_sent += nbytes * (world_size - 1)
+            TRAFFIC.bytes_received += nbytes * (world_size - 1)
+            local[:, :, hs] = part
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class Llama3Attention(torch.autograd.Function):
+    """Autograd wrapper; see :func:`llama3_attention`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, group, kernel, stride, layout):
+        out, lse, saved = _forward(q, k, v, causal, scale, group, kernel, stride, layout)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.saved_kv = saved
+        ctx.args = (causal, scale, group, kernel, stride, layout)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        grads = _backward(dout.contiguous(), q, k, v, out, lse, ctx.saved_kv, *ctx.args)
+        ctx.saved_kv = None
+        return (*grads, None, None, None, None, None, None)
+
+
+def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
+                     softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
+                     kernel: Kernel | str = "math", cu_seqlens: Tensor | None = None,
+                     heads_k_stride: int | None = None, layout: str = "zigzag") -> tuple[Tensor, Tensor]:
+    """Attention over the whole sequence by gathering K/V, each rank holding its shard.
+
+    Args:
+        q: ``[B, S/W, Hq, D]`` in ``layout`` (``layouts.shard(x, layout, rank, W)``): zigzag
+            needs ``S % (2W) == 0``, contiguous ``S % W == 0``.
+        k, v: ``[B, S/W, Hkv, D]`` in the same layout, ``Hq % Hkv == 0``.
+        causal, softmax_scale, group, kernel: as in :func:`ring.ring_attention`.
+        cu_seqlens: not taken by this batch form; must be ``None``.
+        heads_k_stride: K/V heads gathered at a time (default: all of them in one gather);
+            while one group computes, the next group's gather is in flight.
+        layout: ``zigzag`` (default, balanced under a causal mask) or ``contiguous``.
+
+    Returns:
+        ``out`` ``[B, S/W, Hq, D]`` in q's dtype; ``lse`` float32 ``[B, Hq, S/W]``.
+
+    Raises:
+        ValueError: ``cu_seqlens`` given, an unknown layout, an odd local length under zigzag,
+            or a ``heads_k_stride`` outside 1..Hkv.
+    """
+    if cu_seqlens is not None:
+        raise ValueError("llama3 is the batch form and takes no cu_seqlens; use llama3_varlen")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r} is not one llama3 takes; choose one of {', '.join(LAYOUTS)}")
+    if layout == "zigzag" and q.shape[1] % 2:
+        raise ValueError(f"local seqlen {q.shape[1]} is odd; the zigzag layout gives every rank two "
+                         "equal chunks, so seqlen must be a multiple of 2 * world_size")
+    stride = k.shape[2] if heads_k_stride is None else heads_k_stride
+    if not 1 <= stride <= k.shape[2]:
+        raise ValueError(f"heads_k_stride {stride} must be between 1 and kv_heads = {k.shape[2]}")
+    if isinstance(kernel, str):
+        kernel = get_kernel(kernel)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    return Llama3Attention.apply(q, k, v, causal, scale, group, kernel, stride, layout)
