@@ -157,7 +157,7 @@ def test_validate_accepts_seqlen_the_layout_divides(variant, seqlen):
 
 
 @pytest.mark.parametrize("change, pattern", [
-    ({"variant": "nope"}, r"^variant 'nope' is unknown; choose one of ring, zigzag$"),
+    ({"variant": "nope"}, r"^variant 'nope' is unknown; choose one of ring, zigzag, stripe, llama3$"),
     ({"kernel": "nope"}, r"^kernel 'nope' is unknown; choose one of flash-attn, torch-flash, cudnn, cpu, math or auto$"),
     ({"heads": 6, "kv_heads": 4}, r"^heads 6 is not a multiple of kv_heads 4; pass --kv-heads with a divisor of 6, "
                                   r"such as 3$"),
