@@ -1,10 +1,11 @@
-"""The ``ringbench`` command line: ``run``, ``verify`` and (later) ``compare``.
+"""The ``ringbench`` command line: ``run``, ``verify`` and ``compare``.
 
 Parsing and every check that needs no GPU happen here, before any process starts; a bad
 input prints one red sentence on stderr and exits 2. Torch and the harness modules are
 imported inside the commands, so ``ringbench --help`` is instant.
 
-Exit codes: 0 every case passed, 1 a case failed, 2 bad usage, 3 a launch failed or timed out.
+Exit codes: 0 every case passed, 1 a case failed (compare: a case regressed), 2 bad usage,
+3 a launch failed or timed out, 130/143 interrupted by SIGINT/SIGTERM (the records so far are kept).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ SCHEMA_VERSION = 1
 app = typer.Typer(
     name="ringbench",
     help="Run, verify and compare context-parallel (ring) attention variants across ranks.\n\n"
-         "Exit codes: 0 all passed, 1 a case failed, 2 bad usage, 3 a launch failed or timed out.",
+         "Exit codes: 0 all passed, 1 a case failed (compare: regressed), 2 bad usage, 3 a launch failed or "
+         "timed out, 130/143 interrupted (rerun with --resume).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
@@ -174,10 +176,105 @@ def verify(
 
 
 @app.command()
-def compare() -> None:
-    """Turn results into tables, plots and regression verdicts (not built yet)."""
-    _error("ringbench compare is not built yet; read the records in results/*.jsonl meanwhile")
-    raise typer.Exit(EXIT_USAGE)
+def compare(
+    paths: Optional[List[Path]] = typer.Argument(
+        None, help="Result files (.jsonl) or folders (every .jsonl under them). Default: results/runs.jsonl.",
+        show_default=False),
+    x: Optional[str] = typer.Option(None, "--x", help="Column across the table and along the plot's x axis "
+                                    "(log2 where positive). Default: seqlen."),
+    metric: str = typer.Option("tflops", "--metric", help="What to show: tflops (TFLOP/s per GPU), efficiency "
+                               "(against the same kernel on one rank's share), time (ms, slowest rank) or memory "
+                               "(peak allocated GiB)."),
+    by: Optional[str] = typer.Option(None, "--by", help="Comma-separated fields that name a line of the plot and "
+                                     "a row of the table; a non-spec column such as source keeps records of one "
+                                     "case apart. Default: variant,kernel."),
+    where: Optional[str] = typer.Option(None, "--where", help="Keep the records for which this pandas query holds, "
+                                        "such as 'world_size == 2 and seqlen >= 16384'; spec fields go by their "
+                                        "short names, other columns as `env.torch` in backticks. Default: all."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the metric against --x to this .png, .svg "
+                                        "or .pdf: one panel per world size and mode, one line per --by value."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the table to this file as "
+                                            "Markdown."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object per table row (per matched case "
+                                  "with --baseline) on stdout instead of the table."),
+    to_parquet: Optional[Path] = typer.Option(None, "--to-parquet", help="Also write the loaded records (ok, "
+                                              "filtered by --where, latest per case) to this Parquet file; "
+                                              "needs pyarrow."),
+    baseline: Optional[List[Path]] = typer.Option(None, "--baseline", help="Regression gate: the old results "
+                                                  "(file or folder; repeat for several). Needs --candidate."),
+    candidate: Optional[List[Path]] = typer.Option(None, "--candidate", help="Regression gate: the new results, "
+                                                   "matched to the baseline case by case (case_id)."),
+    fail_if: Optional[List[str]] = typer.Option(None, "--fail-if", help="Regression gate rule METRIC:[+-]N%: "
+                                                "tflops:-5% fails a case whose TFLOP/s drop more than 5%, "
+                                                "time:+5% one whose time grows more than 5%; repeat for several."),
+) -> None:
+    """Turn results into a pivot table, a plot, or a regression verdict (exit 1 on a regression)."""
+    err = Console(stderr=True, soft_wrap=True)
+    with _usage_errors():
+        cmp = importlib.import_module("ringbench.compare")
+        try:
+            if baseline or candidate:
+                given = [name for name, value in (("result paths", paths), ("--x", x), ("--by", by),
+                                                  ("--plot", plot), ("--markdown", markdown),
+                                                  ("--to-parquet", to_parquet)) if value]
+                if given:
+                    raise SpecError(f"{given[0]} does not go with --baseline and --candidate; run the gate "
+                                    "and the table as two commands")
+                if not (baseline and candidate):
+                    raise SpecError("the regression gate needs both --baseline and --candidate; pass both")
+                thresholds = [cmp.parse_threshold(t) for t in fail_if or []]
+                result = cmp.gate(baseline, candidate, thresholds, metric=metric, where=where)
+                if json_out:
+                    sys.stdout.write("".join(line + "\n" for line in cmp.gate_json_lines(result)))
+                else:
+                    cmp.print_gate(result, Console())
+                sys.stdout.flush()
+                raise typer.Exit(EXIT_FAILED if result.regressions else EXIT_OK)
+            if fail_if:
+                raise SpecError("--fail-if needs --baseline and --candidate; pass the old and the new results")
+            for option, path, suffixes in (("--plot", plot, (".png", ".svg", ".pdf")), ("--markdown", markdown, ()),
+                                           ("--to-parquet", to_parquet, ())):
+                _check_output(option, path, suffixes)
+            columns = [c.strip() for c in (by or "variant,kernel").split(",") if c.strip()]
+            if not columns:
+                raise SpecError(f"--by {by!r} names no field; pass fields such as variant,kernel")
+            loaded = cmp.load_runs(paths or [Path("results") / "runs.jsonl"], where=where, keep_apart=columns)
+            table = cmp.pivot(loaded.frame, metric=metric, x=x or "seqlen", by=columns)
+            if to_parquet is not None:
+                cmp.to_parquet(loaded.frame, to_parquet)
+        except cmp.CompareError as exc:
+            raise SpecError(str(exc)) from None
+    note = loaded.left_out_text()
+    if json_out:
+        sys.stdout.write("".join(line + "\n" for line in cmp.pivot_json_lines(table)))
+    else:
+        cmp.print_pivot(table, Console())
+    sys.stdout.flush()  # the table before the notes on stderr, where both go to one file
+    if note:
+        err.print(note, style="dim", markup=False)
+    if markdown is not None:
+        markdown.write_text(cmp.pivot_markdown(table), encoding="utf-8")
+        err.print(f"table written to {markdown}", style="dim", markup=False)
+    if plot is not None:
+        cmp.plot(table, loaded.frame, plot)
+        err.print(f"plot written to {plot}", style="dim", markup=False)
+    if to_parquet is not None:
+        err.print(f"{len(loaded.frame)} records written to {to_parquet}", style="dim", markup=False)
+    raise typer.Exit(EXIT_OK)
+
+
+def _check_output(option: str, path: Optional[Path], suffixes: tuple[str, ...]) -> None:
+    """Refuse an output file with a wrong suffix or a folder that cannot be made, before any work."""
+    if path is None:
+        return
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise SpecError(f"{option} {str(path)!r} must end in {', '.join(suffixes[:-1])} or {suffixes[-1]}, which "
+                        f"names the format; pass a file such as compare{suffixes[0]}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"{option} {str(path)!r} has a folder that could not be created ({exc.strerror}); pass "
+                        "a writable path") from None
 
 
 # --------------------------------------------------------------------------- usage checks

@@ -101,7 +101,8 @@ def harness(monkeypatch):
     (["verify", "--variant", "nope"], r"^variant 'nope' is unknown"),
     (["verify", "--world-size", "3"], r"^scenario smoke \(built-in\) case 1 of \d+ \(ring, world_size 3, seqlen 520, "
                                       r"kernel cpu\): seqlen 520 is not a multiple of world_size = 3"),
-    (["compare"], r"^ringbench compare is not built yet"),
+    (["compare", "/nonexistent/runs.jsonl"], r"^results path '/nonexistent/runs\.jsonl' does not exist; pass a "
+                                             r"\.jsonl file or a folder"),
 ])
 def test_cli_bad_input_exits_2_with_one_sentence(harness, args, pattern):
     result = runner.invoke(app, args)

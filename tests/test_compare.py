@@ -1,0 +1,244 @@
+"""``ringbench compare``: pivot values, the regression gate's verdicts and exit codes, the plot.
+
+Fast and torch-free: synthetic records written here, plus the committed GPU reference records.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ringbench import compare
+from ringbench.cli import app
+from ringbench.results import append_record
+from ringbench.spec import CaseSpec
+
+runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "2026-11-30-h200x2" / "llama3-8b.first.jsonl"
+
+
+def record(variant: str, seqlen: int, tflops: float | None, *, world_size: int = 2, mode: str = "fwd",
+           status: str = "ok", created_at: str = "2026-12-01T00:00:00+00:00", task: str = "run",
+           time_ms: float = 1.0) -> dict:
+    """A run record of a CPU case, with the fields compare reads."""
+    spec = CaseSpec(task=task, variant=variant, kernel="cpu", device="cpu", world_size=world_size, batch=1,
+                    seqlen=seqlen, heads=4, kv_heads=2, head_dim=32, dtype="fp32", causal=True, mode=mode,
+                    iters=3, warmup=1, seed=0)
+    return {"schema_version": 1, "task": task, "run_id": "r", "case_id": spec.case_id(), "created_at": created_at,
+            "spec": spec.to_dict(), "status": status, "reason": None if status == "ok" else "out of memory",
+            "kernel": "cpu", "time_ms": time_ms, "tflops_per_gpu": tflops,
+            "efficiency": None if tflops is None else tflops / 100, "peak_allocated_gib": None,
+            "env": {"torch": "2.13.0+cpu", "ringbench": "0.1.0", "gpu_name": None}}
+
+
+def write(path: Path, records: list[dict]) -> Path:
+    for r in records:
+        append_record(path, r)
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path) -> Path:
+    return write(tmp_path / "runs.jsonl", [
+        record("zigzag", 1024, 99.0, created_at="2026-11-01T00:00:00+00:00"),  # superseded by the next one
+        record("ring", 1024, 10.0), record("ring", 2048, 20.0),
+        record("zigzag", 1024, 12.5), record("zigzag", 2048, 25.0),
+        record("zigzag", 4096, None, status="oom"),
+        record("ring", 1024, 5.0, world_size=4), record("ring", 2048, 8.0, world_size=4, mode="fwd_bwd"),
+        record("ring", 1024, None, task="verify"),
+    ])
+
+
+def test_compare_pivot_rows_are_the_latest_ok_values(runs):
+    result = runner.invoke(app, ["compare", str(runs), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    got = [(r["world_size"], r["mode"], r["variant"], r["kernel"], r["values"]) for r in rows]
+    assert got == [
+        (2, "fwd", "ring", "cpu", {"1024": 10.0, "2048": 20.0}),
+        (2, "fwd", "zigzag", "cpu", {"1024": 12.5, "2048": 25.0}),
+        (4, "fwd", "ring", "cpu", {"1024": 5.0, "2048": None}),
+        (4, "fwd_bwd", "ring", "cpu", {"1024": None, "2048": 8.0}),
+    ]
+    assert {r["metric"] for r in rows} == {"tflops"} and {r["x"] for r in rows} == {"seqlen"}
+    assert ("left out 3 records: 1 verify record, 1 with status oom, "
+            "1 older records of a case shown with its latest") in result.stderr
+
+
+def test_compare_table_where_and_markdown_show_the_pivot(runs, tmp_path):
+    md = tmp_path / "t.md"
+    result = runner.invoke(app, ["compare", str(runs), "--where", "world_size == 2", "--metric", "efficiency",
+                                 "--markdown", str(md)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].strip() == f"{compare.METRICS['efficiency'].label} by seqlen"
+    assert lines[1].split() == ["world_size", "mode", "variant", "kernel", "1k", "2k"]
+    assert [line.split() for line in lines[3:]] == [["2", "fwd", "ring", "cpu", "0.100", "0.200"],
+                                                    ["zigzag", "cpu", "0.125", "0.250"]]
+    assert md.read_text().splitlines()[2:] == [
+        "| world_size | mode | variant | kernel | 1k | 2k |",
+        "| :-- | :-- | :-- | :-- | --: | --: |",
+        "| 2 | fwd | ring | cpu | 0.100 | 0.200 |",
+        "| 2 | fwd | zigzag | cpu | 0.125 | 0.250 |",
+    ]
+
+
+def test_compare_by_source_keeps_files_apart(tmp_path):
+    old = write(tmp_path / "old.jsonl", [record("ring", 1024, 10.0)])
+    new = write(tmp_path / "new.jsonl", [record("ring", 1024, 11.0, created_at="2026-12-02T00:00:00+00:00")])
+    merged = runner.invoke(app, ["compare", str(old), str(new), "--json"])
+    assert [json.loads(x)["values"] for x in merged.stdout.splitlines()] == [{"1024": 11.0}]
+    apart = runner.invoke(app, ["compare", str(old), str(new), "--json", "--by", "variant,source"])
+    rows = [json.loads(x) for x in apart.stdout.splitlines()]
+    assert sorted((Path(r["source"]).name, r["values"]["1024"]) for r in rows) == [("new.jsonl", 11.0),
+                                                                                   ("old.jsonl", 10.0)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--where", "seqlen >"], r"^--where 'seqlen >' could not be evaluated \("),
+    (["--where", "colour == 1"], r"^--where 'colour == 1' could not be evaluated \(name 'colour' is not defined\)"),
+    (["--where", "seqlen"], r"^--where 'seqlen' is not a condition on the records"),
+    (["--where", "world_size == 8"], r"^no ok run record in .* matches --where 'world_size == 8' \(left out first"),
+    (["--metric", "speed"], r"^metric 'speed' is unknown; pass --metric with one of tflops, efficiency, time, memory$"),
+    (["--by", "variant,colour"], r"^--by 'colour' is not a record column"),
+    (["--x", "colour"], r"^--x 'colour' is not a record column"),
+    (["--plot", "out.jpg"], r"^--plot 'out\.jpg' must end in \.png, \.svg or \.pdf"),
+    (["--fail-if", "tflops:-5%"], r"^--fail-if needs --baseline and --candidate"),
+])
+def test_compare_bad_usage_exits_2_with_one_line(runs, args, message):
+    result = runner.invoke(app, ["compare", str(runs), *args])
+    assert result.exit_code == 2, result.output
+    assert re.search(message, result.stderr.strip()), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+
+
+def test_compare_to_parquet_writes_or_names_the_missing_package(runs, tmp_path):
+    out = tmp_path / "r.parquet"
+    result = runner.invoke(app, ["compare", str(runs), "--to-parquet", str(out)])
+    if importlib.util.find_spec("pyarrow") or importlib.util.find_spec("fastparquet"):
+        import pandas as pd
+
+        assert result.exit_code == 0, result.output
+        frame = pd.read_parquet(out)
+        assert len(frame) == 6 and "spec.seqlen" in frame.columns and "seqlen" not in frame.columns
+    else:
+        assert result.exit_code == 2
+        assert result.stderr.startswith("--to-parquet needs the pyarrow package")
+        assert not out.exists()
+
+
+# --------------------------------------------------------------------------- regression gate
+
+@pytest.fixture
+def gate_files(tmp_path):
+    base = write(tmp_path / "base.jsonl", [
+        record("ring", 1024, 100.0, time_ms=10.0), record("ring", 2048, 100.0, time_ms=10.0),
+        record("zigzag", 1024, 100.0, time_ms=10.0), record("zigzag", 8192, 50.0),  # not in the candidate
+    ])
+    cand = write(tmp_path / "cand.jsonl", [
+        record("ring", 1024, 97.0, time_ms=10.4),  # -3% TFLOP/s, +4% time
+        record("ring", 2048, 103.0, time_ms=9.0),
+        record("zigzag", 1024, 100.0, time_ms=10.0),
+        record("ring", 4096, 70.0),  # not in the baseline
+    ])
+    return base, cand
+
+
+@pytest.mark.parametrize("rules, code, regressed", [
+    (["tflops:-5%"], 0, []),
+    (["tflops:-2%"], 1, ["ring 1k"]),
+    (["time:+5%"], 0, []),
+    (["time:+3%"], 1, ["ring 1k"]),
+    (["tflops:+2%"], 1, ["ring 2k"]),  # a rise past +2% fails when the rule says so
+    (["tflops:-5%", "time:+3%"], 1, ["ring 1k"]),
+    ([], 0, []),
+])
+def test_compare_gate_exit_code_follows_the_thresholds(gate_files, rules, code, regressed):
+    base, cand = gate_files
+    args = ["compare", "--baseline", str(base), "--candidate", str(cand), *sum((["--fail-if", r] for r in rules), [])]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == code, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    matched = [r for r in rows if r["matched"]]
+    assert len(matched) == 3
+    got = sorted(f"{r['variant']} {r['seqlen'] // 1024}k" for r in matched if r["regressed"])
+    assert got == regressed
+    ring_1k = next(r for r in matched if r["variant"] == "ring" and r["seqlen"] == 1024)
+    if "tflops" in ring_1k:
+        assert ring_1k["tflops"]["baseline"] == 100.0 and ring_1k["tflops"]["candidate"] == 97.0
+        assert ring_1k["tflops"]["change_pct"] == pytest.approx(-3.0)
+    unmatched = sorted((r["only_in"], r["variant"], r["seqlen"]) for r in rows if not r["matched"])
+    assert unmatched == [("baseline", "zigzag", 8192), ("candidate", "ring", 4096)]
+
+
+def test_compare_gate_table_lists_verdicts_and_unmatched_cases(gate_files):
+    base, cand = gate_files
+    result = runner.invoke(app, ["compare", "--baseline", str(base), "--candidate", str(cand),
+                                 "--fail-if", "tflops:-2%"])
+    assert result.exit_code == 1
+    out = result.stdout
+    assert re.search(r"ring 1k\s+100\.0\s+97\.0\s+-3\.0%\s+REGRESSED", out), out
+    assert re.search(r"ring 2k\s+100\.0\s+103\.0\s+\+3\.0%\s+ok", out), out
+    assert "unmatched: 1 case only in the baseline (not gated):" in out and "zigzag 8k" in out
+    assert "unmatched: 1 case only in the candidate (not gated):" in out and "ring 4k" in out
+    assert "3 cases matched: 1 regressed, 2 unmatched" in out
+
+
+def test_compare_gate_candidate_failure_is_a_regression(tmp_path):
+    base = write(tmp_path / "b.jsonl", [record("ring", 1024, 100.0)])
+    cand = write(tmp_path / "c.jsonl", [record("ring", 1024, None, status="oom")])
+    result = runner.invoke(app, ["compare", "--baseline", str(base), "--candidate", str(cand),
+                                 "--fail-if", "tflops:-5%"])
+    assert result.exit_code == 1
+    assert "REGRESSED: candidate oom" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fail-if", "tflops-5"], r"^--fail-if 'tflops-5' is not METRIC:\[\+-\]N%"),
+    (["--fail-if", "tflops:5%"], r"^--fail-if 'tflops:5%' is not METRIC:\[\+-\]N%"),
+    (["--fail-if", "speed:-5%"], r"^metric 'speed' is unknown"),
+    (["--fail-if", "tflops:-0%"], r"^--fail-if 'tflops:-0%' has a zero limit"),
+    (["--plot", "x.png"], r"^--plot does not go with --baseline and --candidate"),
+])
+def test_compare_gate_bad_usage_exits_2(gate_files, args, message):
+    base, cand = gate_files
+    result = runner.invoke(app, ["compare", "--baseline", str(base), "--candidate", str(cand), *args])
+    assert result.exit_code == 2, result.output
+    assert re.search(message, result.stderr.strip()), result.stderr
+
+
+def test_compare_gate_without_a_common_case_exits_2(gate_files, tmp_path):
+    base, _ = gate_files
+    other = write(tmp_path / "other.jsonl", [record("ring", 65536, 1.0)])
+    result = runner.invoke(app, ["compare", "--baseline", str(base), "--candidate", str(other)])
+    assert result.exit_code == 2
+    assert "nothing was compared" in result.stderr
+    missing = runner.invoke(app, ["compare", "--baseline", str(base)])
+    assert missing.exit_code == 2 and "needs both --baseline and --candidate" in missing.stderr
+
+
+# --------------------------------------------------------------------------- plot
+
+def test_compare_plot_of_reference_results_has_a_panel_per_world_size_and_mode(tmp_path):
+    png = tmp_path / "ref.png"
+    result = runner.invoke(app, ["compare", str(REFERENCE), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert png.stat().st_size > 30_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    loaded = compare.load_runs([REFERENCE])
+    fig = compare.plot(compare.pivot(loaded.frame), loaded.frame)
+    titles = sorted(ax.get_title() for ax in fig.axes)
+    assert titles == ["world size 2, forward", "world size 2, forward + backward"]
+    for ax in fig.axes:
+        labels = sorted(line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_"))
+        assert labels == ["ring / cudnn", "ring / torch-flash", "zigzag / cudnn", "zigzag / torch-flash"]
+        assert ax.get_xscale() == "log"
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["16k", "32k", "64k", "128k"]
+    title = fig._suptitle.get_text()
+    assert "NVIDIA H200" in title and "torch 2.11.0+cu130" in title and "NCCL 2.28.9" in title
+    assert "TFLOP/s per GPU" in title and "32 heads, 8 KV heads, head dim 128" in title
