@@ -184,7 +184,7 @@ def compare(
                                     "(log2 where positive). Default: seqlen."),
     metric: str = typer.Option("tflops", "--metric", help="What to show: tflops (TFLOP/s per GPU), efficiency "
                                "(against the same kernel on one rank's share), time (ms, slowest rank) or memory "
-                               "(peak allocated GiB)."),
+                               "(peak allocated GiB). Default: tflops.", show_default=False),
     by: Optional[str] = typer.Option(None, "--by", help="Comma-separated fields that name a line of the plot and "
                                      "a row of the table; a non-spec column such as source keeps records of one "
                                      "case apart. Default: variant,kernel."),

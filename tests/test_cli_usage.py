@@ -129,6 +129,8 @@ def test_cli_scenario_syntax_error_names_the_line(harness, tmp_path):
                          "--warmup", "--seed", "--out", "--json", "--timeout", "--resume", "Default"]),
     (["verify", "--help"], ["--variant", "--scenario", "--world-size", "--kernel", "--junit-xml", "--json", "--out",
                             "--timeout", "--resume", "smoke"]),
+    (["compare", "--help"], ["--x", "--metric", "--by", "--where", "--plot", "--markdown", "--json", "--to-parquet",
+                             "--baseline", "--candidate", "--fail-if", "tflops:-5%"]),
 ])
 def test_cli_help_exits_0_and_lists_options(args, words):
     result = runner.invoke(app, args)
