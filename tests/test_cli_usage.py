@@ -37,10 +37,13 @@ class FakeHarness:
         self.printed: list[str] = []
         self.junit: list[Path] = []
         self.outcome, self.timed_out, self.failure = outcome, timed_out, failure
+        from ringbench import results as real_results
+
         for name, attrs in {
             "launch": {"launch": self.launch},
+            # compare reads real files through the real loader.
             "results": {"read_records": self.read_records, "append_record": self.append_record,
-                        "read_records_from": self.read_records_from},
+                        "read_records_from": self.read_records_from, "load": real_results.load},
             "report": {"print_run_table": self.table("run"), "print_verify_table": self.table("verify"),
                        "print_growth_table": lambda records, console: self.printed.append(
                            f"growth table of {len(records)}"),
