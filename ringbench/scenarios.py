@@ -260,7 +260,7 @@ def _fields(table: Any, where: str, fail, lines: "_Lines", section: tuple, insid
     out = {}
     for key, value in table.items():
         line = lines.find(section, key, inside=inside)
-        if key in RESERVED_KEYS:
+        if key in RESERVED_KEYS and key not in allowed:  # a reserved key yields once it is a field
             raise fail(f"{where} key {key!r}", RESERVED_KEYS[key], "remove it", line)
         if key not in allowed:
             raise fail(f"{where} key {key!r}", "is not a case field", f"use one of {', '.join(allowed)}", line)

@@ -208,7 +208,7 @@ def test_cli_resume_skips_cases_with_an_ok_record(monkeypatch, tmp_path):
     from ringbench.spec import CaseSpec
 
     fake = FakeHarness(monkeypatch)
-    args = ["verify", "--world-size", "2", "--out", str(tmp_path), "--json"]
+    args = ["verify", "--variant", "ring", "--variant", "zigzag", "--world-size", "2", "--out", str(tmp_path), "--json"]
     assert runner.invoke(app, args).exit_code == 0
     cases = [CaseSpec.from_dict(c) for c in fake.launches[0]["cases"]]
     assert len(cases) >= 3
