@@ -387,7 +387,7 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: fl
     if resume:
         wanted = {c.case_id() for c in cases}
         for record in results.read_records(results_path):
-            if record.get("status") == "ok" and record.get("case_id") in wanted:
+            if record.get("case_id") in wanted and _done(record):
                 by_id[record["case_id"]] = record  # the latest ok record of the case
         err.print(f"--resume: {len(by_id)} of {_count(len(cases), 'case')} already have an ok record in "
                   f"{results_path}; running {len(cases) - len(by_id)}", style="dim", markup=False)
@@ -432,6 +432,17 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: fl
     if any(r.get("status") not in PASSING for r in records):
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _done(record: dict) -> bool:
+    """Whether ``--resume`` may skip the record's case: status ok and, for verify, checks that
+    all passed (an ok verify record with a failing check counts as failed)."""
+    if record.get("status") != "ok":
+        return False
+    if record.get("task") != "verify":
+        return True
+    checks = record.get("checks") or []
+    return bool(checks) and all(c.get("passed") and c.get("finite", True) is not False for c in checks)
 
 
 def _raise_on_sigterm(signum: list) -> Any:

@@ -212,10 +212,14 @@ def test_cli_resume_skips_cases_with_an_ok_record(monkeypatch, tmp_path):
     assert runner.invoke(app, args).exit_code == 0
     cases = [CaseSpec.from_dict(c) for c in fake.launches[0]["cases"]]
     assert len(cases) >= 3
-    # Keep the first case ok, make the second one's record a failure, drop the others.
+    # Keep the first case ok, make the second one's record a failure and the third an ok record
+    # with a failing check (which counts as failed), drop the others.
     records = fake.written[tmp_path / "verify.jsonl"]
+    for r in records:
+        r.update(task="verify", checks=[{"tensor": "out", "passed": True}])
     records[1]["status"] = "fail"
-    del records[2:]
+    records[2]["checks"] = [{"tensor": "out", "passed": False}]
+    del records[3:]
     fake.launches.clear()
     result = runner.invoke(app, [*args, "--resume"])
     assert result.exit_code == 0, result.output
