@@ -98,7 +98,7 @@ class Loaded:
     Attributes:
         frame: one row per case (see the module docstring), flattened, short names added.
         left_out: why other records were left out -> how many.
-        aliases: the short column names added for ``spec.<field>`` columns.
+        aliases: the short names of the ``spec.<field>`` columns (``seqlen``...).
     """
 
     frame: "pandas.DataFrame"
@@ -301,6 +301,9 @@ def pivot(frame: "pandas.DataFrame", *, metric: str = "tflops", x: str = "seqlen
     index = [*panels, *lines]
     data = frame[[*index, x, m.column]].copy()
     data[m.column] = data[m.column].astype(float)
+    for name in index:  # a list-valued field (document lengths) cannot key a row as it is
+        if data[name].map(lambda v: isinstance(v, (list, dict))).any():
+            data[name] = data[name].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
     data = data.drop_duplicates(subset=[*index, x], keep="last")
     table = data.set_index([*index, x])[m.column].unstack(x)
     table = table.reindex(sorted(table.columns), axis=1).sort_index()
