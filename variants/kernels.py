@@ -9,6 +9,16 @@ happens here, at the boundary, so variants only ever see ringbench's layout.
 
 A causal call requires ``Sq == Sk`` (the mask is ``key <= query``); backends disagree on how
 to align a causal mask of a rectangular block, so ringbench never asks for one.
+
+The varlen (packed documents) form, on the kernels that have one (``Kernel.varlen``), takes
+q ``[1, Sq, Hq, D]`` and k, v ``[1, Sk, Hkv, D]``, each a row of documents packed end to end,
+plus int32 ``cu_seqlens_q`` and ``cu_seqlens_k`` of the same length N + 1: document i's queries
+are rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]`` and its keys ``cu_seqlens_k[i]:cu_seqlens_k[i+1]``.
+Attention stays inside each document. Its causal mask is aligned bottom-right, document by
+document: with ``lq`` queries and ``lk`` keys, query i sees key j iff ``j <= i + lk - lq``, so a
+block of queries can be the last ``lq`` tokens of a document whose keys start earlier (the
+FlashAttention-2 varlen convention). Documents may be empty on either side; a query that sees
+no key gets out 0 and lse ``-inf``. lse comes back as ``[1, Hq, Sq]``, as in the batch form.
 """
 
 from __future__ import annotations
@@ -40,6 +50,12 @@ class Kernel:
         backward: ``(dout, q, k, v, out, lse, causal, softmax_scale) -> (dq, dk, dv)``;
             gradients in the input dtype (math: float32 or float64).
         unavailable: a function returning why the backend cannot run here, or ``None``.
+        forward_varlen: ``(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            causal, softmax_scale) -> (out, lse)``, the packed-documents form (module
+            docstring), or ``None`` when the kernel has none.
+        backward_varlen: ``(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+            max_seqlen_k, causal, softmax_scale) -> (dq, dk, dv)``, or ``None``.
+        no_varlen: why there is no varlen form, when there is none.
     """
 
     name: str
@@ -50,6 +66,22 @@ class Kernel:
     forward: Callable[..., tuple[Tensor, Tensor]] = field(repr=False)
     backward: Callable[..., tuple[Tensor, Tensor, Tensor]] = field(repr=False)
     unavailable: Callable[[], str | None] = field(repr=False, default=lambda: None)
+    forward_varlen: Callable[..., tuple[Tensor, Tensor]] | None = field(repr=False, default=None)
+    backward_varlen: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = field(repr=False, default=None)
+    no_varlen: str = ""
+
+    @property
+    def varlen(self) -> bool:
+        """Whether the kernel has the packed-documents form."""
+        return self.forward_varlen is not None
+
+    def check_varlen(self) -> str | None:
+        """Return why this kernel cannot run packed documents, or ``None`` when it can."""
+        if self.varlen:
+            return None
+        names = ", ".join(n for n, k in KERNELS.items() if k.varlen and k.device_type in (self.device_type, "any"))
+        return (f"the {self.name} kernel has no varlen form in ringbench ({self.no_varlen}); "
+                f"pass --kernel with one of {names} or auto")
 
     def check_head_dim(self, head_dim: int) -> str | None:
         """Return why ``head_dim`` is refused by this kernel, or ``None`` when it is fine."""
@@ -85,6 +117,12 @@ def _empty_rows_to_neg_inf(lse: Tensor) -> Tensor:
 def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
                   chunk: int = 1024) -> tuple[Tensor, Tensor]:
     _check_shapes(q, k, v, causal)
+    return _math_forward_core(q, k, v, causal, softmax_scale, chunk)
+
+
+def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
+                       chunk: int = 1024, causal_offset: int = 0) -> tuple[Tensor, Tensor]:
+    # causal: query row i sees key j iff j <= i + causal_offset (0: the square mask).
     B, Sq, Hq, D = q.shape
     Hkv = k.shape[2]
     G = Hq // Hkv
@@ -98,13 +136,15 @@ def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: 
     keys = torch.arange(k.shape[1], device=q.device)
     for s in range(0, Sq, chunk):
         e = min(s + chunk, Sq)
-        scores = (qg[:, :, :, s:e] @ kf.transpose(-1, -2)) * softmax_scale
+        # Under the causal mask the chunk's rows see no key past e - 1 + causal_offset.
+        n = min(k.shape[1], max(0, e + causal_offset)) if causal else k.shape[1]
+        scores = (qg[:, :, :, s:e] @ kf[:, :, :, :n].transpose(-1, -2)) * softmax_scale
         if causal:
-            rows = torch.arange(s, e, device=q.device)
-            scores = scores.masked_fill(keys[None, :] > rows[:, None], -math.inf)
+            rows = torch.arange(s, e, device=q.device) + causal_offset
+            scores = scores.masked_fill(keys[None, :n] > rows[:, None], -math.inf)
         lse_c = torch.logsumexp(scores, dim=-1)
         p = torch.exp(scores - lse_c.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
-        out[:, :, :, s:e] = p @ vf
+        out[:, :, :, s:e] = p @ vf[:, :, :, :n]
         lse[:, :, :, s:e] = lse_c
     out = out.permute(0, 3, 1, 2, 4).reshape(B, Sq, Hq, D).to(q.dtype)
     return out, lse.reshape(B, Hq, Sq)
@@ -113,6 +153,12 @@ def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: 
 def _math_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                    causal: bool, softmax_scale: float, chunk: int = 1024) -> tuple[Tensor, Tensor, Tensor]:
     _check_shapes(q, k, v, causal)
+    return _math_backward_core(dout, q, k, v, out, lse, causal, softmax_scale, chunk)
+
+
+def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                        causal: bool, softmax_scale: float, chunk: int = 1024,
+                        causal_offset: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     B, Sq, Hq, D = q.shape
     Hkv = k.shape[2]
     G = Hq // Hkv
@@ -132,17 +178,19 @@ def _math_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     keys = torch.arange(k.shape[1], device=q.device)
     for s in range(0, Sq, chunk):
         e = min(s + chunk, Sq)
-        scores = (qg[:, :, :, s:e] @ kf.transpose(-1, -2)) * softmax_scale
+        n = min(k.shape[1], max(0, e + causal_offset)) if causal else k.shape[1]
+        kn, vn = kf[:, :, :, :n], vf[:, :, :, :n]
+        scores = (qg[:, :, :, s:e] @ kn.transpose(-1, -2)) * softmax_scale
         if causal:
-            rows = torch.arange(s, e, device=q.device)
-            scores = scores.masked_fill(keys[None, :] > rows[:, None], -math.inf)
+            rows = torch.arange(s, e, device=q.device) + causal_offset
+            scores = scores.masked_fill(keys[None, :n] > rows[:, None], -math.inf)
         lse_c = lseg[:, :, :, s:e].unsqueeze(-1)
         p = torch.exp(scores - lse_c.clamp_min(torch.finfo(acc).min))
-        dp = dog[:, :, :, s:e] @ vf.transpose(-1, -2)
+        dp = dog[:, :, :, s:e] @ vn.transpose(-1, -2)
         ds = p * (dp - delta[:, :, :, s:e].unsqueeze(-1)) * softmax_scale
-        dq[:, :, :, s:e] = ds @ kf
-        dk += (ds.transpose(-1, -2) @ qg[:, :, :, s:e]).sum(2)
-        dv += (p.transpose(-1, -2) @ dog[:, :, :, s:e]).sum(2)
+        dq[:, :, :, s:e] = ds @ kn
+        dk[:, :, :n] += (ds.transpose(-1, -2) @ qg[:, :, :, s:e]).sum(2)
+        dv[:, :, :n] += (p.transpose(-1, -2) @ dog[:, :, :, s:e]).sum(2)
     dq = dq.permute(0, 3, 1, 2, 4).reshape(B, Sq, Hq, D)
     return dq.to(q.dtype), dk.permute(0, 2, 1, 3).to(k.dtype), dv.permute(0, 2, 1, 3).to(v.dtype)
 
@@ -287,20 +335,205 @@ def _flash_attn_backward(dout, q, k, v, out, lse, causal, softmax_scale):
     return dq, dk, dv
 
 
+# --------------------------------------------------------------------------- varlen
+
+def _check_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor) -> None:
+    # Shapes and dtypes only: reading the offsets would synchronise a GPU.
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be "
+                         "[1, S, H, D] packed rows with k and v alike")
+    if q.shape[0] != 1 or k.shape[0] != 1:
+        raise ValueError(f"packed documents come as one row, but q {tuple(q.shape)} and k {tuple(k.shape)} "
+                         "have batch > 1; pack the sequences into one row and pass their cu_seqlens")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"heads {q.shape[2]} is not a multiple of kv_heads {k.shape[2]}")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
+            raise ValueError(f"{name} is {cu.dtype} of shape {tuple(cu.shape)}, but it must be a 1-D int32 "
+                             "tensor of document offsets; pass cu_seqlens.to(torch.int32)")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.numel() - 1} documents and cu_seqlens_k "
+                         f"{cu_seqlens_k.numel() - 1}; both must describe the same documents")
+
+
+def _documents(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqlen_q: int,
+               seqlen_k: int) -> list[tuple[int, int, int, int]]:
+    """(first query row, end, first key row, end) of every document, the offsets checked."""
+    bounds = []
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, seqlen_q), ("cu_seqlens_k", cu_seqlens_k, seqlen_k)):
+        offsets = cu.tolist()
+        if offsets[0] != 0 or offsets[-1] != total or any(b < a for a, b in zip(offsets, offsets[1:])):
+            raise ValueError(f"{name} {offsets[:4]}{'...' if len(offsets) > 4 else ''} ending at {offsets[-1]} "
+                             f"does not run from 0, non-decreasing, to the {total} packed tokens; "
+                             "fix the offsets")
+        bounds.append(offsets)
+    cq, ck = bounds
+    return [(cq[i], cq[i + 1], ck[i], ck[i + 1]) for i in range(len(cq) - 1)]
+
+
+def _acc_dtype(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _math_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                         softmax_scale):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    out = torch.zeros_like(q)
+    lse = torch.full((1, q.shape[2], q.shape[1]), -math.inf, dtype=_acc_dtype(q), device=q.device)
+    for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
+        if qe > qs and ke > ks:
+            o, l = _math_forward_core(q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], causal, softmax_scale,
+                                      causal_offset=(ke - ks) - (qe - qs))
+            out[:, qs:qe] = o
+            lse[:, :, qs:qe] = l
+    return out, lse
+
+
+def _math_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          causal, softmax_scale):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
+        if qe > qs and ke > ks:
+            g = _math_backward_core(dout[:, qs:qe], q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], out[:, qs:qe],
+                                    lse[:, :, qs:qe], causal, softmax_scale,
+                                    causal_offset=(ke - ks) - (qe - qs))
+            dq[:, qs:qe], dk[:, ks:ke], dv[:, ks:ke] = g
+    return dq, dk, dv
+
+
+def _square_parts(lq: int, lk: int, causal: bool) -> list[tuple[slice, slice, bool]]:
+    """One document's bottom-right-aligned attention as calls a square-causal kernel can make:
+    (query rows, key rows, causal) with every causal part square."""
+    if not causal:
+        return [(slice(0, lq), slice(0, lk), False)]
+    offset = lk - lq
+    if offset < 0:  # the first -offset queries precede every key: no call, out 0, lse -inf
+        return [(slice(-offset, lq), slice(0, lk), True)]
+    parts = [(slice(0, lq), slice(offset, lk), True)]
+    if offset:
+        parts.append((slice(0, lq), slice(0, offset), False))  # keys before the query block: all seen
+    return parts
+
+
+def _cpu_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                        softmax_scale):
+    from .merge import merge_
+
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    acc = _acc_dtype(q)
+    out = torch.zeros_like(q)
+    lse = torch.full((1, q.shape[2], q.shape[1]), -math.inf, dtype=acc, device=q.device)
+    for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
+        lq, lk = qe - qs, ke - ks
+        if not (lq and lk):
+            continue
+        parts = _square_parts(lq, lk, causal)
+        qd, kd, vd = q[:, qs:qe], k[:, ks:ke], v[:, ks:ke]
+        if len(parts) == 1 and parts[0][0] == slice(0, lq):
+            out[:, qs:qe], lse[:, :, qs:qe] = _cpu_forward(qd, kd, vd, parts[0][2], softmax_scale)
+            continue
+        o_acc = torch.zeros(qd.shape, dtype=acc, device=q.device)
+        l_acc = torch.full((1, q.shape[2], lq), -math.inf, dtype=acc, device=q.device)
+        for rows, keys, c in parts:
+            o, l = _cpu_forward(qd[:, rows], kd[:, keys], vd[:, keys], c, softmax_scale)
+            merge_(o_acc[:, rows], l_acc[:, :, rows], o, l)
+        out[:, qs:qe], lse[:, :, qs:qe] = o_acc, l_acc
+    return out, lse
+
+
+def _cpu_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         causal, softmax_scale):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    acc = _acc_dtype(q)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+    for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
+        if not (qe > qs and ke > ks):
+            continue
+        for rows, keys, c in _square_parts(qe - qs, ke - ks, causal):
+            r = slice(qs + rows.start, qs + rows.stop)
+            kk = slice(ks + keys.start, ks + keys.stop)
+            g = _cpu_backward(dout[:, r], q[:, r], k[:, kk], v[:, kk], out[:, r], lse[:, :, r], c, softmax_scale)
+            dq[:, r] += g[0]
+            dk[:, kk] += g[1]
+            dv[:, kk] += g[2]
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+#: Whether this build's FlashAttention-2 varlen lse is padded ``[N, H, max_seqlen_q]`` (older
+#: builds) rather than packed ``[H, total_q]``; set by the first varlen forward.
+_FA_LSE_PADDED: dict[str, bool] = {}
+
+
+def _packed_positions(cu_seqlens: Tensor, total: int) -> tuple[Tensor, Tensor]:
+    """(document, position within it) of every packed row, on cu_seqlens' device."""
+    rows = torch.arange(total, device=cu_seqlens.device, dtype=torch.int32)
+    doc = torch.searchsorted(cu_seqlens[1:].contiguous(), rows, right=True)
+    return doc, rows.long() - cu_seqlens.long()[doc]
+
+
+def _fa_lse_to_packed(lse: Tensor, cu_seqlens_q: Tensor, total: int) -> Tensor:
+    if lse.dim() == 2:  # [H, total]
+        _FA_LSE_PADDED["torch-flash"] = False
+        return lse.unsqueeze(0)
+    _FA_LSE_PADDED["torch-flash"] = True  # [N, H, max_seqlen_q]
+    doc, pos = _packed_positions(cu_seqlens_q, total)
+    return lse[doc, :, pos].transpose(0, 1).unsqueeze(0)
+
+
+def _fa_lse_from_packed(lse: Tensor, cu_seqlens_q: Tensor, max_seqlen_q: int) -> Tensor:
+    # FlashAttention's own mark of a row with no visible key is +inf, which its backward reads
+    # as "contributes nothing"; -inf there would give exp(+inf).
+    lse = lse.float().masked_fill(lse == -math.inf, math.inf)[0]
+    if not _FA_LSE_PADDED.get("torch-flash", False):
+        return lse.contiguous()
+    doc, pos = _packed_positions(cu_seqlens_q, lse.shape[1])
+    padded = torch.full((cu_seqlens_q.numel() - 1, lse.shape[0], max_seqlen_q), math.inf,
+                        dtype=lse.dtype, device=lse.device)
+    padded[doc, :, pos] = lse.transpose(0, 1)
+    return padded
+
+
+def _torch_flash_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                softmax_scale):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    cu_q, cu_k = cu_seqlens_q.to(q.device), cu_seqlens_k.to(q.device)
+    out, lse, *_ = torch.ops.aten._flash_attention_forward(
+        q[0], k[0], v[0], cu_q, cu_k, max_seqlen_q, max_seqlen_k, 0.0, causal, False, scale=softmax_scale)
+    return out.unsqueeze(0), _empty_rows_to_neg_inf(_fa_lse_to_packed(lse, cu_q, q.shape[1]))
+
+
+def _torch_flash_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, causal, softmax_scale):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    cu_q, cu_k = cu_seqlens_q.to(q.device), cu_seqlens_k.to(q.device)
+    seed, offset = _unused_rng_state(q.device)
+    dq, dk, dv = torch.ops.aten._flash_attention_backward(
+        dout[0].contiguous(), q[0], k[0], v[0], out[0], _fa_lse_from_packed(lse, cu_q, max_seqlen_q), cu_q, cu_k,
+        max_seqlen_q, max_seqlen_k, 0.0, causal, seed, offset, scale=softmax_scale)
+    return dq.unsqueeze(0), dk.unsqueeze(0), dv.unsqueeze(0)
+
+
 _HALF = (torch.float16, torch.bfloat16)
 
 KERNELS: dict[str, Kernel] = {
     k.name: k
     for k in (
         Kernel("flash-attn", "cuda", _HALF, 256, 8, _flash_attn_forward, _flash_attn_backward,
-               _flash_attn_unavailable),
+               _flash_attn_unavailable,
+               no_varlen="flash_attn_varlen_func is not wired up: no flash-attn build to verify it against"),
         Kernel("torch-flash", "cuda", _HALF, 256, 8, _torch_flash_forward, _torch_flash_backward,
-               _torch_flash_unavailable),
-        Kernel("cudnn", "cuda", _HALF, 128, 8, _cudnn_forward, _cudnn_backward, _cudnn_unavailable),
+               _torch_flash_unavailable, _torch_flash_forward_varlen, _torch_flash_backward_varlen),
+        Kernel("cudnn", "cuda", _HALF, 128, 8, _cudnn_forward, _cudnn_backward, _cudnn_unavailable,
+               no_varlen="cuDNN's ragged-offset attention is not wired up or verified"),
         Kernel("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16, torch.float16), None, 1,
-               _cpu_forward, _cpu_backward),
+               _cpu_forward, _cpu_backward, forward_varlen=_cpu_forward_varlen,
+               backward_varlen=_cpu_backward_varlen),
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
-               _math_forward, _math_backward),
+               _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
+               backward_varlen=_math_backward_varlen),
     )
 }
 
