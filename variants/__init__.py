@@ -6,6 +6,9 @@ before any process starts. A variant's code is imported only when its ``attentio
 Every variant's ``attention(q, k, v, *, causal, softmax_scale, group, kernel, cu_seqlens=None)``
 takes this rank's shards ``[B, S/W, H, D]`` in the variant's layout and returns
 ``(out, lse)``: out in q's dtype and layout, differentiable; lse float32 ``[B, Hq, S/W]``.
+The varlen variants (``Variant.varlen``) take packed documents instead: B is 1 and
+``cu_seqlens`` is the global int32 document offsets, the same on every rank; batch variants
+refuse ``cu_seqlens``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,25 @@ from typing import Callable
 LAYOUT_CHUNKS = {"contiguous": 1, "zigzag": 2, "stripe": 1}
 
 
+def document_rule(docs, world_size: int, layout: str, who: str) -> str | None:
+    """Why documents of lengths ``docs`` cannot each be cut in ``layout`` at ``world_size``, or ``None``.
+
+    Every document's length must be a multiple of ``LAYOUT_CHUNKS[layout] * world_size``. The
+    sentence names the first offending document (index and length), the rule, ``who`` needs it,
+    and the fix.
+    """
+    n = LAYOUT_CHUNKS[layout] * world_size
+    rule = f"2 * world_size = {n}" if LAYOUT_CHUNKS[layout] == 2 else f"world_size = {n}"
+    for i, length in enumerate(docs):
+        if length % n:
+            down = f" or {length - length % n}" if length > n else ""
+            return (f"document {i} has {length} token{'' if length == 1 else 's'}, not a multiple of {rule}, "
+                    f"which {who} needs; "
+                    f"make it {(length // n + 1) * n}{down} tokens, or use llama3_varlen, which takes any "
+                    "document lengths")
+    return None
+
+
 @dataclass(frozen=True)
 class Variant:
     """A registered context-parallel attention variant.
@@ -27,7 +49,11 @@ class Variant:
         layout: how the global sequence maps to ranks (``contiguous``, ``zigzag`` or ``stripe``).
         target: ``"module:function"`` of its attention function, relative to this package.
         summary: one line for listings.
-        causal, non_causal, gqa, varlen: what it supports.
+        causal, non_causal, gqa, varlen: what it supports; a varlen variant takes packed
+            documents (``cu_seqlens``) and nothing else.
+        shard_by_document: varlen only: every document is cut in ``layout`` on its own, so
+            every document length must be a multiple of ``seqlen_multiple(W)``; otherwise the
+            packed row is cut as one sequence and documents may straddle ranks.
         hidden: test-only variants, left out of user-facing lists.
         layouts: other layouts it takes through its ``layout`` keyword (``layout`` first).
         options: keyword options its ``attention`` takes beyond the common contract, such
@@ -42,6 +68,7 @@ class Variant:
     non_causal: bool = True
     gqa: bool = True
     varlen: bool = False
+    shard_by_document: bool = False
     hidden: bool = False
     layouts: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
@@ -75,6 +102,18 @@ class Variant:
             return f"seqlen {seqlen} is not a multiple of {rule}, which {which} needs; use {up}"
         return None
 
+    def check_docs(self, docs, world_size: int) -> str | None:
+        """Return why this variant refuses documents of lengths ``docs`` at ``world_size``, or ``None``.
+
+        Only the per-document rule of document-sharded variants (``ring_varlen``: every length
+        a multiple of W; ``zigzag_varlen``: of 2W); the sum and batch rules are the spec's.
+        """
+        if not self.varlen:
+            return f"{self.name} is a batch variant and takes no documents; use a varlen variant or drop the documents"
+        if self.shard_by_document:
+            return document_rule(docs, world_size, self.layout, self.name)
+        return None
+
     @property
     def attention(self) -> Callable:
         """The variant's attention function (imports its module, and so torch).
@@ -98,6 +137,14 @@ VARIANTS: dict[str, Variant] = {
         Variant("llama3", "zigzag", "llama3:llama3_attention",
                 "all-gather K/V (in head groups), zigzag layout for causal balance",
                 layouts=("contiguous",), options=("heads_k_stride",)),
+        Variant("ring_varlen", "contiguous", "ring_varlen:ring_varlen_attention",
+                "packed documents, each cut into W chunks, basic ring", varlen=True, shard_by_document=True),
+        Variant("zigzag_varlen", "zigzag", "ring_varlen:zigzag_varlen_attention",
+                "packed documents, each in the zigzag layout, ring balanced under a causal mask",
+                varlen=True, shard_by_document=True),
+        Variant("llama3_varlen", "contiguous", "llama3_varlen:llama3_varlen_attention",
+                "packed documents, contiguous row, all-gather K/V; any document boundaries",
+                varlen=True, options=("heads_k_stride",)),
         Variant("broken_merge", "contiguous", "testing:broken_merge_attention",
                 "test only: a ring whose merge drops the last block", hidden=True),
     )

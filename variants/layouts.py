@@ -4,13 +4,28 @@
 ``zigzag``: the sequence is cut into 2W equal chunks and rank r holds chunks r and 2W-1-r,
 so every rank has the same amount of causal work (also called head-tail).
 ``stripe``: token t lives on rank t mod W (Brandon et al., "Striped Attention", 2023).
+
+Packed documents (varlen) are sharded one of two ways, given the global int32 ``cu_seqlens``:
+
+- *by document*: every document is cut in the layout on its own, so rank r holds its share
+  of each document, in document order (``ring_varlen``: chunk r of every document;
+  ``zigzag_varlen``: chunks r and 2W-1-r of every document). Every document's length must be
+  a multiple of ``required_multiple(layout, W)``, and every rank then holds the same local
+  documents, each ``1/W`` of the global one.
+- *by row*: the packed row is cut in the layout as if it were one sequence (``llama3_varlen``,
+  contiguous), so documents may straddle ranks and may have any length, zero included.
+
+Source: the document-wise sharding of ring-flash-attn's varlen functions
+(zhuzilin/ring-flash-attention, ``ring_flash_attn_varlen`` and ``zigzag_ring_flash_attn_varlen``).
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
-from . import LAYOUT_CHUNKS
+from . import LAYOUT_CHUNKS, document_rule
 
 Tensor = torch.Tensor
 
@@ -70,4 +85,95 @@ def unshard(shards: list[Tensor], layout: str, dim: int = 1) -> Tensor:
     out = torch.empty_like(torch.cat(shards, dim=dim))
     for rank, s in enumerate(shards):
         out.index_copy_(dim, token_index(layout, seqlen, rank, world_size, device=s.device), s)
+    return out
+
+
+# --------------------------------------------------------------------------- packed documents
+
+def offsets_of(cu_seqlens: Tensor | Sequence[int]) -> list[int]:
+    """The document offsets of ``cu_seqlens`` (a tensor or a sequence of ints) as a Python list."""
+    return cu_seqlens.tolist() if isinstance(cu_seqlens, Tensor) else [int(c) for c in cu_seqlens]
+
+
+def cu_seqlens_from_docs(docs: Sequence[int], device=None) -> Tensor:
+    """Return the int32 offsets ``[0, L0, L0+L1, ..., sum]`` of documents of lengths ``docs``."""
+    offsets = [0]
+    for length in docs:
+        offsets.append(offsets[-1] + int(length))
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def varlen_token_index(cu_seqlens: Tensor | Sequence[int], layout: str, rank: int, world_size: int, *,
+                       by_document: bool, device=None) -> Tensor:
+    """Return the global positions ``rank`` holds of a packed row, int64 ``[S / W]``, in local order.
+
+    Args:
+        cu_seqlens: the global document offsets (int32 tensor or ints), ending at S.
+        layout: ``contiguous``, ``zigzag`` or ``stripe``.
+        by_document: cut every document in the layout (True) or the whole row (False); see the
+            module docstring.
+
+    Raises:
+        ValueError: by document, a document whose length is not a multiple of
+            ``required_multiple(layout, W)``; by row, S not a multiple of it.
+    """
+    offsets = offsets_of(cu_seqlens)
+    if not by_document:
+        return token_index(layout, offsets[-1], rank, world_size, device=device)
+    reason = document_rule([b - a for a, b in zip(offsets, offsets[1:])], world_size, layout,
+                           f"the {layout} layout, document by document,")
+    if reason:
+        raise ValueError(reason)
+    parts = [token_index(layout, b - a, rank, world_size, device=device) + a for a, b in zip(offsets, offsets[1:])]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=device)
+
+
+def varlen_local_cu_seqlens(cu_seqlens: Tensor | Sequence[int], layout: str, rank: int, world_size: int, *,
+                            by_document: bool, device=None) -> Tensor:
+    """Return the int32 offsets of ``rank``'s local document pieces within its ``S / W`` rows.
+
+    By document, every rank holds ``L / W`` tokens of every document of length ``L`` (empty
+    documents included), the same offsets on every rank. By row (contiguous layout only), the
+    pieces are the non-empty intersections of the documents with the rank's rows, so a
+    document that straddles ranks gives a piece on each.
+
+    Raises:
+        ValueError: as :func:`varlen_token_index`; a by-row layout other than contiguous.
+    """
+    offsets = offsets_of(cu_seqlens)
+    if by_document:
+        varlen_token_index(offsets, layout, rank, world_size, by_document=True)  # the rule
+        lengths = [(b - a) // world_size for a, b in zip(offsets, offsets[1:])]
+    else:
+        if layout != "contiguous":
+            raise ValueError(f"layout {layout!r} cannot shard packed documents by row; use contiguous")
+        seqlen_local = len(token_index(layout, offsets[-1], rank, world_size))
+        start, end = rank * seqlen_local, (rank + 1) * seqlen_local
+        lengths = [min(b, end) - max(a, start) for a, b in zip(offsets, offsets[1:]) if min(b, end) > max(a, start)]
+    return cu_seqlens_from_docs(lengths, device=device)
+
+
+def shard_varlen(x: Tensor, cu_seqlens: Tensor | Sequence[int], layout: str, rank: int, world_size: int, *,
+                 by_document: bool, dim: int = 1) -> Tensor:
+    """Take ``rank``'s shard of the packed tensor ``x`` along ``dim`` (a new tensor).
+
+    Raises:
+        ValueError: as :func:`varlen_token_index`.
+    """
+    return x.index_select(dim, varlen_token_index(cu_seqlens, layout, rank, world_size, by_document=by_document,
+                                                  device=x.device))
+
+
+def unshard_varlen(shards: list[Tensor], cu_seqlens: Tensor | Sequence[int], layout: str, *, by_document: bool,
+                   dim: int = 1) -> Tensor:
+    """Rebuild the packed tensor from every rank's shard, ``shards[r]`` being rank r's.
+
+    Raises:
+        ValueError: as :func:`varlen_token_index`.
+    """
+    world_size = len(shards)
+    out = torch.empty_like(torch.cat(shards, dim=dim))
+    for rank, s in enumerate(shards):
+        out.index_copy_(dim, varlen_token_index(cu_seqlens, layout, rank, world_size, by_document=by_document,
+                                                device=s.device), s)
     return out

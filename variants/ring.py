@@ -4,6 +4,10 @@ The engine here serves every ring-shaped variant; a variant only says, through i
 which part of its queries meets which part of the visiting K/V block at each step, and with
 what mask. ``ring`` is the plain contiguous layout.
 
+Packed documents (the varlen variants) use the same plans: every document is sharded in the
+layout on its own, so the plan is applied to each document's local piece, and the pieces it
+selects are gathered into one varlen kernel call per step (:class:`VarlenSteps`).
+
 Source: Liu, Zaharia and Abbeel, "Ring Attention with Blockwise Transformers for Near-Infinite
 Context" (2023).
 """
@@ -37,6 +41,150 @@ Plan = Callable[[int, int, int, int, int, bool], "Block | None"]
 _ALL = slice(None)
 
 
+class Step(NamedTuple):
+    """A plan's block made concrete for one kernel call.
+
+    ``q`` and ``kv`` are local rows: a slice, or (varlen) int64 row indices. For packed
+    documents, ``cu_q`` and ``cu_k`` are the int32 offsets of the documents within the taken
+    rows, and ``max_q`` and ``max_k`` their longest lengths; ``None`` and 0 in the batch form.
+    """
+
+    q: "slice | Tensor"
+    kv: "slice | Tensor"
+    causal: bool
+    cu_q: Tensor | None = None
+    cu_k: Tensor | None = None
+    max_q: int = 0
+    max_k: int = 0
+
+
+#: ``steps(step, source_rank) -> Step | None``: what this rank computes at each ring step.
+Steps = Callable[[int, int], "Step | None"]
+
+
+def batch_steps(plan: Plan, rank: int, world_size: int, seqlen_local: int, causal: bool) -> Steps:
+    """The steps of the batch form: the plan's block, as it is."""
+
+    def steps(step: int, source: int) -> Step | None:
+        block = plan(step, source, rank, world_size, seqlen_local, causal)
+        return None if block is None else Step(block.q, block.kv, block.causal)
+
+    return steps
+
+
+class VarlenSteps:
+    """The steps of the varlen form: the plan applied to every local document piece.
+
+    Every rank holds ``lengths[d]`` tokens of document d (document-wise sharding, so the same
+    lengths on every rank and in every visiting K/V block). At each step the plan's block for
+    each document, in that document's local coordinates, picks its query rows and key rows;
+    the picked rows of all documents become one varlen call. Plans whose blocks cover every
+    document whole become plain slices, so ``ring_varlen`` never copies rows. Steps are built
+    once per distinct pattern and reused by forward and backward.
+
+    Args:
+        plan: the batch plan (``contiguous_plan``, ``zigzag_plan``, ...).
+        lengths: local tokens of each document, host ints, summing to the local row length.
+        rank, world_size, causal: as for the plan.
+        device: where the index and offset tensors live.
+
+    Raises:
+        RuntimeError: a plan that gives different masks to different documents at one step.
+    """
+
+    def __init__(self, plan: Plan, lengths: list[int], rank: int, world_size: int, causal: bool, device):
+        self.plan, self.lengths = plan, lengths
+        self.rank, self.world_size, self.causal, self.device = rank, world_size, causal, device
+        self._cache: dict[tuple, Step | None] = {}
+
+    def __call__(self, step: int, source: int) -> Step | None:
+        picks = []  # (document, query range, key range) in local document coordinates
+        for doc, n in enumerate(self.lengths):
+            block = self.plan(step, source, self.rank, self.world_size, n, self.causal)
+            if block is not None:
+                picks.append((doc, block.q.indices(n)[:2], block.kv.indices(n)[:2], block.causal))
+        key = tuple(picks)
+        if key not in self._cache:
+            self._cache[key] = self._build(picks)
+        return self._cache[key]
+
+    def _build(self, picks) -> Step | None:
+        masks = {p[3] for p in picks}
+        if len(masks) > 1:
+            raise RuntimeError("the plan gave documents different masks at one step; a varlen step makes one "
+                               "kernel call, so every document must share the mask")
+        starts = [0]
+        for n in self.lengths:
+            starts.append(starts[-1] + n)
+        rows = {}
+        for side, pos in (("q", 1), ("kv", 2)):
+            covered = {p[0] for p in picks if p[pos] == (0, self.lengths[p[0]])}
+            whole = all(d in covered for d, n in enumerate(self.lengths) if n)
+            lens = [p[pos][1] - p[pos][0] for p in picks]
+            if whole:
+                sel = _ALL
+            else:
+                idx = [torch.arange(starts[d] + a, starts[d] + b) for d, a, b in
+                       ((p[0], *p[pos]) for p in picks)]
+                sel = torch.cat(idx).to(self.device) if idx else torch.empty(0, dtype=torch.int64, device=self.device)
+            rows[side] = (sel, lens)
+        (q_sel, q_lens), (kv_sel, kv_lens) = rows["q"], rows["kv"]
+        if sum(q_lens) == 0 or sum(kv_lens) == 0:
+            return None
+        # Documents empty on both sides add nothing; dropping them keeps the kernel's batch small.
+        kept = [(a, b) for a, b in zip(q_lens, kv_lens) if a or b]
+        return Step(q_sel, kv_sel, masks.pop(), _offsets([a for a, _ in kept], self.device),
+                    _offsets([b for _, b in kept], self.device), max(a for a, _ in kept), max(b for _, b in kept))
+
+
+def _offsets(lengths: list[int], device) -> Tensor:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+def _is_all(sel) -> bool:
+    return isinstance(sel, slice) and sel == _ALL
+
+
+def _rows(x: Tensor, sel, dim: int = 1) -> Tensor:
+    """Rows ``sel`` of ``x`` along ``dim`` (1 or 2): a view for a slice, a copy for indices."""
+    if isinstance(sel, slice):
+        return x[:, sel] if dim == 1 else x[:, :, sel]
+    return x.index_select(dim, sel)
+
+
+def _attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, st: Step, scale: float) -> tuple[Tensor, Tensor]:
+    if st.cu_q is None:
+        return kernel.forward(q, k, v, st.causal, scale)
+    return kernel.forward_varlen(q, k, v, st.cu_q, st.cu_k, st.max_q, st.max_k, st.causal, scale)
+
+
+def _attend_backward(kernel: Kernel, dout, q, k, v, out, lse, st: Step, scale: float):
+    if st.cu_q is None:
+        return kernel.backward(dout, q, k, v, out, lse, st.causal, scale)
+    return kernel.backward_varlen(dout, q, k, v, out, lse, st.cu_q, st.cu_k, st.max_q, st.max_k, st.causal,
+                                  scale)
+
+
+def _merge_rows(out: Tensor, lse: Tensor, sel, b_out: Tensor, b_lse: Tensor) -> None:
+    if isinstance(sel, slice):
+        merge_(out[:, sel], lse[:, :, sel], b_out, b_lse)
+        return
+    o, l = out.index_select(1, sel), lse.index_select(2, sel)
+    merge_(o, l, b_out, b_lse)
+    out.index_copy_(1, sel, o)
+    lse.index_copy_(2, sel, l)
+
+
+def _add_rows(acc: Tensor, sel, grad: Tensor) -> None:
+    if isinstance(sel, slice):
+        acc[:, sel] += grad
+    else:
+        acc.index_add_(1, sel, grad.to(acc.dtype))
+
+
 def contiguous_plan(step: int, source: int, rank: int, world_size: int, seqlen_local: int,
                     causal: bool) -> Block | None:
     """The plan of the plain ring: the diagonal block is causal, later ranks' blocks are skipped."""
@@ -53,7 +201,7 @@ def _dense(t: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
-                  group, kernel: Kernel, plan: Plan) -> tuple[Tensor, Tensor]:
+                  group, kernel: Kernel, steps: Steps) -> tuple[Tensor, Tensor]:
     comm = RingComm(group)
     rank, world_size = comm.rank, comm.world_size
     B, S, H, D = q.shape
@@ -67,18 +215,18 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
             comm.send_recv(kv[0], nxt[0])
             comm.send_recv(kv[1], nxt[1])
             comm.commit()
-        block = plan(step, (rank - step) % world_size, rank, world_size, S, causal)
+        block = steps(step, (rank - step) % world_size)
         if block is not None:
-            b_out, b_lse = kernel.forward(q[:, block.q], kv[0][:, block.kv], kv[1][:, block.kv],
-                                          block.causal, scale)
-            if out is None and block.q == _ALL:
+            b_out, b_lse = _attend(kernel, _rows(q, block.q), _rows(kv[0], block.kv), _rows(kv[1], block.kv),
+                                   block, scale)
+            if out is None and _is_all(block.q):
                 # The first block that covers every query is the accumulator: no merge needed.
                 out, lse = _dense(b_out, acc), _dense(b_lse, acc)
             else:
                 if out is None:
                     out = torch.zeros(B, S, H, D, dtype=acc, device=q.device)
                     lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
-                merge_(out[:, block.q], lse[:, :, block.q], b_out, b_lse)
+                _merge_rows(out, lse, block.q, b_out, b_lse)
         if step + 1 < world_size:
             comm.wait()
             kv = nxt
@@ -90,10 +238,9 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
 
 def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                    causal: bool, scale: float, group, kernel: Kernel,
-                   plan: Plan) -> tuple[Tensor, Tensor, Tensor]:
+                   steps: Steps) -> tuple[Tensor, Tensor, Tensor]:
     kv_comm, dkv_comm = RingComm(group), RingComm(group)
     rank, world_size = kv_comm.rank, kv_comm.world_size
-    S = q.shape[1]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = None
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
@@ -106,35 +253,35 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
             kv_comm.send_recv(kv[0], nxt[0])
             kv_comm.send_recv(kv[1], nxt[1])
             kv_comm.commit()
-        block = plan(step, (rank - step) % world_size, rank, world_size, S, causal)
+        block = steps(step, (rank - step) % world_size)
         grads = None
         if block is not None:
-            grads = kernel.backward(dout[:, block.q], q[:, block.q], kv[0][:, block.kv],
-                                    kv[1][:, block.kv], out[:, block.q], lse[:, :, block.q],
-                                    block.causal, scale)
-            if dq is None and block.q == _ALL:
+            grads = _attend_backward(kernel, _rows(dout, block.q), _rows(q, block.q), _rows(kv[0], block.kv),
+                                     _rows(kv[1], block.kv), _rows(out, block.q), _rows(lse, block.q, 2),
+                                     block, scale)
+            if dq is None and _is_all(block.q):
                 dq = _dense(grads[0], acc)
             else:
                 if dq is None:
                     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-                dq[:, block.q] += grads[0]
+                _add_rows(dq, block.q, grads[0])
         # dK/dV of the visiting block travel with it, in float32, and reach their owner after
         # W hops; the buffer arriving now holds the earlier ranks' share for this block.
         if step == 0:
-            if grads is not None and block.kv == _ALL:
+            if grads is not None and _is_all(block.kv):
                 cur = (_dense(grads[1], acc), _dense(grads[2], acc))
             else:
                 cur = (torch.zeros(k.shape, dtype=acc, device=k.device),
                        torch.zeros(v.shape, dtype=acc, device=v.device))
                 if grads is not None:
-                    cur[0][:, block.kv] += grads[1]
-                    cur[1][:, block.kv] += grads[2]
+                    _add_rows(cur[0], block.kv, grads[1])
+                    _add_rows(cur[1], block.kv, grads[2])
         else:
             dkv_comm.wait()
             cur, in_flight = in_flight[1], None
             if grads is not None:
-                cur[0][:, block.kv] += grads[1]
-                cur[1][:, block.kv] += grads[2]
+                _add_rows(cur[0], block.kv, grads[1])
+                _add_rows(cur[1], block.kv, grads[2])
         if world_size > 1:
             if last:
                 # The sum is complete: the owner only casts it, so it can travel in the input
@@ -165,10 +312,10 @@ class RingAttention(torch.autograd.Function):
     """Autograd wrapper around the ring engine; see :func:`ring_attention`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, kernel, plan):
-        out, lse = _ring_forward(q, k, v, causal, scale, group, kernel, plan)
+    def forward(ctx, q, k, v, causal, scale, group, kernel, steps):
+        out, lse = _ring_forward(q, k, v, causal, scale, group, kernel, steps)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (causal, scale, group, kernel, plan)
+        ctx.args = (causal, scale, group, kernel, steps)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -180,12 +327,29 @@ class RingAttention(torch.autograd.Function):
 
 
 def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: float | None,
-             group: dist.ProcessGroup | None, kernel: Kernel | str, plan: Plan) -> tuple[Tensor, Tensor]:
-    """Run the ring engine with ``plan``; shared by the ring-shaped variants."""
+             group: dist.ProcessGroup | None, kernel: Kernel | str, plan: Plan,
+             doc_lengths: list[int] | None = None) -> tuple[Tensor, Tensor]:
+    """Run the ring engine with ``plan``; shared by the ring-shaped variants.
+
+    With ``doc_lengths`` (the local tokens of every document, document-wise sharding), q, k
+    and v are packed rows ``[1, S/W, H, D]`` and every step is one varlen kernel call over the
+    documents' pieces (:class:`VarlenSteps`).
+
+    Raises:
+        ValueError: ``doc_lengths`` with a kernel that has no varlen form.
+    """
     if isinstance(kernel, str):
         kernel = get_kernel(kernel)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return RingAttention.apply(q, k, v, causal, scale, group, kernel, plan)
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    if doc_lengths is None:
+        steps = batch_steps(plan, rank, world_size, q.shape[1], causal)
+    else:
+        reason = kernel.check_varlen()
+        if reason:
+            raise ValueError(f"[rank {rank}/{world_size}] {reason}")
+        steps = VarlenSteps(plan, doc_lengths, rank, world_size, causal, q.device)
+    return RingAttention.apply(q, k, v, causal, scale, group, kernel, steps)
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
