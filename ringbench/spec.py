@@ -3,6 +3,10 @@
 Everything here but :func:`resolve` and :func:`detect_device` is torch-free, so a bad
 spec is refused in milliseconds, before any process starts. The kernel checks import
 ``ringbench.variants.kernels`` (and so torch) only when a concrete kernel is named.
+
+That includes the packed documents of the varlen variants: :func:`resolve_docs` draws a
+``doc_dist`` into ``docs`` with the case's seed, and :func:`validate` checks the documents
+against the variant's rules (they fill the row, batch 1, the per-document multiple).
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import random
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -104,6 +110,12 @@ class CaseSpec:
             ``contiguous``); ``""`` means the variant's default.
         heads_k_stride: K/V heads gathered at a time by all-gather variants (llama3);
             ``0`` means all of them at once.
+        docs: the packed documents of a varlen variant, their lengths in tokens separated by
+            commas (sizes such as ``12k`` allowed, ``0`` for an empty document), in row order;
+            they must sum to ``seqlen``. ``""``: none (every batch variant). :func:`resolve_docs`
+            writes them as plain integers.
+        doc_dist: a distribution to draw ``docs`` from with ``seed`` (see :func:`resolve_docs`):
+            ``lognormal:mean=4k,sigma=1`` or ``uniform:min=512,max=8k``; ``""``: none.
     """
 
     task: str
@@ -124,6 +136,8 @@ class CaseSpec:
     seed: int
     layout: str = ""
     heads_k_stride: int = 0
+    docs: str = ""
+    doc_dist: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form the worker reads, field order as declared."""
@@ -218,12 +232,12 @@ def layout_of(spec: Mapping[str, Any], variant) -> str:
 CUDA_DEFAULTS: dict[str, Any] = {
     "batch": 1, "seqlen": 16 * 1024, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bf16",
     "causal": True, "mode": "fwd_bwd", "kernel": "auto", "iters": 20, "warmup": 5, "seed": 0,
-    "layout": "", "heads_k_stride": 0,
+    "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "",
 }
 CPU_DEFAULTS: dict[str, Any] = {
     "world_size": 2, "batch": 1, "seqlen": 4 * 1024, "heads": 4, "kv_heads": 2, "head_dim": 32,
     "dtype": "fp32", "causal": True, "mode": "fwd_bwd", "kernel": "auto", "iters": 10, "warmup": 3,
-    "seed": 0, "layout": "", "heads_k_stride": 0,
+    "seed": 0, "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "",
 }
 
 
@@ -305,6 +319,10 @@ def check_fields(fields: Mapping[str, Any]) -> None:
             _at_least(name, value, 0)
         elif name == "kernel" and not value:
             raise SpecError("kernel '' is empty; pass --kernel with a kernel name or auto")
+        elif name == "docs" and value:
+            parse_docs(value)
+        elif name == "doc_dist" and value:
+            parse_doc_dist(value)
     if all(k in fields for k in ("variant", "seqlen", "world_size")):
         reason = get_variant(fields["variant"]).check(
             seqlen=coerce_field("seqlen", fields["seqlen"]), world_size=fields["world_size"],
@@ -337,6 +355,7 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
         raise SpecError(f"heads {spec.heads} is not a multiple of kv_heads {spec.kv_heads}; "
                         f"pass --kv-heads with a divisor of {spec.heads}, such as {fit}")
     variant = get_variant(spec.variant)
+    _check_docs(spec, variant)
     if spec.kv_heads != spec.heads and not variant.gqa:
         raise SpecError(f"kv_heads {spec.kv_heads} differs from heads {spec.heads}, but {spec.variant} "
                         f"does not support GQA; pass --kv-heads {spec.heads}")
@@ -367,10 +386,14 @@ def _kernels_for(device: str) -> list[str]:
 
 
 def _check_kernel(spec: CaseSpec, kernel) -> None:
-    """Refuse a kernel that cannot take ``spec``'s device, head dim or dtype."""
+    """Refuse a kernel that cannot take ``spec``'s device, head dim, dtype or packed documents."""
+    from ringbench.variants import get_variant
+
     if kernel.device_type not in (spec.device, "any"):
         raise SpecError(f"kernel {kernel.name!r} runs on {kernel.device_type}, not {spec.device}; "
                         f"pass --kernel with one of {', '.join(_kernels_for(spec.device))} or auto")
+    if get_variant(spec.variant).varlen and kernel.check_varlen():
+        raise SpecError(kernel.check_varlen())
     reason = kernel.check_head_dim(spec.head_dim)
     if reason:
         raise SpecError(f"{reason}; pass another --head-dim or --kernel")
@@ -385,8 +408,8 @@ def resolve(spec: CaseSpec) -> CaseSpec:
     """Pick the concrete kernel for ``spec`` on this machine; imports torch.
 
     ``auto`` becomes the first kernel in ``variants.kernels.AUTO_ORDER[device]`` that is
-    available here and takes the spec's head dim and dtype. A named kernel must be
-    available here.
+    available here and takes the spec's head dim and dtype (and, for a varlen variant, has a
+    varlen form). A named kernel must be available here.
 
     Returns:
         ``spec`` with ``kernel`` set to a concrete name.
@@ -414,3 +437,195 @@ def resolve(spec: CaseSpec) -> CaseSpec:
         return spec.replace(kernel=kernel.name)
     raise SpecError(f"kernel auto found no kernel on {spec.device} for head_dim {spec.head_dim} and "
                     f"dtype {spec.dtype} ({'; '.join(refusals)}); change --dtype or --head-dim")
+
+
+# --------------------------------------------------------------------------- packed documents
+
+_DIST_KEYS = {"lognormal": ("mean", "sigma"), "uniform": ("min", "max")}
+_DIST_EXAMPLE = "lognormal:mean=4k,sigma=1 or uniform:min=512,max=8k"
+
+
+def parse_docs(text: str) -> list[int]:
+    """Parse document lengths such as ``3000,500,12k`` into ints (``[3000, 500, 12288]``).
+
+    Args:
+        text: comma-separated sizes as :func:`parse_size` reads them, or ``0`` for an empty
+            document; spaces around entries are ignored.
+
+    Returns:
+        The lengths in tokens, in row order.
+
+    Raises:
+        SpecError: an empty list or entry, or an entry that is not a size (the message gives
+            its position).
+    """
+    entries = [e.strip() for e in str(text).split(",")]
+    if not any(entries):
+        raise SpecError(f"docs {text!r} is empty; pass document lengths separated by commas, such as 3000,500,12k")
+    docs = []
+    for i, entry in enumerate(entries):
+        if entry == "":
+            raise SpecError(f"docs {text!r} has an empty entry at position {i + 1}; separate lengths by single "
+                            "commas, such as 3000,500,12k")
+        docs.append(0 if entry == "0" else parse_size(entry, name=f"docs entry {i + 1}"))
+    return docs
+
+
+def parse_doc_dist(text: str) -> tuple[str, dict[str, float]]:
+    """Parse a document distribution such as ``lognormal:mean=4k,sigma=1``.
+
+    Args:
+        text: ``lognormal:mean=M,sigma=S`` (M a size: the mean document length in tokens; S
+            the sigma of the length's logarithm, 0 or more) or ``uniform:min=A,max=B`` (sizes,
+            ``A <= B``, both ends included).
+
+    Returns:
+        ``(kind, params)`` with the sizes in tokens and sigma as a float.
+
+    Raises:
+        SpecError: an unknown kind, a missing or unknown parameter, or a bad value.
+    """
+    raw = str(text).strip()
+    kind, sep, rest = raw.partition(":")
+    if not sep or kind not in _DIST_KEYS:
+        raise SpecError(f"doc_dist {raw!r} is not a document distribution; use {_DIST_EXAMPLE}")
+    params: dict[str, float] = {}
+    for item in rest.split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or key not in _DIST_KEYS[kind] or key in params:
+            raise SpecError(f"doc_dist {raw!r}: {item.strip()!r} is not one of {kind}'s parameters "
+                            f"{' and '.join(_DIST_KEYS[kind])}, each given once; use {_DIST_EXAMPLE}")
+        if key == "sigma":
+            try:
+                sigma = float(value)
+            except ValueError:
+                sigma = float("nan")
+            if not (math.isfinite(sigma) and 0 <= sigma <= 10):
+                raise SpecError(f"doc_dist {raw!r}: sigma {value!r} must be a number from 0 to 10; use sigma=1")
+            params[key] = sigma
+        else:
+            params[key] = parse_size(value, name=f"doc_dist {key}")
+    missing = [k for k in _DIST_KEYS[kind] if k not in params]
+    if missing:
+        raise SpecError(f"doc_dist {raw!r} lacks {missing[0]}; use {_DIST_EXAMPLE}")
+    if kind == "uniform" and params["min"] > params["max"]:
+        raise SpecError(f"doc_dist {raw!r}: min {int(params['min'])} is above max {int(params['max'])}; swap them")
+    return kind, params
+
+
+def _doc_multiple(spec: CaseSpec) -> int:
+    """The multiple every document length must be for ``spec``'s variant (1: any length)."""
+    from ringbench.variants import VARIANTS, LAYOUT_CHUNKS
+
+    variant = VARIANTS.get(spec.variant)
+    if variant is None or not variant.shard_by_document:
+        return 1
+    return LAYOUT_CHUNKS[variant.layout] * spec.world_size
+
+
+def draw_docs(kind: str, params: Mapping[str, float], seqlen: int, seed: int, multiple: int = 1) -> list[int]:
+    """Draw document lengths that fill ``seqlen`` tokens exactly.
+
+    Lengths are drawn one after another from a ``random.Random(seed)`` until they reach
+    ``seqlen``; each draw is rounded to the nearest multiple of ``multiple`` (at least
+    ``multiple``, so at least 1), and the last document is cut so that the lengths sum to
+    ``seqlen``. With ``seqlen`` a multiple of ``multiple``, the cut one is a multiple too.
+
+    Args:
+        kind, params: from :func:`parse_doc_dist`. ``lognormal``: the length is
+            ``exp(N(mu, sigma))`` with ``mu = ln(mean) - sigma**2 / 2``, so its mean is
+            ``mean`` tokens. ``uniform``: an integer from min to max, both included.
+        seqlen: tokens to fill.
+        seed: the seed; the same arguments always give the same lengths.
+        multiple: every length's required multiple (W for ring_varlen, 2W for zigzag_varlen).
+
+    Returns:
+        Positive lengths summing to ``seqlen``.
+    """
+    rng = random.Random(seed)
+    docs: list[int] = []
+    total = 0
+    while total < seqlen:
+        if kind == "lognormal":
+            x = rng.lognormvariate(math.log(params["mean"]) - params["sigma"] ** 2 / 2, params["sigma"])
+        else:
+            x = rng.randint(int(params["min"]), int(params["max"]))
+        length = max(multiple, multiple * round(x / multiple))
+        length = min(length, seqlen - total)
+        docs.append(length)
+        total += length
+    return docs
+
+
+def spec_docs(spec: CaseSpec | Mapping[str, Any]) -> list[int] | None:
+    """The document lengths of a case (a spec or its dict), or ``None`` when it has none.
+
+    ``docs`` when given, else ``doc_dist`` drawn as :func:`resolve_docs` does.
+
+    Raises:
+        SpecError: a malformed ``docs`` or ``doc_dist``.
+    """
+    if isinstance(spec, CaseSpec):
+        spec_obj = spec
+    else:
+        spec_obj = CaseSpec.from_dict({k: v for k, v in spec.items() if k in field_names()})
+    spec_obj = resolve_docs(spec_obj)
+    return parse_docs(spec_obj.docs) if spec_obj.docs else None
+
+
+def resolve_docs(spec: CaseSpec) -> CaseSpec:
+    """Turn a case's documents into plain ``docs``, ready for :func:`validate` and the worker.
+
+    ``docs`` is rewritten as comma-separated integers (``12k`` becomes ``12288``), so equal
+    documents give equal case ids. A ``doc_dist`` is drawn with the case's ``seed`` (see
+    :func:`draw_docs`) into ``docs`` and kept for the record; for ``ring_varlen`` and
+    ``zigzag_varlen`` each drawn length is rounded to the nearest multiple of W or 2W (at
+    least that multiple) and the last one cut to fill ``seqlen``, so the draw obeys their
+    per-document rule whenever ``seqlen`` does (otherwise lengths are rounded to whole tokens
+    and :func:`validate` refuses the seqlen). Idempotent; pure (no torch, no I/O).
+
+    Returns:
+        The spec with ``docs`` resolved, or ``spec`` itself when it has no documents.
+
+    Raises:
+        SpecError: a malformed ``docs`` or ``doc_dist``, or both given with different lengths.
+    """
+    drawn = None
+    if spec.doc_dist:
+        kind, params = parse_doc_dist(spec.doc_dist)
+        multiple = _doc_multiple(spec)
+        drawn = draw_docs(kind, params, spec.seqlen, spec.seed, multiple if spec.seqlen % multiple == 0 else 1)
+    if spec.docs:
+        given = parse_docs(spec.docs)
+        if drawn is not None and given != drawn:
+            raise SpecError(f"docs {spec.docs!r} and doc_dist {spec.doc_dist!r} are both given and disagree; pass "
+                            "--docs or --doc-dist, not both")
+        drawn = given
+    if drawn is None:
+        return spec
+    return spec.replace(docs=",".join(str(d) for d in drawn))
+
+
+def _check_docs(spec: CaseSpec, variant) -> None:
+    """Refuse documents a case's variant cannot take, or a varlen case without them."""
+    docs = spec_docs(spec)
+    if not variant.varlen:
+        if docs is not None:
+            given = "docs" if spec.docs else "doc_dist"
+            raise SpecError(f"{given} {getattr(spec, given)!r} is given, but {spec.variant} is a batch variant and "
+                            "takes no documents; use ring_varlen, zigzag_varlen or llama3_varlen, or drop "
+                            f"--{given.replace('_', '-')}")
+        return
+    if docs is None:
+        raise SpecError(f"{spec.variant} attends packed documents, but the case has none; pass --docs 3000,500,12k "
+                        "(lengths that sum to --seqlen) or --doc-dist lognormal:mean=4k,sigma=1")
+    if spec.batch != 1:
+        raise SpecError(f"batch {spec.batch} is not 1, but {spec.variant} packs the documents into one row; "
+                        "pass --batch 1")
+    total = sum(docs)
+    if total != spec.seqlen:
+        raise SpecError(f"documents sum to {total} but seqlen is {spec.seqlen}; the documents must fill the row "
+                        f"exactly, so pass --seqlen {total} or documents that sum to {spec.seqlen}")
+    reason = variant.check_docs(docs, spec.world_size)
+    if reason:
+        raise SpecError(reason)
