@@ -9,8 +9,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ringbench.spec import DTYPES, variant_options
-from ringbench.variants import get_variant
+from ringbench.spec import DTYPES, layout_of, spec_docs, variant_options
+from ringbench.variants import get_variant, layouts
 from ringbench.variants.comm import TRAFFIC, reset_traffic
 from ringbench.variants.kernels import get_kernel
 
@@ -22,16 +22,24 @@ PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800
 
 
 def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causal: bool,
-                    mode: str) -> float:
+                    mode: str, docs: list[int] | None = None) -> float:
     """FLOPs of one attention over the whole sequence, in the flash-attn convention.
 
     Forward is ``4 * B * S^2 * Hq * D``, halved when causal; forward + backward is 3.5 times
-    forward. GQA and the layout change nothing. Divide by the world size for per-GPU figures.
+    forward. With packed documents (``docs``, their lengths), it is the sum of each document's
+    own figure, ``4 * L^2 * Hq * D`` (so ``2 * L^2 * Hq * D`` causal), times B. GQA and the
+    layout change nothing. Divide by the world size for per-GPU figures.
 
     Raises:
-        ValueError: an unknown mode.
+        ValueError: an unknown mode, or ``docs`` that do not sum to ``seqlen``.
     """
-    fwd = 4.0 * batch * seqlen * seqlen * heads * head_dim
+    if docs is None:
+        fwd = 4.0 * batch * seqlen * seqlen * heads * head_dim
+    else:
+        if sum(docs) != seqlen:
+            raise ValueError(f"documents sum to {sum(docs)} but seqlen is {seqlen}; pass documents that fill "
+                             "the sequence")
+        fwd = 4.0 * batch * sum(float(L) * L for L in docs) * heads * head_dim
     if causal:
         fwd /= 2
     if mode == "fwd":
@@ -90,6 +98,13 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
     Each rank draws its own shard from ``(seed, rank)``; the whole sequence is never built.
     The reference is the same kernel, same mode, on one rank's share (``S / W`` tokens).
 
+    With packed documents the variant gets the global ``cu_seqlens``, the FLOPs are the sum
+    over the documents, and the reference is the kernel's varlen call on this rank's local
+    document pieces (``layouts.varlen_local_cu_seqlens``). Those pieces are the same on every
+    rank when documents are sharded by document; by row (llama3_varlen) they differ, and
+    ``ref_tflops`` is that of the rank whose reference took longest (its FLOPs over its time),
+    which is the batch formula when the shares are equal.
+
     Args:
         spec: a ``CaseSpec.to_dict()``.
         device: this rank's device.
@@ -113,6 +128,16 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
     dout = _random((B, local, H, D), dtype, device, gen)
     causal, scale, backward = spec["causal"], D ** -0.5, spec["mode"] == "fwd_bwd"
     attention, options = variant.attention, variant_options(spec)
+    docs = spec_docs(spec) if variant.varlen else None
+    ref_docs = None
+    if docs is not None:
+        cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
+        options = {**options, "cu_seqlens": cu_seqlens}
+        local_cu = layouts.varlen_local_cu_seqlens(cu_seqlens, layout_of(spec, variant), rank, world_size,
+                                                   by_document=variant.shard_by_document, device=device)
+        ref_offsets = local_cu.tolist()
+        ref_docs = [b - a for a, b in zip(ref_offsets, ref_offsets[1:])]
+        ref_max = max(ref_docs)
 
     def step() -> None:
         if not backward:
@@ -129,6 +154,12 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
 
     def reference() -> None:
         with torch.no_grad():
+            if ref_docs is not None:
+                out, lse = kernel.forward_varlen(q, k, v, local_cu, local_cu, ref_max, ref_max, causal, scale)
+                if backward:
+                    kernel.backward_varlen(dout, q, k, v, out, lse, local_cu, local_cu, ref_max, ref_max, causal,
+                                           scale)
+                return
             out, lse = kernel.forward(q, k, v, causal, scale)
             if backward:
                 kernel.backward(dout, q, k, v, out, lse, causal, scale)
@@ -152,17 +183,18 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
         t.requires_grad_(False)
     ref_times = time_iterations(reference, iters=iters, warmup=warmup, device=device, group=group)
 
+    ref_flops = attention_flops(batch=B, seqlen=local, heads=H, head_dim=D, causal=causal,
+                                mode=spec["mode"], docs=ref_docs)
     mine = (statistics.median(times), statistics.median(ref_times), sent, received,
-            peak_alloc, peak_reserved)
+            peak_alloc, peak_reserved, ref_flops)
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, mine, group=group)
     per_rank = [g[0] for g in gathered]
     time_ms = max(per_rank)
-    ref_ms = max(g[1] for g in gathered)
+    slowest_ref = max(gathered, key=lambda g: g[1])
+    ref_ms, ref_flops = slowest_ref[1], slowest_ref[6]
     flops_per_gpu = attention_flops(batch=B, seqlen=S, heads=H, head_dim=D, causal=causal,
-                                    mode=spec["mode"]) / world_size
-    ref_flops = attention_flops(batch=B, seqlen=local, heads=H, head_dim=D, causal=causal,
-                                mode=spec["mode"])
+                                    mode=spec["mode"], docs=docs) / world_size
     tflops = flops_per_gpu / (time_ms * 1e-3) / 1e12
     ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
     max_sent = max(g[2] for g in gathered)

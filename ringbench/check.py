@@ -14,6 +14,11 @@ where the single-device kernel happens to be exact.
 NaN or Inf fails, and so does a dtype or shape that differs from the input's.
 Comparing against the fp64 reference, not only against the same kernel without context
 parallelism, keeps a kernel bug from cancelling itself out (MEASUREMENT.md).
+
+A case with packed documents (a varlen variant, ``docs`` in the spec) builds the global
+``cu_seqlens``, shards the row as the variant does (document by document, or by row), passes
+``cu_seqlens=`` to the variant, and takes both references from the kernels' varlen form over
+the whole row.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ringbench.spec import DTYPES, layout_of, variant_options
+from ringbench.spec import DTYPES, layout_of, spec_docs, variant_options
 from ringbench.variants import get_variant, layouts
 from ringbench.variants.kernels import KERNELS, get_kernel
 
@@ -79,11 +84,58 @@ def compare(name: str, got: torch.Tensor, single: torch.Tensor, ref: torch.Tenso
     }
 
 
-def _gather(t: torch.Tensor, layout: str, dim: int, group) -> torch.Tensor:
+class Placement:
+    """How a case's global tensors map onto the ranks, and what the variant is given with them.
+
+    Attributes:
+        shard: ``(x, rank, dim) -> x's shard`` on that rank.
+        unshard: ``(parts, dim) -> global tensor`` from every rank's shard.
+        extra: keyword arguments for the variant beyond its options (``cu_seqlens``).
+        cu_seqlens: the global int32 offsets on the case's device, or ``None`` (batch form).
+        watch: ``(source, watcher)`` ranks for :func:`cp_active` (the watcher's queries see
+            some of the source's keys), or ``None`` when no rank sees another's keys.
+    """
+
+    def __init__(self, spec: dict, variant, world_size: int, device: torch.device):
+        layout = layout_of(spec, variant)
+        docs = spec_docs(spec) if variant.varlen else None
+        causal = spec["causal"]
+        if docs is None:
+            self.shard = lambda x, rank, dim=1: layouts.shard(x, layout, rank, world_size, dim=dim)
+            self.unshard = lambda parts, dim=1: layouts.unshard(parts, layout, dim=dim)
+            self.cu_seqlens, self.extra = None, {}
+            self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
+            return
+        by_doc = variant.shard_by_document
+        self.cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
+        self.extra = {"cu_seqlens": self.cu_seqlens}
+        docs_cu = self.cu_seqlens.tolist()
+        self.shard = lambda x, rank, dim=1: layouts.shard_varlen(x, docs_cu, layout, rank, world_size,
+                                                                 by_document=by_doc, dim=dim)
+        self.unshard = lambda parts, dim=1: layouts.unshard_varlen(parts, docs_cu, layout, by_document=by_doc,
+                                                                   dim=dim)
+        owner = torch.empty(docs_cu[-1], dtype=torch.int64)
+        for r in range(world_size):
+            owner[layouts.varlen_token_index(docs_cu, layout, r, world_size, by_document=by_doc)] = r
+        self.watch = None
+        # Any document whose first token (a key every query of the document sees) lives on
+        # another rank than some of its queries gives a pair; prefer the widest one.
+        for a, b in zip(docs_cu, docs_cu[1:]):
+            if b > a:
+                others = sorted(set(owner[a:b].tolist()) - {int(owner[a])})
+                if others and (self.watch is None or abs(others[-1] - int(owner[a])) > abs(self.watch[1] - self.watch[0])):
+                    self.watch = (int(owner[a]), others[-1])
+
+    def max_seqlen(self) -> int:
+        offsets = self.cu_seqlens.tolist()
+        return max(b - a for a, b in zip(offsets, offsets[1:]))
+
+
+def _gather(t: torch.Tensor, placement: Placement, dim: int, group) -> torch.Tensor:
     world_size = dist.get_world_size(group)
     parts = [torch.empty_like(t) for _ in range(world_size)]
     dist.all_gather(parts, t.contiguous(), group=group)
-    return layouts.unshard(parts, layout, dim=dim)
+    return placement.unshard(parts, dim=dim)
 
 
 def global_inputs(spec: dict, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -94,33 +146,46 @@ def global_inputs(spec: dict, dtype: torch.dtype, device: torch.device) -> tuple
     return tuple(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).to(device) for s in shapes)
 
 
-def _run_variant(attention, layout, inputs, *, rank, world_size, causal, scale, group, kernel, options):
-    q, k, v, dout = (layouts.shard(x, layout, rank, world_size) for x in inputs)
+def _run_variant(attention, placement, inputs, *, rank, world_size, causal, scale, group, kernel, options):
+    q, k, v, dout = (placement.shard(x, rank) for x in inputs)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     out, lse = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
-                         **options)
+                         **options, **placement.extra)
     out.backward(dout)
     return out.detach(), lse, q.grad, k.grad, v.grad
 
 
-def cp_active(attention, layout, inputs, *, rank, world_size, causal, scale, group, kernel,
+def cp_active(attention, placement, inputs, *, rank, world_size, causal, scale, group, kernel,
               options) -> bool:
     """Whether changing one rank's K/V changes another rank's output (a silent fall-back to local
-    attention would not). Non-causal: K/V of the last rank, output of rank 0; causal: K/V of
-    rank 0, output of the last rank, which sees it in every layout ringbench has."""
-    source, watcher = (0, world_size - 1) if causal else (world_size - 1, 0)
-    q, k, v = (layouts.shard(x, layout, rank, world_size) for x in inputs[:3])
+    attention would not). Batch form, non-causal: K/V of the last rank, output of rank 0; causal:
+    K/V of rank 0, output of the last rank, which sees it in every layout ringbench has. Packed
+    documents: ``placement.watch``, a pair of ranks that share a document."""
+    source, watcher = placement.watch
+    q, k, v = (placement.shard(x, rank) for x in inputs[:3])
     with torch.no_grad():
         before, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
-                              **options)
+                              **options, **placement.extra)
         if rank == source:
             k, v = -k.flip(1), v.flip(1) * 2 + 1
         after, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
-                             **options)
+                             **options, **placement.extra)
     changed = torch.tensor([float((before.float() - after.float()).abs().max()) if rank == watcher else 0.0],
                            device=q.device)
     dist.all_reduce(changed, group=group)
     return bool(changed.item() > 0)
+
+
+def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float) -> tuple[torch.Tensor, ...]:
+    """out, lse, dq, dk, dv of ``kernel`` over the whole sequence on one device (varlen form
+    over the whole packed row when the case has documents)."""
+    q, k, v, dout = inputs
+    if placement.cu_seqlens is None:
+        out, lse = kernel.forward(q, k, v, causal, scale)
+        return (out, lse, *kernel.backward(dout, q, k, v, out, lse, causal, scale))
+    cu, n = placement.cu_seqlens, placement.max_seqlen()
+    out, lse = kernel.forward_varlen(q, k, v, cu, cu, n, n, causal, scale)
+    return (out, lse, *kernel.backward_varlen(dout, q, k, v, out, lse, cu, cu, n, n, causal, scale))
 
 
 def verify_case(spec: dict, *, device: torch.device, group=None) -> dict:
@@ -139,23 +204,20 @@ def verify_case(spec: dict, *, device: torch.device, group=None) -> dict:
     dtype = getattr(torch, DTYPES[spec["dtype"]])
     causal, scale = spec["causal"], spec["head_dim"] ** -0.5
     inputs = global_inputs(spec, dtype, device)
-    layout = layout_of(spec, variant)
+    placement = Placement(spec, variant, world_size, device)
     kwargs = dict(rank=rank, world_size=world_size, causal=causal, scale=scale, group=group, kernel=kernel,
                   options=variant_options(spec))
-    local = _run_variant(variant.attention, layout, inputs, **kwargs)
+    local = _run_variant(variant.attention, placement, inputs, **kwargs)
     dims = (1, 2, 1, 1, 1)
-    gathered = [_gather(t, layout, d, group) for t, d in zip(local, dims)]
-    active = cp_active(variant.attention, layout, inputs, **kwargs) if world_size > 1 else None
+    gathered = [_gather(t, placement, d, group) for t, d in zip(local, dims)]
+    active = (cp_active(variant.attention, placement, inputs, **kwargs)
+              if world_size > 1 and placement.watch is not None else None)
 
     checks = None
     if rank == 0:
-        q, k, v, dout = inputs
-        s_out, s_lse = kernel.forward(q, k, v, causal, scale)
-        single = (s_out, s_lse, *kernel.backward(dout, q, k, v, s_out, s_lse, causal, scale))
-        math = KERNELS["math"]
-        q64, k64, v64, d64 = (x.double() for x in inputs)
-        r_out, r_lse = math.forward(q64, k64, v64, causal, scale)
-        ref = (r_out, r_lse, *math.backward(d64, q64, k64, v64, r_out, r_lse, causal, scale))
+        single = _whole_row(kernel, inputs, placement, causal, scale)
+        ref = _whole_row(KERNELS["math"], [x.double() for x in inputs], placement, causal, scale)
+        q, k, v = inputs[:3]
         expected = ((dtype, q.shape), (torch.float32 if dtype != torch.float64 else dtype,
                                        (q.shape[0], q.shape[2], q.shape[1])),
                     (dtype, q.shape), (dtype, k.shape), (dtype, v.shape))
