@@ -71,6 +71,10 @@ JSON_HELP = "Print one JSON record per line on stdout and nothing else there, in
 RESUME_HELP = ("Skip the cases that already have a record with status ok in the results file (same case_id: "
                "every field but iters, warmup and seed), so a sweep that was stopped can be finished; the "
                "table and --json still show every case. Default: run every case.")
+LAYOUT_HELP = ("Layout of the sequence over the ranks, for variants that take more than one (llama3: zigzag, "
+               "the default, balanced under a causal mask, or contiguous). Default: the variant's own.")
+HEADS_K_STRIDE_HELP = ("K/V heads gathered at a time by all-gather variants (llama3); while one group computes, "
+                       "the next group's gather is in flight. Default: all K/V heads in one gather.")
 TIMEOUT_HELP = ("Seconds one launch (all cases of one world size and device) may take before it is "
                 "stopped and its unreported cases recorded as timeout. Default: 600.")
 
@@ -105,6 +109,8 @@ def run(
     iters: Optional[int] = typer.Option(None, "--iters", help=ITERS_HELP),
     warmup: Optional[int] = typer.Option(None, "--warmup", help=WARMUP_HELP),
     seed: Optional[int] = typer.Option(None, "--seed", help=SEED_HELP),
+    layout: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
+    heads_k_stride: Optional[int] = typer.Option(None, "--heads-k-stride", help=HEADS_K_STRIDE_HELP),
     device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
     scenario: Optional[str] = typer.Option(
         None, "--scenario", help="Sweep a scenario instead of one case: a built-in name (smoke, ci-nightly) or "
@@ -118,7 +124,8 @@ def run(
     given = {k: v for k, v in dict(
         variant=variant, seqlen=seqlen, world_size=world_size, batch=batch, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, causal=causal, mode=mode, kernel=kernel,
-        iters=iters, warmup=warmup, seed=seed, device=device).items() if v is not None}
+        iters=iters, warmup=warmup, seed=seed, device=device, layout=layout,
+        heads_k_stride=heads_k_stride).items() if v is not None}
     with _usage_errors():
         _check_given(given, timeout)
         if scenario is None and "variant" not in given:
@@ -154,13 +161,10 @@ def verify(
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
 ) -> None:
     """Check that variants compute the same attention as one device, within tolerance."""
-    from ringbench.variants import list_variants
 
     given: dict[str, Any] = {}
     if variant:
         given["variant"] = list(variant)
-    elif scenario is None:
-        given["variant"] = list_variants()
     if world_size:
         given["world_size"] = list(world_size)
     if kernel is not None:

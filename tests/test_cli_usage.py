@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ringbench.cli import app
+from ringbench.variants import list_variants
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
 
@@ -88,13 +89,13 @@ def harness(monkeypatch):
 # --------------------------------------------------------------------------- usage errors
 
 @pytest.mark.parametrize("args, pattern", [
-    (["run", "--variant", "nope"], r"^variant 'nope' is unknown; choose one of ring, zigzag, stripe, llama3$"),
+    (["run", "--variant", "nope"], r"^variant 'nope' is unknown; choose one of " + re.escape(", ".join(list_variants())) + "$"),
     (["run", "--variant", "zigzag", "--seqlen", "12q"],
      r"^seqlen '12q' is not a size; use a whole number with an optional k or M suffix, such as 4096 or 128k$"),
     (["run", "--variant", "zigzag", "--seqlen", "3004", "--world-size", "4"],
      r"^seqlen 3004 is not a multiple of 2 \* world_size = 8, which zigzag needs; use 3008$"),
     (["run", "--dtype", "fp8"], r"^dtype 'fp8' is unknown; pass --dtype with one of bf16, fp16, fp32, fp64$"),
-    (["run", "--seqlen", "4k"], r"^no variant was given; pass --variant with one of ring, zigzag, stripe, llama3, or --scenario$"),
+    (["run", "--seqlen", "4k"], r"^no variant was given; pass --variant with one of " + re.escape(", ".join(list_variants())) + ", or --scenario$"),
     (["run", "--variant", "ring", "--heads", "6", "--kv-heads", "4"], r"^heads 6 is not a multiple of kv_heads 4"),
     (["run", "--variant", "ring", "--world-size", "0"], r"^world_size 0 must be positive"),
     (["run", "--variant", "ring", "--mode", "bwd"], r"^mode 'bwd' is unknown"),

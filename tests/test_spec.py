@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ringbench.scenarios import builtin_names, load_scenario, parse_scenario
 from ringbench.spec import (MAX_SEQLEN, CaseSpec, SpecError, default_fields, detect_device, field_names,
                             format_size, parse_size, resolve, validate)
+from ringbench.variants import list_variants
 
 
 def make(**changes) -> CaseSpec:
@@ -157,7 +158,7 @@ def test_validate_accepts_seqlen_the_layout_divides(variant, seqlen):
 
 
 @pytest.mark.parametrize("change, pattern", [
-    ({"variant": "nope"}, r"^variant 'nope' is unknown; choose one of ring, zigzag, stripe, llama3$"),
+    ({"variant": "nope"}, r"^variant 'nope' is unknown; choose one of " + re.escape(", ".join(list_variants())) + "$"),
     ({"kernel": "nope"}, r"^kernel 'nope' is unknown; choose one of flash-attn, torch-flash, cudnn, cpu, math or auto$"),
     ({"heads": 6, "kv_heads": 4}, r"^heads 6 is not a multiple of kv_heads 4; pass --kv-heads with a divisor of 6, "
                                   r"such as 3$"),
@@ -254,7 +255,7 @@ def test_scenario_smoke_is_cpu_with_odd_local_lengths():
     cases = load_scenario("smoke").cases("verify", "cuda", {}, visible_gpus=2)
     assert {c.device for c in cases} == {"cpu"} and {c.kernel for c in cases} == {"cpu"}
     assert {c.world_size for c in cases} == {1, 2, 4, 8}
-    assert {c.variant for c in cases} == {"ring", "zigzag"}
+    assert {c.variant for c in cases} == set(list_variants())  # verify with no arguments covers all
     assert any(c.kv_heads < c.heads for c in cases)
     assert any(c.variant == "ring" and (c.seqlen // c.world_size) % 2 for c in cases)
     assert any(c.variant == "zigzag" and (c.seqlen // (2 * c.world_size)) % 2 for c in cases)
@@ -376,4 +377,5 @@ def test_scenario_llama3_8b_sweeps_8k_to_128k_on_the_preset():
     assert scen.model == "llama3-8b"
     assert {(c.heads, c.kv_heads, c.head_dim, c.world_size) for c in cases} == {(32, 8, 128, 2)}
     assert sorted({c.seqlen for c in cases}) == [8192, 16384, 32768, 65536, 131072]
-    assert len(cases) == 2 * 2 * 5 * 2  # variants x kernels x seqlens x modes
+    assert {c.variant for c in cases} == {"ring", "zigzag", "stripe", "llama3"}
+    assert len(cases) == 4 * 2 * 5 * 2  # variants x kernels x seqlens x modes

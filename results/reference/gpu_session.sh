@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# The GPU session behind results/reference/: install offline, check correctness, benchmark.
-# Run from the repository root on a machine with 2 GPUs: bash results/reference/gpu_session.sh
-# Writes into $OUT (default ./gpu-out): records (*.jsonl), the JUnit file and the console logs.
+# The GPU runs behind results/reference/: install offline, benchmark, verify.
+# Run from the repository root on a machine with 2 GPUs:
+#   RINGBENCH_GIT_COMMIT=$(git rev-parse HEAD) bash results/reference/gpu_session.sh bench|verify
+# Writes into $OUT (default ./gpu-out): the records (*.jsonl), the JUnit file, the consoles.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 RES=/tmp/ringbench-gpu
 mkdir -p "$OUT" "$RES"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} COLUMNS=200
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} COLUMNS=160
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.txt" 2>&1 || { cat "$OUT/install.txt"; exit 1; }
-{ nvidia-smi; nvidia-smi topo -m; python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), torch.backends.cudnn.version())'; } >"$OUT/machine.txt" 2>&1
-step() { echo "== $*"; "$@"; echo "== exit $?"; }
-{
-  # Correctness first, small: both kernels, world sizes 1 and 2, causal and not, GQA.
-  step ringbench verify --device cuda --scenario ci-nightly --variant ring --variant zigzag \
-      --world-size 2 --out "$RES" --timeout 300 ${VERIFY_ARGS:-}
-  # The published comparison's shape.
-  step ringbench run --scenario llama3-8b --out "$RES" --timeout 900 ${RUN_ARGS:-}
-} 2>&1 | tee "$OUT/console.txt"
-cp "$RES"/*.jsonl "$OUT/" 2>/dev/null
-tar czf "$OUT/logs.tgz" -C "$RES" logs 2>/dev/null
+case "${1:-bench}" in
+  bench)
+    { nvidia-smi; nvidia-smi topo -m; } >"$OUT/machine.txt" 2>&1
+    # The published comparison's shape, every batch variant, both kernels, 8k..128k.
+    ringbench run --scenario llama3-8b --out "$RES" --timeout 560 ${RUN_ARGS:-} >"$OUT/llama3-8b.console.txt" 2>&1
+    echo "run exit $?"
+    cp "$RES/runs.jsonl" "$OUT/llama3-8b.runs.jsonl"
+    ;;
+  verify)
+    # The nightly matrix for the variants that joined after the first nightly run.
+    ringbench verify --device cuda --scenario ci-nightly ${VERIFY_ARGS:-} --out "$RES" --timeout 540 \
+        --junit-xml "$OUT/ci-nightly.junit.xml" >"$OUT/ci-nightly.console.txt" 2>&1
+    echo "verify exit $?"
+    cp "$RES/verify.jsonl" "$OUT/ci-nightly.verify.jsonl"
+    ;;
+esac
+tail -5 "$OUT"/*.console.txt
