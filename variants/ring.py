@@ -95,18 +95,21 @@ class VarlenSteps:
     def __init__(self, plan: Plan, lengths: list[int], rank: int, world_size: int, causal: bool, device):
         self.plan, self.lengths = plan, lengths
         self.rank, self.world_size, self.causal, self.device = rank, world_size, causal, device
-        self._cache: dict[tuple, Step | None] = {}
+        self._by_step: dict[tuple[int, int], Step | None] = {}
+        self._by_pattern: dict[tuple, Step | None] = {}
 
     def __call__(self, step: int, source: int) -> Step | None:
-        picks = []  # (document, query range, key range) in local document coordinates
-        for doc, n in enumerate(self.lengths):
-            block = self.plan(step, source, self.rank, self.world_size, n, self.causal)
-            if block is not None:
-                picks.append((doc, block.q.indices(n)[:2], block.kv.indices(n)[:2], block.causal))
-        key = tuple(picks)
-        if key not in self._cache:
-            self._cache[key] = self._build(picks)
-        return self._cache[key]
+        if (step, source) not in self._by_step:
+            picks = []  # (document, query range, key range, mask) in local document coordinates
+            for doc, n in enumerate(self.lengths):
+                block = self.plan(step, source, self.rank, self.world_size, n, self.causal)
+                if block is not None:
+                    picks.append((doc, block.q.indices(n)[:2], block.kv.indices(n)[:2], block.causal))
+            key = tuple(picks)
+            if key not in self._by_pattern:
+                self._by_pattern[key] = self._build(picks)
+            self._by_step[(step, source)] = self._by_pattern[key]
+        return self._by_step[(step, source)]
 
     def _build(self, picks) -> Step | None:
         masks = {p[3] for p in picks}
