@@ -121,10 +121,10 @@ class Placement:
         # Any document whose first token (a key every query of the document sees) lives on
         # another rank than some of its queries gives a pair; prefer the widest one.
         for a, b in zip(docs_cu, docs_cu[1:]):
-            if b > a:
-                others = sorted(set(owner[a:b].tolist()) - {int(owner[a])})
-                if others and (self.watch is None or abs(others[-1] - int(owner[a])) > abs(self.watch[1] - self.watch[0])):
-                    self.watch = (int(owner[a]), others[-1])
+            first = int(owner[a]) if b > a else None
+            others = sorted(set(owner[a:b].tolist()) - {first})
+            if others and (self.watch is None or abs(others[-1] - first) > abs(self.watch[1] - self.watch[0])):
+                self.watch = (first, others[-1])
 
     def max_seqlen(self) -> int:
         offsets = self.cu_seqlens.tolist()

@@ -101,6 +101,6 @@ def check_cu_seqlens(cu_seqlens: Tensor, seqlen_local: int, group=None) -> list[
                          "every rank must hold seqlen / world_size tokens of the packed row")
     for r, row in enumerate(rows):
         if row[2:] != rows[0][2:]:
-            raise ValueError(f"{prefix} cu_seqlens differs between ranks 0 and {r} ({rows[0][2]} and {row[2]} offsets); "
-                             "pass the same global cu_seqlens on every rank")
+            raise ValueError(f"{prefix} cu_seqlens differs between ranks 0 and {r} ({rows[0][2]} and {row[2]} "
+                             "offsets); pass the same global cu_seqlens on every rank")
     return offsets
