@@ -13,8 +13,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
+import shlex
 import signal
 import sys
+import tempfile
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -73,6 +76,13 @@ RESUME_HELP = ("Skip the cases that already have a record with status ok in the 
                "table and --json still show every case. Default: run every case.")
 LAYOUT_HELP = ("Layout of the sequence over the ranks, for variants that take more than one (llama3: zigzag, "
                "the default, balanced under a causal mask, or contiguous). Default: the variant's own.")
+DOCS_HELP = ("Packed documents for a varlen variant (ring_varlen, zigzag_varlen, llama3_varlen): lengths "
+             "separated by commas, sizes such as 12k allowed, 0 for an empty document; they must sum to "
+             "--seqlen. ring_varlen needs each length to be a multiple of the world size, zigzag_varlen of "
+             "twice it; llama3_varlen takes any. Default: none.")
+DOC_DIST_HELP = ("Draw the documents with --seed until they fill --seqlen: lognormal:mean=4k,sigma=1 (mean "
+                 "length in tokens, sigma of its log) or uniform:min=512,max=8k. Lengths are rounded to the "
+                 "variant's multiple. Default: none.")
 HEADS_K_STRIDE_HELP = ("K/V heads gathered at a time by all-gather variants (llama3); while one group computes, "
                        "the next group's gather is in flight. Default: all K/V heads in one gather.")
 TIMEOUT_HELP = ("Seconds one launch (all cases of one world size and device) may take before it is "
@@ -111,6 +121,8 @@ def run(
     seed: Optional[int] = typer.Option(None, "--seed", help=SEED_HELP),
     layout: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     heads_k_stride: Optional[int] = typer.Option(None, "--heads-k-stride", help=HEADS_K_STRIDE_HELP),
+    docs: Optional[str] = typer.Option(None, "--docs", help=DOCS_HELP),
+    doc_dist: Optional[str] = typer.Option(None, "--doc-dist", help=DOC_DIST_HELP),
     device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
     scenario: Optional[str] = typer.Option(
         None, "--scenario", help="Sweep a scenario instead of one case: a built-in name (smoke, ci-nightly) or "
@@ -125,7 +137,7 @@ def run(
         variant=variant, seqlen=seqlen, world_size=world_size, batch=batch, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, causal=causal, mode=mode, kernel=kernel,
         iters=iters, warmup=warmup, seed=seed, device=device, layout=layout,
-        heads_k_stride=heads_k_stride).items() if v is not None}
+        heads_k_stride=heads_k_stride, docs=docs, doc_dist=doc_dist).items() if v is not None}
     with _usage_errors():
         _check_given(given, timeout)
         if scenario is None and "variant" not in given:
@@ -320,24 +332,39 @@ def _check_given(given: dict[str, Any], timeout: float) -> None:
                         "such as 600")
 
 
-def _check_out(out: Path, junit_xml: Optional[Path]) -> None:
+def _writable_folder(folder: Path) -> str | None:
+    """Why nothing can be written in ``folder`` (made if missing), or None when a file can be."""
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        # A real write, since permission bits say nothing to root about read-only or immutable folders.
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".ringbench-probe-"):
+            pass
     except OSError as exc:
-        raise SpecError(f"out {str(out)!r} could not be created ({exc.strerror}); pass --out with a "
-                        "writable folder") from None
+        return exc.strerror or type(exc).__name__
+    return None
+
+
+def _check_out(out: Path, junit_xml: Optional[Path]) -> None:
+    reason = _writable_folder(out)
+    if reason:
+        raise SpecError(f"out {str(out)!r} is not a folder ringbench can write in ({reason}); pass --out with a "
+                        "writable folder")
     if junit_xml is not None:
-        try:
-            junit_xml.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SpecError(f"junit-xml {str(junit_xml)!r} has a folder that could not be created "
-                            f"({exc.strerror}); pass --junit-xml with a writable path") from None
+        if junit_xml.is_dir():
+            raise SpecError(f"junit-xml {str(junit_xml)!r} is a folder; pass --junit-xml with a file path such "
+                            "as results/verify.xml")
+        reason = _writable_folder(junit_xml.parent)
+        if reason is None and junit_xml.exists() and not os.access(junit_xml, os.W_OK):
+            reason = "the file is read-only"
+        if reason:
+            raise SpecError(f"junit-xml {str(junit_xml)!r} cannot be written ({reason}); pass --junit-xml "
+                            "with a writable path")
 
 
 def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any]) -> list:
     """Expand, validate and resolve the cases; raises SpecError on the first bad one."""
     from ringbench.scenarios import load_scenario
-    from ringbench.spec import CaseSpec, default_fields, detect_device, resolve, validate
+    from ringbench.spec import CaseSpec, default_fields, detect_device, resolve, resolve_docs, validate
 
     scen = load_scenario(scenario) if scenario is not None else None
     machine, gpus = detect_device()
@@ -352,6 +379,7 @@ def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any]) -> l
     resolved = []
     for i, case in enumerate(cases):
         try:
+            case = resolve_docs(case)
             validate(case, visible_gpus=gpus)
             resolved.append(resolve(case))
         except SpecError as exc:
@@ -408,8 +436,9 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: fl
         ids = {c.case_id() for c in cases}
         done = by_id.keys() | {r.get("case_id") for r in results.read_records(results_path)
                                if r.get("run_id") == run_id}
+        again = shlex.join(["ringbench", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"]))
         _error(f"interrupted: {len(done & ids)} of {_count(len(cases), 'case')} have a record in {results_path}; "
-               "run the same command with --resume to run the others")
+               f"to run the others: {again}")
         return 128 + signum[0]
     finally:
         if previous is not None:
@@ -424,6 +453,10 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: fl
         console = Console()
         if task == "run":
             report.print_run_table(records, console)
+            if any(r.get("spec", {}).get("device") == "cpu" for r in records):
+                err.print("On CPU the timings show that the harness runs, not how fast a variant is: gloo on "
+                          "shared cores, and the CPU kernel's causal pass does not halve its work, so efficiency "
+                          "can pass 1.", style="dim", markup=False)
         else:
             report.print_verify_table(records, console)
             report.print_growth_table(records, console)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -53,6 +54,8 @@ def collect(kernel: str | None = None) -> dict:
         "topology": None,
         "flash_attn": None,
         "kernel": kernel,
+        "cpu": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
         "git_commit": git_commit(),
     }
     if torch.cuda.is_available():
@@ -63,7 +66,8 @@ def collect(kernel: str | None = None) -> dict:
         except Exception:  # NCCL missing from this build
             env["nccl"] = None
         if shutil.which("nvidia-smi"):
-            env["topology"] = _run(["nvidia-smi", "topo", "-m"])
+            topo = _run(["nvidia-smi", "topo", "-m"])
+            env["topology"] = re.sub(r"\x1b\[[0-9;]*m", "", topo) if topo else None
     try:
         import flash_attn
 

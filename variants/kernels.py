@@ -550,6 +550,24 @@ def get_kernel(name: str) -> Kernel:
         raise ValueError(f"kernel {name!r} is unknown; choose one of {', '.join(KERNELS)} or auto") from None
 
 
+def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | None = None) -> Kernel:
+    """A kernel object from a kernel or its name; ``auto`` picks the first kernel of
+    ``AUTO_ORDER`` available on ``device_type`` that takes ``dtype``.
+
+    Raises:
+        ValueError: an unknown name, or no kernel available for ``auto``.
+    """
+    if isinstance(kernel, Kernel):
+        return kernel
+    if kernel != "auto":
+        return get_kernel(kernel)
+    for candidate in AUTO_ORDER[device_type]:
+        kern = KERNELS[candidate]
+        if (dtype is None or dtype in kern.dtypes) and kern.unavailable() is None:
+            return kern
+    raise ValueError(f"no attention kernel is available on {device_type} for {dtype}")
+
+
 def resolve_kernel(name: str, device_type: str) -> Kernel:
     """Turn ``auto`` (or a name) into a kernel that can run on ``device_type`` here.
 

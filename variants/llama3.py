@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from . import layouts
 from .comm import TRAFFIC
-from .kernels import Kernel, get_kernel
+from .kernels import Kernel, as_kernel
 from .merge import merge_
 
 Tensor = torch.Tensor
@@ -155,7 +155,7 @@ class Llama3Attention(torch.autograd.Function):
 
 def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                     kernel: Kernel | str = "math", cu_seqlens: Tensor | None = None,
+                     kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                      heads_k_stride: int | None = None, layout: str = "zigzag") -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by gathering K/V, each rank holding its shard.
 
@@ -186,7 +186,6 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     stride = k.shape[2] if heads_k_stride is None else heads_k_stride
     if not 1 <= stride <= k.shape[2]:
         raise ValueError(f"heads_k_stride {stride} must be between 1 and kv_heads = {k.shape[2]}")
-    if isinstance(kernel, str):
-        kernel = get_kernel(kernel)
+    kernel = as_kernel(kernel, q.device.type, q.dtype)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return Llama3Attention.apply(q, k, v, causal, scale, group, kernel, stride, layout)

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import TRAFFIC
-from .kernels import Kernel, get_kernel
+from .kernels import Kernel, as_kernel
 from .llama3 import _gathered_kv, _head_groups
 from .varlen import check_cu_seqlens
 
@@ -149,7 +149,7 @@ class Llama3VarlenAttention(torch.autograd.Function):
 
 def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                             softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                            kernel: Kernel | str = "math", cu_seqlens: Tensor | None = None,
+                            kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                             heads_k_stride: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document by gathering K/V, the row cut contiguously.
 
@@ -185,8 +185,7 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
     stride = k.shape[2] if heads_k_stride is None else heads_k_stride
     if not 1 <= stride <= k.shape[2]:
         raise ValueError(f"{prefix} heads_k_stride {stride} must be between 1 and kv_heads = {k.shape[2]}")
-    if isinstance(kernel, str):
-        kernel = get_kernel(kernel)
+    kernel = as_kernel(kernel, q.device.type, q.dtype)
     reason = kernel.check_varlen()
     if reason:
         raise ValueError(f"{prefix} {reason}")

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import RingComm
-from .kernels import Kernel, get_kernel
+from .kernels import Kernel, as_kernel
 from .merge import merge_
 
 Tensor = torch.Tensor
@@ -341,8 +341,7 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     Raises:
         ValueError: ``doc_lengths`` with a kernel that has no varlen form.
     """
-    if isinstance(kernel, str):
-        kernel = get_kernel(kernel)
+    kernel = as_kernel(kernel, q.device.type, q.dtype)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     if doc_lengths is None:
@@ -357,7 +356,7 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                    softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                   kernel: Kernel | str = "math", cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                   kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding one contiguous chunk of it.
 
     Args:
@@ -366,7 +365,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         causal: mask key positions after the query's, globally.
         softmax_scale: defaults to ``D ** -0.5``.
         group: the context-parallel process group (default: the world).
-        kernel: a :class:`Kernel` or its name.
+        kernel: a :class:`Kernel` or its name; ``auto`` (default) takes the best one available
+            for the tensors' device and dtype.
         cu_seqlens: not taken by this batch form; must be ``None``.
 
     Returns:

@@ -51,7 +51,7 @@ def _run(name: str, layout: str, plan: Plan, q: Tensor, k: Tensor, v: Tensor, *,
 
 def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                           softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                          kernel: Kernel | str = "math", cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                          kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document, each rank holding chunk ``rank`` of every document.
 
     Args:
@@ -80,7 +80,7 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tru
 
 def zigzag_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                             softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                            kernel: Kernel | str = "math", cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                            kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document, each document in the zigzag layout.
 
     Args:

@@ -12,7 +12,7 @@ def _drop_last_block(step, source, rank, world_size, seqlen_local, causal) -> Bl
     return contiguous_plan(step, source, rank, world_size, seqlen_local, causal)
 
 
-def broken_merge_attention(q, k, v, *, causal=True, softmax_scale=None, group=None, kernel="math",
+def broken_merge_attention(q, k, v, *, causal=True, softmax_scale=None, group=None, kernel="auto",
                            cu_seqlens=None):
     """A ring that silently drops the last visiting K/V block (test fixture, never correct)."""
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,

@@ -36,7 +36,7 @@ def zigzag_plan(step: int, source: int, rank: int, world_size: int, seqlen_local
 
 def zigzag_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                     kernel: Kernel | str = "math", cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                     kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding its two zigzag chunks.
 
     Args:
