@@ -53,6 +53,21 @@ def _to_global(buf: Tensor, layout: str) -> Tensor:
     return layouts.unshard(list(buf.unbind(0)), layout, dim=1)
 
 
+def reduce_scatter_shards(full: Tensor, layout: str, group) -> Tensor:
+    """Sum ``full`` [B, S, h, D] over the ranks and return this rank's shard of it in ``layout``.
+
+    Used for the float32 key gradients, which every rank holds for the whole sequence.
+    """
+    world_size = dist.get_world_size(group)
+    shards = torch.cat([layouts.shard(full, layout, r, world_size) for r in range(world_size)])
+    part = torch.empty_like(shards[: shards.shape[0] // world_size])
+    dist.reduce_scatter_tensor(part, shards, group=group)
+    nbytes = part.numel() * part.element_size()
+    TRAFFIC.bytes_sent += nbytes * (world_size - 1)
+    TRAFFIC.bytes_received += nbytes * (world_size - 1)
+    return part
+
+
 def _head_groups(kv_heads: int, stride: int) -> list[slice]:
     return [slice(h, min(h + stride, kv_heads)) for h in range(0, kv_heads, stride)]
 
@@ -122,35 +137,33 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
             dkg[:, keys] += g[1]
             dvg[:, keys] += g[2]
         for full, local in ((dkg, dk), (dvg, dv)):
-            # Reduce-scatter in float32: every rank's share of the key gradients to its owner.
-            shards = torch.cat([layouts.shard(full, layout, r, world_size) for r in range(world_size)])
-            part = torch.empty_like(shards[: shards.shape[0] // world_size])
-            dist.reduce_scatter_tensor(part, shards, group=group)
-            nbytes = part.numel() * part.element_size()
-            TRAFFIC.bytes_sent += nbytes * (world_size - 1)
-            TRAFFIC.bytes_received += nbytes * (world_size - 1)
-            local[:, :, hs] = part
+            local[:, :, hs] = reduce_scatter_shards(full, layout, group)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-class Llama3Attention(torch.autograd.Function):
-    """Autograd wrapper; see :func:`llama3_attention`."""
+class GatheredAttention(torch.autograd.Function):
+    """Autograd wrapper shared by the all-gather variants.
+
+    ``forward_fn(q, k, v, *args) -> (out, lse, gathered K/V)`` and
+    ``backward_fn(dout, q, k, v, out, lse, gathered K/V, *args) -> (dq, dk, dv)``; the gathered
+    K/V are kept from forward to backward instead of being gathered again.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, kernel, stride, layout):
-        out, lse, saved = _forward(q, k, v, causal, scale, group, kernel, stride, layout)
+    def forward(ctx, q, k, v, forward_fn, backward_fn, *args):
+        out, lse, saved = forward_fn(q, k, v, *args)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.saved_kv = saved
-        ctx.args = (causal, scale, group, kernel, stride, layout)
+        ctx.backward_fn, ctx.args = backward_fn, args
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        grads = _backward(dout.contiguous(), q, k, v, out, lse, ctx.saved_kv, *ctx.args)
+        grads = ctx.backward_fn(dout.contiguous(), q, k, v, out, lse, ctx.saved_kv, *ctx.args)
         ctx.saved_kv = None
-        return (*grads, None, None, None, None, None, None)
+        return (*grads, None, None, *(None for _ in ctx.args))
 
 
 def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
@@ -188,4 +201,4 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         raise ValueError(f"heads_k_stride {stride} must be between 1 and kv_heads = {k.shape[2]}")
     kernel = as_kernel(kernel, q.device.type, q.dtype)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return Llama3Attention.apply(q, k, v, causal, scale, group, kernel, stride, layout)
+    return GatheredAttention.apply(q, k, v, _forward, _backward, causal, scale, group, kernel, stride, layout)

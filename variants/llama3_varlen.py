@@ -26,9 +26,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .comm import TRAFFIC
 from .kernels import Kernel, as_kernel
-from .llama3 import _gathered_kv, _head_groups
+from .llama3 import GatheredAttention, _gathered_kv, _head_groups, reduce_scatter_shards
 from .varlen import check_cu_seqlens
 
 Tensor = torch.Tensor
@@ -96,19 +95,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, pieces: Pieces):
     return out, lse, saved
 
 
-def _reduce_scatter(full: Tensor, group, world_size: int) -> Tensor:
-    """Sum ``full`` [1, S, h, D] over ranks and return this rank's contiguous rows [1, S/W, h, D]."""
-    rows = full[0].contiguous()
-    part = torch.empty((rows.shape[0] // world_size, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
-    dist.reduce_scatter_tensor(part, rows, group=group)
-    nbytes = part.numel() * part.element_size()
-    TRAFFIC.bytes_sent += nbytes * (world_size - 1)
-    TRAFFIC.bytes_received += nbytes * (world_size - 1)
-    return part.unsqueeze(0)
-
-
 def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, pieces: Pieces):
-    world_size = dist.get_world_size(group)
     G = q.shape[2] // k.shape[2]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.empty_like(q)
@@ -123,28 +110,8 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
             # Reduce-scatter in float32: every rank's share of the key gradients to its owner.
             full = torch.zeros((1, kg.shape[1], *grad.shape[2:]), dtype=acc, device=k.device)
             full[:, pieces.keys] = grad
-            local[:, :, hs] = _reduce_scatter(full, group, world_size)
+            local[:, :, hs] = reduce_scatter_shards(full, "contiguous", group)
     return dq, dk, dv
-
-
-class Llama3VarlenAttention(torch.autograd.Function):
-    """Autograd wrapper; see :func:`llama3_varlen_attention`."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, kernel, stride, pieces):
-        out, lse, saved = _forward(q, k, v, causal, scale, group, kernel, stride, pieces)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.saved_kv = saved
-        ctx.args = (causal, scale, group, kernel, stride, pieces)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        grads = _backward(dout.contiguous(), q, k, v, out, lse, ctx.saved_kv, *ctx.args)
-        ctx.saved_kv = None
-        return (*grads, None, None, None, None, None, None)
 
 
 def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
@@ -192,4 +159,4 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
     offsets = check_cu_seqlens(cu_seqlens, q.shape[1], group)
     pieces = local_pieces(offsets, rank, q.shape[1], causal, device=q.device)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return Llama3VarlenAttention.apply(q, k, v, causal, scale, group, kernel, stride, pieces)
+    return GatheredAttention.apply(q, k, v, _forward, _backward, causal, scale, group, kernel, stride, pieces)
