@@ -330,7 +330,7 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
         table.add_row(*cells, *([note] if with_notes else []), end_section=last)
     console.print(table)
     s = verify_summary(records)
-    line = Text(f"{s['cases']} cases: ")
+    line = Text(f"{s['cases']} {'case' if s['cases'] == 1 else 'cases'}: ")
     line.append(f"{s['passed']} passed", style="green")
     line.append(", ")
     line.append(f"{s['failed']} failed", style="bold red" if s["failed"] else "")

@@ -267,7 +267,9 @@ def _fields(table: Any, where: str, fail, lines: "_Lines", section: tuple, insid
         try:
             out[key] = coerce_field(key, value)
         except SpecError as exc:
-            raise fail(f"{where} key {key!r}", f"is refused ({exc})", "fix its value", line) from None
+            # The field's own message already names the rule and the fix.
+            raise SpecError(f"{fail(f'{where} key {key!r}', 'is refused', '', line)}".rstrip("; ")
+                            + f": {exc}") from None
     return out
 
 
