@@ -147,6 +147,14 @@ VARIANTS: dict[str, Variant] = {
                 varlen=True, options=("heads_k_stride",)),
         Variant("broken_merge", "contiguous", "testing:broken_merge_attention",
                 "test only: a ring whose merge drops the last block", hidden=True),
+        Variant("fault_hang", "contiguous", "testing:fault_hang_attention",
+                "test only: rank W-1 sleeps forever inside attention", hidden=True),
+        Variant("fault_raise", "contiguous", "testing:fault_raise_attention",
+                "test only: rank 1 raises RuntimeError", hidden=True),
+        Variant("fault_oom", "contiguous", "testing:fault_oom_attention",
+                "test only: every rank runs out of memory (simulated on CPU)", hidden=True),
+        Variant("fault_silent", "contiguous", "testing:fault_silent_attention",
+                "test only: local attention, never communicates", hidden=True),
     )
 }
 

@@ -17,3 +17,94 @@ def broken_merge_attention(q, k, v, *, causal=True, softmax_scale=None, group=No
     """A ring that silently drops the last visiting K/V block (test fixture, never correct)."""
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
                     plan=_drop_last_block)
+
+
+# --------------------------------------------------------------------------------------
+# Fault injection: variants that hang, raise, run out of memory or never communicate, so the
+# harness's watchdog, crash report, OOM status and refusals can be provoked on CPU.
+
+
+def _ring_or_fault(q, k, v, causal, softmax_scale, group, kernel):
+    from .ring import ring_attention
+
+    return ring_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel)
+
+
+def fault_hang_attention(q, k, v, *, causal=True, softmax_scale=None, group=None, kernel="auto",
+                         cu_seqlens=None):
+    """Rank W-1 sleeps forever before its first transfer; the others wait for it in the ring.
+
+    Test fixture for the launch watchdog: only a wall-clock limit ends this case.
+    """
+    import time
+
+    import torch.distributed as dist
+
+    if dist.get_rank(group) == dist.get_world_size(group) - 1:
+        while True:
+            time.sleep(3600)
+    return _ring_or_fault(q, k, v, causal, softmax_scale, group, kernel)
+
+
+def fault_raise_attention(q, k, v, *, causal=True, softmax_scale=None, group=None, kernel="auto",
+                          cu_seqlens=None):
+    """Rank 1 raises ``RuntimeError("[rank 1/W] injected fault")``; the others wait for it in the ring.
+
+    Test fixture for the crash report (a fault on one rank while the others are in a transfer).
+    """
+    import torch.distributed as dist
+
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    if rank == 1 % world_size:
+        raise RuntimeError(f"[rank {rank}/{world_size}] injected fault")
+    return _ring_or_fault(q, k, v, causal, softmax_scale, group, kernel)
+
+
+def fault_oom_attention(q, k, v, *, causal=True, softmax_scale=None, group=None, kernel="auto",
+                        cu_seqlens=None):
+    """Every rank runs out of memory at the same point (test fixture for status ``oom``).
+
+    On CUDA it really asks the caching allocator for twice the free memory. On CPU there is
+    no CUDA allocator, so it raises the exception class the harness catches,
+    ``torch.cuda.OutOfMemoryError``, with CUDA's wording (requested and free memory), the
+    free figure being the machine's available RAM.
+    """
+    import os
+
+    import torch
+
+    if q.is_cuda:
+        free, _ = torch.cuda.mem_get_info(q.device)
+        torch.empty(2 * free, dtype=torch.uint8, device=q.device)  # raises OutOfMemoryError
+    gib = 1024 ** 3
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        free = 0
+    raise torch.cuda.OutOfMemoryError(
+        f"CUDA out of memory. Tried to allocate {2 * free / gib + 1:.2f} GiB. GPU 0 has a total capacity of "
+        f"{free / gib:.2f} GiB of which {free / gib:.2f} GiB is free. (simulated on CPU by fault_oom)")
+
+
+def fault_silent_attention(q, k, v, *, causal=True, softmax_scale=None, group=None, kernel="auto",
+                           cu_seqlens=None):
+    """Attend to this rank's own K/V only and never communicate (test fixture, never correct).
+
+    Plain differentiable torch in float32: the never-communicated refusal of ``run`` and the
+    cp_active check of ``verify`` must both catch it.
+    """
+    import torch
+
+    _, seqlen_local, heads, head_dim = q.shape
+    groups = heads // k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
+    qt = q.transpose(1, 2).float()
+    kt = k.transpose(1, 2).float().repeat_interleave(groups, dim=1)
+    vt = v.transpose(1, 2).float().repeat_interleave(groups, dim=1)
+    scores = qt @ kt.transpose(-1, -2) * scale
+    if causal:
+        mask = torch.ones(seqlen_local, seqlen_local, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = (torch.softmax(scores, dim=-1) @ vt).transpose(1, 2).to(q.dtype)
+    return out, lse
