@@ -11,9 +11,11 @@ Exit codes: 0 every case passed, 1 a case failed (compare: a case regressed), 2 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -85,8 +87,19 @@ DOC_DIST_HELP = ("Draw the documents with --seed until they fill --seqlen: logno
                  "variant's multiple. Default: none.")
 HEADS_K_STRIDE_HELP = ("K/V heads gathered at a time by all-gather variants (llama3); while one group computes, "
                        "the next group's gather is in flight. Default: all K/V heads in one gather.")
-TIMEOUT_HELP = ("Seconds one launch (all cases of one world size and device) may take before it is "
-                "stopped and its unreported cases recorded as timeout. Default: 600.")
+TIMEOUT_HELP = ("Wall-clock seconds one launch (the cases of one world size and device) may take before every "
+                "rank is stopped and the running case recorded as timeout; the sweep then goes on with the next "
+                "case. Default: scaled to the cases, 120 s of start-up plus, per case, twice its FLOPs per GPU "
+                "times (iters + warmup) at 50 TFLOP/s on cuda or 5 GFLOP/s on cpu (verify: four times the "
+                "whole sequence's FLOPs); never below 120.")
+NNODES_HELP = ("Hosts the job spans, each running this same command with its own --node-rank; --world-size "
+               "is the total over them, so each host starts world_size / nnodes ranks (it must divide). Only "
+               "node 0, where global rank 0 lives, writes records. Default: 1.")
+NODE_RANK_HELP = "This host's index among --nnodes, 0 to nnodes - 1. Default: 0."
+RDZV_ENDPOINT_HELP = ("HOST:PORT of torchrun's c10d rendezvous, the same on every node (usually node 0's host "
+                      "name and a free port such as 29500); required with --nnodes above 1.")
+RDZV_ID_HELP = ("Rendezvous id, the same on every node. Default: derived from --rdzv-endpoint and the command "
+                "line, which every node shares.")
 
 
 def _version(value: bool) -> None:
@@ -129,8 +142,12 @@ def run(
                                  "a .toml file; the options above then override its fields."),
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    timeout: float = typer.Option(600.0, "--timeout", help=TIMEOUT_HELP, show_default=False),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
+    nnodes: int = typer.Option(1, "--nnodes", help=NNODES_HELP, show_default=False),
+    node_rank: int = typer.Option(0, "--node-rank", help=NODE_RANK_HELP, show_default=False),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
+    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP),
 ) -> None:
     """Measure a variant's time, throughput and memory on one shape (or a scenario's sweep)."""
     given = {k: v for k, v in dict(
@@ -145,9 +162,14 @@ def run(
         if scenario is not None:
             # As in verify: these replace the sweep axis and filter the explicit cases.
             given.update({k: [given[k]] for k in ("variant", "world_size") if k in given})
-        cases = _build_cases("run", scenario, given)
+        nodes = _check_nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id)
+        if resume and nnodes > 1:
+            raise SpecError(f"--resume reads the records, which only node 0 has, so it cannot run over nnodes "
+                            f"{nnodes}; rerun the missing cases without --resume")
+        cases = _build_cases("run", scenario, given, nnodes=nnodes)
         _check_out(out, None)
-    raise typer.Exit(_execute(cases, task="run", out=out, json_out=json_out, timeout_s=timeout, resume=resume))
+    raise typer.Exit(_execute(cases, task="run", out=out, json_out=json_out, timeout_s=timeout, resume=resume,
+                              nodes=nodes))
 
 
 @app.command()
@@ -169,8 +191,12 @@ def verify(
                                              "this file, one test case per case. Default: no file."),
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    timeout: float = typer.Option(600.0, "--timeout", help=TIMEOUT_HELP, show_default=False),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
+    nnodes: int = typer.Option(1, "--nnodes", help=NNODES_HELP, show_default=False),
+    node_rank: int = typer.Option(0, "--node-rank", help=NODE_RANK_HELP, show_default=False),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
+    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP),
 ) -> None:
     """Check that variants compute the same attention as one device, within tolerance."""
 
@@ -185,10 +211,14 @@ def verify(
         given["device"] = device
     with _usage_errors():
         _check_given(given, timeout)
-        cases = _build_cases("verify", scenario or "smoke", given)
+        nodes = _check_nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id)
+        if resume and nnodes > 1:
+            raise SpecError(f"--resume reads the records, which only node 0 has, so it cannot run over nnodes "
+                            f"{nnodes}; rerun the missing cases without --resume")
+        cases = _build_cases("verify", scenario or "smoke", given, nnodes=nnodes)
         _check_out(out, junit_xml)
     raise typer.Exit(_execute(cases, task="verify", out=out, json_out=json_out, timeout_s=timeout,
-                              junit_xml=junit_xml, resume=resume))
+                              junit_xml=junit_xml, resume=resume, nodes=nodes))
 
 
 @app.command()
@@ -327,9 +357,41 @@ def _check_given(given: dict[str, Any], timeout: float) -> None:
             check_fields({key: item})
     if all(not isinstance(given.get(k), list) for k in ("variant", "world_size")):
         check_fields(given)
-    if not timeout > 0:
-        raise SpecError(f"timeout {timeout:g} must be positive; pass --timeout with a number of seconds, "
-                        "such as 600")
+    if timeout is not None and not 0 < timeout < 7 * 24 * 3600:
+        raise SpecError(f"timeout {timeout:g} must be positive and under a week (604800 s); pass --timeout with a "
+                        "number of seconds, such as 600")
+
+
+_HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+
+
+def _check_nodes(nnodes: int, node_rank: int, endpoint: Optional[str], rdzv_id: Optional[str]) -> dict:
+    """Refuse bad multi-node options; the keyword arguments ``launch`` takes for them."""
+    if not 1 <= nnodes <= 4096:
+        raise SpecError(f"nnodes {nnodes} must be from 1 to 4096; pass --nnodes with the number of hosts")
+    if not 0 <= node_rank < nnodes:
+        raise SpecError(f"node-rank {node_rank} must be from 0 to nnodes - 1 = {nnodes - 1}; pass --node-rank with "
+                        "this host's index")
+    if endpoint is not None:
+        host, sep, port = endpoint.rpartition(":")
+        if not (sep and _HOST_RE.fullmatch(host) and port.isdigit() and 1 <= int(port) <= 65535):
+            raise SpecError(f"rdzv-endpoint {endpoint!r} is not HOST:PORT with a port from 1 to 65535; pass "
+                            "--rdzv-endpoint such as node001:29500")
+    elif nnodes > 1:
+        raise SpecError(f"nnodes {nnodes} needs a rendezvous every node can reach; pass --rdzv-endpoint HOST:PORT, "
+                        "the same on every node, such as node001:29500")
+    if nnodes == 1 and node_rank == 0 and endpoint is None:
+        return {}
+    if rdzv_id is None:
+        # Every node runs the same command line but its own --node-rank: leave that out.
+        argv, skip = [], False
+        for arg in sys.argv[1:]:
+            if skip or arg.startswith("--node-rank"):
+                skip = arg == "--node-rank"
+                continue
+            argv.append(arg)
+        rdzv_id = "ringbench-" + hashlib.sha1(shlex.join([endpoint or "", *argv]).encode()).hexdigest()[:12]
+    return {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "rdzv_id": rdzv_id}
 
 
 def _writable_folder(folder: Path) -> str | None:
@@ -361,8 +423,12 @@ def _check_out(out: Path, junit_xml: Optional[Path]) -> None:
                             "with a writable path")
 
 
-def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any]) -> list:
-    """Expand, validate and resolve the cases; raises SpecError on the first bad one."""
+def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any], nnodes: int = 1) -> list:
+    """Expand, validate and resolve the cases; raises SpecError on the first bad one.
+
+    With ``nnodes`` hosts, world_size is the total over them: it must be a multiple of
+    ``nnodes``, and on cuda each host must see ``world_size / nnodes`` GPUs.
+    """
     from ringbench.scenarios import load_scenario
     from ringbench.spec import CaseSpec, default_fields, detect_device, resolve, resolve_docs, validate
 
@@ -380,7 +446,11 @@ def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any]) -> l
     for i, case in enumerate(cases):
         try:
             case = resolve_docs(case)
-            validate(case, visible_gpus=gpus)
+            if case.world_size % nnodes:
+                raise SpecError(f"world_size {case.world_size} is not a multiple of nnodes {nnodes}, and every "
+                                f"node runs world_size / nnodes ranks; pass --world-size "
+                                f"{(case.world_size // nnodes + 1) * nnodes}")
+            validate(case, visible_gpus=gpus * nnodes)
             resolved.append(resolve(case))
         except SpecError as exc:
             if scen is None:
@@ -398,8 +468,8 @@ def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any]) -> l
 
 # --------------------------------------------------------------------------- execution
 
-def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: float,
-             junit_xml: Optional[Path] = None, resume: bool = False) -> int:
+def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: Optional[float],
+             junit_xml: Optional[Path] = None, resume: bool = False, nodes: Optional[dict] = None) -> int:
     """Launch the cases, one launch per (world_size, device), and report; returns the exit code.
 
     A progress bar on stderr counts cases: it moves as the records appear in the results file
@@ -415,6 +485,9 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: fl
     err = Console(stderr=True, soft_wrap=True)
     results_path = out / ("runs.jsonl" if task == "run" else "verify.jsonl")
     run_id = uuid.uuid4().hex
+    nodes = nodes or {}
+    if nodes.get("node_rank", 0) > 0:
+        return _follow_node(cases, launch_mod, results_path, run_id, timeout_s, nodes, err)
     by_id: dict[str, dict] = {}
     if resume:
         wanted = {c.case_id() for c in cases}
@@ -431,7 +504,7 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: fl
     previous = _raise_on_sigterm(signum)
     try:
         written, not_run = _launch_all(todo, launch_mod, results, results_path, run_id, timeout_s, by_id, err,
-                                       task=task)
+                                       task=task, nodes=nodes)
     except KeyboardInterrupt:
         ids = {c.case_id() for c in cases}
         done = by_id.keys() | {r.get("case_id") for r in results.read_records(results_path)
@@ -495,9 +568,76 @@ def _raise_on_sigterm(signum: list) -> Any:
         return None
 
 
-def _launch_all(todo: list, launch_mod, results, results_path: Path, run_id: str, timeout_s: float,
-                by_id: dict, err: Console, *, task: str) -> tuple[int, bool]:
+def default_timeout_s(cases: list) -> float:
+    """The watchdog's default for one launch of ``cases``, in seconds (see ``--timeout``'s help).
+
+    120 s of start-up, plus per case twice its FLOPs per GPU times (iters + warmup) for run
+    (the variant and its reference), or four times the whole sequence's FLOPs for verify, at
+    a conservative 50 TFLOP/s on cuda and 5 GFLOP/s on cpu.
+    """
+    from ringbench.bench import attention_flops
+    from ringbench.spec import spec_docs
+
+    total_s = 120.0
+    for case in cases:
+        flops = attention_flops(batch=case.batch, seqlen=case.seqlen, heads=case.heads, head_dim=case.head_dim,
+                                causal=case.causal, mode=case.mode, docs=spec_docs(case) if case.docs else None)
+        work = flops / case.world_size * (case.iters + case.warmup) * 2 if case.task == "run" else 4 * flops
+        total_s += work / (50e12 if case.device == "cuda" else 5e9)
+    return total_s
+
+
+def _reached_a_case(log_dir: Optional[Path]) -> bool:
+    """Whether some rank of the launch in ``log_dir`` wrote a case's start mark."""
+    if log_dir is None:
+        return False
+    for marks in Path(log_dir).glob("progress/rank*.txt"):
+        try:
+            if " start " in marks.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _status_of_failure(timed_out: bool, failure: Optional[str]) -> str:
+    if timed_out:
+        return "timeout"
+    if failure and "OutOfMemoryError" in failure:
+        return "oom"
+    return "error"
+
+
+def _follow_node(cases: list, launch_mod, results_path: Path, run_id: str, timeout_s: Optional[float],
+                 nodes: dict, err: Console) -> int:
+    """Run this host's share of every launch (node rank above 0): no records, node 0 writes them.
+
+    Returns 0 when every launch ended well, else 3.
+    """
+    groups: dict[tuple[int, str], list] = {}
+    for case in cases:
+        groups.setdefault((case.world_size, case.device), []).append(case)
+    code = EXIT_OK
+    for (world_size, device), group in groups.items():
+        result = launch_mod.launch([c.to_dict() for c in group], world_size=world_size, device=device,
+                                   results_path=results_path, run_id=run_id,
+                                   timeout_s=timeout_s or default_timeout_s(group), **nodes)
+        if result.timed_out or result.failure:
+            _error(f"node {nodes['node_rank']}: launch at world_size {world_size} on {device} "
+                   f"{'timed out' if result.timed_out else 'failed'}: {result.failure}")
+            code = EXIT_NOT_RUN
+    err.print(f"node {nodes['node_rank']} of {nodes['nnodes']}: {_count(len(cases), 'case')} ran; node 0 writes "
+              "their records", style="dim", markup=False)
+    return code
+
+
+def _launch_all(todo: list, launch_mod, results, results_path: Path, run_id: str, timeout_s: Optional[float],
+                by_id: dict, err: Console, *, task: str, nodes: Optional[dict] = None) -> tuple[int, bool]:
     """Run ``todo`` one launch per (world_size, device) under a progress bar; fill ``by_id``.
+
+    When a launch fails or times out in a case, that case is recorded with status timeout,
+    oom or error and its reason, and the cases after it go to a fresh launch (on one node;
+    over several, every unreported case is recorded with the failure).
 
     Returns:
         (records appended, whether some case went unreported by its launch).
@@ -524,49 +664,71 @@ def _launch_all(todo: list, launch_mod, results, results_path: Path, run_id: str
                 progress.update(bar, counter=f"case {done + 1} of {len(todo)}",
                                 description=_short_label(current, varying))
 
-        for (world_size, device), group in groups.items():
-            ids = {c.case_id() for c in group}
-            found: dict[str, dict] = {}
-            offset = [results_path.stat().st_size if results_path.exists() else 0]
-
-            def poll() -> None:
-                new, offset[0] = results.read_records_from(results_path, offset[0])
-                for record in new:
-                    if record.get("run_id") == run_id and record.get("case_id") in ids - found.keys():
-                        found[record["case_id"]] = record
-                        progress.advance(bar)
-                show(next((c for c in group if c.case_id() not in found), None))
-
-            show(group[0])
-            try:
-                result = launch_mod.launch([c.to_dict() for c in group], world_size=world_size, device=device,
-                                           results_path=results_path, run_id=run_id, timeout_s=timeout_s,
-                                           on_poll=poll)
-                timed_out, failure, log_dir = result.timed_out, result.failure, result.log_dir
-            except Exception as exc:  # a launcher crash still leaves one record per case
-                timed_out, failure, log_dir = False, f"the launcher raised {type(exc).__name__}: {exc}", None
-            poll()  # records the hook has not seen (a crashed launcher never called it)
-            missing = [c for c in group if c.case_id() not in found]
-            if missing and not env:
-                env.append(_env(missing[0].kernel))
-            for case in missing:
-                reason = failure or (f"the launch timed out after {timeout_s:g} s" if timed_out
-                                     else "the job ended before this case reported")
-                record = _missing_record(case, run_id, timed_out, reason, env[0])
-                results.append_record(results_path, record)
-                found[case.case_id()] = record
-                progress.advance(bar)
-            written += len(found)
-            if missing or timed_out or failure:
-                not_run = not_run or bool(missing)
-                what = "timed out" if timed_out else f"failed: {failure or 'no reason given'}"
-                where = f"; logs in {log_dir}" if log_dir else ""
-                progress.console.print(Text(f"launch at world_size {world_size} on {device} {what}; "
-                                            f"{len(missing)} of {len(group)} cases unreported{where}",
-                                            style="red"))
-            by_id.update(found)
+        for group in groups.values():
+            pending = list(group)
+            while pending:
+                found, failed, pending = _launch_one(pending, launch_mod, results, results_path, run_id, timeout_s,
+                                                     nodes or {}, env, progress, bar, show)
+                written += len(found)
+                not_run = not_run or failed
+                by_id.update(found)
         show(None)
     return written, not_run
+
+
+def _launch_one(pending: list, launch_mod, results, results_path: Path, run_id: str, timeout_s: Optional[float],
+                nodes: dict, env: list, progress, bar, show) -> tuple[dict, bool, list]:
+    """One launch of ``pending`` (cases of one world size and device).
+
+    Returns:
+        (the records of its cases by case_id, whether a case went unreported, the cases
+        left for a fresh launch: those after the one a failed launch was running).
+    """
+    world_size, device = pending[0].world_size, pending[0].device
+    ids = {c.case_id() for c in pending}
+    found: dict[str, dict] = {}
+    offset = [results_path.stat().st_size if results_path.exists() else 0]
+
+    def poll() -> None:
+        new, offset[0] = results.read_records_from(results_path, offset[0])
+        for record in new:
+            if record.get("run_id") == run_id and record.get("case_id") in ids - found.keys():
+                found[record["case_id"]] = record
+                progress.advance(bar)
+        show(next((c for c in pending if c.case_id() not in found), None))
+
+    show(pending[0])
+    limit_s = timeout_s or default_timeout_s(pending)
+    try:
+        result = launch_mod.launch([c.to_dict() for c in pending], world_size=world_size, device=device,
+                                   results_path=results_path, run_id=run_id, timeout_s=limit_s, on_poll=poll,
+                                   **nodes)
+        timed_out, failure, log_dir = result.timed_out, result.failure, result.log_dir
+    except Exception as exc:  # a launcher crash still leaves one record per case
+        timed_out, failure, log_dir = False, f"the launcher raised {type(exc).__name__}: {exc}", None
+    poll()  # records the hook has not seen (a crashed launcher never called it)
+    missing = [c for c in pending if c.case_id() not in found]
+    rest: list = []
+    if missing and (timed_out or failure) and nodes.get("nnodes", 1) == 1 and _reached_a_case(log_dir):
+        # The launch died in its first unreported case: blame that one, give the others a fresh launch.
+        missing, rest = missing[:1], missing[1:]
+    if missing and not env:
+        env.append(_env(missing[0].kernel))
+    for case in missing:
+        reason = failure or (f"the launch timed out after {limit_s:g} s" if timed_out
+                             else "the job ended before this case reported")
+        record = _missing_record(case, run_id, _status_of_failure(timed_out, failure), reason, env[0])
+        results.append_record(results_path, record)
+        found[case.case_id()] = record
+        progress.advance(bar)
+    if missing or timed_out or failure:
+        what = "timed out" if timed_out else f"failed: {failure or 'no reason given'}"
+        where = f"; logs in {log_dir}" if log_dir else ""
+        again = (f"; {'the case' if len(rest) == 1 else f'the {len(rest)} cases'} after it "
+                 f"{'goes' if len(rest) == 1 else 'go'} to a fresh launch" if rest else "")
+        progress.console.print(Text(f"launch at world_size {world_size} on {device} {what}; {len(missing)} of "
+                                    f"{len(pending)} cases unreported{where}{again}", style="red"))
+    return found, bool(missing), rest
 
 
 #: Spec fields in the order a short case label names them.
@@ -605,7 +767,7 @@ def _env(kernel: str) -> dict | None:
         return None
 
 
-def _missing_record(case, run_id: str, timed_out: bool, reason: str, env: dict | None) -> dict[str, Any]:
+def _missing_record(case, run_id: str, status: str, reason: str, env: dict | None) -> dict[str, Any]:
     """The record of a case the launched job never reported."""
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -614,7 +776,7 @@ def _missing_record(case, run_id: str, timed_out: bool, reason: str, env: dict |
         "case_id": case.case_id(),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "spec": case.to_dict(),
-        "status": "timeout" if timed_out else "error",
+        "status": status,
         "reason": reason,
         "kernel": case.kernel,
         "env": env,

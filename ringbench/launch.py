@@ -69,7 +69,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def launch(cases: list[dict], *, world_size: int, device: str, results_path: Path | str,
            run_id: str, timeout_s: float, log_dir: Path | str | None = None,
            module: str = "ringbench.worker", env: dict[str, str] | None = None,
-           on_poll: Callable[[], None] | None = None) -> LaunchResult:
+           on_poll: Callable[[], None] | None = None, nnodes: int = 1, node_rank: int = 0,
+           rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> LaunchResult:
     """Run ``python -m <module> --cases F --results R`` on ``world_size`` local ranks.
 
     Blocks until torchrun exits or ``timeout_s`` passes. On timeout, and on Ctrl-C, the job
@@ -92,6 +93,13 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
         on_poll: called every ``POLL_S`` seconds while the job runs, and once after it ends,
             in this thread (the CLI reads the new records there to move its progress bar).
             An exception it raises stops the job like Ctrl-C does, then propagates.
+        nnodes: hosts the job spans; ``world_size`` is the total over them, so each host
+            starts ``world_size // nnodes`` ranks. Default 1: everything here.
+        node_rank: this host's index, 0 to ``nnodes - 1`` (global rank 0, which writes the
+            records, lives on node 0).
+        rdzv_endpoint: ``HOST:PORT`` of torchrun's c10d rendezvous, the same on every node;
+            required when ``nnodes > 1``, else a free port on 127.0.0.1.
+        rdzv_id: the rendezvous id every node passes; default ``ringbench`` plus the endpoint.
 
     Returns:
         A LaunchResult; a failed or timed-out job is reported there, not raised.
@@ -102,6 +110,11 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
         KeyboardInterrupt: re-raised after the job has been stopped.
     """
     _check_args(cases, world_size=world_size, device=device, timeout_s=timeout_s)
+    if nnodes < 1 or world_size % nnodes or not 0 <= node_rank < nnodes:
+        raise ValueError(f"nnodes ({nnodes}) must divide world_size ({world_size}) and node_rank ({node_rank}) "
+                         "must be in [0, nnodes)")
+    if nnodes > 1 and not rdzv_endpoint:
+        raise ValueError("a job over several nodes needs rdzv_endpoint HOST:PORT, the same on every node")
     results_path = Path(results_path)
     log_dir = Path(log_dir) if log_dir is not None else _fresh_log_dir(
         results_path.parent / "logs" / run_id, world_size)
@@ -111,19 +124,24 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
     cases_file = log_dir / "cases.json"
     cases_file.write_text(json.dumps({"run_id": run_id, "cases": cases}, indent=1) + "\n")
 
+    endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1",
-        "--nproc-per-node", str(world_size),
+        "--nnodes", str(nnodes),
+        "--node-rank", str(node_rank),
+        "--nproc-per-node", str(world_size // nnodes),
         "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "--rdzv-endpoint", endpoint,
+        "--rdzv-id", rdzv_id or "ringbench-" + endpoint.replace(":", "-"),
         "--log-dir", str(log_dir / "torchrun"),  # may exist; torchrun adds a job subfolder
         "--redirects", "3",  # both streams of every rank to files
         "-m", module,
         "--cases", str(cases_file),
         "--results", str(results_path),
     ]
-    child_env = _child_env(world_size, progress_dir, env)
+    child_env = _child_env(world_size // nnodes, progress_dir, env)
+    # init_process_group gives up no later than the watchdog would.
+    child_env.setdefault("RINGBENCH_PG_TIMEOUT", f"{timeout_s:g}")
 
     with open(log_dir / "torchrun.stdout.log", "wb") as out, \
             open(log_dir / "torchrun.stderr.log", "wb") as err:

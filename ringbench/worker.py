@@ -10,6 +10,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import time
 import traceback
 from pathlib import Path
@@ -23,6 +24,11 @@ from ringbench.bench import bench_case
 from ringbench.check import verify_case
 from ringbench.spec import CaseSpec
 
+#: Seconds a rank whose case raised waits for the other ranks' statuses. When they do not all
+#: come (the others are stuck in a transfer with it), it re-raises, so the process ends, its
+#: traceback lands in torchelastic's error file and torchrun ends the other ranks.
+FAULT_WAIT_S = float(os.environ.get("RINGBENCH_FAULT_WAIT_S", "10"))
+
 
 def _mark(rank: int, text: str) -> None:
     # A small progress file per rank lets the launcher say where a hung job stopped.
@@ -33,8 +39,12 @@ def _mark(rank: int, text: str) -> None:
             fh.write(f"{dt.datetime.now(dt.timezone.utc).isoformat()} {text}\n")
 
 
+def _pg_timeout() -> dt.timedelta:
+    return dt.timedelta(seconds=float(os.environ.get("RINGBENCH_PG_TIMEOUT", "600")))
+
+
 def _init(device_type: str) -> torch.device:
-    timeout = dt.timedelta(seconds=float(os.environ.get("RINGBENCH_PG_TIMEOUT", "600")))
+    timeout = _pg_timeout()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)
@@ -52,20 +62,60 @@ def _status_of(exc: BaseException) -> str:
     return "error"
 
 
-def run_one(spec: dict, device: torch.device) -> dict:
-    """Run one case on this rank and return its outcome fields (status, reason and numbers)."""
+_REQUESTED_RE = re.compile(r"Tried to allocate ([\d.]+ ?[KMGT]?i?B)")
+_FREE_RE = re.compile(r"of which ([\d.]+ ?[KMGT]?i?B) (?:is )?free")
+
+
+def _reason_of(exc: BaseException, rank: int, world_size: int) -> str:
+    """``[rank r/W] Type: message``; an out-of-memory error leads with the requested and free memory."""
+    first = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    if _status_of(exc) == "oom":
+        text = str(exc)
+        requested, free = _REQUESTED_RE.search(text), _FREE_RE.search(text)
+        memory = ", ".join(f"{name} {m.group(1)}" for name, m in (("requested", requested), ("free", free)) if m)
+        if memory:
+            return f"[rank {rank}/{world_size}] out of memory: {memory}; {first}"
+    return f"[rank {rank}/{world_size}] {first}"
+
+
+def run_one(spec: dict, device: torch.device) -> tuple[dict, BaseException | None]:
+    """Run one case on this rank; its outcome fields (status, reason, numbers) and the exception it raised."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    error = None
     try:
         if spec["task"] == "verify":
             fields = verify_case(spec, device=device)
         else:
             fields = {"status": "ok", "reason": None, **bench_case(spec, device=device)}
     except Exception as exc:  # a fault in one case is recorded, and the sweep goes on
-        first = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        fields = {"status": _status_of(exc), "reason": f"[rank {rank}/{world_size}] {first}"}
+        error = exc
+        fields = {"status": _status_of(exc), "reason": _reason_of(exc, rank, world_size)}
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return fields
+    return fields, error
+
+
+def _exchange_statuses(key: str, mine: tuple, error: BaseException | None, timeout: dt.timedelta) -> list:
+    """Every rank's ``(status, reason)`` for one case, through the rendezvous store.
+
+    The store, not a collective, so that a rank whose case raised can give up: when the other
+    ranks' statuses do not come within ``FAULT_WAIT_S`` (they wait for it in a transfer), the
+    original exception is raised again and ends this process (see ``FAULT_WAIT_S``).
+    """
+    store = dist.distributed_c10d._get_default_store()
+    world_size = dist.get_world_size()
+    keys = [f"{key}/rank{r}" for r in range(world_size)]
+    store.set(keys[dist.get_rank()], json.dumps(mine))
+    try:
+        store.wait(keys, dt.timedelta(seconds=FAULT_WAIT_S) if error is not None else timeout)
+    except Exception:
+        if error is not None:
+            store.set(f"{key}/gave_up", "1")  # the group is broken: ranks that fail after this one end too
+            raise error from None
+        raise
+    if error is not None and store.check([f"{key}/gave_up"]):
+        raise error  # a failure caused by a rank that gave up; the launch reports that rank first
+    return [tuple(json.loads(store.get(k))) for k in keys]
 
 
 @record
@@ -76,38 +126,43 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     payload = json.loads(args.cases.read_text())
     cases = payload["cases"]
+    _mark(int(os.environ.get("RANK", "0")), "init_process_group")
     device = _init(cases[0]["device"])
     rank = dist.get_rank()
+    _mark(rank, "ready")
     env = envinfo.collect() if rank == 0 else None
-    try:
-        for i, spec in enumerate(cases):
-            _mark(rank, f"case {i + 1}/{len(cases)} start {spec['variant']} S={spec['seqlen']}")
-            started = time.perf_counter()
-            fields = run_one(spec, device)
-            elapsed_s = time.perf_counter() - started
-            # Every rank's status counts: the worst one is the case's.
-            statuses: list = [None] * dist.get_world_size()
-            dist.all_gather_object(statuses, (fields["status"], fields.get("reason")))
-            bad = [s for s in statuses if s[0] not in ("ok", "fail")]
-            if bad and fields["status"] in ("ok", "fail"):
-                fields = {"status": bad[0][0], "reason": bad[0][1]}
-            if rank == 0:
-                rec = {
-                    "schema_version": results.SCHEMA_VERSION,
-                    "task": spec["task"],
-                    "run_id": payload["run_id"],
-                    "case_id": CaseSpec.from_dict(spec).case_id(),
-                    "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-                    "spec": spec,
-                    "kernel": spec["kernel"],
-                    **fields,
-                    "elapsed_s": elapsed_s,
-                    "env": {**env, "kernel": spec["kernel"]},
-                }
-                results.append_record(args.results, rec)
-            _mark(rank, f"case {i + 1}/{len(cases)} done {fields['status']}")
-    finally:
-        dist.destroy_process_group()
+    # No try/finally around the cases: a rank that re-raises a fault must not wait in
+    # destroy_process_group for peers that are stuck in a transfer with it.
+    for i, spec in enumerate(cases):
+        _mark(rank, f"case {i + 1}/{len(cases)} start {spec['variant']} S={spec['seqlen']}")
+        started = time.perf_counter()
+        fields, error = run_one(spec, device)
+        elapsed_s = time.perf_counter() - started
+        if error is not None:
+            _mark(rank, f"case {i + 1}/{len(cases)} raised {type(error).__name__}; waiting for the other ranks")
+        statuses = _exchange_statuses(f"ringbench/case{i}", (fields["status"], fields.get("reason"), time.time()),
+                                      error, _pg_timeout())
+        # Every rank's status counts: the first fault (in time) is the case's, as the others
+        # usually follow from it.
+        bad = sorted((s for s in statuses if s[0] not in ("ok", "fail")), key=lambda s: s[2])
+        if bad:
+            fields = {"status": bad[0][0], "reason": bad[0][1]}
+        if rank == 0:
+            rec = {
+                "schema_version": results.SCHEMA_VERSION,
+                "task": spec["task"],
+                "run_id": payload["run_id"],
+                "case_id": CaseSpec.from_dict(spec).case_id(),
+                "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+                "spec": spec,
+                "kernel": spec["kernel"],
+                **fields,
+                "elapsed_s": elapsed_s,
+                "env": {**env, "kernel": spec["kernel"]},
+            }
+            results.append_record(args.results, rec)
+        _mark(rank, f"case {i + 1}/{len(cases)} done {fields['status']}")
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
