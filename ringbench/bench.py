@@ -215,10 +215,31 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
         "bus_gib_s": max_sent / GIB / (time_ms * 1e-3) if world_size > 1 else None,
     }
     peak = peak_tflops(torch.cuda.get_device_name(device)) if cuda else None
-    if peak is not None and dtype in (torch.bfloat16, torch.float16) and tflops > peak:
-        raise RuntimeError(f"measured {tflops:.0f} TFLOP/s per GPU exceeds the device's dense peak of "
-                           f"{peak:.0f}; the result cannot be true, so it is refused")
-    if world_size > 1 and max_sent == 0:
-        raise RuntimeError(f"the {spec['variant']} variant sent no bytes at world size {world_size}; "
-                           "context parallelism was not active, so the timing is refused")
+    reason = refusal(tflops=tflops, peak=peak if dtype in (torch.bfloat16, torch.float16) else None,
+                     bytes_sent=max_sent, world_size=world_size, variant=spec["variant"])
+    if reason:
+        raise RuntimeError(reason)
     return fields
+
+
+def refusal(*, tflops: float, peak: float | None, bytes_sent: float, world_size: int, variant: str) -> str | None:
+    """Why a measured result cannot be true, or ``None`` when it may be.
+
+    Args:
+        tflops: the measured TFLOP/s per GPU.
+        peak: the device's dense peak in TFLOP/s for the run's dtype, or None when unknown.
+        bytes_sent: bytes the busiest rank sent per iteration.
+        world_size: ranks in the run.
+        variant: its name, for the sentence.
+
+    Returns:
+        A TFLOP/s above the peak, or a multi-rank run that sent no bytes (the variant never
+        communicated): one sentence saying so; else None.
+    """
+    if peak is not None and tflops > peak:
+        return (f"measured {tflops:.0f} TFLOP/s per GPU exceeds the device's dense peak of {peak:.0f}; the result "
+                "cannot be true, so it is refused")
+    if world_size > 1 and bytes_sent == 0:
+        return (f"the {variant} variant sent no bytes at world size {world_size}; context parallelism was not "
+                "active, so the timing is refused")
+    return None

@@ -107,6 +107,24 @@ def harness(monkeypatch):
                                       r"kernel cpu\): seqlen 520 is not a multiple of world_size = 3"),
     (["compare", "/nonexistent/runs.jsonl"], r"^results path '/nonexistent/runs\.jsonl' does not exist; pass a "
                                              r"\.jsonl file or a folder"),
+    (["run", "--variant", "ring", "--seqlen", "-4k"], r"^seqlen '-4k' must be positive"),
+    (["run", "--variant", "ring", "--seqlen", "0"], r"^seqlen '0' must be positive"),
+    (["run", "--variant", "ring", "--seqlen", "4096M"], r"^seqlen '4096M' is 4294967296 tokens, above the limit"),
+    (["run", "--variant", "ring", "--head-dim", "0"], r"^head_dim 0 must be positive; pass --head-dim 1 or more$"),
+    (["run", "--variant", "ring", "--device", "cuda"], r"^device cuda needs a visible GPU and none is visible"),
+    (["run", "--variant", "ring_varlen", "--seqlen", "4k", "--docs", "1k,1k"],
+     r"^documents sum to 2048 but seqlen is 4096; .* pass --seqlen 2048"),
+    (["run", "--variant", "ring", "--nnodes", "2", "--rdzv-endpoint", "node001"],
+     r"^rdzv-endpoint 'node001' is not HOST:PORT with a port from 1 to 65535; pass --rdzv-endpoint"),
+    (["verify", "--nnodes", "2", "--rdzv-endpoint", "node001:70000"], r"^rdzv-endpoint 'node001:70000' is not HOST:PORT"),
+    (["run", "--variant", "ring", "--nnodes", "2"], r"^nnodes 2 needs a rendezvous every node can reach; pass "
+                                                     r"--rdzv-endpoint HOST:PORT"),
+    (["run", "--variant", "ring", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"],
+     r"^node-rank 2 must be from 0 to nnodes - 1 = 1"),
+    (["run", "--variant", "ring", "--device", "cpu", "--world-size", "3", "--nnodes", "2", "--rdzv-endpoint", "h:1"],
+     r"^world_size 3 is not a multiple of nnodes 2, .*; pass --world-size 4$"),
+    (["run", "--variant", "ring", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--resume"],
+     r"^--resume reads the records, which only node 0 has"),
 ])
 def test_cli_bad_input_exits_2_with_one_sentence(harness, args, pattern):
     result = runner.invoke(app, args)

@@ -1,0 +1,177 @@
+"""A bad night, provoked on CPU: hangs, crashes, out of memory, refused results and two nodes.
+
+Each sweep runs a good case before the faulty one and, where the launch survives or is
+relaunched, one after it; every test checks the faulty case's status, its reason, and that
+the good records are intact. The faults come from the hidden ``fault_*`` test variants.
+About a minute in all on two CPU cores, most of it the hang test's 20 s watchdog.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_cli_e2e import COMMAND_TIMEOUT_S, _live_cmdlines_with, read_jsonl, ringbench
+
+SMALL = ["--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
+         "--head-dim", "16", "--iters", "3", "--warmup", "1"]
+
+
+def sweep(tmp_path: Path, variants: list[str]) -> Path:
+    """A scenario file of the small shape that runs ``variants`` in order."""
+    path = tmp_path / "faults.toml"
+    listed = ", ".join(f'"{v}"' for v in variants)
+    path.write_text(f"""
+[defaults]
+device = "cpu"
+world_size = 2
+seqlen = 256
+heads = 2
+kv_heads = 1
+head_dim = 16
+iters = 3
+warmup = 1
+
+[sweep]
+variant = [{listed}]
+""")
+    return path
+
+
+def by_variant(path: Path) -> dict[str, dict]:
+    records = read_jsonl(path)
+    assert all(r["schema_version"] == 1 for r in records)
+    return {r["spec"]["variant"]: r for r in records}
+
+
+def assert_good(records: dict[str, dict], *variants: str) -> None:
+    for variant in variants:
+        record = records[variant]
+        assert record["status"] == "ok", record["reason"]
+        assert record["bytes_sent"] > 0 and record["bytes_received"] > 0 and record["bus_gib_s"] > 0
+
+
+def test_faults_hang_times_out_names_each_rank_step_and_the_sweep_goes_on(tmp_path):
+    out = tmp_path / "out"
+    result = ringbench("run", "--scenario", str(sweep(tmp_path, ["ring", "fault_hang", "zigzag"])),
+                       "--out", str(out), "--timeout", "20", cwd=tmp_path)
+    assert result.returncode == 3  # a launch timed out
+    records = read_jsonl(out / "runs.jsonl")
+    assert [r["spec"]["variant"] for r in records] == ["ring", "fault_hang", "zigzag"]
+    hung = records[1]
+    assert hung["status"] == "timeout"
+    assert hung["reason"].startswith("timed out after 20 s; last progress mark of each rank:")
+    for rank in (0, 1):  # both stopped inside the hanging case
+        assert re.search(rf"rank {rank}: \S+ case 2/3 start fault_hang S=256", hung["reason"]), hung["reason"]
+    assert_good(by_variant(out / "runs.jsonl"), "ring", "zigzag")
+    assert "timed out" in result.stderr and "the case after it goes to a fresh launch" in result.stderr
+    assert _live_cmdlines_with(str(out / "logs")) == []  # every rank ended, none orphaned
+
+
+def test_faults_raise_on_one_rank_records_its_rank_and_traceback(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setenv("RINGBENCH_FAULT_WAIT_S", "2")  # the faulted rank's wait for the others, in every rank
+    result = ringbench("run", "--scenario", str(sweep(tmp_path, ["ring", "fault_raise", "zigzag"])),
+                       "--out", str(out), "--timeout", "120", cwd=tmp_path)
+    assert result.returncode == 3  # the launch failed
+    records = by_variant(out / "runs.jsonl")
+    assert len(records) == 3
+    crashed = records["fault_raise"]
+    assert crashed["status"] == "error"
+    # The root cause from rank 1's torchelastic error file: its rank, the exception, its traceback.
+    assert crashed["reason"].startswith("rank 1/2 failed"), crashed["reason"]
+    assert "RuntimeError: [rank 1/2] injected fault" in crashed["reason"]
+    assert re.search(r'File ".*testing\.py", line \d+, in fault_raise_attention', crashed["reason"])
+    assert_good(records, "ring", "zigzag")
+    assert _live_cmdlines_with(str(out / "logs")) == []
+
+
+def test_faults_oom_and_silent_variant_are_recorded_and_the_sweep_goes_on(tmp_path):
+    out = tmp_path / "out"
+    result = ringbench("run", "--scenario", str(sweep(tmp_path, ["ring", "fault_oom", "fault_silent", "zigzag"])),
+                       "--out", str(out), "--json", cwd=tmp_path)
+    assert result.returncode == 1  # cases failed, the launch did not
+    assert len(result.stdout.splitlines()) == 4
+    records = by_variant(out / "runs.jsonl")
+    assert len(records) == 4
+    oom = records["fault_oom"]
+    assert oom["status"] == "oom"
+    assert re.match(r"\[rank [01]/2\] out of memory: requested \d+\.\d\d GiB, free \d+\.\d\d GiB; "
+                    r"torch\.OutOfMemoryError: CUDA out of memory", oom["reason"]), oom["reason"]
+    silent = records["fault_silent"]
+    assert silent["status"] == "error"
+    assert re.match(r"\[rank [01]/2\] RuntimeError: the fault_silent variant sent no bytes at world size 2; "
+                    r"context parallelism was not active, so the timing is refused$", silent["reason"])
+    assert_good(records, "ring", "zigzag")
+
+
+def test_faults_verify_fails_a_variant_that_never_communicates(tmp_path):
+    result = ringbench("verify", "--variant", "fault_silent", "--variant", "ring", "--world-size", "2",
+                       "--out", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 1
+    records = read_jsonl(tmp_path / "verify.jsonl")
+    silent = [r for r in records if r["spec"]["variant"] == "fault_silent"]
+    ring = [r for r in records if r["spec"]["variant"] == "ring"]
+    assert silent and ring
+    checked = [r for r in silent if r["cp_active"] is not None]
+    assert checked and all(r["cp_active"] is False and r["status"] == "fail" for r in checked)
+    assert all("context parallelism was not active at world size 2" in r["reason"] for r in checked)
+    assert all(r["status"] == "ok" for r in ring)
+
+
+def test_faults_two_nodes_on_localhost_write_one_record(tmp_path):
+    from ringbench.launch import free_port
+
+    out = tmp_path / "out"
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-m", "ringbench.cli", "run", "--variant", "ring", *SMALL,
+                               "--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint", endpoint,
+                               "--out", str(out)],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}, start_new_session=True)
+             for node in (0, 1)]
+    try:
+        outputs = [p.communicate(timeout=COMMAND_TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    print(outputs)
+    assert [p.returncode for p in procs] == [0, 0]
+    records = read_jsonl(out / "runs.jsonl")
+    assert len(records) == 1
+    assert records[0]["status"] == "ok" and records[0]["spec"]["world_size"] == 2
+    assert records[0]["bytes_sent"] > 0
+    assert "node 1 of 2: 1 case ran; node 0 writes their records" in outputs[1][1]
+
+
+def test_faults_refusals_of_results_that_cannot_be_true():
+    from ringbench.bench import refusal
+
+    assert refusal(tflops=1200.0, peak=989.0, bytes_sent=1, world_size=2, variant="ring") == (
+        "measured 1200 TFLOP/s per GPU exceeds the device's dense peak of 989; the result cannot be true, "
+        "so it is refused")
+    assert refusal(tflops=10.0, peak=None, bytes_sent=0, world_size=2, variant="fault_silent").startswith(
+        "the fault_silent variant sent no bytes at world size 2")
+    assert refusal(tflops=10.0, peak=989.0, bytes_sent=0, world_size=1, variant="ring") is None
+    assert refusal(tflops=900.0, peak=989.0, bytes_sent=1, world_size=2, variant="ring") is None
+
+
+def test_faults_timeout_default_scales_with_the_case():
+    from ringbench.cli import default_timeout_s
+    from ringbench.spec import CaseSpec, CPU_DEFAULTS
+
+    small = CaseSpec.from_dict({**CPU_DEFAULTS, "task": "run", "variant": "ring", "device": "cpu",
+                                "kernel": "cpu", "seqlen": 256})
+    big = small.replace(seqlen=64 * 1024)
+    assert default_timeout_s([small]) == pytest.approx(120.0, abs=1.0)
+    # 4 * S^2 * H * D / 2 * 3.5 FLOPs, per GPU, twice, (iters + warmup) times, at 5 GFLOP/s.
+    flops = 4 * (64 * 1024) ** 2 * 4 * 32 / 2 * 3.5 / 2 * 2 * (10 + 3)
+    assert default_timeout_s([big]) == pytest.approx(120.0 + flops / 5e9)
+    assert default_timeout_s([small, big]) > default_timeout_s([big])
