@@ -248,3 +248,31 @@ def test_cli_resume_skips_cases_with_an_ok_record(monkeypatch, tmp_path):
     assert shown == [c.case_id() for c in cases]  # the reused record is shown too
     assert f"--resume: 1 of {len(cases)} cases already have an ok record" in result.stderr
     assert f"{len(cases) - 1} records appended" in result.stderr and "1 reused" in result.stderr
+
+
+def test_cli_ctrl_c_keeps_records_and_prints_the_resume_command(monkeypatch, tmp_path):
+    fake = FakeHarness(monkeypatch)
+    real_launch = fake.launch
+
+    def interrupted(cases, **kwargs):
+        real_launch(cases[:1], **kwargs)  # the first case's record is written, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys.modules["ringbench.launch"], "launch", interrupted)
+    result = runner.invoke(app, ["verify", "--variant", "ring", "--world-size", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 130
+    assert len(fake.written[tmp_path / "verify.jsonl"]) == 1  # kept, and nothing added for the rest
+    assert re.search(r"^interrupted: 1 of \d+ cases have a record in .*verify\.jsonl; to run the others: "
+                     r"ringbench .*--resume$", result.stderr, re.M), result.stderr
+
+
+def test_cli_timeout_default_is_scaled_to_the_launch(harness, tmp_path):
+    from ringbench.cli import default_timeout_s
+    from ringbench.spec import CaseSpec
+
+    assert runner.invoke(app, ["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path)]).exit_code == 0
+    assert runner.invoke(app, ["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path),
+                               "--timeout", "45"]).exit_code == 0
+    first, second = harness.launches
+    assert first["timeout_s"] == default_timeout_s([CaseSpec.from_dict(c) for c in first["cases"]]) >= 120
+    assert second["timeout_s"] == 45
