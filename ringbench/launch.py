@@ -140,6 +140,7 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
         "--results", str(results_path),
     ]
     child_env = _child_env(world_size // nnodes, progress_dir, env)
+    child_env["RINGBENCH_NODE_RANK"] = str(node_rank)  # the worker's record writer lives on node 0
     # init_process_group gives up no later than the watchdog would.
     child_env.setdefault("RINGBENCH_PG_TIMEOUT", f"{timeout_s:g}")
 

@@ -1,7 +1,8 @@
 """The per-rank entry point that torchrun starts: runs every case of one launch in order.
 
-``python -m ringbench.worker --cases FILE --results FILE`` (docs/CONTRACTS.md). Rank 0
-appends one record per case as soon as the case ends, so a later crash loses nothing.
+``python -m ringbench.worker --cases FILE --results FILE`` (docs/CONTRACTS.md). The lowest
+rank on node 0 (rank 0 on one node) appends one record per case as soon as the case ends, so
+a later crash loses nothing.
 """
 
 from __future__ import annotations
@@ -118,6 +119,17 @@ def _exchange_statuses(key: str, mine: tuple, error: BaseException | None, timeo
     return [tuple(json.loads(store.get(k))) for k in keys]
 
 
+def _record_writer() -> int:
+    """The global rank that appends the records: the lowest one on node 0 (``RINGBENCH_NODE_RANK``).
+
+    torchrun's c10d rendezvous orders the nodes its own way, so global rank 0 may live on any
+    node; the records must land where node 0's CLI reads them.
+    """
+    node_ranks: list = [None] * dist.get_world_size()
+    dist.all_gather_object(node_ranks, int(os.environ.get("RINGBENCH_NODE_RANK", "0")))
+    return min((r for r, n in enumerate(node_ranks) if n == 0), default=0)
+
+
 @record
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ringbench.worker")
@@ -130,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     device = _init(cases[0]["device"])
     rank = dist.get_rank()
     _mark(rank, "ready")
-    env = envinfo.collect() if rank == 0 else None
+    writer = _record_writer()
+    env = envinfo.collect() if rank == writer else None
     # No try/finally around the cases: a rank that re-raises a fault must not wait in
     # destroy_process_group for peers that are stuck in a transfer with it.
     for i, spec in enumerate(cases):
@@ -147,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         bad = sorted((s for s in statuses if s[0] not in ("ok", "fail")), key=lambda s: s[2])
         if bad:
             fields = {"status": bad[0][0], "reason": bad[0][1]}
-        if rank == 0:
+        if rank == writer:
             rec = {
                 "schema_version": results.SCHEMA_VERSION,
                 "task": spec["task"],

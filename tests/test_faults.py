@@ -126,6 +126,7 @@ def test_faults_verify_fails_a_variant_that_never_communicates(tmp_path):
 
 
 def test_faults_two_nodes_on_localhost_write_one_record(tmp_path):
+    """Two torchrun agents on localhost act as two nodes, one rank each (gloo)."""
     from ringbench.launch import free_port
 
     out = tmp_path / "out"
@@ -135,7 +136,8 @@ def test_faults_two_nodes_on_localhost_write_one_record(tmp_path):
                                "--out", str(out)],
                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}, start_new_session=True)
-             for node in (0, 1)]
+             for node in (1, 0)]  # node 1's agent first: c10d may give it global rank 0
+    procs.reverse()
     try:
         outputs = [p.communicate(timeout=COMMAND_TIMEOUT_S) for p in procs]
     finally:
