@@ -112,17 +112,13 @@ def test_faults_oom_and_silent_variant_are_recorded_and_the_sweep_goes_on(tmp_pa
 
 
 def test_faults_verify_fails_a_variant_that_never_communicates(tmp_path):
-    result = ringbench("verify", "--variant", "fault_silent", "--variant", "ring", "--world-size", "2",
-                       "--out", str(tmp_path), cwd=tmp_path)
+    result = ringbench("verify", "--variant", "fault_silent", "--world-size", "2", "--out", str(tmp_path),
+                       cwd=tmp_path)
     assert result.returncode == 1
     records = read_jsonl(tmp_path / "verify.jsonl")
-    silent = [r for r in records if r["spec"]["variant"] == "fault_silent"]
-    ring = [r for r in records if r["spec"]["variant"] == "ring"]
-    assert silent and ring
-    checked = [r for r in silent if r["cp_active"] is not None]
+    checked = [r for r in records if r["cp_active"] is not None]
     assert checked and all(r["cp_active"] is False and r["status"] == "fail" for r in checked)
     assert all("context parallelism was not active at world size 2" in r["reason"] for r in checked)
-    assert all(r["status"] == "ok" for r in ring)
 
 
 def test_faults_two_nodes_on_localhost_write_one_record(tmp_path):
