@@ -129,7 +129,9 @@ def test_merge_fold_matches_logsumexp_combination(sizes, gaps, seqlen, seed, acc
     d_out_whole, _ = report("out vs whole attention", out, whole_out)
     d_lse_whole, _ = report("lse vs whole attention", lse, whole_lse)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-    assert d_out <= rtol * 8 and d_out_whole <= rtol * 8
+    # A merge weight is a sigmoid of an lse difference, and an lse near 1000 is known to
+    # float32 only to ~6e-5; the output's error scales with the lse's magnitude too.
+    assert d_out <= rtol * 8 * lse_scale and d_out_whole <= rtol * 8 * lse_scale
     assert d_lse <= rtol * lse_scale and d_lse_whole <= rtol * lse_scale
 
 
