@@ -41,7 +41,7 @@ def floor_for(dtype: torch.dtype, ref_max: float) -> float:
 
 def compare(name: str, got: torch.Tensor, single: torch.Tensor, ref: torch.Tensor,
             expected_dtype: torch.dtype, expected_shape: tuple) -> dict:
-    """Apply the tolerance rule to one tensor and return its check entry (docs/CONTRACTS.md).
+    """Apply the tolerance rule to one tensor and return its check entry (ringbench/CONTRACTS.md).
 
     A result of the wrong shape is a failed check with infinite error, not an exception.
     """

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 if TYPE_CHECKING:
     import pandas
 
-#: Version of the record layout in docs/CONTRACTS.md; bump it when a field changes meaning.
+#: Version of the record layout in ringbench/CONTRACTS.md; bump it when a field changes meaning.
 SCHEMA_VERSION = 1
 
 _NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
