@@ -430,7 +430,9 @@ def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any], nnod
     ``nnodes``, and on cuda each host must see ``world_size / nnodes`` GPUs.
     """
     from ringbench.scenarios import load_scenario
-    from ringbench.spec import CaseSpec, default_fields, detect_device, resolve, resolve_docs, validate
+    from ringbench.spec import (CaseSpec, canonical, default_fields, detect_device, resolve, resolve_docs,
+                                validate)
+    from ringbench.variants import get_variant
 
     scen = load_scenario(scenario) if scenario is not None else None
     machine, gpus = detect_device()
@@ -439,6 +441,10 @@ def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any], nnod
         cases = [CaseSpec.from_dict({"task": task, **default_fields(device, gpus), **given})]
     else:
         cases = scen.cases(task, machine, given, visible_gpus=gpus)
+        if isinstance(given.get("variant"), list):
+            # A --variant list replaces the sweep's variants: keep each variant to the cases of
+            # its form (packed documents for the varlen variants, none for the batch ones).
+            cases = [c for c in cases if get_variant(c.variant).varlen == bool(c.docs or c.doc_dist)]
         if not cases:
             raise SpecError(f"scenario {scen.source} has no case left after the --variant and --world-size "
                             "filters; pass values that its cases use")
@@ -451,7 +457,7 @@ def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any], nnod
                                 f"node runs world_size / nnodes ranks; pass --world-size "
                                 f"{(case.world_size // nnodes + 1) * nnodes}")
             validate(case, visible_gpus=gpus * nnodes)
-            resolved.append(resolve(case))
+            resolved.append(resolve(canonical(case)))
         except SpecError as exc:
             if scen is None:
                 raise

@@ -134,6 +134,12 @@ def read_frame(paths: Sequence[Path | str]) -> "pandas.DataFrame":
         raise CompareError(f"no records found in {', '.join(map(str, paths))}; pass .jsonl files or folders "
                            "that `ringbench run` wrote")
     frame = frame.copy()
+    from ringbench.spec import optional_field_defaults
+
+    # Records written before an optional field existed lack it: they hold its default.
+    for name, default in optional_field_defaults().items():
+        column = f"spec.{name}"
+        frame[column] = frame[column].fillna(default) if column in frame.columns else default
     added = []
     for column in [c for c in frame.columns if c.startswith("spec.")]:
         short = column[len("spec."):]
@@ -328,9 +334,12 @@ def _plain(value: Any) -> str:
 
 
 def format_value(metric: Metric, value: Any) -> str:
-    """A metric value with the metric's decimals; ``-`` for missing."""
+    """A metric value with the metric's decimals, or 3 significant digits when that would
+    show a small non-zero value (a CPU's TFLOP/s) as 0; ``-`` for missing."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return _MISSING
+    if value and abs(value) < 10 ** -metric.digits * 10:
+        return f"{value:.3g}"
     return f"{value:.{metric.digits}f}"
 
 
@@ -359,12 +368,16 @@ def print_pivot(p: Pivot, console: Console | None = None) -> None:
     # The title on its own line: a table title would wrap at the (narrow) table's width.
     console.print(Text(f"{p.metric.label} by {p.x}", style="italic"))
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    rows = _rows(p)
     for name in p.index:
-        table.add_column(name, no_wrap=True)
-    for value in p.table.columns:
-        table.add_column(format_x(p.x, _py(value)), justify="right", no_wrap=True)
+        # Row labels may wrap; the numbers never shrink.
+        table.add_column(name, overflow="fold")
+    for j, value in enumerate(p.table.columns):
+        header = format_x(p.x, _py(value))
+        width = max([len(header), *(len(format_value(p.metric, vals[j])) for _, vals in rows)])
+        table.add_column(header, justify="right", no_wrap=True, min_width=width)
     previous: list[Any] = []
-    for key, values in _rows(p):
+    for key, values in rows:
         # A panel's fields are written on its first row only, as a grouped table reads.
         shown = [("" if i < len(p.panels) and previous[:i + 1] == key[:i + 1] else _field_text(name, k))
                  for i, (name, k) in enumerate(zip(p.index, key))]
@@ -778,6 +791,8 @@ def _sort_key(value: Any) -> tuple:
 
 
 def _field_text(name: str, value: Any) -> str:
+    if name == "docs" and isinstance(value, str) and value.count(",") >= 3:
+        return f"{value.count(',') + 1} docs"  # the lengths themselves are in the records
     return format_x(name, value) if name == "seqlen" else _plain(value)
 
 

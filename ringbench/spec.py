@@ -212,6 +212,11 @@ def coerce_field(name: str, value: Any) -> Any:
     return value
 
 
+def optional_field_defaults() -> dict[str, Any]:
+    """The fields added after the first records, with the default older records hold."""
+    return dict(_DEFAULTED)
+
+
 def variant_options(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword options a case passes to its variant's ``attention`` beyond the contract."""
     options: dict[str, Any] = {}
@@ -402,6 +407,20 @@ def _check_kernel(spec: CaseSpec, kernel) -> None:
         raise SpecError(f"dtype {spec.dtype} is not supported by the {kernel.name} kernel, which takes "
                         f"{' and '.join(taken) if len(taken) < 3 else ', '.join(taken)}; "
                         f"pass --dtype {taken[0]}")
+
+
+def canonical(spec: CaseSpec) -> CaseSpec:
+    """``spec`` with options that restate a default written as the default (``layout`` equal
+    to the variant's own, ``heads_k_stride`` equal to kv_heads), so one computation has one
+    case_id."""
+    from ringbench.variants import get_variant
+
+    changes: dict[str, Any] = {}
+    if spec.layout and spec.layout == get_variant(spec.variant).layout:
+        changes["layout"] = ""
+    if spec.heads_k_stride and spec.heads_k_stride == spec.kv_heads:
+        changes["heads_k_stride"] = 0
+    return spec.replace(**changes) if changes else spec
 
 
 def resolve(spec: CaseSpec) -> CaseSpec:
