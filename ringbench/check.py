@@ -13,7 +13,7 @@ size a dropped, doubled or mis-masked block makes. It also keeps the allowance a
 where the single-device kernel happens to be exact.
 NaN or Inf fails, and so does a dtype or shape that differs from the input's.
 Comparing against the fp64 reference, not only against the same kernel without context
-parallelism, keeps a kernel bug from cancelling itself out (MEASUREMENT.md).
+parallelism, keeps a kernel bug from cancelling itself out (the measurement rules in README.md).
 
 A case with packed documents (a varlen variant, ``docs`` in the spec) builds the global
 ``cu_seqlens``, shards the row as the variant does (document by document, or by row), passes

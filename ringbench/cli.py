@@ -138,7 +138,7 @@ def run(
     doc_dist: Optional[str] = typer.Option(None, "--doc-dist", help=DOC_DIST_HELP),
     device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
     scenario: Optional[str] = typer.Option(
-        None, "--scenario", help="Sweep a scenario instead of one case: a built-in name (smoke, ci-nightly) or "
+        None, "--scenario", help="Sweep a scenario instead of one case: a built-in name (smoke, ci-nightly, llama3-8b) or "
                                  "a .toml file; the options above then override its fields."),
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
@@ -179,7 +179,7 @@ def verify(
                                 "keeps only its explicit cases of these variants. Default: with no --scenario, "
                                 "every user-facing variant; else the scenario's."),
     scenario: Optional[str] = typer.Option(
-        None, "--scenario", help="Built-in scenario name (smoke, ci-nightly) or a .toml file. Default: smoke, a "
+        None, "--scenario", help="Built-in scenario name (smoke, ci-nightly, llama3-8b) or a .toml file. Default: smoke, a "
                                  "CPU scenario that runs on CPU even on a GPU machine."),
     world_size: Optional[List[int]] = typer.Option(
         None, "--world-size", help="World size to verify at; repeat for several. Replaces the scenario's world "

@@ -142,7 +142,20 @@ def _label(record: dict, *, world_size: bool = True) -> str:
     ]
     if _field(record, "mode") == "fwd":
         parts.append("fwd")
-    return " ".join(parts)
+    return " ".join(parts + _options(record))
+
+
+def _options(record: dict) -> list[str]:
+    """The optional case fields that are set: layout, heads_k_stride and the documents."""
+    out = []
+    if _field(record, "layout"):
+        out.append(str(_field(record, "layout")))
+    if _field(record, "heads_k_stride"):
+        out.append(f"stride={_field(record, 'heads_k_stride')}")
+    docs = _field(record, "docs")
+    if docs:
+        out.append(f"docs={docs}" if str(docs).count(",") < 3 else f"{str(docs).count(',') + 1} docs")
+    return out
 
 
 def case_label(record: dict) -> str:
@@ -154,13 +167,14 @@ def case_label(record: dict) -> str:
 
 def _shape(record: dict) -> str:
     """The shape cell of the run table, e.g. ``W2 16k 32/8×128`` over ``bf16 causal fwd_bwd``:
-    world size, batch (``B2``, only when not 1), seqlen and Hq/Hkv×D on the first line,
-    dtype, mask and mode on the second."""
+    world size, batch (``B2``, only when not 1), seqlen and Hq/Hkv×D (query heads / K/V heads ×
+    head dim) on the first line; dtype, mask, mode and any layout, stride or documents on the
+    second."""
     sizes = [f"W{_text(_field(record, 'world_size'))}"]
     if _batch(record) is not None:
         sizes.append(f"B{_batch(record)}")
     sizes += [_size(record), f"{_heads(record)}×{_text(_field(record, 'head_dim'))}"]
-    kind = [_text(_field(record, "dtype")), _causal(record), _text(_field(record, "mode"))]
+    kind = [_text(_field(record, "dtype")), _causal(record), _text(_field(record, "mode")), *_options(record)]
     return " ".join(sizes) + "\n" + " ".join(kind)
 
 

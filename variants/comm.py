@@ -33,7 +33,7 @@ class RingComm:
 
     Use it as send_recv (any number of times) → commit → wait. The sends and receives of one
     batch go out together through ``batch_isend_irecv``, which cannot deadlock the way
-    separately issued isend/irecv pairs can (FIELD.md, pitfall 8). ``wait`` only orders the
+    separately issued isend/irecv pairs can. ``wait`` only orders the
     current stream after the transfers; it never synchronises the device, so compute issued
     between commit and wait overlaps the transfer.
 

@@ -10,7 +10,7 @@ overlapped across head groups, and gathered K/V held in memory.
 Causal runs default to the zigzag layout, which gives every rank the same causal work; the
 contiguous layout is there to measure what that balance is worth.
 
-Source: Llama 3 Herd of Models (Meta, 2024), section 3.3.2 "Context parallelism".
+Source: "The Llama 3 Herd of Models" (Meta, 2024), its context-parallelism part.
 """
 
 from __future__ import annotations

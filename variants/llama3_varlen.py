@@ -15,7 +15,7 @@ gathered K/V, computes dq locally and reduce-scatters float32 dK/dV to their own
 The price: the causal work is unbalanced (later ranks see longer prefixes), as in ``llama3``
 over the contiguous layout.
 
-Source: Llama 3 Herd of Models (Meta, 2024), section 3.3.2 "Context parallelism", which
+Source: "The Llama 3 Herd of Models" (Meta, 2024), its context-parallelism part, which
 all-gathers K/V so that documents of any length can be packed across ranks.
 """
 

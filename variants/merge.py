@@ -22,9 +22,10 @@ def merge_(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor) -> No
         block_out: ``[B, S, H, D]`` in any float dtype, the block's output.
         block_lse: ``[B, H, S]``, the block's log-sum-exp.
 
-    Source: the online-softmax rescaling of Milakov and Gimelshein (2018), written in the
-    sigmoid form that the ring-flash-attn issue tracker recommends after float32 overflow
-    reports (FIELD.md, pitfall 2).
+    Source: the online-softmax rescaling of Milakov and Gimelshein, "Online normalizer
+    calculation for softmax" (2018), written in sigmoid/logaddexp form because the naive
+    ``lse + log(1 + exp(block_lse - lse))`` overflows in float32 once the gap passes ~88, a
+    failure users of ring attention have reported.
     """
     diff = block_lse - lse
     # Both -inf: nan; neither side has anything, so the block adds nothing.

@@ -1,7 +1,7 @@
 """Checks shared by the packed-documents (varlen) variants.
 
 A ``cu_seqlens`` that does not end at the token count makes flash-attn's varlen kernels read
-and write past the row instead of raising (FIELD.md, pitfall 5), and one that differs between
+and write past the row instead of raising, and one that differs between
 ranks makes the ranks disagree on the ring's steps, which hangs or silently mixes documents.
 So every varlen variant checks it, on every rank, before any transfer.
 """

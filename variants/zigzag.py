@@ -4,8 +4,8 @@ Rank r holds chunks r and 2W-1-r of 2W. Against a K/V block from an earlier rank
 query chunks see only the block's first chunk; against a block from a later rank, only the
 second local query chunk sees it, whole. Every rank does the same work at every step.
 
-Source: the zigzag scheme of ring-flash-attn (zhuzilin/ring-flash-attention, issue #2), also
-known as head-tail load balancing in PyTorch's context parallel.
+Source: the zigzag layout of the ring-flash-attn package's zigzag ring attention, which
+PyTorch's context parallel calls head-tail load balancing.
 """
 
 from __future__ import annotations
