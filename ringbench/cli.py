@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ringbench import __version__
+from ringbench.report import plural
 from ringbench.spec import SpecError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_RUN = 0, 1, 2, 3
@@ -500,7 +501,7 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: Op
         for record in results.read_records(results_path):
             if record.get("case_id") in wanted and _done(record):
                 by_id[record["case_id"]] = record  # the latest ok record of the case
-        err.print(f"--resume: {len(by_id)} of {_count(len(cases), 'case')} already have an ok record in "
+        err.print(f"--resume: {len(by_id)} of {plural(len(cases), 'case')} already have an ok record in "
                   f"{results_path}; running {len(cases) - len(by_id)}", style="dim", markup=False)
     todo = [c for c in cases if c.case_id() not in by_id]
 
@@ -516,7 +517,7 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: Op
         done = by_id.keys() | {r.get("case_id") for r in results.read_records(results_path)
                                if r.get("run_id") == run_id}
         again = shlex.join(["ringbench", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"]))
-        _error(f"interrupted: {len(done & ids)} of {_count(len(cases), 'case')} have a record in {results_path}; "
+        _error(f"interrupted: {len(done & ids)} of {plural(len(cases), 'case')} have a record in {results_path}; "
                f"to run the others: {again}")
         return 128 + signum[0]
     finally:
@@ -542,7 +543,7 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: Op
     if junit_xml is not None:
         report.write_junit(records, junit_xml)
     reused = f"; {len(records) - written} reused (--resume)" if resume else ""
-    err.print(f"{_count(written, 'record')} appended to {results_path}{reused}", style="dim", markup=False)
+    err.print(f"{plural(written, 'record')} appended to {results_path}{reused}", style="dim", markup=False)
     if not_run:
         return EXIT_NOT_RUN
     if any(r.get("status") not in PASSING for r in records):
@@ -632,7 +633,7 @@ def _follow_node(cases: list, launch_mod, results_path: Path, run_id: str, timeo
             _error(f"node {nodes['node_rank']}: launch at world_size {world_size} on {device} "
                    f"{'timed out' if result.timed_out else 'failed'}: {result.failure}")
             code = EXIT_NOT_RUN
-    err.print(f"node {nodes['node_rank']} of {nodes['nnodes']}: {_count(len(cases), 'case')} ran; node 0 writes "
+    err.print(f"node {nodes['node_rank']} of {nodes['nnodes']}: {plural(len(cases), 'case')} ran; node 0 writes "
               "their records", style="dim", markup=False)
     return code
 
@@ -760,10 +761,6 @@ def _short_label(case, varying: set[str]) -> str:
     }
     return " ".join(words[f] for f in _LABEL_FIELDS if f in ("variant", "kernel") or f in varying)
 
-
-def _count(n: int, noun: str) -> str:
-    """``1 case``, ``3 cases``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _env(kernel: str) -> dict | None:

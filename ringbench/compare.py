@@ -34,6 +34,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ringbench.report import plural
+
 if TYPE_CHECKING:
     import pandas
     from matplotlib.figure import Figure
@@ -111,11 +113,8 @@ class Loaded:
         if not total:
             return None
         parts = ", ".join(f"{n} {why}" for why, n in self.left_out.items())
-        return f"left out {_count(total, 'record')}: {parts}"
+        return f"left out {plural(total, 'record')}: {parts}"
 
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def read_frame(paths: Sequence[Path | str]) -> "pandas.DataFrame":
@@ -832,12 +831,12 @@ def print_gate(result: GateResult, console: Console | None = None) -> None:
     console.print(table)
     for side, cases in (("baseline", result.only_baseline), ("candidate", result.only_candidate)):
         if cases:
-            console.print(Text(f"unmatched: {_count(len(cases), 'case')} only in the {side} (not gated):",
+            console.print(Text(f"unmatched: {plural(len(cases), 'case')} only in the {side} (not gated):",
                                style="yellow"))
             for case_id, fields in cases:
                 console.print(f"  {_case_words(result.fields, fields)}  ({case_id})", markup=False,
                               highlight=False)
-    line = Text(f"{_count(len(result.rows), 'case')} matched: ")
+    line = Text(f"{plural(len(result.rows), 'case')} matched: ")
     line.append(f"{result.regressions} regressed", style="bold red" if result.regressions else "green")
     line.append(f", {len(result.only_baseline) + len(result.only_candidate)} unmatched")
     console.print(line)

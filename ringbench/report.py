@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ringbench.spec import format_size  # noqa: F401  (part of this module's API)
+
 #: Statuses a verify case can end with besides ``ok`` and ``fail``; counted as errors.
 ERROR_STATUSES = ("error", "timeout", "oom")
 
@@ -24,20 +26,9 @@ _STATUS_STYLE = {"ok": "green", "skipped": "yellow"}
 _MISSING = "-"
 
 
-def format_size(n: int) -> str:
-    """Write a token count the way people say it, in binary units.
-
-    Args:
-        n: a count, such as a seqlen.
-
-    Returns:
-        ``"16k"`` for 16384, ``"128k"`` for 131072, ``"1M"`` for 1048576; a count that is
-        not a whole number of 1024s is written out (``"3000"``).
-    """
-    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("k", 1 << 10)):
-        if n and n % size == 0:
-            return f"{n // size}{unit}"
-    return str(n)
+def plural(n: int, noun: str) -> str:
+    """``1 case``, ``3 cases``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _missing(x: Any) -> bool:

@@ -12,6 +12,7 @@ import pytest
 from ringbench import launch as launch_mod
 from ringbench import results
 from ringbench.launch import launch
+from test_cli_e2e import _live_cmdlines_with
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,20 +79,6 @@ def worker_env(tmp_path):
     path = os.pathsep.join(p for p in (str(folder), str(REPO), os.environ.get("PYTHONPATH"))
                            if p)
     return {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-
-
-def _live_cmdlines_with(needle: str) -> list[str]:
-    """Command lines of live processes that mention ``needle`` (zombies have none)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in cmd:
-            found.append(f"{pid}: {cmd}")
-    return found
 
 
 def _run(tmp_path, worker_env, cases, *, timeout_s, **kw):

@@ -95,6 +95,11 @@ class Kernel:
         return None
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype partial results are accumulated in: float64 for float64 inputs, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be "
@@ -126,7 +131,7 @@ def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_sc
     B, Sq, Hq, D = q.shape
     Hkv = k.shape[2]
     G = Hq // Hkv
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(q.dtype)
     # [B, Hkv, G, S, D]: GQA without repeating K/V.
     qg = q.to(acc).reshape(B, Sq, Hkv, G, D).permute(0, 2, 3, 1, 4)
     kf = k.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
@@ -162,7 +167,7 @@ def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     B, Sq, Hq, D = q.shape
     Hkv = k.shape[2]
     G = Hq // Hkv
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(q.dtype)
 
     def grouped(x: Tensor) -> Tensor:
         return x.to(acc).reshape(B, x.shape[1], Hkv, G, D).permute(0, 2, 3, 1, 4)
@@ -371,15 +376,11 @@ def _documents(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqlen_q: int,
     return [(cq[i], cq[i + 1], ck[i], ck[i + 1]) for i in range(len(cq) - 1)]
 
 
-def _acc_dtype(x: Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _math_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                          softmax_scale):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
     out = torch.zeros_like(q)
-    lse = torch.full((1, q.shape[2], q.shape[1]), -math.inf, dtype=_acc_dtype(q), device=q.device)
+    lse = torch.full((1, q.shape[2], q.shape[1]), -math.inf, dtype=accumulation_dtype(q.dtype), device=q.device)
     for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
         if qe > qs and ke > ks:
             o, l = _math_forward_core(q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], causal, softmax_scale,
@@ -421,7 +422,7 @@ def _cpu_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     from .merge import merge_
 
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    acc = _acc_dtype(q)
+    acc = accumulation_dtype(q.dtype)
     out = torch.zeros_like(q)
     lse = torch.full((1, q.shape[2], q.shape[1]), -math.inf, dtype=acc, device=q.device)
     for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
@@ -445,7 +446,7 @@ def _cpu_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
 def _cpu_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          causal, softmax_scale):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    acc = _acc_dtype(q)
+    acc = accumulation_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv = torch.zeros(v.shape, dtype=acc, device=v.device)

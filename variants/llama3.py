@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from . import layouts
 from .comm import TRAFFIC
-from .kernels import Kernel, as_kernel
+from .kernels import Kernel, accumulation_dtype, as_kernel
 from .merge import merge_
 
 Tensor = torch.Tensor
@@ -68,6 +68,18 @@ def reduce_scatter_shards(full: Tensor, layout: str, group) -> Tensor:
     return part
 
 
+def head_group_stride(heads_k_stride: int | None, kv_heads: int, prefix: str = "") -> int:
+    """K/V heads gathered at a time: ``heads_k_stride``, or all of them when it is ``None``.
+
+    Raises:
+        ValueError: a stride outside 1..kv_heads (the message starts with ``prefix``).
+    """
+    stride = kv_heads if heads_k_stride is None else heads_k_stride
+    if not 1 <= stride <= kv_heads:
+        raise ValueError(f"{prefix}heads_k_stride {stride} must be between 1 and kv_heads = {kv_heads}")
+    return stride
+
+
 def _head_groups(kv_heads: int, stride: int) -> list[slice]:
     return [slice(h, min(h + stride, kv_heads)) for h in range(0, kv_heads, stride)]
 
@@ -106,7 +118,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout):
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     B, S_local, H, D = q.shape
     G = H // k.shape[2]
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(q.dtype)
     out = torch.zeros(B, S_local, H, D, dtype=acc, device=q.device)
     lse = torch.full((B, H, S_local), float("-inf"), dtype=acc, device=q.device)
     saved = []
@@ -122,7 +134,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout):
 def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, layout):
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     S_local, G = q.shape[1], q.shape[2] // k.shape[2]
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.empty(k.shape, dtype=acc, device=k.device)
     dv = torch.empty(v.shape, dtype=acc, device=v.device)
@@ -196,9 +208,7 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     if layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"local seqlen {q.shape[1]} is odd; the zigzag layout gives every rank two "
                          "equal chunks, so seqlen must be a multiple of 2 * world_size")
-    stride = k.shape[2] if heads_k_stride is None else heads_k_stride
-    if not 1 <= stride <= k.shape[2]:
-        raise ValueError(f"heads_k_stride {stride} must be between 1 and kv_heads = {k.shape[2]}")
+    stride = head_group_stride(heads_k_stride, k.shape[2])
     kernel = as_kernel(kernel, q.device.type, q.dtype)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return GatheredAttention.apply(q, k, v, _forward, _backward, causal, scale, group, kernel, stride, layout)

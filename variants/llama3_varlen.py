@@ -26,8 +26,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .kernels import Kernel, as_kernel
-from .llama3 import GatheredAttention, _gathered_kv, _head_groups, reduce_scatter_shards
+from .kernels import Kernel, accumulation_dtype, as_kernel
+from .llama3 import GatheredAttention, _gathered_kv, _head_groups, head_group_stride, reduce_scatter_shards
 from .varlen import check_cu_seqlens
 
 Tensor = torch.Tensor
@@ -82,7 +82,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, pieces: Pieces):
     world_size = dist.get_world_size(group)
     G = q.shape[2] // k.shape[2]
     out = torch.empty_like(q)
-    lse = torch.empty(1, q.shape[2], q.shape[1], dtype=torch.float64 if q.dtype == torch.float64 else torch.float32,
+    lse = torch.empty(1, q.shape[2], q.shape[1], dtype=accumulation_dtype(q.dtype),
                       device=q.device)
     saved = []
     for hs, kg, vg in _gathered_kv(k, v, group, world_size, stride, "contiguous"):
@@ -97,7 +97,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, pieces: Pieces):
 
 def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, pieces: Pieces):
     G = q.shape[2] // k.shape[2]
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(q.dtype)
     dq = torch.empty_like(q)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     for hs, (kg, vg) in zip(_head_groups(k.shape[2], stride), saved):
@@ -149,9 +149,7 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
     if q.shape[0] != 1:
         raise ValueError(f"{prefix} q has batch {q.shape[0]}, but llama3_varlen packs documents into one row; "
                          "pass [1, S/W, H, D] shards and the documents' cu_seqlens")
-    stride = k.shape[2] if heads_k_stride is None else heads_k_stride
-    if not 1 <= stride <= k.shape[2]:
-        raise ValueError(f"{prefix} heads_k_stride {stride} must be between 1 and kv_heads = {k.shape[2]}")
+    stride = head_group_stride(heads_k_stride, k.shape[2], prefix=f"{prefix} ")
     kernel = as_kernel(kernel, q.device.type, q.dtype)
     reason = kernel.check_varlen()
     if reason:

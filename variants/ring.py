@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import RingComm
-from .kernels import Kernel, as_kernel
+from .kernels import Kernel, accumulation_dtype, as_kernel
 from .merge import merge_
 
 Tensor = torch.Tensor
@@ -208,7 +208,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
     comm = RingComm(group)
     rank, world_size = comm.rank, comm.world_size
     B, S, H, D = q.shape
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(q.dtype)
     out = lse = None
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
     kv = (k, v)
@@ -244,7 +244,7 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
                    steps: Steps) -> tuple[Tensor, Tensor, Tensor]:
     kv_comm, dkv_comm = RingComm(group), RingComm(group)
     rank, world_size = kv_comm.rank, kv_comm.world_size
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(q.dtype)
     dq = None
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
     kv = (k, v)
