@@ -30,8 +30,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ringbench import __version__
-from ringbench.report import plural
-from ringbench.spec import SpecError
+from ringbench.spec import SpecError, plural
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_RUN = 0, 1, 2, 3
 #: Statuses that do not fail a command; anything else (fail, oom, error, timeout) does.

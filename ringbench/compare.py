@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ringbench.report import plural
+from ringbench.spec import plural
 
 if TYPE_CHECKING:
     import pandas

@@ -26,9 +26,6 @@ _STATUS_STYLE = {"ok": "green", "skipped": "yellow"}
 _MISSING = "-"
 
 
-def plural(n: int, noun: str) -> str:
-    """``1 case``, ``3 cases``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _missing(x: Any) -> bool:

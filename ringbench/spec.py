@@ -76,6 +76,11 @@ def parse_size(text: str, *, name: str = "seqlen") -> int:
     return count
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 case``, ``3 cases``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def format_size(count: int) -> str:
     """Write a token count the short way ``parse_size`` reads: 131072 -> ``128k``."""
     for suffix, unit in (("M", 1024**2), ("k", 1024)):
