@@ -87,6 +87,8 @@ DOC_DIST_HELP = ("Draw the documents with --seed until they fill --seqlen: logno
                  "variant's multiple. Default: none.")
 HEADS_K_STRIDE_HELP = ("K/V heads gathered at a time by all-gather variants (llama3); while one group computes, "
                        "the next group's gather is in flight. Default: all K/V heads in one gather.")
+ROTATE_HELP = ("How torch_cp (PyTorch's context parallel) moves K/V: allgather (gather once, then compute "
+               "block by block) or alltoall (pass one block per step). Default: allgather, PyTorch's own.")
 TIMEOUT_HELP = ("Wall-clock seconds one launch (the cases of one world size and device) may take before every "
                 "rank is stopped and the running case recorded as timeout; the sweep then goes on with the next "
                 "case. Default: scaled to the cases, 120 s of start-up plus, per case, twice its FLOPs per GPU "
@@ -134,6 +136,7 @@ def run(
     seed: Optional[int] = typer.Option(None, "--seed", help=SEED_HELP),
     layout: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     heads_k_stride: Optional[int] = typer.Option(None, "--heads-k-stride", help=HEADS_K_STRIDE_HELP),
+    rotate: Optional[str] = typer.Option(None, "--rotate", help=ROTATE_HELP),
     docs: Optional[str] = typer.Option(None, "--docs", help=DOCS_HELP),
     doc_dist: Optional[str] = typer.Option(None, "--doc-dist", help=DOC_DIST_HELP),
     device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
@@ -154,7 +157,7 @@ def run(
         variant=variant, seqlen=seqlen, world_size=world_size, batch=batch, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, causal=causal, mode=mode, kernel=kernel,
         iters=iters, warmup=warmup, seed=seed, device=device, layout=layout,
-        heads_k_stride=heads_k_stride, docs=docs, doc_dist=doc_dist).items() if v is not None}
+        heads_k_stride=heads_k_stride, docs=docs, doc_dist=doc_dist, rotate=rotate).items() if v is not None}
     with _usage_errors():
         _check_given(given, timeout)
         if scenario is None and "variant" not in given:
@@ -306,6 +309,47 @@ def compare(
         err.print(f"plot written to {plot}", style="dim", markup=False)
     if to_parquet is not None:
         err.print(f"{len(loaded.frame)} records written to {to_parquet}", style="dim", markup=False)
+    raise typer.Exit(EXIT_OK)
+
+
+@app.command("variants")
+def variants_command(
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object per variant on stdout instead of "
+                                  "the table."),
+) -> None:
+    """List the variants: layout, form, mask, the kernels they take, and whether they can run here (why not)."""
+    from ringbench.report import compact_table
+    from ringbench.spec import detect_device
+    from ringbench.variants import VARIANTS, list_variants
+
+    device, _ = detect_device()
+    rows = []
+    for name in list_variants():
+        v = VARIANTS[name]
+        reason = v.unavailable() or v.check_device(device)
+        rows.append({"variant": name, "peer": v.peer, "layouts": [v.layout, *v.layouts],
+                     "form": "varlen" if v.varlen else "batch",
+                     "masks": [m for m, ok in (("causal", v.causal), ("non-causal", v.non_causal)) if ok],
+                     "kernels": list(v.kernels) or None, "available": reason is None, "reason": reason,
+                     "summary": v.summary})
+    if json_out:
+        sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows))
+        raise typer.Exit(EXIT_OK)
+    table = compact_table(f"ringbench variants (here: {device})")
+    for header in ("variant", "layout", "form", "mask", "kernels", "here"):
+        table.add_column(header, no_wrap=True)
+    reasons: dict[str, int] = {}  # one note per distinct reason
+    for r in rows:
+        if r["available"]:
+            here = Text("yes", style="green")
+        else:
+            here = Text(f"no [{reasons.setdefault(r['reason'], len(reasons) + 1)}]", style="yellow")
+        table.add_row(r["variant"], "/".join(r["layouts"]), r["form"], "both" if len(r["masks"]) == 2 else r["masks"][0],
+                      "/".join(r["kernels"] or ["any"]), here)
+    console = Console()
+    console.print(table)
+    for reason, i in reasons.items():
+        console.print(Text(f"[{i}] {reason}", style="yellow"))
     raise typer.Exit(EXIT_OK)
 
 

@@ -134,10 +134,12 @@ def _label(record: dict, *, world_size: bool = True) -> str:
 
 
 def _options(record: dict) -> list[str]:
-    """The optional case fields that are set: layout, heads_k_stride and the documents."""
+    """The optional case fields that are set: layout, rotate, heads_k_stride and the documents."""
     out = []
     if _field(record, "layout"):
         out.append(str(_field(record, "layout")))
+    if _field(record, "rotate"):
+        out.append(str(_field(record, "rotate")))
     if _field(record, "heads_k_stride"):
         out.append(f"stride={_field(record, 'heads_k_stride')}")
     docs = _field(record, "docs")
@@ -166,7 +168,7 @@ def _shape(record: dict) -> str:
     return " ".join(sizes) + "\n" + " ".join(kind)
 
 
-def _compact_table(title: str | None) -> Table:
+def compact_table(title: str | None) -> Table:
     """A table with no outer frame and one space of padding, so that about 50 columns of
     numbers fit next to the labels on an 80-column terminal."""
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
@@ -193,7 +195,7 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
         console: where to print; a new ``rich.console.Console`` when None.
     """
     console = console or Console()
-    table = _compact_table("ringbench run")
+    table = compact_table("ringbench run")
     # The case is two short names on two lines and never shrinks, so "torch-flash" is not cut
     # in two; the shape, two lines already, wraps further when the terminal is narrow.
     table.add_column("case", no_wrap=True)
@@ -221,6 +223,13 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
     console.print(table)
     for i, reason in enumerate(reasons, 1):
         console.print(Text(f"[{i}] {reason}", style="red"))
+    _print_notes(records, console)
+
+
+def _print_notes(records: list[dict], console: Console) -> None:
+    """Each distinct note the variants left in the records (such as expanded K/V), once."""
+    for note in dict.fromkeys(n for r in records for n in r.get("notes") or []):
+        console.print(Text(f"note: {note}", style="dim"))
 
 
 def _check_passed(check: dict) -> bool:
@@ -341,6 +350,7 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     if s["skipped"]:
         line.append(f", {s['skipped']} skipped", style="yellow")
     console.print(line)
+    _print_notes(records, console)
 
 
 #: Spec fields that make two verify records one problem at two world sizes (see
@@ -408,7 +418,7 @@ def print_growth_table(records: list[dict], console: Console | None = None) -> N
     for first, by_world in growth_groups(records):
         # The title on its own line: a table title would wrap at the (narrow) table's width.
         console.print(Text(f"error growth: {_label(first, world_size=False)}", style="italic"))
-        table = _compact_table(None)
+        table = compact_table(None)
         table.add_column("tensor", no_wrap=True)
         for world_size in by_world:
             table.add_column(f"W={world_size}", justify="right", no_wrap=True)

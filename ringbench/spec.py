@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Mapping
 
+from ringbench.variants import ROTATE
+
 #: Short dtype names users type, mapped to the ``torch`` attribute they mean.
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
 #: ``fwd`` times the forward pass; ``fwd_bwd`` the forward and backward pass.
@@ -121,6 +123,8 @@ class CaseSpec:
             writes them as plain integers.
         doc_dist: a distribution to draw ``docs`` from with ``seed`` (see :func:`resolve_docs`):
             ``lognormal:mean=4k,sigma=1`` or ``uniform:min=512,max=8k``; ``""``: none.
+        rotate: how torch_cp (PyTorch's context parallel) moves K/V: ``allgather`` or
+            ``alltoall``; ``""`` means PyTorch's default, allgather.
     """
 
     task: str
@@ -143,6 +147,7 @@ class CaseSpec:
     heads_k_stride: int = 0
     docs: str = ""
     doc_dist: str = ""
+    rotate: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form the worker reads, field order as declared."""
@@ -229,6 +234,8 @@ def variant_options(spec: Mapping[str, Any]) -> dict[str, Any]:
         options["layout"] = spec["layout"]
     if spec.get("heads_k_stride"):
         options["heads_k_stride"] = spec["heads_k_stride"]
+    if spec.get("rotate"):
+        options["rotate"] = spec["rotate"]
     return options
 
 
@@ -242,12 +249,12 @@ def layout_of(spec: Mapping[str, Any], variant) -> str:
 CUDA_DEFAULTS: dict[str, Any] = {
     "batch": 1, "seqlen": 16 * 1024, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bf16",
     "causal": True, "mode": "fwd_bwd", "kernel": "auto", "iters": 20, "warmup": 5, "seed": 0,
-    "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "",
+    "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "", "rotate": "",
 }
 CPU_DEFAULTS: dict[str, Any] = {
     "world_size": 2, "batch": 1, "seqlen": 4 * 1024, "heads": 4, "kv_heads": 2, "head_dim": 32,
     "dtype": "fp32", "causal": True, "mode": "fwd_bwd", "kernel": "auto", "iters": 10, "warmup": 3,
-    "seed": 0, "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "",
+    "seed": 0, "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "", "rotate": "",
 }
 
 
@@ -333,11 +340,14 @@ def check_fields(fields: Mapping[str, Any]) -> None:
             parse_docs(value)
         elif name == "doc_dist" and value:
             parse_doc_dist(value)
+        elif name == "rotate" and value:
+            _one_of(name, value, ROTATE, "--rotate")
     if all(k in fields for k in ("variant", "seqlen", "world_size")):
         reason = get_variant(fields["variant"]).check(
             seqlen=coerce_field("seqlen", fields["seqlen"]), world_size=fields["world_size"],
             causal=fields.get("causal", True), layout=fields.get("layout") or None,
-            heads_k_stride=fields.get("heads_k_stride", 0), kv_heads=fields.get("kv_heads"))
+            heads_k_stride=fields.get("heads_k_stride", 0), kv_heads=fields.get("kv_heads"),
+            rotate=fields.get("rotate", ""))
         if reason:
             raise SpecError(reason)
 
@@ -365,6 +375,9 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
         raise SpecError(f"heads {spec.heads} is not a multiple of kv_heads {spec.kv_heads}; "
                         f"pass --kv-heads with a divisor of {spec.heads}, such as {fit}")
     variant = get_variant(spec.variant)
+    for reason in (variant.check_device(spec.device), variant.check_kernel(spec.kernel)):
+        if reason:
+            raise SpecError(reason)
     _check_docs(spec, variant)
     if spec.kv_heads != spec.heads and not variant.gqa:
         raise SpecError(f"kv_heads {spec.kv_heads} differs from heads {spec.heads}, but {spec.variant} "
@@ -416,7 +429,7 @@ def _check_kernel(spec: CaseSpec, kernel) -> None:
 
 def canonical(spec: CaseSpec) -> CaseSpec:
     """``spec`` with options that restate a default written as the default (``layout`` equal
-    to the variant's own, ``heads_k_stride`` equal to kv_heads), so one computation has one
+    to the variant's own, ``heads_k_stride`` equal to kv_heads, ``rotate`` allgather), so one computation has one
     case_id."""
     from ringbench.variants import get_variant
 
@@ -425,6 +438,8 @@ def canonical(spec: CaseSpec) -> CaseSpec:
         changes["layout"] = ""
     if spec.heads_k_stride and spec.heads_k_stride == spec.kv_heads:
         changes["heads_k_stride"] = 0
+    if spec.rotate == ROTATE[0]:
+        changes["rotate"] = ""
     return spec.replace(**changes) if changes else spec
 
 
@@ -439,9 +454,16 @@ def resolve(spec: CaseSpec) -> CaseSpec:
         ``spec`` with ``kernel`` set to a concrete name.
 
     Raises:
-        SpecError: the named kernel is unavailable (with the reason), or no kernel fits.
+        SpecError: the variant or the named kernel is unavailable (with the reason), or no
+            kernel fits.
     """
+    from ringbench.variants import get_variant
     from ringbench.variants.kernels import AUTO_ORDER, resolve_kernel
+
+    variant = get_variant(spec.variant)
+    reason = variant.unavailable()
+    if reason:
+        raise SpecError(f"variant {spec.variant} is unavailable here: {reason}")
 
     if spec.kernel != "auto":
         _check_kernel(spec, _named_kernel(spec.kernel))
@@ -452,6 +474,8 @@ def resolve(spec: CaseSpec) -> CaseSpec:
         return spec
     refusals = []
     for name in AUTO_ORDER[spec.device]:
+        if variant.check_kernel(name):
+            continue
         try:
             kernel = resolve_kernel(name, spec.device)
             _check_kernel(spec, kernel)

@@ -24,6 +24,7 @@ from ringbench import envinfo, results
 from ringbench.bench import bench_case
 from ringbench.check import verify_case
 from ringbench.spec import CaseSpec
+from ringbench.variants import get_variant
 
 #: Seconds a rank whose case raised waits for the other ranks' statuses. When they do not all
 #: come (the others are stuck in a transfer with it), it re-raises, so the process ends, its
@@ -83,11 +84,16 @@ def run_one(spec: dict, device: torch.device) -> tuple[dict, BaseException | Non
     """Run one case on this rank; its outcome fields (status, reason, numbers) and the exception it raised."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     error = None
+    variant = get_variant(spec["variant"])
     try:
-        if spec["task"] == "verify":
-            fields = verify_case(spec, device=device)
-        else:
-            fields = {"status": "ok", "reason": None, **bench_case(spec, device=device)}
+        with variant.open_session(spec, None, device):
+            if spec["task"] == "verify":
+                fields = verify_case(spec, device=device)
+            else:
+                fields = {"status": "ok", "reason": None, **bench_case(spec, device=device)}
+        notes = variant.notes(heads=spec["heads"], kv_heads=spec["kv_heads"])
+        if notes:
+            fields["notes"] = notes
     except Exception as exc:  # a fault in one case is recorded, and the sweep goes on
         error = exc
         fields = {"status": _status_of(exc), "reason": _reason_of(exc, rank, world_size)}

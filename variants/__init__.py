@@ -9,6 +9,10 @@ takes this rank's shards ``[B, S/W, H, D]`` in the variant's layout and returns
 The varlen variants (``Variant.varlen``) take packed documents instead: B is 1 and
 ``cu_seqlens`` is the global int32 document offsets, the same on every rank; batch variants
 refuse ``cu_seqlens``.
+
+Peer variants (``torch_cp``, ``rfa_*``) run other projects' implementations through the same
+contract, so they are timed and checked by the same harness; each says why it is unavailable
+where its library is missing (``Variant.unavailable``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Callable
 
 #: Chunks per rank of each layout: the global seqlen must be a multiple of this times W.
 LAYOUT_CHUNKS = {"contiguous": 1, "zigzag": 2, "stripe": 1}
+#: How torch_cp moves K/V (its ``rotate`` option), PyTorch's default first.
+ROTATE = ("allgather", "alltoall")
 
 
 def document_rule(docs, world_size: int, layout: str, who: str) -> str | None:
@@ -58,6 +64,14 @@ class Variant:
         layouts: other layouts it takes through its ``layout`` keyword (``layout`` first).
         options: keyword options its ``attention`` takes beyond the common contract, such
             as ``heads_k_stride``.
+        devices: the device types it runs on; ``devices_reason`` says why not the others.
+        kernels: the only kernels it runs with (peers bring their own); empty: any kernel.
+        availability: ``"module:function"`` returning why it cannot run here, or ``None``
+            (imports torch and its library); empty: always available.
+        session: ``"module:function"`` taking ``(spec, group, device)`` and returning a context
+            manager that the worker holds around a whole case (forward and backward).
+        expands_kv: it runs GQA by repeating K/V heads to the query heads; records say so.
+        peer: it runs another project's implementation, not ringbench's.
     """
 
     name: str
@@ -72,13 +86,20 @@ class Variant:
     hidden: bool = False
     layouts: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    devices_reason: str = ""
+    kernels: tuple[str, ...] = ()
+    availability: str = ""
+    session: str = ""
+    expands_kv: bool = False
+    peer: bool = False
 
     def seqlen_multiple(self, world_size: int, layout: str | None = None) -> int:
         """The number the global seqlen must be a multiple of at ``world_size``."""
         return LAYOUT_CHUNKS[layout or self.layout] * world_size
 
     def check(self, *, seqlen: int, world_size: int, causal: bool, layout: str | None = None,
-              heads_k_stride: int = 0, kv_heads: int | None = None) -> str | None:
+              heads_k_stride: int = 0, kv_heads: int | None = None, rotate: str = "") -> str | None:
         """Return the one-sentence reason this variant refuses the case, or ``None``."""
         allowed = (self.layout, *self.layouts)
         if layout and layout not in allowed:
@@ -86,6 +107,8 @@ class Variant:
                     f"{' or '.join(allowed)}")
         if heads_k_stride and "heads_k_stride" not in self.options:
             return f"{self.name} takes no heads_k_stride; it is an option of all-gather variants such as llama3"
+        if rotate and "rotate" not in self.options:
+            return f"{self.name} takes no rotate; it is an option of torch_cp (PyTorch's context parallel)"
         if heads_k_stride and kv_heads is not None and not 1 <= heads_k_stride <= kv_heads:
             return (f"heads_k_stride {heads_k_stride} must be between 1 and kv_heads = {kv_heads}; "
                     f"pass --heads-k-stride {kv_heads} or fewer")
@@ -101,6 +124,35 @@ class Variant:
             which = self.name if layout == self.layout else f"{self.name} over the {layout} layout"
             return f"seqlen {seqlen} is not a multiple of {rule}, which {which} needs; use {up}"
         return None
+
+    def check_device(self, device: str) -> str | None:
+        """Return why this variant cannot run on ``device`` (``cpu`` or ``cuda``), or ``None``."""
+        if device in self.devices:
+            return None
+        return f"{self.name} cannot run on {device}: {self.devices_reason}; pass --device {self.devices[0]}"
+
+    def check_kernel(self, kernel: str) -> str | None:
+        """Return why this variant cannot run with the named ``kernel``, or ``None``."""
+        if not self.kernels or kernel in self.kernels or kernel == "auto":
+            return None
+        return (f"kernel {kernel!r} is not one {self.name} runs with, since it brings its own attention calls; "
+                f"pass --kernel {' or '.join(self.kernels)}")
+
+    def unavailable(self) -> str | None:
+        """Why this variant cannot run on this machine (its library is missing), or ``None``.
+
+        Imports torch and the variant's library; a failed import is reported, not raised.
+        """
+        if not self.availability:
+            return None
+        module, func = self.availability.split(":")
+        return getattr(importlib.import_module(f"{__name__}.{module}"), func)()
+
+    def notes(self, *, heads: int, kv_heads: int) -> list[str]:
+        """What a record of this variant should say about how it ran the case."""
+        if self.expands_kv and kv_heads != heads:
+            return [f"K/V expanded from {kv_heads} to {heads} heads before {self.name}, which has no native GQA"]
+        return []
 
     def check_docs(self, docs, world_size: int) -> str | None:
         """Return why this variant refuses documents of lengths ``docs`` at ``world_size``, or ``None``.
@@ -121,7 +173,18 @@ class Variant:
         Beyond the common contract it takes ``layout=`` when ``layouts`` is not empty, and
         each keyword named in ``options``.
         """
-        module, func = self.target.split(":")
+        return self._load(self.target)
+
+    def open_session(self, spec, group, device):
+        """The context manager the worker holds around one case (``contextlib.nullcontext``
+        when the variant needs none)."""
+        if not self.session:
+            import contextlib
+            return contextlib.nullcontext()
+        return self._load(self.session)(spec, group, device)
+
+    def _load(self, target: str):
+        module, func = target.split(":")
         return getattr(importlib.import_module(f"{__name__}.{module}"), func)
 
 
@@ -145,6 +208,23 @@ VARIANTS: dict[str, Variant] = {
         Variant("llama3_varlen", "contiguous", "llama3_varlen:llama3_varlen_attention",
                 "packed documents, contiguous row, all-gather K/V; any document boundaries",
                 varlen=True, options=("heads_k_stride",)),
+        Variant("torch_cp", "zigzag", "torch_cp:torch_cp_attention",
+                "peer: PyTorch's context_parallel around SDPA (head-tail balancing, all-gather or all-to-all "
+                "rotation)", non_causal=False, options=("rotate",), devices=("cuda",),
+                devices_reason="PyTorch's context parallel dispatches only its CUDA SDPA backends "
+                               "(flash, efficient, cuDNN)",
+                kernels=("torch-flash", "cudnn"), availability="torch_cp:unavailable_reason",
+                session="torch_cp:session", expands_kv=True, peer=True),
+        *(Variant(f"rfa_{name}", layout, f"rfa:rfa_{name}_attention",
+                  f"peer: ring-flash-attn's {func}", varlen=varlen, non_causal=non_causal, devices=("cuda",),
+                  devices_reason="ring-flash-attn calls the flash-attn package, which runs on CUDA only",
+                  kernels=("flash-attn",), availability="rfa:unavailable_reason", peer=True,
+                  options=("heads_k_stride",) if varlen else ())
+          for name, layout, func, varlen, non_causal in (
+              ("ring", "contiguous", "ring_flash_attn_func", False, True),
+              ("zigzag", "zigzag", "zigzag_ring_flash_attn_func", False, False),
+              ("stripe", "stripe", "stripe_flash_attn_func", False, False),
+              ("llama3_varlen", "contiguous", "llama3_flash_attn_varlen_func", True, True))),
         Variant("broken_merge", "contiguous", "testing:broken_merge_attention",
                 "test only: a ring whose merge drops the last block", hidden=True),
         Variant("fault_hang", "contiguous", "testing:fault_hang_attention",
