@@ -361,9 +361,80 @@ def _py(value: Any) -> Any:
     return value
 
 
+@dataclass
+class Contest:
+    """Who wins each column among rows that differ only in their variant, and how each of
+    ringbench's variants stands against the best peer (``Variant.peer``: torch_cp, rfa_*).
+
+    Attributes:
+        winners: (row, column) positions holding the best value of their group and column.
+        vs_peer: (row, column) -> this row's value over the best peer's in its group and
+            column, turned so that above 1 is better (for time and memory: peer / row).
+    """
+
+    winners: set[tuple[int, int]]
+    vs_peer: dict[tuple[int, int], float]
+
+
+def contest(p: Pivot) -> Contest:
+    """Compare rows that share every index field but ``variant`` (the same panel, kernel and
+    other fields), column by column. Empty when ``variant`` is not a row field."""
+    from ringbench.variants import VARIANTS
+
+    result = Contest(set(), {})
+    if "variant" not in p.index:
+        return result
+    at = p.index.index("variant")
+    groups: dict[tuple, list[int]] = {}
+    rows = _rows(p)
+    for i, (key, _) in enumerate(rows):
+        groups.setdefault(tuple(key[:at] + key[at + 1:]), []).append(i)
+    better = max if p.metric.higher_is_better else min
+    for members in groups.values():
+        for j in range(len(p.table.columns)):
+            values = {i: rows[i][1][j] for i in members if rows[i][1][j] is not None}
+            if len(values) < 2:
+                continue
+            best = better(values.values())
+            result.winners.update((i, j) for i, v in values.items() if v == best)
+            is_peer = {i: getattr(VARIANTS.get(rows[i][0][at]), "peer", False) for i in values}
+            peers = [v for i, v in values.items() if is_peer[i]]
+            if not peers or all(is_peer.values()):
+                continue
+            peer = better(peers)
+            for i, v in values.items():
+                if not is_peer[i] and v and peer:
+                    result.vs_peer[(i, j)] = v / peer if p.metric.higher_is_better else peer / v
+    return result
+
+
+def _cell(p: Pivot, c: Contest, i: int, j: int, value: Any) -> str:
+    text = format_value(p.metric, value)
+    if (i, j) in c.vs_peer:
+        text += f" ×{c.vs_peer[(i, j)]:.2f}"
+    if not c.winners:
+        return text
+    return text + ("*" if (i, j) in c.winners else " ")  # the space keeps the digits aligned
+
+
+def contest_legend(c: Contest) -> str | None:
+    """The line that explains the marks, or ``None`` when there are none."""
+    if not c.winners:
+        return None
+    legend = "* best of the variants that share every other field"
+    if c.vs_peer:
+        legend += "; ×N: against the best peer variant (torch_cp, rfa_*) there, above 1 is better"
+    return legend
+
+
 def print_pivot(p: Pivot, console: Console | None = None) -> None:
-    """Print the pivot as a rich table: the row fields, then one column per x value."""
+    """Print the pivot as a rich table: the row fields, then one column per x value.
+
+    The best value among rows that differ only in their variant is marked ``*``, and
+    ringbench's variants show ``×N``, their value against the best peer's (see :func:`contest`).
+    """
     console = console or Console()
+    c = contest(p)
     # The title on its own line: a table title would wrap at the (narrow) table's width.
     console.print(Text(f"{p.metric.label} by {p.x}", style="italic"))
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
@@ -373,28 +444,33 @@ def print_pivot(p: Pivot, console: Console | None = None) -> None:
         table.add_column(name, overflow="fold")
     for j, value in enumerate(p.table.columns):
         header = format_x(p.x, _py(value))
-        width = max([len(header), *(len(format_value(p.metric, vals[j])) for _, vals in rows)])
+        width = max([len(header), *(len(_cell(p, c, i, j, vals[j])) for i, (_, vals) in enumerate(rows))])
         table.add_column(header, justify="right", no_wrap=True, min_width=width)
     previous: list[Any] = []
-    for key, values in rows:
+    for i, (key, values) in enumerate(rows):
         # A panel's fields are written on its first row only, as a grouped table reads.
         shown = [("" if i < len(p.panels) and previous[:i + 1] == key[:i + 1] else _field_text(name, k))
                  for i, (name, k) in enumerate(zip(p.index, key))]
-        table.add_row(*shown, *(format_value(p.metric, v) for v in values),
+        table.add_row(*shown, *(_cell(p, c, i, j, v) for j, v in enumerate(values)),
                       end_section=False)
         previous = key
     console.print(table)
+    legend = contest_legend(c)
+    if legend:
+        console.print(Text(legend, style="dim"))
 
 
 def pivot_markdown(p: Pivot) -> str:
     """The pivot as a GitHub Markdown table (no dependency), with a title line."""
+    c = contest(p)
     headers = [*p.index, *(format_x(p.x, _py(v)) for v in p.table.columns)]
     align = [":--"] * len(p.index) + ["--:"] * len(p.table.columns)
     lines = [f"**{p.metric.label} by {p.x}**", "", _md_row(headers), _md_row(align)]
-    for key, values in _rows(p):
+    for i, (key, values) in enumerate(_rows(p)):
         lines.append(_md_row([*(_field_text(n, k) for n, k in zip(p.index, key)),
-                              *(format_value(p.metric, v) for v in values)]))
-    return "\n".join(lines) + "\n"
+                              *(_cell(p, c, i, j, v) for j, v in enumerate(values))]))
+    legend = contest_legend(c)
+    return "\n".join(lines + ([f"\n{legend}"] if legend else [])) + "\n"
 
 
 def _md_row(cells: Iterable[str]) -> str:
@@ -402,13 +478,20 @@ def _md_row(cells: Iterable[str]) -> str:
 
 
 def pivot_json_lines(p: Pivot) -> list[str]:
-    """One JSON object per pivot row: the row fields, ``metric``, ``x`` and ``values``
-    (x value as text -> the metric, null where not measured)."""
+    """One JSON object per pivot row: the row fields, ``metric``, ``x``, ``values`` (x value
+    as text -> the metric, null where not measured), ``best`` (the x values where the row is
+    best of its group, see :func:`contest`) and ``vs_best_peer`` (x value -> ratio, for
+    ringbench's variants where a peer was measured)."""
+    c = contest(p)
+    columns = [_plain(_py(x)) for x in p.table.columns]
     out = []
-    for key, values in _rows(p):
+    for i, (key, values) in enumerate(_rows(p)):
         row = dict(zip(p.index, key))
         row.update(metric=p.metric.name, column=p.metric.column, x=p.x,
-                   values={_plain(_py(x)): v for x, v in zip(p.table.columns, values)})
+                   values=dict(zip(columns, values)),
+                   best=[x for j, x in enumerate(columns) if (i, j) in c.winners],
+                   vs_best_peer={x: round(c.vs_peer[(i, j)], 4) for j, x in enumerate(columns)
+                                 if (i, j) in c.vs_peer})
         out.append(json.dumps(row))
     return out
 

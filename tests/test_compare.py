@@ -78,14 +78,43 @@ def test_compare_table_where_and_markdown_show_the_pivot(runs, tmp_path):
     lines = result.stdout.splitlines()
     assert lines[0].strip() == f"{compare.METRICS['efficiency'].label} by seqlen"
     assert lines[1].split() == ["world_size", "mode", "variant", "kernel", "1k", "2k"]
-    assert [line.split() for line in lines[3:]] == [["2", "fwd", "ring", "cpu", "0.100", "0.200"],
-                                                    ["zigzag", "cpu", "0.125", "0.250"]]
+    # zigzag wins both columns among the rows that differ only in their variant.
+    assert [line.split() for line in lines[3:5]] == [["2", "fwd", "ring", "cpu", "0.100", "0.200"],
+                                                     ["zigzag", "cpu", "0.125*", "0.250*"]]
+    assert lines[5].startswith("* best of the variants that share every other field")
     assert md.read_text().splitlines()[2:] == [
         "| world_size | mode | variant | kernel | 1k | 2k |",
         "| :-- | :-- | :-- | :-- | --: | --: |",
-        "| 2 | fwd | ring | cpu | 0.100 | 0.200 |",
-        "| 2 | fwd | zigzag | cpu | 0.125 | 0.250 |",
+        "| 2 | fwd | ring | cpu | 0.100  | 0.200  |",
+        "| 2 | fwd | zigzag | cpu | 0.125* | 0.250* |",
+        "",
+        "* best of the variants that share every other field",
     ]
+
+
+def test_compare_marks_winners_and_ratio_to_the_best_peer(tmp_path):
+    runs = write(tmp_path / "runs.jsonl", [
+        record("zigzag", 1024, 12.0), record("zigzag", 2048, 18.0),
+        record("stripe", 1024, 9.0), record("stripe", 2048, 21.0),
+        record("torch_cp", 1024, 10.0), record("torch_cp", 2048, 20.0),
+        record("ring", 1024, 50.0, mode="fwd_bwd"),  # another mode: another group, no peer in it
+    ])
+    result = runner.invoke(app, ["compare", str(runs), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {(r["mode"], r["variant"]): r for r in map(json.loads, result.stdout.splitlines())}
+    assert rows[("fwd", "zigzag")]["best"] == ["1024"] and rows[("fwd", "stripe")]["best"] == ["2048"]
+    assert rows[("fwd", "torch_cp")]["best"] == [] and rows[("fwd", "torch_cp")]["vs_best_peer"] == {}
+    assert rows[("fwd", "zigzag")]["vs_best_peer"] == {"1024": 1.2, "2048": 0.9}
+    assert rows[("fwd", "stripe")]["vs_best_peer"] == {"1024": 0.9, "2048": 1.05}
+    assert rows[("fwd_bwd", "ring")]["best"] == [] and rows[("fwd_bwd", "ring")]["vs_best_peer"] == {}
+    table = runner.invoke(app, ["compare", str(runs)]).stdout
+    assert "12.0 ×1.20*" in table and "18.0 ×0.90" in table and "18.0 ×0.90*" not in table and "×N: against the best peer" in table
+    # Time: lower is better, so the ratio is the peer's time over the variant's.
+    timed = write(tmp_path / "t.jsonl", [record("zigzag", 1024, 1.0, time_ms=2.0),
+                                         record("torch_cp", 1024, 1.0, time_ms=3.0)])
+    rows = [json.loads(x) for x in runner.invoke(app, ["compare", str(timed), "--json", "--metric", "time"]).stdout.splitlines()]
+    assert [(r["variant"], r["best"], r["vs_best_peer"]) for r in rows] == [("torch_cp", [], {}),
+                                                                           ("zigzag", ["1024"], {"1024": 1.5})]
 
 
 def test_compare_by_source_keeps_files_apart(tmp_path):
