@@ -169,10 +169,10 @@ def run(
         if resume and nnodes > 1:
             raise SpecError(f"--resume reads the records, which only node 0 has, so it cannot run over nnodes "
                             f"{nnodes}; rerun the missing cases without --resume")
-        cases = _build_cases("run", scenario, given, nnodes=nnodes)
+        cases, skipped = _build_cases("run", scenario, given, nnodes=nnodes)
         _check_out(out, None)
     raise typer.Exit(_execute(cases, task="run", out=out, json_out=json_out, timeout_s=timeout, resume=resume,
-                              nodes=nodes))
+                              nodes=nodes, skipped=skipped))
 
 
 @app.command()
@@ -218,10 +218,10 @@ def verify(
         if resume and nnodes > 1:
             raise SpecError(f"--resume reads the records, which only node 0 has, so it cannot run over nnodes "
                             f"{nnodes}; rerun the missing cases without --resume")
-        cases = _build_cases("verify", scenario or "smoke", given, nnodes=nnodes)
+        cases, skipped = _build_cases("verify", scenario or "smoke", given, nnodes=nnodes)
         _check_out(out, junit_xml)
     raise typer.Exit(_execute(cases, task="verify", out=out, json_out=json_out, timeout_s=timeout,
-                              junit_xml=junit_xml, resume=resume, nodes=nodes))
+                              junit_xml=junit_xml, resume=resume, nodes=nodes, skipped=skipped))
 
 
 @app.command()
@@ -467,15 +467,21 @@ def _check_out(out: Path, junit_xml: Optional[Path]) -> None:
                             "with a writable path")
 
 
-def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any], nnodes: int = 1) -> list:
+def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
+                 nnodes: int = 1) -> tuple[list, dict[str, str]]:
     """Expand, validate and resolve the cases; raises SpecError on the first bad one.
 
     With ``nnodes`` hosts, world_size is the total over them: it must be a multiple of
     ``nnodes``, and on cuda each host must see ``world_size / nnodes`` GPUs.
+
+    Returns:
+        The cases, and ``{case_id: reason}`` of those a scenario holds whose variant is
+        unavailable here (such as a peer whose library is missing): they are recorded as
+        skipped. A variant named with ``--variant`` must be available.
     """
     from ringbench.scenarios import load_scenario
     from ringbench.spec import (CaseSpec, canonical, default_fields, detect_device, resolve, resolve_docs,
-                                validate)
+                                Unavailable, validate)
     from ringbench.variants import get_variant
 
     scen = load_scenario(scenario) if scenario is not None else None
@@ -487,12 +493,14 @@ def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any], nnod
         cases = scen.cases(task, machine, given, visible_gpus=gpus)
         if isinstance(given.get("variant"), list):
             # A --variant list replaces the sweep's variants: keep each variant to the cases of
-            # its form (packed documents for the varlen variants, none for the batch ones).
-            cases = [c for c in cases if get_variant(c.variant).varlen == bool(c.docs or c.doc_dist)]
+            # its form (packed documents for the varlen variants, none for the batch ones) and
+            # of a mask it takes (torch_cp is causal only).
+            cases = [c for c in cases if get_variant(c.variant).varlen == bool(c.docs or c.doc_dist)
+                     and (get_variant(c.variant).non_causal or c.causal)]
         if not cases:
             raise SpecError(f"scenario {scen.source} has no case left after the --variant and --world-size "
                             "filters; pass values that its cases use")
-    resolved = []
+    resolved, skipped = [], {}
     for i, case in enumerate(cases):
         try:
             case = resolve_docs(case)
@@ -501,7 +509,13 @@ def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any], nnod
                                 f"node runs world_size / nnodes ranks; pass --world-size "
                                 f"{(case.world_size // nnodes + 1) * nnodes}")
             validate(case, visible_gpus=gpus * nnodes)
-            resolved.append(resolve(canonical(case)))
+            case = canonical(case)
+            resolved.append(resolve(case))
+        except Unavailable as exc:
+            if scen is None or "variant" in given:
+                raise
+            skipped[case.case_id()] = str(exc)
+            resolved.append(case)
         except SpecError as exc:
             if scen is None:
                 raise
@@ -513,14 +527,17 @@ def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any], nnod
         if other is not case:
             raise SpecError(f"two cases share case_id {case.case_id()} because they differ only in iters, warmup "
                             "or seed, so their records could not be told apart; sweep other fields")
-    return resolved
+    return resolved, skipped
 
 
 # --------------------------------------------------------------------------- execution
 
 def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: Optional[float],
-             junit_xml: Optional[Path] = None, resume: bool = False, nodes: Optional[dict] = None) -> int:
+             junit_xml: Optional[Path] = None, resume: bool = False, nodes: Optional[dict] = None,
+             skipped: Optional[dict[str, str]] = None) -> int:
     """Launch the cases, one launch per (world_size, device), and report; returns the exit code.
+
+    The cases in ``skipped`` (case_id -> reason) are not launched; each gets a ``skipped`` record.
 
     A progress bar on stderr counts cases: it moves as the records appear in the results file
     (read between waits on the job, see ``launch``'s ``on_poll``). Ctrl-C or SIGTERM stops
@@ -546,6 +563,11 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: Op
                 by_id[record["case_id"]] = record  # the latest ok record of the case
         err.print(f"--resume: {len(by_id)} of {plural(len(cases), 'case')} already have an ok record in "
                   f"{results_path}; running {len(cases) - len(by_id)}", style="dim", markup=False)
+    skipped_now = [c for c in cases if c.case_id() in (skipped or {}) and c.case_id() not in by_id]
+    for case in skipped_now:
+        record = _missing_record(case, run_id, "skipped", skipped[case.case_id()], None)
+        results.append_record(results_path, record)
+        by_id[case.case_id()] = record
     todo = [c for c in cases if c.case_id() not in by_id]
 
     written = 0
@@ -553,8 +575,9 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: Op
     signum = [signal.SIGINT]
     previous = _raise_on_sigterm(signum)
     try:
-        written, not_run = _launch_all(todo, launch_mod, results, results_path, run_id, timeout_s, by_id, err,
-                                       task=task, nodes=nodes)
+        launched, not_run = _launch_all(todo, launch_mod, results, results_path, run_id, timeout_s, by_id, err,
+                                        task=task, nodes=nodes)
+        written = launched + len(skipped_now)
     except KeyboardInterrupt:
         ids = {c.case_id() for c in cases}
         done = by_id.keys() | {r.get("case_id") for r in results.read_records(results_path)

@@ -43,6 +43,11 @@ class SpecError(ValueError):
     """
 
 
+class Unavailable(SpecError):
+    """The case's variant cannot run on this machine (its library is missing); a scenario
+    records such cases as skipped, with the reason, instead of refusing the sweep."""
+
+
 def parse_size(text: str, *, name: str = "seqlen") -> int:
     """Parse a token count such as ``4096``, ``128k`` (131072) or ``1M`` (1048576).
 
@@ -454,8 +459,8 @@ def resolve(spec: CaseSpec) -> CaseSpec:
         ``spec`` with ``kernel`` set to a concrete name.
 
     Raises:
-        SpecError: the variant or the named kernel is unavailable (with the reason), or no
-            kernel fits.
+        Unavailable: the variant's library is missing here (with the reason).
+        SpecError: the named kernel is unavailable (with the reason), or no kernel fits.
     """
     from ringbench.variants import get_variant
     from ringbench.variants.kernels import AUTO_ORDER, resolve_kernel
@@ -463,7 +468,7 @@ def resolve(spec: CaseSpec) -> CaseSpec:
     variant = get_variant(spec.variant)
     reason = variant.unavailable()
     if reason:
-        raise SpecError(f"variant {spec.variant} is unavailable here: {reason}")
+        raise Unavailable(f"variant {spec.variant} is unavailable here: {reason}")
 
     if spec.kernel != "auto":
         _check_kernel(spec, _named_kernel(spec.kernel))

@@ -125,6 +125,22 @@ def harness(monkeypatch):
      r"^world_size 3 is not a multiple of nnodes 2, .*; pass --world-size 4$"),
     (["run", "--variant", "ring", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--resume"],
      r"^--resume reads the records, which only node 0 has"),
+    # Peers: where they run, with what, and what they take.
+    (["verify", "--variant", "torch_cp", "--device", "cpu"],
+     r"^scenario smoke \(built-in\) case 1 of 6 \(torch_cp, world_size 1, seqlen 520, kernel cpu\): torch_cp "
+     r"cannot run on cpu: PyTorch's context parallel dispatches only its CUDA SDPA backends"),
+    (["run", "--variant", "torch_cp", "--device", "cpu"],
+     r"^torch_cp cannot run on cpu: PyTorch's context parallel dispatches only its CUDA SDPA backends "
+     r"\(flash, efficient, cuDNN\); pass --device cuda$"),
+    (["run", "--variant", "rfa_zigzag", "--device", "cpu"], r"^rfa_zigzag cannot run on cpu: ring-flash-attn calls "
+                                                            r"the flash-attn package, which runs on CUDA only"),
+    (["run", "--variant", "torch_cp", "--device", "cpu", "--kernel", "cpu"], r"^torch_cp cannot run on cpu"),
+    (["run", "--variant", "torch_cp", "--no-causal"], r"^torch_cp does not support non-causal attention; pass --causal$"),
+    (["run", "--variant", "torch_cp", "--rotate", "ring"], r"^rotate 'ring' is unknown; pass --rotate with one of "
+                                                           r"allgather, alltoall$"),
+    (["run", "--variant", "zigzag", "--rotate", "alltoall"], r"^zigzag takes no rotate; it is an option of torch_cp"),
+    (["run", "--variant", "fault_unavailable", "--device", "cpu"],
+     r"^variant fault_unavailable is unavailable here: test only: its library is never installed$"),
 ])
 def test_cli_bad_input_exits_2_with_one_sentence(harness, args, pattern):
     result = runner.invoke(app, args)

@@ -8,6 +8,7 @@ About a minute in all on two CPU cores, most of it the hang test's 20 s watchdog
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -92,14 +93,19 @@ def test_faults_raise_on_one_rank_records_its_rank_and_traceback(tmp_path, monke
     assert _live_cmdlines_with(str(out / "logs")) == []
 
 
-def test_faults_oom_and_silent_variant_are_recorded_and_the_sweep_goes_on(tmp_path):
+def test_faults_oom_silent_and_unavailable_variants_are_recorded_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "out"
-    result = ringbench("run", "--scenario", str(sweep(tmp_path, ["ring", "fault_oom", "fault_silent", "zigzag"])),
-                       "--out", str(out), "--json", cwd=tmp_path)
+    variants = ["ring", "fault_oom", "fault_unavailable", "fault_silent", "zigzag"]
+    result = ringbench("run", "--scenario", str(sweep(tmp_path, variants)), "--out", str(out), "--json", cwd=tmp_path)
     assert result.returncode == 1  # cases failed, the launch did not
-    assert len(result.stdout.splitlines()) == 4
+    assert [json.loads(line)["spec"]["variant"] for line in result.stdout.splitlines()] == variants
     records = by_variant(out / "runs.jsonl")
-    assert len(records) == 4
+    assert len(records) == 5
+    # A variant whose library is missing here is skipped with the reason, never launched.
+    missing = records["fault_unavailable"]
+    assert (missing["status"], missing["reason"]) == (
+        "skipped", "variant fault_unavailable is unavailable here: test only: its library is never installed")
+    assert missing["time_ms"] is None
     oom = records["fault_oom"]
     assert oom["status"] == "oom"
     assert re.match(r"\[rank [01]/2\] out of memory: requested \d+\.\d\d GiB, free \d+\.\d\d GiB; "

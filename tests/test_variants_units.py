@@ -7,8 +7,10 @@ far off it was.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
+import sys
 
 import pytest
 import torch
@@ -431,3 +433,36 @@ def test_check_compare_rule_passes_and_fails():
     nan[0, 3, 1, 2] = math.nan
     assert not compare("out", nan, single, ref, torch.float32, shape)["passed"]
     assert not compare("out", ref.half(), single, ref, torch.float32, shape)["passed"]
+
+
+# --------------------------------------------------------------------------- peers
+
+def test_rfa_loads_only_its_modules_and_names_what_is_missing():
+    # The test extra installs ring-flash-attn; flash-attn needs CUDA and is not installed here.
+    assert importlib.util.find_spec("ring_flash_attn") is not None
+    reason = get_variant("rfa_zigzag").unavailable()
+    assert reason == "ring-flash-attn needs flash_attn, which is not installed"
+    # The package's __init__ (which imports its Hugging Face adapter) never ran.
+    assert "ring_flash_attn" not in sys.modules
+
+
+def test_peers_are_marked_and_need_cuda_and_their_kernels():
+    cp = get_variant("torch_cp")
+    assert cp.peer and cp.check_device("cpu") and cp.check_device("cuda") is None
+    assert cp.check_kernel("cpu") == ("kernel 'cpu' is not one torch_cp runs with, since it brings its own attention "
+                                      "calls; pass --kernel torch-flash or cudnn")
+    assert cp.check_kernel("cudnn") is None and cp.check_kernel("auto") is None
+    assert cp.notes(heads=32, kv_heads=8) == ["K/V expanded from 8 to 32 heads before torch_cp, which has no "
+                                              "native GQA"]
+    assert cp.notes(heads=8, kv_heads=8) == [] and get_variant("zigzag").notes(heads=32, kv_heads=8) == []
+    assert not get_variant("zigzag").peer and get_variant("zigzag").unavailable() is None
+
+
+def test_torch_cp_outside_its_session_refuses():
+    from ringbench.variants.torch_cp import torch_cp_attention
+
+    q = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(RuntimeError, match=r"runs inside torch_cp\.session"):
+        torch_cp_attention(q, q, q, causal=True, softmax_scale=1.0, kernel="torch-flash")
+    with pytest.raises(ValueError, match="needs causal=True"):
+        torch_cp_attention(q, q, q, causal=False, softmax_scale=1.0, kernel="torch-flash")

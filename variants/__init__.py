@@ -233,6 +233,9 @@ VARIANTS: dict[str, Variant] = {
                 "test only: rank 1 raises RuntimeError", hidden=True),
         Variant("fault_oom", "contiguous", "testing:fault_oom_attention",
                 "test only: every rank runs out of memory (simulated on CPU)", hidden=True),
+        Variant("fault_unavailable", "contiguous", "ring:ring_attention",
+                "test only: a variant whose library is never available", hidden=True,
+                availability="testing:never_available"),
         Variant("fault_silent", "contiguous", "testing:fault_silent_attention",
                 "test only: local attention, never communicates", hidden=True),
     )

@@ -108,3 +108,8 @@ def fault_silent_attention(q, k, v, *, causal=True, softmax_scale=None, group=No
     lse = torch.logsumexp(scores, dim=-1)
     out = (torch.softmax(scores, dim=-1) @ vt).transpose(1, 2).to(q.dtype)
     return out, lse
+
+
+def never_available() -> str:
+    """The availability check of ``fault_unavailable``: a library that is never installed."""
+    return "test only: its library is never installed"
