@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind results/reference/: install offline, benchmark, verify.
 # Run from the repository root on a machine with 2 GPUs:
-#   RINGBENCH_GIT_COMMIT=$(git rev-parse HEAD) bash results/reference/gpu_session.sh bench|verify
+#   RINGBENCH_GIT_COMMIT=$(git rev-parse HEAD) bash results/reference/gpu_session.sh bench|verify|peers
 # Writes into $OUT (default ./gpu-out): the records (*.jsonl), the JUnit file, the consoles.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -23,6 +23,22 @@ case "${1:-bench}" in
         --junit-xml "$OUT/ci-nightly.junit.xml" >"$OUT/ci-nightly.console.txt" 2>&1
     echo "verify exit $?"
     cp "$RES/verify.jsonl" "$OUT/ci-nightly.verify.jsonl"
+    ;;
+  peers)
+    { nvidia-smi; nvidia-smi topo -m; } >"$OUT/machine.txt" 2>&1
+    ringbench variants >"$OUT/variants.txt" 2>&1
+    # PyTorch's context parallel through the nightly matrix (its causal half), then the sweep.
+    ringbench verify --device cuda --scenario ci-nightly --variant torch_cp --out "$RES" --timeout 240 \
+        --junit-xml "$OUT/ci-nightly-torch_cp.junit.xml" >"$OUT/ci-nightly-torch_cp.console.txt" 2>&1
+    echo "verify exit $?"
+    cp "$RES/verify.jsonl" "$OUT/ci-nightly-torch_cp.verify.jsonl"
+    ringbench run --scenario peers --out "$RES" --timeout 480 >"$OUT/peers.console.txt" 2>&1
+    echo "run exit $?"
+    cp "$RES/runs.jsonl" "$OUT/peers.jsonl"
+    for mode in fwd_bwd fwd; do
+      ringbench compare "$OUT/peers.jsonl" --where "mode == '$mode'" --plot "$OUT/peers-$mode.png" \
+          --markdown "$OUT/peers-$mode.md" >>"$OUT/peers.compare.txt" 2>&1
+    done
     ;;
 esac
 tail -5 "$OUT"/*.console.txt
