@@ -470,7 +470,8 @@ def pivot_markdown(p: Pivot) -> str:
         lines.append(_md_row([*(_field_text(n, k) for n, k in zip(p.index, key)),
                               *(_cell(p, c, i, j, v) for j, v in enumerate(values))]))
     legend = contest_legend(c)
-    return "\n".join(lines + ([f"\n{legend}"] if legend else [])) + "\n"
+    # Escaped, so Markdown shows the star instead of starting a list.
+    return "\n".join(lines + ([f"\n\\{legend}"] if legend else [])) + "\n"
 
 
 def _md_row(cells: Iterable[str]) -> str:
@@ -634,7 +635,8 @@ def plot(p: Pivot, frame: "pandas.DataFrame", path: Path | str | None = None) ->
         place = {k: (0, i) for i, k in enumerate(panel_keys)}
     n_rows, n_cols = len(grid_rows), len(grid_cols)
 
-    fig = Figure(figsize=(4.6 * n_cols + 0.6, 3.4 * n_rows + 1.6), layout="constrained")
+    # At least 9 in wide, so the title and a legend of many lines fit over one panel.
+    fig = Figure(figsize=(max(4.6 * n_cols + 0.6, 9.0), 3.4 * n_rows + 1.6), layout="constrained")
     FigureCanvasAgg(fig)
     # TFLOP/s and efficiency read across panels on one scale; time and memory span decades.
     share = p.metric.name in ("tflops", "efficiency")
@@ -651,7 +653,8 @@ def plot(p: Pivot, frame: "pandas.DataFrame", path: Path | str | None = None) ->
         pts = [(x, v) for x, v in zip(xs, values) if v is not None]
         if not pts:
             continue
-        label = " / ".join(_field_text(n, v) for n, v in zip(p.lines, line)) or p.metric.name
+        # An optional field left at its default ("") adds nothing to the label.
+        label = " / ".join(t for t in (_field_text(n, v) for n, v in zip(p.lines, line)) if t) or p.metric.name
         (handle,) = axes[panel].plot([x for x, _ in pts], [v for _, v in pts], label=label, linewidth=1.6,
                                      markersize=5, **style[line])
         handles.setdefault(label, handle)
@@ -688,7 +691,7 @@ def plot(p: Pivot, frame: "pandas.DataFrame", path: Path | str | None = None) ->
                    ncols=min(len(handles), 4), title=" / ".join(p.lines) or None, fontsize=9, title_fontsize=9,
                    frameon=False)
     if path is not None:
-        fig.savefig(path, dpi=150)
+        fig.savefig(path, dpi=150, bbox_inches="tight")  # never clip the title or the legend
     return fig
 
 

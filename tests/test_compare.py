@@ -88,7 +88,7 @@ def test_compare_table_where_and_markdown_show_the_pivot(runs, tmp_path):
         "| 2 | fwd | ring | cpu | 0.100  | 0.200  |",
         "| 2 | fwd | zigzag | cpu | 0.125* | 0.250* |",
         "",
-        "* best of the variants that share every other field",
+        "\\* best of the variants that share every other field",
     ]
 
 
