@@ -1,4 +1,4 @@
-"""The ``ringbench`` command line: ``run``, ``verify`` and ``compare``.
+"""The ``ringbench`` command line: ``run``, ``verify``, ``compare`` and ``variants``.
 
 Parsing and every check that needs no GPU happen here, before any process starts; a bad
 input prints one red sentence on stderr and exits 2. Torch and the harness modules are
@@ -51,7 +51,8 @@ app = typer.Typer(
 # --------------------------------------------------------------------------- options
 
 _DEV = "Default: cuda {cuda}, cpu {cpu}."
-VARIANT_HELP = "Context-parallel variant to run, as registered in ringbench.variants (ring, zigzag, ...)."
+VARIANT_HELP = ("Context-parallel variant to run, as registered in ringbench.variants (ring, zigzag, ...; "
+                "`ringbench variants` lists them and says which can run here).")
 SEQLEN_HELP = ("Global tokens per sequence, split across ranks; a whole number with an optional k (x1024) "
                "or M (x1024^2) suffix, such as 4096, 128k or 1M. " + _DEV.format(cuda="16k", cpu="4k"))
 WORLD_HELP = ("Ranks in the context-parallel group, one process each. Default: cuda every visible GPU, "
@@ -141,7 +142,7 @@ def run(
     doc_dist: Optional[str] = typer.Option(None, "--doc-dist", help=DOC_DIST_HELP),
     device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
     scenario: Optional[str] = typer.Option(
-        None, "--scenario", help="Sweep a scenario instead of one case: a built-in name (smoke, ci-nightly, llama3-8b) or "
+        None, "--scenario", help="Sweep a scenario instead of one case: a built-in name (smoke, ci-nightly, llama3-8b, peers) or "
                                  "a .toml file; the options above then override its fields."),
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
@@ -182,7 +183,7 @@ def verify(
                                 "keeps only its explicit cases of these variants. Default: with no --scenario, "
                                 "every user-facing variant; else the scenario's."),
     scenario: Optional[str] = typer.Option(
-        None, "--scenario", help="Built-in scenario name (smoke, ci-nightly, llama3-8b) or a .toml file. Default: smoke, a "
+        None, "--scenario", help="Built-in scenario name (smoke, ci-nightly, llama3-8b, peers) or a .toml file. Default: smoke, a "
                                  "CPU scenario that runs on CPU even on a GPU machine."),
     world_size: Optional[List[int]] = typer.Option(
         None, "--world-size", help="World size to verify at; repeat for several. Replaces the scenario's world "
