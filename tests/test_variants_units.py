@@ -466,3 +466,19 @@ def test_torch_cp_outside_its_session_refuses():
         torch_cp_attention(q, q, q, causal=True, softmax_scale=1.0, kernel="torch-flash")
     with pytest.raises(ValueError, match="needs causal=True"):
         torch_cp_attention(q, q, q, causal=False, softmax_scale=1.0, kernel="torch-flash")
+
+
+def test_torch_cp_session_lays_out_zigzag_and_pytorch_has_no_cpu_context_parallel(solo_group):
+    # Why torch_cp is refused on CPU, kept true: inside PyTorch's context_parallel the CPU SDPA
+    # op has no sharding rule. When a PyTorch release adds one, this fails: enable torch_cp on CPU.
+    from torch.distributed.tensor import DTensor, Shard
+
+    from ringbench.variants import torch_cp
+
+    spec = {"seqlen": 16}
+    with torch_cp.session(spec, None, torch.device("cpu")):
+        assert torch_cp._mesh is not None
+        q = DTensor.from_local(torch.randn(1, 2, 16, 8), torch_cp._mesh, [Shard(2)], run_check=False)
+        with pytest.raises(NotImplementedError, match="_scaled_dot_product_flash_attention_for_cpu"):
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, True)
+    assert torch_cp._mesh is None
