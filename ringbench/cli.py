@@ -65,7 +65,7 @@ HEAD_DIM_HELP = "Channels per head (D). " + _DEV.format(cuda=128, cpu=32)
 DTYPE_HELP = "Input dtype: bf16, fp16, fp32 or fp64. " + _DEV.format(cuda="bf16", cpu="fp32")
 CAUSAL_HELP = "Apply a causal mask (--causal, the default) or attend to every key (--no-causal)."
 MODE_HELP = "What one iteration times: fwd (forward only) or fwd_bwd (forward and backward). Default: fwd_bwd."
-KERNEL_HELP = ("Local attention kernel: flash-attn, torch-flash, cudnn (cuda), cpu, math (any device), or "
+KERNEL_HELP = ("Local attention kernel: flash-attn, torch-flash, cudnn, torch-efficient (cuda), cpu, math (any device), or "
                "auto, the first one available here that takes the dtype and head dim. Default: auto.")
 ITERS_HELP = "Timed iterations per case. " + _DEV.format(cuda=20, cpu=10)
 WARMUP_HELP = "Untimed warm-up iterations before timing (0 allowed). " + _DEV.format(cuda=5, cpu=3)

@@ -159,7 +159,7 @@ def test_validate_accepts_seqlen_the_layout_divides(variant, seqlen):
 
 @pytest.mark.parametrize("change, pattern", [
     ({"variant": "nope"}, r"^variant 'nope' is unknown; choose one of " + re.escape(", ".join(list_variants())) + "$"),
-    ({"kernel": "nope"}, r"^kernel 'nope' is unknown; choose one of flash-attn, torch-flash, cudnn, cpu, math or auto$"),
+    ({"kernel": "nope"}, r"^kernel 'nope' is unknown; choose one of flash-attn, torch-flash, cudnn, torch-efficient, cpu, math or auto$"),
     ({"heads": 6, "kv_heads": 4}, r"^heads 6 is not a multiple of kv_heads 4; pass --kv-heads with a divisor of 6, "
                                   r"such as 3$"),
     ({"world_size": 0}, r"^world_size 0 must be positive; pass --world-size 1 or more$"),
@@ -191,7 +191,7 @@ def test_validate_refuses_bad_cpu_fields(change, pattern):
     ({"dtype": "fp32"}, 2, r"^dtype fp32 is not supported by the torch-flash kernel, which takes bf16 and fp16; "
                            r"pass --dtype bf16$"),
     ({"kernel": "cpu"}, 2, r"^kernel 'cpu' runs on cpu, not cuda; pass --kernel with one of flash-attn, torch-flash, "
-                           r"cudnn, math or auto$"),
+                           r"cudnn, torch-efficient, math or auto$"),
 ])
 def test_validate_refuses_bad_cuda_fields(change, gpus, pattern):
     with pytest.raises(SpecError, match=pattern):

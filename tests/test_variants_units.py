@@ -450,7 +450,7 @@ def test_peers_are_marked_and_need_cuda_and_their_kernels():
     cp = get_variant("torch_cp")
     assert cp.peer and cp.check_device("cpu") and cp.check_device("cuda") is None
     assert cp.check_kernel("cpu") == ("kernel 'cpu' is not one torch_cp runs with, since it brings its own attention "
-                                      "calls; pass --kernel torch-flash or cudnn")
+                                      "calls; pass --kernel torch-flash, cudnn or torch-efficient")
     assert cp.check_kernel("cudnn") is None and cp.check_kernel("auto") is None
     assert cp.notes(heads=32, kv_heads=8) == ["K/V expanded from 8 to 32 heads before torch_cp, which has no "
                                               "native GQA"]

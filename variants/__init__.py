@@ -136,7 +136,8 @@ class Variant:
         if not self.kernels or kernel in self.kernels or kernel == "auto":
             return None
         return (f"kernel {kernel!r} is not one {self.name} runs with, since it brings its own attention calls; "
-                f"pass --kernel {' or '.join(self.kernels)}")
+                f"pass --kernel {', '.join(self.kernels[:-1])} or {self.kernels[-1]}" if len(self.kernels) > 1
+                else f"pass --kernel {self.kernels[0]}")
 
     def unavailable(self) -> str | None:
         """Why this variant cannot run on this machine (its library is missing), or ``None``.
@@ -213,7 +214,7 @@ VARIANTS: dict[str, Variant] = {
                 "rotation)", non_causal=False, options=("rotate",), devices=("cuda",),
                 devices_reason="PyTorch's context parallel dispatches only its CUDA SDPA backends "
                                "(flash, efficient, cuDNN)",
-                kernels=("torch-flash", "cudnn"), availability="torch_cp:unavailable_reason",
+                kernels=("torch-flash", "cudnn", "torch-efficient"), availability="torch_cp:unavailable_reason",
                 session="torch_cp:session", expands_kv=True, peer=True),
         *(Variant(f"rfa_{name}", layout, f"rfa:rfa_{name}_attention",
                   f"peer: ring-flash-attn's {func}", varlen=varlen, non_causal=non_causal, devices=("cuda",),

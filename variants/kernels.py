@@ -294,6 +294,33 @@ def _cudnn_backward(dout, q, k, v, out, lse, causal, softmax_scale):
     return dq.transpose(1, 2), _reduce_kv(dk.transpose(1, 2), groups), _reduce_kv(dv.transpose(1, 2), groups)
 
 
+# --------------------------------------------------------------------------- torch-efficient
+
+def _efficient_forward(q, k, v, causal, softmax_scale):
+    _check_shapes(q, k, v, causal)
+    groups = q.shape[2] // k.shape[2]
+    # The memory-efficient SDPA op takes [B, H, S, D] views and no GQA: K/V go in expanded.
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q.transpose(1, 2), _expand_kv(k, groups).transpose(1, 2), _expand_kv(v, groups).transpose(1, 2),
+        None, True, 0.0, causal, scale=softmax_scale)
+    # Its lse is padded along the sequence (to a multiple of 32); keep the rows that exist.
+    return out.transpose(1, 2), _empty_rows_to_neg_inf(lse[..., :q.shape[1]].float())
+
+
+def _efficient_backward(dout, q, k, v, out, lse, causal, softmax_scale):
+    _check_shapes(q, k, v, causal)
+    groups = q.shape[2] // k.shape[2]
+    B, Sq, Hq, _ = q.shape
+    seed, offset = _unused_rng_state(q.device)
+    padded = lse.new_zeros(B, Hq, -(-Sq // 32) * 32)
+    padded[..., :Sq] = lse
+    dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        dout.transpose(1, 2), q.transpose(1, 2), _expand_kv(k, groups).transpose(1, 2),
+        _expand_kv(v, groups).transpose(1, 2), None, out.transpose(1, 2), padded, seed, offset, 0.0,
+        [True, True, True, False], causal, scale=softmax_scale)
+    return dq.transpose(1, 2), _reduce_kv(dk.transpose(1, 2), groups), _reduce_kv(dv.transpose(1, 2), groups)
+
+
 def _cudnn_unavailable() -> str | None:
     reason = _cuda_unavailable()
     if reason is None and not torch.backends.cudnn.is_available():
@@ -529,6 +556,8 @@ KERNELS: dict[str, Kernel] = {
                _torch_flash_unavailable, _torch_flash_forward_varlen, _torch_flash_backward_varlen),
         Kernel("cudnn", "cuda", _HALF, 128, 8, _cudnn_forward, _cudnn_backward, _cudnn_unavailable,
                no_varlen="cuDNN's ragged-offset attention is not wired up or verified"),
+        Kernel("torch-efficient", "cuda", (*_HALF, torch.float32), 128, 8, _efficient_forward, _efficient_backward,
+               _cuda_unavailable, no_varlen="the memory-efficient op's varlen form is not wired up or verified"),
         Kernel("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16, torch.float16), None, 1,
                _cpu_forward, _cpu_backward, forward_varlen=_cpu_forward_varlen,
                backward_varlen=_cpu_backward_varlen),

@@ -89,8 +89,11 @@ def _sdpa(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: 
     elif kernel.name == "cudnn":
         out, lse, *_ = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
                                                                scale=scale)
+    elif kernel.name == "torch-efficient":
+        out, lse, *_ = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)
+        lse = lse[..., :q.shape[2]]  # padded along the sequence
     else:
-        raise ValueError(f"torch_cp runs with kernel torch-flash or cudnn, not {kernel.name!r}")
+        raise ValueError(f"torch_cp runs with kernel torch-flash, cudnn or torch-efficient, not {kernel.name!r}")
     return out, lse
 
 
@@ -115,7 +118,8 @@ def torch_cp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax
         causal: must be True (PyTorch's balanced backward needs it).
         softmax_scale: the softmax scale.
         group: the context-parallel group; must be the session's.
-        kernel: ``torch-flash`` (SDPA flash backend) or ``cudnn`` (SDPA cuDNN backend).
+        kernel: ``torch-flash``, ``cudnn`` or ``torch-efficient``: the SDPA flash, cuDNN or
+            memory-efficient backend.
         rotate: ``allgather`` or ``alltoall``.
 
     Returns:
