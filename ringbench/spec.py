@@ -121,6 +121,9 @@ class CaseSpec:
             writes them as plain integers.
         doc_dist: a distribution to draw ``docs`` from with ``seed`` (see :func:`resolve_docs`):
             ``lognormal:mean=4k,sigma=1`` or ``uniform:min=512,max=8k``; ``""``: none.
+        hf_model: verify only: a model of ``ringbench.models`` (``llama-tiny``) checked end to end
+            through the Hugging Face adapter, loss and every gradient; its config fixes seqlen,
+            batch, heads, kv_heads and head_dim. ``""``: the attention check.
     """
 
     task: str
@@ -143,6 +146,7 @@ class CaseSpec:
     heads_k_stride: int = 0
     docs: str = ""
     doc_dist: str = ""
+    hf_model: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form the worker reads, field order as declared."""
@@ -333,6 +337,10 @@ def check_fields(fields: Mapping[str, Any]) -> None:
             parse_docs(value)
         elif name == "doc_dist" and value:
             parse_doc_dist(value)
+        elif name == "hf_model" and value:
+            from ringbench.models import load_model
+
+            load_model(value)
     if all(k in fields for k in ("variant", "seqlen", "world_size")):
         reason = get_variant(fields["variant"]).check(
             seqlen=coerce_field("seqlen", fields["seqlen"]), world_size=fields["world_size"],
@@ -366,6 +374,10 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
                         f"pass --kv-heads with a divisor of {spec.heads}, such as {fit}")
     variant = get_variant(spec.variant)
     _check_docs(spec, variant)
+    if spec.hf_model:
+        from ringbench.models import check_case
+
+        check_case(spec)
     if spec.kv_heads != spec.heads and not variant.gqa:
         raise SpecError(f"kv_heads {spec.kv_heads} differs from heads {spec.heads}, but {spec.variant} "
                         f"does not support GQA; pass --kv-heads {spec.heads}")
