@@ -502,6 +502,8 @@ def _build_model_cases(model: str, scenario: Optional[str], given: dict[str, Any
             cannot run (the variant, the documents, the world size, the kernel...).
     """
     from ringbench import models
+    from ringbench.spec import parse_docs
+    from ringbench.variants import get_variant
 
     if scenario is not None:
         raise SpecError(f"--scenario {scenario!r} does not go with --model, which fixes the case's shape; drop one")
@@ -511,9 +513,20 @@ def _build_model_cases(model: str, scenario: Optional[str], given: dict[str, Any
     extra = {k: v for k, v in (("docs", docs), ("doc_dist", doc_dist)) if v is not None}
     variants = given.pop("variant", None) or ["zigzag_varlen" if extra else "zigzag"]
     world_sizes = given.pop("world_size", None) or [2]
+    seqlen = fixed["seqlen"]
+    if docs is not None and sum(parse_docs(docs)) != seqlen:
+        raise SpecError(f"docs {docs!r} sum to {sum(parse_docs(docs))} tokens, but model {model} has {seqlen}; pass "
+                        f"documents that sum to {seqlen}")
     cases = []
     for variant in variants:
         for world_size in world_sizes:
+            # The model fixes seqlen, so the fix the spec's message suggests (another seqlen) is not open here.
+            n = get_variant(variant).seqlen_multiple(world_size)
+            if seqlen % n:
+                fits = [w for w in range(2, 65) if seqlen % get_variant(variant).seqlen_multiple(w) == 0][:2]
+                raise SpecError(f"world_size {world_size} does not fit model {model}: its {seqlen} tokens are not a "
+                                f"multiple of {n}, which {variant} needs at that size; pass --world-size "
+                                f"{' or '.join(map(str, fits))}")
             case = dict(given, **fixed, **extra, variant=variant, world_size=world_size)
             cases += _build_cases("verify", None, case, nnodes=nnodes)
     return cases
