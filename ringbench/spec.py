@@ -246,12 +246,12 @@ def layout_of(spec: Mapping[str, Any], variant) -> str:
 CUDA_DEFAULTS: dict[str, Any] = {
     "batch": 1, "seqlen": 16 * 1024, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bf16",
     "causal": True, "mode": "fwd_bwd", "kernel": "auto", "iters": 20, "warmup": 5, "seed": 0,
-    "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "",
+    "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "", "hf_model": "",
 }
 CPU_DEFAULTS: dict[str, Any] = {
     "world_size": 2, "batch": 1, "seqlen": 4 * 1024, "heads": 4, "kv_heads": 2, "head_dim": 32,
     "dtype": "fp32", "causal": True, "mode": "fwd_bwd", "kernel": "auto", "iters": 10, "warmup": 3,
-    "seed": 0, "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "",
+    "seed": 0, "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "", "hf_model": "",
 }
 
 
