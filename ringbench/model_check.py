@@ -41,6 +41,21 @@ def _build(spec: dict):
     return LlamaForCausalLM(LlamaConfig(**model.config))  # CPU, float32: the same weights on every rank
 
 
+def _copy(base, *, device, dtype):
+    """``base`` with its parameters in ``dtype`` on ``device``; floating buffers stay float32.
+
+    RoPE's ``inv_freq`` is such a buffer: transformers computes the rotary angles in float32,
+    and an ``inv_freq`` rounded to bf16 would be another function at long positions (a bf16
+    model from ``from_pretrained`` keeps it in float32 too).
+    """
+    model = copy.deepcopy(base).to(device=device, dtype=dtype)
+    for mine, theirs in zip(model.modules(), base.modules()):
+        for name, buf in theirs.named_buffers(recurse=False):
+            if buf is not None and buf.is_floating_point():
+                setattr(mine, name, buf.to(device))
+    return model
+
+
 def _grads(model, loss: torch.Tensor) -> dict[str, torch.Tensor]:
     out = {"loss": loss.detach()}
     out.update({f"grad {n}": p.grad.detach() for n, p in model.named_parameters()})
@@ -49,7 +64,7 @@ def _grads(model, loss: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def _whole_row(base, ids: torch.Tensor, docs: list[int] | None, *, dtype, kernel: str, device) -> dict:
     """Loss and gradients of ``base`` (copied to ``dtype``) over whole rows, no context parallelism."""
-    model = copy.deepcopy(base).to(device=device, dtype=dtype)
+    model = _copy(base, device=device, dtype=dtype)
     hf.use_attention(model, hf.register_single(kernel))
     batch, seqlen = ids.shape
     inputs = {"input_ids": ids.to(device)}
@@ -91,7 +106,7 @@ def check_model(spec: dict, *, device: torch.device, group=None) -> dict:
     base = _build(spec)
     ids = _tokens(spec, base.config.vocab_size)
 
-    model = copy.deepcopy(base).to(device=device, dtype=dtype)
+    model = _copy(base, device=device, dtype=dtype)
     hf.use_attention(model, hf.register(spec["variant"], group=group, kernel=spec["kernel"],
                                         **variant_options(spec)))
     cu = layouts.cu_seqlens_from_docs(docs, device=device) if docs is not None else None
