@@ -91,7 +91,7 @@ MODEL_HELP = ("Check a whole model instead of attention alone: a randomly initia
               "(llama-tiny: 256 tokens, for CPU; llama-small: 16k tokens, for GPUs in bf16) through the Hugging "
               "Face adapter, with and without context parallelism on the same tokens; compares the loss and every "
               "parameter gradient. Takes --variant (default zigzag, zigzag_varlen with --docs), --world-size "
-              "(default 2), --dtype, --kernel, --device, --docs and --doc-dist. Needs pip install 'ringbench[hf]'.")
+              "(default 2), --dtype, --kernel, --device, --docs and --doc-dist. Needs transformers: the hf extra.")
 TIMEOUT_HELP = ("Wall-clock seconds one launch (the cases of one world size and device) may take before every "
                 "rank is stopped and the running case recorded as timeout; the sweep then goes on with the next "
                 "case. Default: scaled to the cases, 120 s of start-up plus, per case, twice its FLOPs per GPU "
@@ -193,8 +193,7 @@ def verify(
                                          "Default: the scenario's kernel, else auto.")),
     device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP.replace("Default:", "With --model, default:")
-                                        + " Without --model it replaces the scenario's dtype."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="With --model: " + DTYPE_HELP),
     docs: Optional[str] = typer.Option(None, "--docs", help="With --model: " + DOCS_HELP),
     doc_dist: Optional[str] = typer.Option(None, "--doc-dist", help="With --model: " + DOC_DIST_HELP),
     junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help="Also write the results as JUnit XML to "
@@ -230,10 +229,10 @@ def verify(
         if model is not None:
             cases = _build_model_cases(model, scenario, given, docs=docs, doc_dist=doc_dist, nnodes=nnodes)
         else:
-            for flag, value in (("--docs", docs), ("--doc-dist", doc_dist)):
+            for flag, value in (("--dtype", dtype), ("--docs", docs), ("--doc-dist", doc_dist)):
                 if value is not None:
-                    raise SpecError(f"{flag} {value!r} goes with --model; the attention check takes its documents "
-                                    "from the scenario")
+                    raise SpecError(f"{flag} {value!r} goes with --model; the attention check takes its "
+                                    f"{'dtypes' if flag == '--dtype' else 'documents'} from the scenario")
             cases = _build_cases("verify", scenario or "smoke", given, nnodes=nnodes)
         _check_out(out, junit_xml)
     raise typer.Exit(_execute(cases, task="verify", out=out, json_out=json_out, timeout_s=timeout,
