@@ -1,8 +1,8 @@
 """``ringbench verify --model llama-tiny`` end to end: real torchrun, gloo, the Hugging Face adapter.
 
-Two commands, two launches each (world sizes 2 and 4): the batch variant zigzag beside the
-hidden ``broken_merge`` (a ring that drops a block, which the model check must catch), and the
-packed documents through zigzag_varlen and llama3_varlen. About 50 s on two CPU cores.
+Three launches: the batch variant zigzag beside the hidden ``broken_merge`` (a ring that drops
+a block, which the model check must catch) at world sizes 2 and 4, and the packed documents
+through zigzag_varlen and llama3_varlen at world size 4. About 55 s on two CPU cores.
 """
 
 from __future__ import annotations
@@ -45,13 +45,12 @@ def test_model_check_batch_passes_zigzag_and_catches_a_broken_variant(tmp_path):
 
 def test_model_check_packed_documents_through_varlen_variants(tmp_path):
     result = ringbench("verify", "--model", "llama-tiny", "--variant", "zigzag_varlen", "--variant", "llama3_varlen",
-                       "--world-size", "2", "--world-size", "4", "--docs", DOCS, "--out", str(tmp_path),
-                       cwd=tmp_path)
+                       "--world-size", "4", "--docs", DOCS, "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 0
     records = read_jsonl(tmp_path / "verify.jsonl")
-    assert len(records) == 4
+    assert len(records) == 2
     for record in records:
         assert record["status"] == "ok" and record["spec"]["docs"] == DOCS and record["cp_active"] is None
         _assert_checked_every_parameter(record)
     assert "llama-tiny zigzag_varlen W=4" in result.stdout.replace("\n", " ")
-    assert " ".join(result.stdout.split()).count("worst parameter gradient grad ") == 4
+    assert " ".join(result.stdout.split()).count("worst parameter gradient grad ") == 2

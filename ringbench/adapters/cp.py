@@ -72,9 +72,8 @@ def shift_labels(labels: Tensor, cu_seqlens: Tensor | Sequence[int] | None = Non
     shifted = torch.full_like(labels, IGNORE_INDEX)
     shifted[:, :-1] = labels[:, 1:]
     if cu_seqlens is not None:
-        ends = [b - 1 for a, b in zip(_offsets(cu_seqlens, labels.shape[1]), layouts.offsets_of(cu_seqlens)[1:])
-                if b > a]
-        shifted[:, ends] = IGNORE_INDEX
+        offsets = _offsets(cu_seqlens, labels.shape[1])
+        shifted[:, [b - 1 for a, b in zip(offsets, offsets[1:]) if b > a]] = IGNORE_INDEX
     return shifted
 
 
