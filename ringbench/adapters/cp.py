@@ -172,6 +172,19 @@ def shard_batch(input_ids: Tensor, *, variant: str, rank: int, world_size: int, 
     return ShardedBatch(cut(input_ids), cut(positions), cut(shifted) if shifted is not None else None, cu)
 
 
+class _GroupMean(torch.autograd.Function):
+    """Value: the group's sum over its token count; gradient: this rank's sum over that count."""
+
+    @staticmethod
+    def forward(ctx, local_sum: Tensor, total: Tensor) -> Tensor:
+        ctx.count, ctx.dtype = total[1], local_sum.dtype
+        return (total[0] / total[1].clamp_min(1)).to(local_sum.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return (grad / ctx.count.clamp_min(1)).to(ctx.dtype), None
+
+
 def causal_lm_loss(logits: Tensor, labels: Tensor, *, group=None) -> Tensor:
     """Mean next-token cross-entropy over the whole group's tokens, from this rank's share.
 
@@ -181,19 +194,18 @@ def causal_lm_loss(logits: Tensor, labels: Tensor, *, group=None) -> Tensor:
         group: the context-parallel group (default: the world).
 
     Returns:
-        A scalar whose value is the global mean (summed over the group) and whose gradient is
-        this rank's share only: after ``backward()`` on every rank, :func:`all_reduce_grads`
-        gives each rank the gradient of the global mean.
+        A scalar (float32, or float64 for float64 logits) whose value is the global mean (the
+        sums added over the group in float64) and whose gradient is this rank's share only:
+        after ``backward()`` on every rank, :func:`all_reduce_grads` gives each rank the
+        gradient of the global mean.
     """
     acc = torch.promote_types(logits.dtype, torch.float32)
-    local_sum = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(acc), labels.reshape(-1),
-                                                  ignore_index=IGNORE_INDEX, reduction="sum")
-    count = (labels != IGNORE_INDEX).sum().to(acc).reshape(1)
-    total = torch.cat([local_sum.detach().reshape(1), count])
+    per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(acc), labels.reshape(-1),
+                                                  ignore_index=IGNORE_INDEX, reduction="none")
+    # The value is summed in float64, so the group's sum is no less accurate than one device's mean.
+    total = torch.stack([per_token.detach().double().sum(), (labels != IGNORE_INDEX).sum().double()])
     dist.all_reduce(total, group=group)
-    local = local_sum / total[1].clamp_min(1)
-    # The value of the global mean, the gradient of the local share.
-    return local + (total[0] / total[1].clamp_min(1) - local).detach()
+    return _GroupMean.apply(per_token.sum(), total)
 
 
 def all_reduce_grads(parameters: Iterable[torch.nn.Parameter], *, group=None) -> None:
