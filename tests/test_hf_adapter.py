@@ -111,7 +111,6 @@ def test_single_attention_matches_transformers_sdpa_batch_and_packed():
     assert torch.allclose(packed[:, 40:], ref(ids[:, 40:]).logits, atol=1e-10)
 
 
-@pytest.mark.skipif(not hasattr(transformers, "AttentionMaskInterface"), reason="no mask registry in this release")
 def test_padding_mask_is_refused_not_ignored():
     model = _tiny(hf.register_single("math"))
     mask = torch.ones(1, 32, dtype=torch.long)

@@ -52,16 +52,32 @@ def _register(name: str, attention: Callable) -> None:
         masks.register(name, _no_mask)
 
 
+PADDING = ("attention_mask has padding (zeros), which ringbench attention cannot honour; pack the documents into "
+           "one row with cu_seqlens instead of padding")
+
+
 def _no_mask(*args, attention_mask=None, **kwargs):
     """Mask function: the variants apply the causal and document masks themselves, so no mask is
     built; a padding mask cannot be honoured and is refused."""
     if attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError("attention_mask has padding (zeros), which ringbench attention cannot honour; pack the "
-                         "documents into one row with cu_seqlens instead of padding")
+        raise ValueError(PADDING)
     return None
 
 
-def _refuse_unsupported(module, query, key, dropout, kwargs) -> None:
+def _refuse_padding(attention_mask) -> None:
+    """Releases without a mask registry hand over a 4-D mask of the local tokens; anything but the
+    plain causal one (padding, a custom mask) would be ignored, so it is refused."""
+    if attention_mask is None or attention_mask.dim() != 4:
+        return
+    blocked = ~attention_mask if attention_mask.dtype == torch.bool else attention_mask < 0
+    rows, cols = (torch.arange(n, device=blocked.device) for n in blocked.shape[-2:])
+    causal = cols[None, :] > rows[:, None]  # some releases add key columns past the last query
+    if not torch.equal(blocked, causal.expand_as(blocked)):
+        raise ValueError(PADDING)
+
+
+def _refuse_unsupported(module, query, key, dropout, kwargs, attention_mask=None) -> None:
+    _refuse_padding(attention_mask)
     if query.shape[2] != key.shape[2]:
         raise ValueError(f"query has {query.shape[2]} tokens and key {key.shape[2]}; ringbench attention runs a "
                          "whole sharded row without a KV cache, so call the model without past_key_values")
@@ -123,7 +139,7 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
 
     def attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, is_causal=None,
                   **kwargs):
-        _refuse_unsupported(module, query, key, dropout, kwargs)
+        _refuse_unsupported(module, query, key, dropout, kwargs, attention_mask)
         causal = _causal(module, is_causal)
         cu_seqlens = _cu_seqlens(kwargs)
         if v.varlen and cu_seqlens is None:
@@ -184,7 +200,7 @@ def register_single(kernel: str = "auto") -> str:
 
     def attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, is_causal=None,
                   **kwargs):
-        _refuse_unsupported(module, query, key, dropout, kwargs)
+        _refuse_unsupported(module, query, key, dropout, kwargs, attention_mask)
         causal = _causal(module, is_causal)
         q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
         kern = as_kernel(kernel, q.device.type, q.dtype)
