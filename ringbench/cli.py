@@ -90,6 +90,11 @@ HEADS_K_STRIDE_HELP = ("K/V heads gathered at a time by all-gather variants (lla
                        "the next group's gather is in flight. Default: all K/V heads in one gather.")
 ROTATE_HELP = ("How torch_cp (PyTorch's context parallel) moves K/V: allgather (gather once, then compute "
                "block by block) or alltoall (pass one block per step). Default: allgather, PyTorch's own.")
+MODEL_HELP = ("Check a whole model instead of attention alone: a randomly initialised Llama-architecture model "
+              "(llama-tiny: 256 tokens, for CPU; llama-small: 16k tokens, for GPUs in bf16) through the Hugging "
+              "Face adapter, with and without context parallelism on the same tokens; compares the loss and every "
+              "parameter gradient. Takes --variant (default zigzag, zigzag_varlen with --docs), --world-size "
+              "(default 2), --dtype, --kernel, --device, --docs and --doc-dist. Needs transformers: the hf extra.")
 TIMEOUT_HELP = ("Wall-clock seconds one launch (the cases of one world size and device) may take before every "
                 "rank is stopped and the running case recorded as timeout; the sweep then goes on with the next "
                 "case. Default: scaled to the cases, 120 s of start-up plus, per case, twice its FLOPs per GPU "
@@ -191,6 +196,10 @@ def verify(
     kernel: Optional[str] = typer.Option(None, "--kernel", help=KERNEL_HELP.replace("Default: auto.",
                                          "Default: the scenario's kernel, else auto.")),
     device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="With --model: " + DTYPE_HELP),
+    docs: Optional[str] = typer.Option(None, "--docs", help="With --model: " + DOCS_HELP),
+    doc_dist: Optional[str] = typer.Option(None, "--doc-dist", help="With --model: " + DOC_DIST_HELP),
     junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help="Also write the results as JUnit XML to "
                                              "this file, one test case per case. Default: no file."),
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
@@ -213,13 +222,23 @@ def verify(
         given["kernel"] = kernel
     if device is not None:
         given["device"] = device
+    if dtype is not None:
+        given["dtype"] = dtype
     with _usage_errors():
         _check_given(given, timeout)
         nodes = _check_nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id)
         if resume and nnodes > 1:
             raise SpecError(f"--resume reads the records, which only node 0 has, so it cannot run over nnodes "
                             f"{nnodes}; rerun the missing cases without --resume")
-        cases, skipped = _build_cases("verify", scenario or "smoke", given, nnodes=nnodes)
+        if model is not None:
+            cases = _build_model_cases(model, scenario, given, docs=docs, doc_dist=doc_dist, nnodes=nnodes)
+            skipped: dict[str, str] = {}
+        else:
+            for flag, value in (("--dtype", dtype), ("--docs", docs), ("--doc-dist", doc_dist)):
+                if value is not None:
+                    raise SpecError(f"{flag} {value!r} goes with --model; the attention check takes its "
+                                    f"{'dtypes' if flag == '--dtype' else 'documents'} from the scenario")
+            cases, skipped = _build_cases("verify", scenario or "smoke", given, nnodes=nnodes)
         _check_out(out, junit_xml)
     raise typer.Exit(_execute(cases, task="verify", out=out, json_out=json_out, timeout_s=timeout,
                               junit_xml=junit_xml, resume=resume, nodes=nodes, skipped=skipped))
@@ -531,6 +550,47 @@ def _build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
     return resolved, skipped
 
 
+def _build_model_cases(model: str, scenario: Optional[str], given: dict[str, Any], *, docs: Optional[str],
+                       doc_dist: Optional[str], nnodes: int = 1) -> list:
+    """The cases of ``verify --model``: one per variant and world size, shape from the model's file.
+
+    Default variant: zigzag, or zigzag_varlen with documents; default world size 2.
+
+    Raises:
+        SpecError: transformers missing, --scenario given, an unknown model, or a case that
+            cannot run (the variant, the documents, the world size, the kernel...).
+    """
+    from ringbench import models
+    from ringbench.spec import parse_docs
+    from ringbench.variants import get_variant
+
+    if scenario is not None:
+        raise SpecError(f"--scenario {scenario!r} does not go with --model, which fixes the case's shape; drop one")
+    if models.transformers_missing():
+        raise SpecError(models.MISSING_EXTRA)
+    fixed = models.case_fields(model)
+    extra = {k: v for k, v in (("docs", docs), ("doc_dist", doc_dist)) if v is not None}
+    variants = given.pop("variant", None) or ["zigzag_varlen" if extra else "zigzag"]
+    world_sizes = given.pop("world_size", None) or [2]
+    seqlen = fixed["seqlen"]
+    if docs is not None and sum(parse_docs(docs)) != seqlen:
+        raise SpecError(f"docs {docs!r} sum to {sum(parse_docs(docs))} tokens, but model {model} has {seqlen}; pass "
+                        f"documents that sum to {seqlen}")
+    cases = []
+    for variant in variants:
+        for world_size in world_sizes:
+            # The model fixes seqlen, so the fix the spec's message suggests (another seqlen) is not open here.
+            n = get_variant(variant).seqlen_multiple(world_size)
+            if seqlen % n:
+                fits = [w for w in range(2, 65) if seqlen % get_variant(variant).seqlen_multiple(w) == 0][:2]
+                raise SpecError(f"world_size {world_size} does not fit model {model}: its {seqlen} tokens are not a "
+                                f"multiple of {n}, which {variant} needs at that size; pass --world-size "
+                                f"{' or '.join(map(str, fits))}")
+            case = dict(given, **fixed, **extra, variant=variant, world_size=world_size)
+            cases += _build_cases("verify", None, case, nnodes=nnodes)
+    return cases
+
+
 # --------------------------------------------------------------------------- execution
 
 def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: Optional[float],
@@ -647,7 +707,8 @@ def default_timeout_s(cases: list) -> float:
 
     120 s of start-up, plus per case twice its FLOPs per GPU times (iters + warmup) for run
     (the variant and its reference), or four times the whole sequence's FLOPs for verify, at
-    a conservative 50 TFLOP/s on cuda and 5 GFLOP/s on cpu.
+    a conservative 50 TFLOP/s on cuda and 5 GFLOP/s on cpu. A model check (``hf_model``) adds
+    60 s and its three passes' FLOPs at a tenth of that rate (float64 among them).
     """
     from ringbench.bench import attention_flops
     from ringbench.spec import spec_docs
@@ -658,6 +719,11 @@ def default_timeout_s(cases: list) -> float:
                                 causal=case.causal, mode=case.mode, docs=spec_docs(case) if case.docs else None)
         work = flops / case.world_size * (case.iters + case.warmup) * 2 if case.task == "run" else 4 * flops
         total_s += work / (50e12 if case.device == "cuda" else 5e9)
+        if case.hf_model:
+            # Importing transformers and building three models, then float64 work at a tenth of the rate.
+            from ringbench.models import check_flops
+
+            total_s += 60 + check_flops(case) / (5e12 if case.device == "cuda" else 5e8)
     return total_s
 
 

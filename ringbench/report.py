@@ -116,6 +116,8 @@ def _batch(record: dict) -> Any:
 
 def _label(record: dict, *, world_size: bool = True) -> str:
     parts = [_text(_field(record, "variant"))]
+    if _field(record, "hf_model"):
+        parts.insert(0, str(_field(record, "hf_model")))
     if world_size:
         parts.append(f"W={_text(_field(record, 'world_size'))}")
     if _batch(record) is not None:
@@ -151,7 +153,8 @@ def _options(record: dict) -> list[str]:
 def case_label(record: dict) -> str:
     """A one-line name of a record's case, e.g. ``zigzag W=2 S=16k H=32/8 D=128 bf16 causal
     torch-flash``; ``B=<batch>`` follows the world size when the batch is not 1, and `` fwd``
-    is appended for forward-only cases."""
+    is appended for forward-only cases. A model check starts with the model's name
+    (``llama-tiny zigzag W=2 ...``)."""
     return _label(record)
 
 
@@ -298,6 +301,8 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     floor), ratio (err / allowed; pass needs <= 1), result (PASS / FAIL) and, when some row
     has one, a note (non-finite, wrong dtype or shape, or the reason of a case that did not
     finish). A case whose status is neither ``ok`` nor ``fail`` is one row with its status.
+    A model check (``verify --model``) has one row per tensor (loss, then each parameter's
+    gradient) and a line after the table naming its worst parameter gradient (largest ratio).
     The numbers never wrap or shorten; on a narrow terminal the case label and note wrap.
 
     Args:
@@ -330,7 +335,8 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
 
     table = Table(title="ringbench verify", title_justify="left")
     table.add_column("case", overflow="fold")
-    table.add_column("tensor", no_wrap=True)
+    # Parameter names of a model check are long: they fold on a narrow terminal, the numbers never.
+    table.add_column("tensor", overflow="fold")
     for header in ("err", "allowed", "ratio"):
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("result", no_wrap=True)
@@ -340,6 +346,11 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     for (cells, last), note in zip(rows, notes):
         table.add_row(*cells, *([note] if with_notes else []), end_section=last)
     console.print(table)
+    for r in records:
+        worst = r.get("worst_param")
+        if isinstance(worst, dict) and worst.get("tensor"):
+            console.print(Text(f"{case_label(r)}: worst parameter gradient {worst['tensor']}, ratio "
+                               f"{_ratio_text(worst.get('ratio'))}", style="italic"))
     s = verify_summary(records)
     line = Text(f"{s['cases']} {'case' if s['cases'] == 1 else 'cases'}: ")
     line.append(f"{s['passed']} passed", style="green")
@@ -378,7 +389,8 @@ def growth_groups(records: list[dict]) -> list[tuple[dict, dict[int, dict]]]:
         world_size = _field(r, "world_size")
         if not r.get("checks") or not isinstance(world_size, int):
             continue
-        key = tuple(_field(r, k) for k in GROWTH_KEY) + (_kernel(r),)
+        # hf_model: a model check is another problem than the attention check of its shape.
+        key = tuple(_field(r, k) for k in GROWTH_KEY) + (_kernel(r), _field(r, "hf_model") or "")
         first, by_world = groups.setdefault(key, (r, {}))
         by_world[world_size] = r
     return [(first, dict(sorted(by_world.items()))) for first, by_world in groups.values()

@@ -130,6 +130,9 @@ class CaseSpec:
             ``lognormal:mean=4k,sigma=1`` or ``uniform:min=512,max=8k``; ``""``: none.
         rotate: how torch_cp (PyTorch's context parallel) moves K/V: ``allgather`` or
             ``alltoall``; ``""`` means PyTorch's default, allgather.
+        hf_model: verify only: a model of ``ringbench.models`` (``llama-tiny``) checked end to end
+            through the Hugging Face adapter, loss and every gradient; its config fixes seqlen,
+            batch, heads, kv_heads and head_dim. ``""``: the attention check.
     """
 
     task: str
@@ -153,6 +156,7 @@ class CaseSpec:
     docs: str = ""
     doc_dist: str = ""
     rotate: str = ""
+    hf_model: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form the worker reads, field order as declared."""
@@ -254,12 +258,12 @@ def layout_of(spec: Mapping[str, Any], variant) -> str:
 CUDA_DEFAULTS: dict[str, Any] = {
     "batch": 1, "seqlen": 16 * 1024, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bf16",
     "causal": True, "mode": "fwd_bwd", "kernel": "auto", "iters": 20, "warmup": 5, "seed": 0,
-    "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "", "rotate": "",
+    "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "", "rotate": "", "hf_model": "",
 }
 CPU_DEFAULTS: dict[str, Any] = {
     "world_size": 2, "batch": 1, "seqlen": 4 * 1024, "heads": 4, "kv_heads": 2, "head_dim": 32,
     "dtype": "fp32", "causal": True, "mode": "fwd_bwd", "kernel": "auto", "iters": 10, "warmup": 3,
-    "seed": 0, "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "", "rotate": "",
+    "seed": 0, "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "", "rotate": "", "hf_model": "",
 }
 
 
@@ -347,6 +351,10 @@ def check_fields(fields: Mapping[str, Any]) -> None:
             parse_doc_dist(value)
         elif name == "rotate" and value:
             _one_of(name, value, ROTATE, "--rotate")
+        elif name == "hf_model" and value:
+            from ringbench.models import load_model
+
+            load_model(value)
     if all(k in fields for k in ("variant", "seqlen", "world_size")):
         reason = get_variant(fields["variant"]).check(
             seqlen=coerce_field("seqlen", fields["seqlen"]), world_size=fields["world_size"],
@@ -384,6 +392,10 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
         if reason:
             raise SpecError(reason)
     _check_docs(spec, variant)
+    if spec.hf_model:
+        from ringbench.models import check_case
+
+        check_case(spec)
     if spec.kv_heads != spec.heads and not variant.gqa:
         raise SpecError(f"kv_heads {spec.kv_heads} differs from heads {spec.heads}, but {spec.variant} "
                         f"does not support GQA; pass --kv-heads {spec.heads}")

@@ -87,7 +87,11 @@ def run_one(spec: dict, device: torch.device) -> tuple[dict, BaseException | Non
     variant = get_variant(spec["variant"])
     try:
         with variant.open_session(spec, None, device):
-            if spec["task"] == "verify":
+            if spec["task"] == "verify" and spec.get("hf_model"):
+                from ringbench.model_check import check_model  # imports transformers
+
+                fields = check_model(spec, device=device)
+            elif spec["task"] == "verify":
                 fields = verify_case(spec, device=device)
             else:
                 fields = {"status": "ok", "reason": None, **bench_case(spec, device=device)}

@@ -1,0 +1,220 @@
+"""ringbench's variants as Hugging Face transformers attention implementations.
+
+``register("zigzag", group=cp_group)`` registers ``ringbench_zigzag`` through transformers'
+attention registry (``AttentionInterface``; on releases with ``AttentionMaskInterface`` also a
+mask function, so no full-size mask is built). A model set to that implementation runs each
+attention layer as the variant over the context-parallel group: every rank feeds its share of
+the tokens (``ringbench.adapters.cp.shard_batch``). Works with transformers 4.48 and later;
+needs ``pip install 'ringbench[hf]'``.
+
+Only the training-style forward over whole sharded rows is supported: causal attention, no
+padding mask (pack documents instead), no KV cache, no dropout, softcap or sliding window;
+each of these raises ``ValueError`` rather than give a wrong result.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ringbench.adapters.cp import ShardedBatch, all_reduce_grads, causal_lm_loss, shard_batch
+from ringbench.variants import get_variant
+from ringbench.variants.kernels import as_kernel, get_kernel
+
+__all__ = ["register", "register_single", "use_attention", "shard_batch", "ShardedBatch", "causal_lm_loss",
+           "all_reduce_grads", "PREFIX"]
+
+#: Every implementation this module registers is named ``PREFIX + variant`` (or ``PREFIX + "single_" + kernel``).
+PREFIX = "ringbench_"
+MISSING = "the Hugging Face adapter needs transformers; install it with pip install 'ringbench[hf]'"
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError(MISSING) from None
+    return transformers
+
+
+def _register(name: str, attention: Callable) -> None:
+    """Register ``attention`` (and, where the API exists, a mask function that builds no mask) as ``name``."""
+    transformers = _transformers()
+    interface = getattr(transformers, "AttentionInterface", None)
+    if interface is not None:
+        interface.register(name, attention)
+    else:  # releases before AttentionInterface keep a plain dict
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        ALL_ATTENTION_FUNCTIONS[name] = attention
+    masks = getattr(transformers, "AttentionMaskInterface", None)
+    if masks is not None:
+        masks.register(name, _no_mask)
+
+
+PADDING = ("attention_mask has padding (zeros), which ringbench attention cannot honour; pack the documents into "
+           "one row with cu_seqlens instead of padding")
+
+
+def _no_mask(*args, attention_mask=None, **kwargs):
+    """Mask function: the variants apply the causal and document masks themselves, so no mask is
+    built; a padding mask cannot be honoured and is refused."""
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError(PADDING)
+    return None
+
+
+def _refuse_padding(attention_mask) -> None:
+    """Releases without a mask registry hand over a 4-D mask of the local tokens; anything but the
+    plain causal one (padding, a custom mask) would be ignored, so it is refused."""
+    if attention_mask is None or attention_mask.dim() != 4:
+        return
+    blocked = ~attention_mask if attention_mask.dtype == torch.bool else attention_mask < 0
+    rows, cols = (torch.arange(n, device=blocked.device) for n in blocked.shape[-2:])
+    causal = cols[None, :] > rows[:, None]  # some releases add key columns past the last query
+    if not torch.equal(blocked, causal.expand_as(blocked)):
+        raise ValueError(PADDING)
+
+
+def _refuse_unsupported(module, query, key, dropout, kwargs, attention_mask=None) -> None:
+    _refuse_padding(attention_mask)
+    if query.shape[2] != key.shape[2]:
+        raise ValueError(f"query has {query.shape[2]} tokens and key {key.shape[2]}; ringbench attention runs a "
+                         "whole sharded row without a KV cache, so call the model without past_key_values")
+    if dropout and module.training:
+        raise ValueError(f"attention dropout {dropout} is not supported by ringbench attention; set the config's "
+                         "attention_dropout to 0")
+    for option in ("softcap", "sliding_window"):
+        if kwargs.get(option) is not None:
+            raise ValueError(f"{option} {kwargs[option]} is not supported by ringbench attention; use a model "
+                             f"without {option}")
+
+
+def _causal(module, is_causal) -> bool:
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if not causal:
+        raise ValueError("non-causal attention is not wired up in the ringbench adapter; use a causal decoder")
+    return True
+
+
+def _cu_seqlens(kwargs) -> torch.Tensor | None:
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None and not torch.equal(cu_q, cu_k):
+        raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ; ringbench attention takes one set of global "
+                         "document offsets for both")
+    return cu_q if cu_q is not None else cu_k
+
+
+def register(variant: str, *, group=None, kernel: str = "auto", **options) -> str:
+    """Register ``variant`` as the transformers attention implementation ``ringbench_<variant>``.
+
+    The implementation receives query ``[B, Hq, S/W, D]`` and key/value ``[B, Hkv, S/W, D]``
+    (this rank's share, in the variant's layout) and returns ``(out [B, S/W, Hq, D], None)``.
+    Packed documents (varlen variants, B = 1) come as the forward keyword ``cu_seq_lens_q``:
+    the global int32 offsets ``[N + 1]``, the same on every rank (``ShardedBatch.model_inputs``).
+    Registering the same variant again replaces the earlier binding.
+
+    Args:
+        variant: a ringbench variant name (``zigzag``, ``llama3_varlen``...).
+        group: the context-parallel process group (default: the world).
+        kernel: the local attention kernel (``auto``, ``torch-flash``, ``cpu``...).
+        **options: the variant's options, such as ``layout`` or ``heads_k_stride`` (llama3).
+
+    Returns:
+        The name to pass as ``attn_implementation``.
+
+    Raises:
+        ValueError: an unknown variant or kernel, or an option the variant does not take.
+        ImportError: transformers is not installed.
+    """
+    v = get_variant(variant)
+    if kernel != "auto":
+        get_kernel(kernel)
+    allowed = set(v.options) | ({"layout"} if v.layouts else set())
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(f"option {unknown[0]!r} is not one {variant} takes; it takes "
+                         f"{', '.join(sorted(allowed)) or 'no options'}")
+    attention_fn = v.attention
+
+    def attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, is_causal=None,
+                  **kwargs):
+        _refuse_unsupported(module, query, key, dropout, kwargs, attention_mask)
+        causal = _causal(module, is_causal)
+        cu_seqlens = _cu_seqlens(kwargs)
+        if v.varlen and cu_seqlens is None:
+            raise ValueError(f"{variant} attends packed documents, but the forward got no cu_seq_lens_q; pass "
+                             "ShardedBatch.model_inputs(), which carries the global document offsets")
+        if not v.varlen and cu_seqlens is not None:
+            raise ValueError(f"{variant} is a batch variant and takes no packed documents; register a varlen "
+                             "variant such as zigzag_varlen")
+        q, k, val = (t.transpose(1, 2).contiguous() for t in (query, key, value))
+        extra = {"cu_seqlens": cu_seqlens} if v.varlen else {}
+        out, _ = attention_fn(q, k, val, causal=causal, softmax_scale=scaling, group=group, kernel=kernel,
+                              **options, **extra)
+        return out, None
+
+    name = PREFIX + variant
+    _register(name, attention)
+    return name
+
+
+class _KernelAttention(torch.autograd.Function):
+    """One kernel over the whole sequence (or packed row), differentiable; no context parallelism."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kernel, causal, scale, cu_seqlens):
+        if cu_seqlens is None:
+            out, lse = kernel.forward(q, k, v, causal, scale)
+            ctx.varlen = None
+        else:
+            n = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+            out, lse = kernel.forward_varlen(q, k, v, cu_seqlens, cu_seqlens, n, n, causal, scale)
+            ctx.varlen = (cu_seqlens, cu_seqlens, n, n)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.kernel, ctx.causal, ctx.scale = kernel, causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dout = dout.contiguous()
+        if ctx.varlen is None:
+            dq, dk, dv = ctx.kernel.backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale)
+        else:
+            dq, dk, dv = ctx.kernel.backward_varlen(dout, q, k, v, out, lse, *ctx.varlen, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None, None
+
+
+def register_single(kernel: str = "auto") -> str:
+    """Register whole-sequence attention through one kernel, no context parallelism, as
+    ``ringbench_single_<kernel>``: the reference side of a model check (``math`` in float64 is
+    the ground truth). Same contract as :func:`register`, on unsharded rows.
+
+    Raises:
+        ValueError: an unknown kernel.
+        ImportError: transformers is not installed.
+    """
+    if kernel != "auto":
+        get_kernel(kernel)
+
+    def attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, is_causal=None,
+                  **kwargs):
+        _refuse_unsupported(module, query, key, dropout, kwargs, attention_mask)
+        causal = _causal(module, is_causal)
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
+        kern = as_kernel(kernel, q.device.type, q.dtype)
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        return _KernelAttention.apply(q, k, v, kern, causal, scale, _cu_seqlens(kwargs)), None
+
+    name = PREFIX + "single_" + kernel
+    _register(name, attention)
+    return name
+
+
+def use_attention(model, name: str) -> None:
+    """Switch a loaded model to the registered attention implementation ``name``."""
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:  # older releases read the config at every forward
+        model.config._attn_implementation = name

@@ -1,0 +1,144 @@
+"""The Hugging Face adapter without a process group: sharding helpers, set-up errors, the
+whole-sequence attention against transformers' own, and verify --model's refusals."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ringbench.adapters import cp
+from ringbench.cli import app
+from ringbench.variants import layouts
+
+transformers = pytest.importorskip("transformers")
+from ringbench.adapters import hf  # noqa: E402  (needs transformers)
+
+runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+
+
+def test_shard_batch_cuts_ids_positions_and_labels_as_the_layout(world_size=4, seqlen=48):
+    ids = torch.randint(1000, (2, seqlen))
+    for variant in ("zigzag", "stripe", "ring"):
+        parts = [cp.shard_batch(ids, variant=variant, rank=r, world_size=world_size, labels=ids)
+                 for r in range(world_size)]
+        layout = {"zigzag": "zigzag", "stripe": "stripe", "ring": "contiguous"}[variant]
+        for r, part in enumerate(parts):
+            index = layouts.token_index(layout, seqlen, r, world_size)
+            assert torch.equal(part.position_ids[0], index)
+            assert torch.equal(part.input_ids, ids[:, index])
+            assert part.cu_seqlens is None and set(part.model_inputs()) == {"input_ids", "position_ids"}
+        # Labels are shifted before the cut: put back together, they are the whole row's next tokens.
+        labels = layouts.unshard([p.labels for p in parts], layout)
+        assert torch.equal(labels[:, :-1], ids[:, 1:]) and (labels[:, -1] == cp.IGNORE_INDEX).all()
+
+
+def test_shard_batch_packed_positions_restart_and_documents_do_not_predict_each_other():
+    docs, world_size = [8, 24, 0, 16], 2
+    ids = torch.randint(1000, (1, sum(docs)))
+    cu = layouts.cu_seqlens_from_docs(docs)
+    for variant, by_document in (("zigzag_varlen", True), ("llama3_varlen", False)):
+        parts = [cp.shard_batch(ids, variant=variant, rank=r, world_size=world_size, labels=ids, cu_seqlens=cu)
+                 for r in range(world_size)]
+        layout = "zigzag" if by_document else "contiguous"
+        whole = {name: layouts.unshard_varlen([getattr(p, name) for p in parts], cu, layout, by_document=by_document)
+                 for name in ("input_ids", "position_ids", "labels")}
+        assert torch.equal(whole["input_ids"], ids)
+        assert whole["position_ids"][0].tolist() == [i for n in docs for i in range(n)]
+        ends = [7, 31, 47]  # the last token of each non-empty document
+        assert (whole["labels"][0, ends] == cp.IGNORE_INDEX).all()
+        keep = [t for t in range(47) if t not in ends]
+        assert torch.equal(whole["labels"][0, keep], ids[0, [t + 1 for t in keep]])
+        assert torch.equal(parts[1].model_inputs()["cu_seq_lens_q"], cu)
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(variant="nope"), r"^variant 'nope' is unknown; choose one of "),
+    (dict(variant="zigzag", world_size=5), r"^seqlen 48 is not a multiple of 2 \* world_size = 10, which zigzag needs"),
+    (dict(variant="zigzag", cu_seqlens=[0, 16, 48]),
+     r"^zigzag is a batch variant and takes no documents; use a varlen variant or drop the documents$"),
+    (dict(variant="zigzag_varlen"), r"^zigzag_varlen attends packed documents, but no cu_seqlens was given"),
+    (dict(variant="zigzag_varlen", cu_seqlens=[0, 10, 48]),
+     r"^document 0 has 10 tokens, not a multiple of 2 \* world_size = 4, which zigzag_varlen needs"),
+    (dict(variant="llama3_varlen", cu_seqlens=[0, 16, 40]),
+     r"^cu_seqlens \[0, 16, 40\] are not document offsets of a row of 48 tokens"),
+    (dict(variant="llama3_varlen", cu_seqlens=[0, 16, 48], batch=2), r"^batch 2 is not 1, but llama3_varlen packs"),
+])
+def test_shard_batch_refuses_what_cannot_be_right(kwargs, pattern):
+    batch = kwargs.pop("batch", 1)
+    kwargs.setdefault("world_size", 2)
+    with pytest.raises(ValueError, match=pattern):
+        cp.shard_batch(torch.zeros(batch, 48, dtype=torch.long), rank=0, **kwargs)
+
+
+def test_register_names_the_implementation_and_refuses_bad_setups():
+    assert hf.register("zigzag", kernel="cpu") == "ringbench_zigzag"
+    assert "ringbench_zigzag" in transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS
+    if hasattr(transformers, "AttentionMaskInterface"):
+        assert "ringbench_zigzag" in transformers.AttentionMaskInterface._global_mapping
+    with pytest.raises(ValueError, match=r"^variant 'nope' is unknown"):
+        hf.register("nope")
+    with pytest.raises(ValueError, match=r"^kernel 'fast' is unknown"):
+        hf.register("zigzag", kernel="fast")
+    with pytest.raises(ValueError, match=r"^option 'heads_k_stride' is not one zigzag takes"):
+        hf.register("zigzag", heads_k_stride=2)
+
+
+def _tiny(attn: str):
+    from ringbench.models import load_model
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**load_model("llama-tiny").config)).double()
+    hf.use_attention(model, attn)
+    return model
+
+
+def test_single_attention_matches_transformers_sdpa_batch_and_packed():
+    ids = torch.randint(256, (1, 96))
+    ref, ours = _tiny("sdpa"), _tiny(hf.register_single("math"))
+    ref(ids).logits.sum().backward()
+    ours(ids).logits.sum().backward()
+    assert torch.allclose(ours(ids).logits, ref(ids).logits, atol=1e-10)
+    for (_, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-9)
+    # Two packed documents give what each gives alone.
+    cu = torch.tensor([0, 40, 96], dtype=torch.int32)
+    positions = torch.cat([torch.arange(40), torch.arange(56)]).unsqueeze(0)
+    packed = ours(ids, position_ids=positions, cu_seq_lens_q=cu, cu_seq_lens_k=cu).logits
+    assert torch.allclose(packed[:, 40:], ref(ids[:, 40:]).logits, atol=1e-10)
+
+
+def test_padding_mask_is_refused_not_ignored():
+    model = _tiny(hf.register_single("math"))
+    mask = torch.ones(1, 32, dtype=torch.long)
+    mask[0, :4] = 0
+    with pytest.raises(ValueError, match=r"^attention_mask has padding"):
+        model(torch.randint(256, (1, 32)), attention_mask=mask)
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["--model", "nope"], r"^model 'nope' is unknown; pass --model with one of llama-small, llama-tiny$"),
+    (["--model", "llama-tiny", "--world-size", "3"], r"^world_size 3 does not fit model llama-tiny: its 256 tokens"),
+    (["--model", "llama-tiny", "--variant", "zigzag_varlen"], r"^zigzag_varlen attends packed documents, but the case"),
+    (["--model", "llama-tiny", "--variant", "zigzag", "--docs", "56,200"],
+     r"^docs '56,200' is given, but zigzag is a batch variant"),
+    (["--model", "llama-tiny", "--docs", "56,100"], r"^docs '56,100' sum to 156 tokens, but model llama-tiny has 256"),
+    (["--model", "llama-tiny", "--scenario", "smoke"], r"^--scenario 'smoke' does not go with --model"),
+    (["--docs", "56,200"], r"^--docs '56,200' goes with --model"),
+    (["--dtype", "fp64"], r"^--dtype 'fp64' goes with --model; the attention check takes its dtypes from the scenario$"),
+])
+def test_verify_model_refuses_bad_input_with_exit_2(args, pattern):
+    result = runner.invoke(app, ["verify", *args])
+    assert result.exit_code == 2, result.output
+    assert re.search(pattern, result.output.strip()), result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_verify_model_without_transformers_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
+    result = runner.invoke(app, ["verify", "--model", "llama-tiny"])
+    assert result.exit_code == 2
+    assert "pip install 'ringbench[hf]'" in result.output
