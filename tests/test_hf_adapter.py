@@ -85,6 +85,9 @@ def test_register_names_the_implementation_and_refuses_bad_setups():
         hf.register("zigzag", kernel="fast")
     with pytest.raises(ValueError, match=r"^option 'heads_k_stride' is not one zigzag takes"):
         hf.register("zigzag", heads_k_stride=2)
+    # A name holding "flash" would send transformers looking for a FlashAttention build.
+    assert hf.register_single("torch-flash") == "ringbench_single_torch-fa"
+    _tiny(hf.register_single("torch-flash"))  # a model switches to it
 
 
 def _tiny(attn: str):

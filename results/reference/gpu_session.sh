@@ -40,7 +40,7 @@ case "${1:-bench}" in
           --markdown "$OUT/peers-$mode.md" >>"$OUT/peers.compare.txt" 2>&1
     done
     ;;
-  model)
+  model|model-only)
     # Every step saves what it made into one archive, so a cut-off call still brings it back.
     save() { tar czf "$OUT/gpu.tgz" -C "$RES" . ; }
     cp -r results/reference/efficient.toml "$RES/"
@@ -52,6 +52,7 @@ case "${1:-bench}" in
         --variant zigzag_varlen --variant llama3_varlen --docs 4096,1024,7168,4096 --out "$RES/model" \
         --timeout 240 --junit-xml "$RES/llama-small-packed.junit.xml" >"$RES/llama-small-packed.console.txt" 2>&1
     echo "packed exit $?"; save
+    [ "$1" = model-only ] && exit 0
     # The torch-efficient kernel: verify under four variants, then time zigzag and torch_cp with it.
     ringbench verify --device cuda --scenario "$RES/efficient.toml" --out "$RES/efficient" --timeout 150 \
         --junit-xml "$RES/efficient.junit.xml" >"$RES/efficient.console.txt" 2>&1; echo "efficient exit $?"; save

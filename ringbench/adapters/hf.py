@@ -23,10 +23,17 @@ from ringbench.variants import get_variant
 from ringbench.variants.kernels import as_kernel, get_kernel
 
 __all__ = ["register", "register_single", "use_attention", "shard_batch", "ShardedBatch", "causal_lm_loss",
-           "all_reduce_grads", "PREFIX"]
+           "all_reduce_grads", "PREFIX", "implementation_name"]
 
-#: Every implementation this module registers is named ``PREFIX + variant`` (or ``PREFIX + "single_" + kernel``).
+#: Every implementation this module registers is named by :func:`implementation_name`, after this prefix.
 PREFIX = "ringbench_"
+
+
+def implementation_name(*parts: str) -> str:
+    """``ringbench_<parts joined by _>``, with ``flash`` written ``fa``: transformers takes any
+    implementation whose name holds "flash" for a FlashAttention build and tries to import one
+    (seen with 5.17 and 5.24), so ``torch-flash`` becomes ``torch-fa`` in a name."""
+    return PREFIX + "_".join(parts).replace("flash", "fa")
 MISSING = "the Hugging Face adapter needs transformers; install it with pip install 'ringbench[hf]'"
 
 
@@ -154,7 +161,7 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
                               **options, **extra)
         return out, None
 
-    name = PREFIX + variant
+    name = implementation_name(variant)
     _register(name, attention)
     return name
 
@@ -188,7 +195,7 @@ class _KernelAttention(torch.autograd.Function):
 
 def register_single(kernel: str = "auto") -> str:
     """Register whole-sequence attention through one kernel, no context parallelism, as
-    ``ringbench_single_<kernel>``: the reference side of a model check (``math`` in float64 is
+    ``ringbench_single_<kernel>`` (see :func:`implementation_name`): the reference side of a model check (``math`` in float64 is
     the ground truth). Same contract as :func:`register`, on unsharded rows.
 
     Raises:
@@ -207,7 +214,7 @@ def register_single(kernel: str = "auto") -> str:
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5
         return _KernelAttention.apply(q, k, v, kern, causal, scale, _cu_seqlens(kwargs)), None
 
-    name = PREFIX + "single_" + kernel
+    name = implementation_name("single", kernel)
     _register(name, attention)
     return name
 
