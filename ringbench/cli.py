@@ -196,6 +196,7 @@ def verify(
     kernel: Optional[str] = typer.Option(None, "--kernel", help=KERNEL_HELP.replace("Default: auto.",
                                          "Default: the scenario's kernel, else auto.")),
     device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
+    rotate: Optional[str] = typer.Option(None, "--rotate", help=ROTATE_HELP),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="With --model: " + DTYPE_HELP),
     docs: Optional[str] = typer.Option(None, "--docs", help="With --model: " + DOCS_HELP),
@@ -224,6 +225,8 @@ def verify(
         given["device"] = device
     if dtype is not None:
         given["dtype"] = dtype
+    if rotate is not None:
+        given["rotate"] = rotate
     with _usage_errors():
         _check_given(given, timeout)
         nodes = _check_nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id)
@@ -238,6 +241,8 @@ def verify(
                 if value is not None:
                     raise SpecError(f"{flag} {value!r} goes with --model; the attention check takes its "
                                     f"{'dtypes' if flag == '--dtype' else 'documents'} from the scenario")
+            if scenario is None:
+                _check_smoke_takes(variant or [])
             cases, skipped = _build_cases("verify", scenario or "smoke", given, nnodes=nnodes)
         _check_out(out, junit_xml)
     raise typer.Exit(_execute(cases, task="verify", out=out, json_out=json_out, timeout_s=timeout,
@@ -356,16 +361,18 @@ def variants_command(
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows))
         raise typer.Exit(EXIT_OK)
     table = compact_table(f"ringbench variants (here: {device})")
-    for header in ("variant", "layout", "form", "mask", "kernels", "here"):
-        table.add_column(header, no_wrap=True)
+    # Names and verdicts never shrink; layouts and kernels wrap between names on a narrow terminal.
+    for header, wrap in (("variant", False), ("layout", True), ("form", False), ("mask", False),
+                         ("kernels", True), ("here", False)):
+        table.add_column(header, no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
     reasons: dict[str, int] = {}  # one note per distinct reason
     for r in rows:
         if r["available"]:
             here = Text("yes", style="green")
         else:
             here = Text(f"no [{reasons.setdefault(r['reason'], len(reasons) + 1)}]", style="yellow")
-        table.add_row(r["variant"], "/".join(r["layouts"]), r["form"], "both" if len(r["masks"]) == 2 else r["masks"][0],
-                      "/".join(r["kernels"] or ["any"]), here)
+        table.add_row(r["variant"], ", ".join(r["layouts"]), r["form"], "both" if len(r["masks"]) == 2 else r["masks"][0],
+                      ", ".join(r["kernels"] or ["any"]), here)
     console = Console()
     console.print(table)
     for reason, i in reasons.items():
@@ -408,6 +415,20 @@ def _no_variant_message() -> str:
 
     return (f"no variant was given; pass --variant with one of {', '.join(list_variants())}, "
             "or --scenario")
+
+
+def _check_smoke_takes(variants: list[str]) -> None:
+    """Refuse a variant that cannot run on CPU when verify falls back to the CPU scenario smoke."""
+    from ringbench.variants import get_variant
+
+    for name in variants:
+        try:
+            v = get_variant(name)
+        except ValueError:
+            return  # _build_cases names the unknown variant
+        if "cpu" not in v.devices:
+            raise SpecError(f"{name} runs on CUDA only, and verify's default scenario, smoke, runs on CPU; on a GPU "
+                            f"machine pass --scenario ci-nightly --variant {name}")
 
 
 def _check_given(given: dict[str, Any], timeout: float) -> None:

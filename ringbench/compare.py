@@ -67,6 +67,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("memory", "peak_allocated_gib", "peak memory allocated (GiB, max over ranks)", 2, False),
 )}
 
+#: Spec fields that choose how a variant runs, not the problem: compared within one group.
+VARIANT_OPTIONS = ("layout", "heads_k_stride", "rotate")
 #: Spec fields that do not tell cases apart (case_id leaves them out).
 _NOT_CASE_FIELDS = ("task", "iters", "warmup", "seed")
 #: Panels of the plot, and the leading columns of the pivot: one per world size and mode.
@@ -377,18 +379,20 @@ class Contest:
 
 
 def contest(p: Pivot) -> Contest:
-    """Compare rows that share every index field but ``variant`` (the same panel, kernel and
-    other fields), column by column. Empty when ``variant`` is not a row field."""
+    """Compare rows that share every index field but ``variant`` and the variants' own options
+    (``VARIANT_OPTIONS``: the same panel, kernel and shape), column by column, so each variant's
+    best configuration counts. Empty when ``variant`` is not a row field."""
     from ringbench.variants import VARIANTS
 
     result = Contest(set(), {})
     if "variant" not in p.index:
         return result
     at = p.index.index("variant")
+    shared = [n for n, name in enumerate(p.index) if name != "variant" and name not in VARIANT_OPTIONS]
     groups: dict[tuple, list[int]] = {}
     rows = _rows(p)
     for i, (key, _) in enumerate(rows):
-        groups.setdefault(tuple(key[:at] + key[at + 1:]), []).append(i)
+        groups.setdefault(tuple(key[n] for n in shared), []).append(i)
     better = max if p.metric.higher_is_better else min
     for members in groups.values():
         for j in range(len(p.table.columns)):
@@ -421,7 +425,7 @@ def contest_legend(c: Contest) -> str | None:
     """The line that explains the marks, or ``None`` when there are none."""
     if not c.winners:
         return None
-    legend = "* best of the variants that share every other field"
+    legend = "* best of the variants (and their options) that share every other field"
     if c.vs_peer:
         legend += "; ×N: against the best peer variant (torch_cp, rfa_*) there, above 1 is better"
     return legend

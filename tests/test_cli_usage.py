@@ -126,12 +126,12 @@ def harness(monkeypatch):
     (["run", "--variant", "ring", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--resume"],
      r"^--resume reads the records, which only node 0 has"),
     # Peers: where they run, with what, and what they take.
-    (["verify", "--variant", "torch_cp", "--device", "cpu"],
-     r"^scenario smoke \(built-in\) case 1 of 6 \(torch_cp, world_size 1, seqlen 520, kernel cpu\): torch_cp "
-     r"cannot run on cpu: PyTorch's context parallel dispatches only its CUDA SDPA backends"),
+    (["verify", "--variant", "torch_cp"], r"^torch_cp runs on CUDA only, and verify's default scenario, smoke, runs "
+                                          r"on CPU; on a GPU machine pass --scenario ci-nightly --variant torch_cp$"),
+    (["verify", "--variant", "zigzag", "--rotate", "alltoall"], r"^scenario smoke .*: zigzag takes no rotate; it is an option of torch_cp"),
     (["run", "--variant", "torch_cp", "--device", "cpu"],
      r"^torch_cp cannot run on cpu: PyTorch's context parallel dispatches only its CUDA SDPA backends "
-     r"\(flash, efficient, cuDNN\); pass --device cuda$"),
+     r"\(flash, efficient, cuDNN\); run it on a machine with a CUDA GPU with --device cuda$"),
     (["run", "--variant", "rfa_zigzag", "--device", "cpu"], r"^rfa_zigzag cannot run on cpu: ring-flash-attn calls "
                                                             r"the flash-attn package, which runs on CUDA only"),
     (["run", "--variant", "torch_cp", "--device", "cpu", "--kernel", "cpu"], r"^torch_cp cannot run on cpu"),

@@ -81,14 +81,14 @@ def test_compare_table_where_and_markdown_show_the_pivot(runs, tmp_path):
     # zigzag wins both columns among the rows that differ only in their variant.
     assert [line.split() for line in lines[3:5]] == [["2", "fwd", "ring", "cpu", "0.100", "0.200"],
                                                      ["zigzag", "cpu", "0.125*", "0.250*"]]
-    assert lines[5].startswith("* best of the variants that share every other field")
+    assert lines[5].startswith("* best of the variants (and their options) that share every other field")
     assert md.read_text().splitlines()[2:] == [
         "| world_size | mode | variant | kernel | 1k | 2k |",
         "| :-- | :-- | :-- | :-- | --: | --: |",
         "| 2 | fwd | ring | cpu | 0.100  | 0.200  |",
         "| 2 | fwd | zigzag | cpu | 0.125* | 0.250* |",
         "",
-        "\\* best of the variants that share every other field",
+        "\\* best of the variants (and their options) that share every other field",
     ]
 
 
@@ -109,6 +109,13 @@ def test_compare_marks_winners_and_ratio_to_the_best_peer(tmp_path):
     assert rows[("fwd_bwd", "ring")]["best"] == [] and rows[("fwd_bwd", "ring")]["vs_best_peer"] == {}
     table = runner.invoke(app, ["compare", str(runs)]).stdout
     assert "12.0 ×1.20*" in table and "18.0 ×0.90" in table and "18.0 ×0.90*" not in table and "×N: against the best peer" in table
+    # A peer's option (rotate) is one more configuration of it: the best of them is the peer to beat.
+    rot = record("torch_cp", 1024, 11.0)
+    rot["spec"]["rotate"] = "alltoall"
+    rot["case_id"] = "rotated"
+    rows = [json.loads(x) for x in runner.invoke(app, ["compare", str(write(tmp_path / "r.jsonl", [
+        record("zigzag", 1024, 12.0), record("torch_cp", 1024, 10.0), rot])), "--json"]).stdout.splitlines()]
+    assert {(r["variant"], r["rotate"]): r["vs_best_peer"] for r in rows}[("zigzag", "")] == {"1024": round(12 / 11, 4)}
     # Time: lower is better, so the ratio is the peer's time over the variant's.
     timed = write(tmp_path / "t.jsonl", [record("zigzag", 1024, 1.0, time_ms=2.0),
                                          record("torch_cp", 1024, 1.0, time_ms=3.0)])

@@ -66,12 +66,14 @@ def test_shard_batch_packed_positions_restart_and_documents_do_not_predict_each_
     (dict(variant="llama3_varlen", cu_seqlens=[0, 16, 40]),
      r"^cu_seqlens \[0, 16, 40\] are not document offsets of a row of 48 tokens"),
     (dict(variant="llama3_varlen", cu_seqlens=[0, 16, 48], batch=2), r"^batch 2 is not 1, but llama3_varlen packs"),
+    (dict(variant="zigzag", rank=2), r"^rank 2 is not in the group of world_size 2; pass a rank from 0 to 1$"),
 ])
 def test_shard_batch_refuses_what_cannot_be_right(kwargs, pattern):
     batch = kwargs.pop("batch", 1)
     kwargs.setdefault("world_size", 2)
+    kwargs.setdefault("rank", 0)
     with pytest.raises(ValueError, match=pattern):
-        cp.shard_batch(torch.zeros(batch, 48, dtype=torch.long), rank=0, **kwargs)
+        cp.shard_batch(torch.zeros(batch, 48, dtype=torch.long), **kwargs)
 
 
 def test_register_names_the_implementation_and_refuses_bad_setups():
@@ -85,6 +87,8 @@ def test_register_names_the_implementation_and_refuses_bad_setups():
         hf.register("zigzag", kernel="fast")
     with pytest.raises(ValueError, match=r"^option 'heads_k_stride' is not one zigzag takes"):
         hf.register("zigzag", heads_k_stride=2)
+    with pytest.raises(ValueError, match=r"^torch_cp needs its own context held around the whole training step"):
+        hf.register("torch_cp")
     # A name holding "flash" would send transformers looking for a FlashAttention build.
     assert hf.register_single("torch-flash") == "ringbench_single_torch-fa"
     _tiny(hf.register_single("torch-flash"))  # a model switches to it

@@ -129,7 +129,8 @@ class Variant:
         """Return why this variant cannot run on ``device`` (``cpu`` or ``cuda``), or ``None``."""
         if device in self.devices:
             return None
-        return f"{self.name} cannot run on {device}: {self.devices_reason}; pass --device {self.devices[0]}"
+        where = "a machine with a CUDA GPU" if self.devices == ("cuda",) else f"device {self.devices[0]}"
+        return f"{self.name} cannot run on {device}: {self.devices_reason}; run it on {where} with --device {self.devices[0]}"
 
     def check_kernel(self, kernel: str) -> str | None:
         """Return why this variant cannot run with the named ``kernel``, or ``None``."""

@@ -151,6 +151,9 @@ def shard_batch(input_ids: Tensor, *, variant: str, rank: int, world_size: int, 
     """
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}, not [batch, seqlen]; pass a 2-D tensor")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in the group of world_size {world_size}; pass a rank from 0 to "
+                         f"{world_size - 1}")
     batch, seqlen = input_ids.shape
     check_setup(variant, seqlen=seqlen, world_size=world_size, batch=batch, cu_seqlens=cu_seqlens, layout=layout)
     v = get_variant(variant)

@@ -131,10 +131,15 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
         The name to pass as ``attn_implementation``.
 
     Raises:
-        ValueError: an unknown variant or kernel, or an option the variant does not take.
+        ValueError: an unknown variant or kernel, an option the variant does not take, or a
+            variant that needs a session around the step (torch_cp).
         ImportError: transformers is not installed.
     """
     v = get_variant(variant)
+    if v.session:
+        raise ValueError(f"{variant} needs its own context held around the whole training step "
+                         f"(forward and backward), which the adapter does not hold; register a ringbench variant "
+                         f"such as zigzag")
     if kernel != "auto":
         get_kernel(kernel)
     allowed = set(v.options) | ({"layout"} if v.layouts else set())
