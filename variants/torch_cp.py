@@ -18,6 +18,10 @@ Rotation (``rotate``): ``allgather`` (PyTorch's default: K/V gathered once, then
 by block) or ``alltoall`` (K/V passed one step at a time); dK/dV always travel by all-to-all
 in float32.
 
+Checked on 2 x H200 (results/reference/2026-11-30-h200x2/NOTES.md): it passes verify with
+torch-flash and cudnn; over torch-efficient, PyTorch's backward fails it in bf16 and raises at
+local lengths whose halves are not multiples of 32.
+
 Source: PyTorch's context parallel tutorial and ``torch.distributed.tensor.experimental``
 (PyTorch 2.7+); the head-tail balancing follows Brandon et al. 2023 and Llama 3 (2024).
 """
@@ -113,7 +117,7 @@ def torch_cp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax
     """PyTorch's context-parallel SDPA on this rank's zigzag shards.
 
     Args:
-        q: ``[B, S/W, Hq, D]``, bf16 or fp16 (fp32 too with cudnn where it takes it).
+        q: ``[B, S/W, Hq, D]``, bf16 or fp16 (fp32 too with torch-efficient).
         k, v: ``[B, S/W, Hkv, D]``; expanded to Hq heads when Hkv < Hq.
         causal: must be True (PyTorch's balanced backward needs it).
         softmax_scale: the softmax scale.
