@@ -25,6 +25,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -184,8 +185,16 @@ def _describe(rec: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def drive(doc: str, run: Callable[[dict], dict | None], start: Callable[[dict, int], dict],
+          describe: Callable[[dict], str], argv: list[str] | None = None, rank0_threads: int = 1) -> int:
+    """The torchrun driver of every case script: parse ``--cases``/``--results``, run each case
+    on every rank, and have rank 0 append one JSON line per case as soon as it ends.
+
+    ``doc``: the script's docstring, for ``--help``. ``start(case, world_size)`` gives the record's first fields; ``run(case)`` its outcome. A
+    case that raises is recorded with ``status: "error"`` and the rank's traceback, and the next
+    case runs. ``rank0_threads``: rank 0 computes references while the others wait.
+    """
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--cases", required=True, help="JSON list of case objects")
     parser.add_argument("--results", required=True, help="JSONL file rank 0 appends one line per case to")
     args = parser.parse_args(argv)
@@ -193,17 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     timeout = dt.timedelta(seconds=float(os.environ.get("CASES_PG_TIMEOUT", "300")))
     dist.init_process_group("gloo", timeout=timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
+    torch.set_num_threads(rank0_threads if rank == 0 else 1)
     with open(args.cases) as fh:
         cases = json.load(fh)
     try:
         for case in cases:
-            record = {"name": case["name"], "world_size": world_size, "variant": case["variant"],
-                      "kernel": case["kernel"], "dtype": case["dtype"], "causal": case["causal"],
-                      "seqlen": case["seqlen"], "status": "ok", "passed": False, "error": None}
+            record = start(case, world_size)
             t0 = time.perf_counter()
             try:
-                fields = run_case(case)
+                fields = run(case)
             except Exception:  # recorded, and the next case runs: a raise on every rank is a result
                 fields = {"error": f"[rank {rank}/{world_size}] " + traceback.format_exc()}
                 record["status"] = "error"
@@ -213,10 +220,20 @@ def main(argv: list[str] | None = None) -> int:
                 record["case_time_s"] = round(time.perf_counter() - t0, 3)
                 with open(args.results, "a") as fh:
                     fh.write(json.dumps(record) + "\n")
-                print(_describe(record), flush=True)
+                print(describe(record), flush=True)
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _start(case: dict, world_size: int) -> dict:
+    return {"name": case["name"], "world_size": world_size, "variant": case["variant"], "kernel": case["kernel"],
+            "dtype": case["dtype"], "causal": case["causal"], "seqlen": case["seqlen"], "status": "ok",
+            "passed": False, "error": None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return drive(__doc__, run_case, _start, _describe, argv)
 
 
 if __name__ == "__main__":

@@ -20,17 +20,12 @@ that raises unexpectedly is recorded with ``status: "error"`` and the next case 
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import json
-import os
 import sys
-import time
-import traceback
 
 import torch
 import torch.distributed as dist
 
+from cases import drive  # tests/dist is the script's folder, so first on sys.path under torchrun
 from ringbench.check import verify_case
 from ringbench.variants import get_variant
 
@@ -59,39 +54,18 @@ def _bad_cu(case: dict) -> dict:
     return {"messages": messages}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", required=True, help="JSON list of case objects")
-    parser.add_argument("--results", required=True, help="JSONL file rank 0 appends one line per case to")
-    args = parser.parse_args(argv)
+def _start(case: dict, world_size: int) -> dict:
+    return {"name": case["name"], "world_size": world_size, "status": "ok", "error": None}
 
-    timeout = dt.timedelta(seconds=float(os.environ.get("CASES_PG_TIMEOUT", "300")))
-    dist.init_process_group("gloo", timeout=timeout)
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+
+def _describe(record: dict) -> str:
+    return f"case {record['name']} W={record['world_size']} status={record['status']} {record['case_time_s']}s"
+
+
+def main(argv: list[str] | None = None) -> int:
     # Rank 0 computes the references while the others wait, so it gets two threads.
-    torch.set_num_threads(2 if rank == 0 else 1)
-    with open(args.cases) as fh:
-        cases = json.load(fh)
-    try:
-        for case in cases:
-            record = {"name": case["name"], "world_size": world_size, "status": "ok", "error": None}
-            t0 = time.perf_counter()
-            try:
-                fields = {"verify": _verify, "bad_cu": _bad_cu}[case["kind"]](case)
-            except Exception:  # recorded, and the next case runs
-                fields = {"error": f"[rank {rank}/{world_size}] " + traceback.format_exc()}
-                record["status"] = "error"
-            dist.barrier()
-            if rank == 0:
-                record.update(fields)
-                record["case_time_s"] = round(time.perf_counter() - t0, 3)
-                with open(args.results, "a") as fh:
-                    fh.write(json.dumps(record) + "\n")
-                print(f"case {record['name']} W={world_size} status={record['status']} "
-                      f"{fields.get('status', '')} {record['case_time_s']}s", flush=True)
-    finally:
-        dist.destroy_process_group()
-    return 0
+    return drive(__doc__, lambda case: {"verify": _verify, "bad_cu": _bad_cu}[case["kind"]](case), _start,
+                 _describe, argv, rank0_threads=2)
 
 
 if __name__ == "__main__":
