@@ -646,8 +646,9 @@ def _execute(cases: list, *, task: str, out: Path, json_out: bool, timeout_s: Op
         err.print(f"--resume: {len(by_id)} of {plural(len(cases), 'case')} already have an ok record in "
                   f"{results_path}; running {len(cases) - len(by_id)}", style="dim", markup=False)
     skipped_now = [c for c in cases if c.case_id() in (skipped or {}) and c.case_id() not in by_id]
+    env = _env(skipped_now[0].kernel) if skipped_now else None  # why they were skipped is part of it
     for case in skipped_now:
-        record = _missing_record(case, run_id, "skipped", skipped[case.case_id()], None)
+        record = _missing_record(case, run_id, "skipped", skipped[case.case_id()], env)
         results.append_record(results_path, record)
         by_id[case.case_id()] = record
     todo = [c for c in cases if c.case_id() not in by_id]

@@ -395,15 +395,15 @@ def contest(p: Pivot) -> Contest:
         groups.setdefault(tuple(key[n] for n in shared), []).append(i)
     better = max if p.metric.higher_is_better else min
     for members in groups.values():
+        is_peer = {i: getattr(VARIANTS.get(rows[i][0][at]), "peer", False) for i in members}
         for j in range(len(p.table.columns)):
             values = {i: rows[i][1][j] for i in members if rows[i][1][j] is not None}
             if len(values) < 2:
                 continue
             best = better(values.values())
             result.winners.update((i, j) for i, v in values.items() if v == best)
-            is_peer = {i: getattr(VARIANTS.get(rows[i][0][at]), "peer", False) for i in values}
             peers = [v for i, v in values.items() if is_peer[i]]
-            if not peers or all(is_peer.values()):
+            if not peers or len(peers) == len(values):
                 continue
             peer = better(peers)
             for i, v in values.items():

@@ -17,6 +17,7 @@ where its library is missing (``Variant.unavailable``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass
 from typing import Callable
@@ -181,7 +182,6 @@ class Variant:
         """The context manager the worker holds around one case (``contextlib.nullcontext``
         when the variant needs none)."""
         if not self.session:
-            import contextlib
             return contextlib.nullcontext()
         return self._load(self.session)(spec, group, device)
 

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from . import ROTATE
 from .comm import TRAFFIC
-from .kernels import Kernel, get_kernel
+from .kernels import Kernel
 from .layouts import token_index
 
 Tensor = torch.Tensor
@@ -86,18 +86,18 @@ def session(spec: dict, group, device: torch.device) -> Iterator[None]:
             _mesh = None
 
 
-def _sdpa(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+def _sdpa(kernel: str, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     aten = torch.ops.aten
-    if kernel.name == "torch-flash":
+    if kernel == "torch-flash":
         out, lse, *_ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
-    elif kernel.name == "cudnn":
+    elif kernel == "cudnn":
         out, lse, *_ = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
                                                                scale=scale)
-    elif kernel.name == "torch-efficient":
+    elif kernel == "torch-efficient":
         out, lse, *_ = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)
         lse = lse[..., :q.shape[2]]  # padded along the sequence
     else:
-        raise ValueError(f"torch_cp runs with kernel torch-flash, cudnn or torch-efficient, not {kernel.name!r}")
+        raise ValueError(f"torch_cp runs with kernel torch-flash, cudnn or torch-efficient, not {kernel!r}")
     return out, lse
 
 
@@ -146,7 +146,7 @@ def torch_cp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax
     if _mesh is None:
         raise RuntimeError("torch_cp_attention runs inside torch_cp.session(...), which keeps PyTorch's context "
                            "parallel dispatch on for forward and backward")
-    kernel_name = kernel if isinstance(kernel, str) else kernel.name
+    kernel_name = kernel if isinstance(kernel, str) else kernel.name  # the SDPA backend to call
     set_rotate_method(rotate)
     groups = q.shape[2] // k.shape[2]
     if groups > 1:
@@ -155,7 +155,7 @@ def torch_cp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax
     def shard(x: Tensor):
         return DTensor.from_local(x.transpose(1, 2), _mesh, [Shard(2)], run_check=False)
 
-    out, lse = _sdpa(get_kernel(kernel_name), shard(q), shard(k), shard(v), causal, softmax_scale)
+    out, lse = _sdpa(kernel_name, shard(q), shard(k), shard(v), causal, softmax_scale)
     world_size = dist.get_world_size(group)
     kv_bytes = 2 * k.numel() * k.element_size()
     backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
