@@ -9,10 +9,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ringbench.spec import DTYPES, layout_of, spec_docs, variant_options
-from ringbench.variants import get_variant, layouts
+from ringbench.case_setup import case_setup
+from ringbench.spec import CaseSpec
+from ringbench.variants import layouts
 from ringbench.variants.comm import TRAFFIC, reset_traffic
-from ringbench.variants.kernels import get_kernel
 
 GIB = 1024 ** 3
 
@@ -92,7 +92,7 @@ def _random(shape, dtype, device, gen) -> torch.Tensor:
     return torch.randn(shape, generator=gen, dtype=torch.float32, device=device).to(dtype)
 
 
-def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
+def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     """Measure one ``run`` case on this rank and return the record fields rank 0 will write.
 
     Each rank draws its own shard from ``(seed, rank)``; the whole sequence is never built.
@@ -106,7 +106,7 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
     which is the batch formula when the shares are equal.
 
     Args:
-        spec: a ``CaseSpec.to_dict()``.
+        spec: the case, its kernel resolved.
         device: this rank's device.
         group: the context-parallel group (default: the world).
 
@@ -116,24 +116,22 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
     Raises:
         RuntimeError: a TFLOP/s above the device's peak, or a multi-rank run that sent nothing.
     """
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-    variant, kernel = get_variant(spec["variant"]), get_kernel(spec["kernel"])
-    dtype = getattr(torch, DTYPES[spec["dtype"]])
-    B, S, H, Hkv, D = spec["batch"], spec["seqlen"], spec["heads"], spec["kv_heads"], spec["head_dim"]
+    case = case_setup(spec, group)
+    rank, world_size, variant, kernel, dtype = case.rank, case.world_size, case.variant, case.kernel, case.dtype
+    B, S, H, Hkv, D = spec.batch, spec.seqlen, spec.heads, spec.kv_heads, spec.head_dim
     local = S // world_size
-    gen = torch.Generator(device=device).manual_seed(spec["seed"] * 100003 + rank)
+    gen = torch.Generator(device=device).manual_seed(spec.seed * 100003 + rank)
     q = _random((B, local, H, D), dtype, device, gen)
     k = _random((B, local, Hkv, D), dtype, device, gen)
     v = _random((B, local, Hkv, D), dtype, device, gen)
     dout = _random((B, local, H, D), dtype, device, gen)
-    causal, scale, backward = spec["causal"], D ** -0.5, spec["mode"] == "fwd_bwd"
-    attention, options = variant.attention, variant_options(spec)
-    docs = spec_docs(spec) if variant.varlen else None
+    causal, scale, backward = case.causal, case.scale, spec.mode == "fwd_bwd"
+    attention, options, docs = variant.attention, case.options, case.docs
     ref_docs = None
     if docs is not None:
         cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
         options = {**options, "cu_seqlens": cu_seqlens}
-        local_cu = layouts.varlen_local_cu_seqlens(cu_seqlens, layout_of(spec, variant), rank, world_size,
+        local_cu = layouts.varlen_local_cu_seqlens(cu_seqlens, case.layout, rank, world_size,
                                                    by_document=variant.shard_by_document, device=device)
         ref_offsets = local_cu.tolist()
         ref_docs = [b - a for a, b in zip(ref_offsets, ref_offsets[1:])]
@@ -164,7 +162,7 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
             if backward:
                 kernel.backward(dout, q, k, v, out, lse, causal, scale)
 
-    iters, warmup = spec["iters"], spec["warmup"]
+    iters, warmup = spec.iters, spec.warmup
     cuda = device.type == "cuda"
     # Warm up before resetting the counters, so allocator growth and traffic of the warm-up
     # stay out of the figures.
@@ -184,7 +182,7 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
     ref_times = time_iterations(reference, iters=iters, warmup=warmup, device=device, group=group)
 
     ref_flops = attention_flops(batch=B, seqlen=local, heads=H, head_dim=D, causal=causal,
-                                mode=spec["mode"], docs=ref_docs)
+                                mode=spec.mode, docs=ref_docs)
     mine = (statistics.median(times), statistics.median(ref_times), sent, received,
             peak_alloc, peak_reserved, ref_flops)
     gathered: list = [None] * world_size
@@ -194,7 +192,7 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
     slowest_ref = max(gathered, key=lambda g: g[1])
     ref_ms, ref_flops = slowest_ref[1], slowest_ref[6]
     flops_per_gpu = attention_flops(batch=B, seqlen=S, heads=H, head_dim=D, causal=causal,
-                                    mode=spec["mode"], docs=docs) / world_size
+                                    mode=spec.mode, docs=docs) / world_size
     tflops = flops_per_gpu / (time_ms * 1e-3) / 1e12
     ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
     max_sent = max(g[2] for g in gathered)
@@ -216,7 +214,7 @@ def bench_case(spec: dict, *, device: torch.device, group=None) -> dict:
     }
     peak = peak_tflops(torch.cuda.get_device_name(device)) if cuda else None
     reason = refusal(tflops=tflops, peak=peak if dtype in (torch.bfloat16, torch.float16) else None,
-                     bytes_sent=max_sent, world_size=world_size, variant=spec["variant"])
+                     bytes_sent=max_sent, world_size=world_size, variant=spec.variant)
     if reason:
         raise RuntimeError(reason)
     return fields

@@ -26,9 +26,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ringbench.spec import DTYPES, layout_of, spec_docs, variant_options
-from ringbench.variants import get_variant, layouts
-from ringbench.variants.kernels import KERNELS, get_kernel
+from ringbench.case_setup import CaseSetup, case_setup
+from ringbench.spec import CaseSpec
+from ringbench.variants import layouts
+from ringbench.variants.kernels import KERNELS
 
 TENSORS = ("out", "lse", "dq", "dk", "dv")
 ERR_FACTOR = 2.0
@@ -39,7 +40,7 @@ def floor_for(dtype: torch.dtype, ref_max: float) -> float:
     return 0.5 * torch.finfo(dtype).eps * ref_max
 
 
-def compare(name: str, got: torch.Tensor, single: torch.Tensor, ref: torch.Tensor,
+def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: torch.Tensor,
             expected_dtype: torch.dtype, expected_shape: tuple) -> dict:
     """Apply the tolerance rule to one tensor and return its check entry (ringbench/CONTRACTS.md).
 
@@ -96,10 +97,8 @@ class Placement:
             some of the source's keys), or ``None`` when no rank sees another's keys.
     """
 
-    def __init__(self, spec: dict, variant, world_size: int, device: torch.device):
-        layout = layout_of(spec, variant)
-        docs = spec_docs(spec) if variant.varlen else None
-        causal = spec["causal"]
+    def __init__(self, case: CaseSetup, device: torch.device):
+        layout, docs, causal, world_size, variant = case.layout, case.docs, case.causal, case.world_size, case.variant
         if docs is None:
             self.shard = lambda x, rank, dim=1: layouts.shard(x, layout, rank, world_size, dim=dim)
             self.unshard = lambda parts, dim=1: layouts.unshard(parts, layout, dim=dim)
@@ -138,10 +137,10 @@ def _gather(t: torch.Tensor, placement: Placement, dim: int, group) -> torch.Ten
     return placement.unshard(parts, dim=dim)
 
 
-def global_inputs(spec: dict, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+def global_inputs(spec: CaseSpec, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
     """The whole-sequence q, k, v, dout of a verify case, identical on every rank (CPU seed)."""
-    B, S, H, Hkv, D = spec["batch"], spec["seqlen"], spec["heads"], spec["kv_heads"], spec["head_dim"]
-    gen = torch.Generator().manual_seed(spec["seed"])
+    B, S, H, Hkv, D = spec.batch, spec.seqlen, spec.heads, spec.kv_heads, spec.head_dim
+    gen = torch.Generator().manual_seed(spec.seed)
     shapes = ((B, S, H, D), (B, S, Hkv, D), (B, S, Hkv, D), (B, S, H, D))
     return tuple(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).to(device) for s in shapes)
 
@@ -188,25 +187,24 @@ def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float)
     return (out, lse, *kernel.backward_varlen(dout, q, k, v, out, lse, cu, cu, n, n, causal, scale))
 
 
-def verify_case(spec: dict, *, device: torch.device, group=None) -> dict:
+def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     """Check one ``verify`` case; every rank calls it, every rank gets the same fields back.
 
     Args:
-        spec: a ``CaseSpec.to_dict()``; the whole sequence must fit on one device.
+        spec: the case, its kernel resolved; the whole sequence must fit on one device.
         device: this rank's device.
         group: the context-parallel group (default: the world).
 
     Returns:
         ``{"status": "ok" | "fail", "reason": str | None, "checks": [...], "cp_active": bool | None}``.
     """
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-    variant, kernel = get_variant(spec["variant"]), get_kernel(spec["kernel"])
-    dtype = getattr(torch, DTYPES[spec["dtype"]])
-    causal, scale = spec["causal"], spec["head_dim"] ** -0.5
+    case = case_setup(spec, group)
+    rank, world_size, variant, kernel, dtype = case.rank, case.world_size, case.variant, case.kernel, case.dtype
+    causal, scale = case.causal, case.scale
     inputs = global_inputs(spec, dtype, device)
-    placement = Placement(spec, variant, world_size, device)
+    placement = Placement(case, device)
     kwargs = dict(rank=rank, world_size=world_size, causal=causal, scale=scale, group=group, kernel=kernel,
-                  options=variant_options(spec))
+                  options=case.options)
     local = _run_variant(variant.attention, placement, inputs, **kwargs)
     dims = (1, 2, 1, 1, 1)
     gathered = [_gather(t, placement, d, group) for t, d in zip(local, dims)]
@@ -221,7 +219,7 @@ def verify_case(spec: dict, *, device: torch.device, group=None) -> dict:
         expected = ((dtype, q.shape), (torch.float32 if dtype != torch.float64 else dtype,
                                        (q.shape[0], q.shape[2], q.shape[1])),
                     (dtype, q.shape), (dtype, k.shape), (dtype, v.shape))
-        checks = [compare(n, g, s, r, *e) for n, g, s, r, e in zip(TENSORS, gathered, single, ref, expected)]
+        checks = [tolerance_check(n, g, s, r, *e) for n, g, s, r, e in zip(TENSORS, gathered, single, ref, expected)]
     box = [checks]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0,
                                group=group)

@@ -743,9 +743,9 @@ def default_timeout_s(cases: list) -> float:
         total_s += work / (50e12 if case.device == "cuda" else 5e9)
         if case.hf_model:
             # Importing transformers and building three models, then float64 work at a tenth of the rate.
-            from ringbench.models import check_flops
+            from ringbench.models import estimated_check_flops
 
-            total_s += 60 + check_flops(case) / (5e12 if case.device == "cuda" else 5e8)
+            total_s += 60 + estimated_check_flops(case) / (5e12 if case.device == "cuda" else 5e8)
     return total_s
 
 

@@ -9,7 +9,7 @@ and the same random tokens. Three runs on the same tokens:
 - variant: the case's dtype, the variant over the group, through the Hugging Face adapter
   (sharded ids, positions and labels; the group-wide loss; gradients summed over the group).
 
-Each tensor (the loss, then each parameter's gradient) goes through ``check.compare``, the rule
+Each tensor (the loss, then each parameter's gradient) goes through ``check.tolerance_check``, the rule
 of every verify case. The references are computed on rank 0 only, independently of the
 adapter's sharding helpers (plain next-token cross-entropy over the whole row).
 """
@@ -22,22 +22,23 @@ import torch
 import torch.distributed as dist
 
 from ringbench.adapters import cp, hf
-from ringbench.check import compare
+from ringbench.case_setup import case_setup
+from ringbench.check import tolerance_check
 from ringbench.models import load_model
-from ringbench.spec import DTYPES, layout_of, spec_docs, variant_options
-from ringbench.variants import get_variant, layouts
+from ringbench.spec import CaseSpec
+from ringbench.variants import layouts
 
 
-def _tokens(spec: dict, vocab: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(spec["seed"])
-    return torch.randint(vocab, (spec["batch"], spec["seqlen"]), generator=gen)
+def _tokens(spec: CaseSpec, vocab: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(spec.seed)
+    return torch.randint(vocab, (spec.batch, spec.seqlen), generator=gen)
 
 
-def _build(spec: dict):
+def _build(spec: CaseSpec):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    model = load_model(spec["hf_model"])
-    torch.manual_seed(spec["seed"])
+    model = load_model(spec.hf_model)
+    torch.manual_seed(spec.seed)
     return LlamaForCausalLM(LlamaConfig(**model.config))  # CPU, float32: the same weights on every rank
 
 
@@ -86,11 +87,11 @@ def _whole_row(base, ids: torch.Tensor, docs: list[int] | None, *, dtype, kernel
     return _grads(model, loss)
 
 
-def check_model(spec: dict, *, device: torch.device, group=None) -> dict:
+def check_model(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     """Run one ``hf_model`` verify case; every rank calls it and gets the same fields back.
 
     Args:
-        spec: a ``CaseSpec.to_dict()`` with ``hf_model`` set.
+        spec: the case, with ``hf_model`` set and its kernel resolved.
         device: this rank's device.
         group: the context-parallel group (default: the world).
 
@@ -99,19 +100,17 @@ def check_model(spec: dict, *, device: torch.device, group=None) -> dict:
         ``checks`` holds the loss first, then one entry per parameter gradient, named
         ``grad <parameter name>``.
     """
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-    variant = get_variant(spec["variant"])
-    dtype = getattr(torch, DTYPES[spec["dtype"]])
-    docs = spec_docs(spec) if variant.varlen else None
+    case = case_setup(spec, group)
+    rank, world_size, dtype, docs = case.rank, case.world_size, case.dtype, case.docs
     base = _build(spec)
     ids = _tokens(spec, base.config.vocab_size)
 
     model = _copy(base, device=device, dtype=dtype)
-    hf.use_attention(model, hf.register(spec["variant"], group=group, kernel=spec["kernel"],
-                                        **variant_options(spec)))
+    hf.use_attention(model, hf.register(spec.variant, group=group, kernel=spec.kernel,
+                                        **case.options))
     cu = layouts.cu_seqlens_from_docs(docs, device=device) if docs is not None else None
-    batch = cp.shard_batch(ids.to(device), variant=spec["variant"], rank=rank, world_size=world_size,
-                           labels=ids.to(device), cu_seqlens=cu, layout=layout_of(spec, variant))
+    batch = cp.shard_batch(ids.to(device), variant=spec.variant, rank=rank, world_size=world_size,
+                           labels=ids.to(device), cu_seqlens=cu, layout=case.layout)
     loss = cp.causal_lm_loss(model(**batch.model_inputs()).logits, batch.labels, group=group)
     loss.backward()
     cp.all_reduce_grads(model.parameters(), group=group)
@@ -121,8 +120,8 @@ def check_model(spec: dict, *, device: torch.device, group=None) -> dict:
     checks = None
     if rank == 0:
         ref = _whole_row(base, ids, docs, dtype=torch.float64, kernel="math", device=device)
-        single = _whole_row(base, ids, docs, dtype=dtype, kernel=spec["kernel"], device=device)
-        checks = [compare(name, got[name], single[name], ref[name], single[name].dtype, tuple(ref[name].shape))
+        single = _whole_row(base, ids, docs, dtype=dtype, kernel=spec.kernel, device=device)
+        checks = [tolerance_check(name, got[name], single[name], ref[name], single[name].dtype, tuple(ref[name].shape))
                   for name in ref]
     box = [checks]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ringbench.spec import SpecError
+from ringbench.errors import SpecError
 
 try:
     import tomllib
@@ -121,8 +121,8 @@ def check_case(spec) -> None:
                             "to the model")
 
 
-def check_flops(spec) -> float:
-    """Rough FLOPs of a model check: three forward and backward passes (float64 reference,
+def estimated_check_flops(spec) -> float:
+    """An estimate of the FLOPs of a model check: three forward and backward passes (float64 reference,
     single device, context parallel) of ``6 * parameters * tokens`` each, plus attention."""
     m = load_model(spec.hf_model)
     tokens = m.batch * m.seqlen

@@ -41,7 +41,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from ringbench.spec import CaseSpec, SpecError, coerce_field, default_fields, field_names
+from ringbench.errors import SpecError
+from ringbench.fields import coerce as coerce_field
+from ringbench.spec import CaseSpec, default_fields, field_names
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -16,177 +16,48 @@ import hashlib
 import json
 import math
 import random
-import re
-from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any, Mapping
 
-from ringbench.variants import ROTATE
-
-#: Short dtype names users type, mapped to the ``torch`` attribute they mean.
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
-#: ``fwd`` times the forward pass; ``fwd_bwd`` the forward and backward pass.
-MODES = ("fwd", "fwd_bwd")
-TASKS = ("run", "verify")
-DEVICES = ("cuda", "cpu")
-#: The largest global seqlen accepted, in tokens (1024M).
-MAX_SEQLEN = 2**30
-
-_SUFFIX = {"": 1, "k": 1024, "m": 1024**2}
-_SIZE_RE = re.compile(r"([+-]?)(\d+(?:\.\d*)?|\.\d+)([kKmM]?)")
+from ringbench import fields
+from ringbench.errors import SpecError, Unavailable
+from ringbench.fields import (DTYPES, MAX_SEQLEN, MODES, TASKS, DEVICES, format_size, parse_doc_dist,  # noqa: F401
+                              parse_docs, parse_size, plural, variant_options)
 
 
-class SpecError(ValueError):
-    """A case specification (from the CLI or a scenario) that ringbench refuses.
-
-    The message is one sentence: the field, the value, the rule and the fix.
-    """
-
-
-class Unavailable(SpecError):
-    """The case's variant cannot run on this machine (its library is missing); a scenario
-    records such cases as skipped, with the reason, instead of refusing the sweep."""
-
-
-def parse_size(text: str, *, name: str = "seqlen") -> int:
-    """Parse a token count such as ``4096``, ``128k`` (131072) or ``1M`` (1048576).
-
-    Args:
-        text: digits with an optional ``k`` (x1024) or ``M`` (x1024**2) suffix, either case;
-            a decimal such as ``1.5k`` is accepted when it gives a whole count.
-        name: the field named in error messages.
-
-    Returns:
-        The count in tokens, 1 to :data:`MAX_SEQLEN`.
-
-    Raises:
-        SpecError: not a number, not whole, zero or negative, or above :data:`MAX_SEQLEN`.
-    """
-    raw = str(text).strip()
-    match = _SIZE_RE.fullmatch(raw)
-    if match is None:
-        raise SpecError(f"{name} {raw!r} is not a size; use a whole number with an optional k or M "
-                        "suffix, such as 4096 or 128k")
-    sign, number, suffix = match.groups()
-    value = Fraction(number) * _SUFFIX[suffix.lower()]
-    if sign == "-":
-        value = -value
-    if value.denominator != 1:
-        raise SpecError(f"{name} {raw!r} is {float(value):g} tokens, not a whole number; "
-                        "use a whole count such as 4096 or 128k")
-    count = int(value)
-    if count <= 0:
-        raise SpecError(f"{name} {raw!r} must be positive; use a size such as 4096 or 128k")
-    if count > MAX_SEQLEN:
-        raise SpecError(f"{name} {raw!r} is {count} tokens, above the limit of {MAX_SEQLEN} (1024M); "
-                        "use a smaller size")
-    return count
-
-
-def plural(n: int, noun: str) -> str:
-    """``1 case``, ``3 cases``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def format_size(count: int) -> str:
-    """Write a token count the short way ``parse_size`` reads: 131072 -> ``128k``."""
-    for suffix, unit in (("M", 1024**2), ("k", 1024)):
-        if count % unit == 0 and count >= unit:
-            return f"{count // unit}{suffix}"
-    return str(count)
-
-
-@dataclass(frozen=True)
-class CaseSpec:
-    """One case: a variant, a kernel and a shape on ``world_size`` ranks.
-
-    Attributes:
-        task: ``run`` (measure) or ``verify`` (compare against single-device attention).
-        variant: a registry name, see ``ringbench.variants.list_variants``.
-        kernel: a kernel name from ``ringbench.variants.kernels.KERNELS``; ``auto`` only
-            before :func:`resolve`.
-        device: ``cuda`` or ``cpu``.
-        world_size: ranks in the context-parallel group.
-        batch: sequences per batch (B).
-        seqlen: global tokens per sequence (S), split across the ranks.
-        heads: query heads (Hq).
-        kv_heads: key/value heads (Hkv); divides ``heads`` (fewer than heads: GQA).
-        head_dim: channels per head (D).
-        dtype: ``bf16``, ``fp16``, ``fp32`` or ``fp64``.
-        causal: apply a causal mask.
-        mode: ``fwd`` or ``fwd_bwd``.
-        iters: timed iterations (run only).
-        warmup: untimed iterations before timing (run only).
-        seed: seed of the random inputs.
-        layout: the variant's layout when it takes more than one (llama3: ``zigzag`` or
-            ``contiguous``); ``""`` means the variant's default.
-        heads_k_stride: K/V heads gathered at a time by all-gather variants (llama3);
-            ``0`` means all of them at once.
-        docs: the packed documents of a varlen variant, their lengths in tokens separated by
-            commas (sizes such as ``12k`` allowed, ``0`` for an empty document), in row order;
-            they must sum to ``seqlen``. ``""``: none (every batch variant). :func:`resolve_docs`
-            writes them as plain integers.
-        doc_dist: a distribution to draw ``docs`` from with ``seed`` (see :func:`resolve_docs`):
-            ``lognormal:mean=4k,sigma=1`` or ``uniform:min=512,max=8k``; ``""``: none.
-        rotate: how torch_cp (PyTorch's context parallel) moves K/V: ``allgather`` or
-            ``alltoall``; ``""`` means PyTorch's default, allgather.
-        hf_model: verify only: a model of ``ringbench.models`` (``llama-tiny``) checked end to end
-            through the Hugging Face adapter, loss and every gradient; its config fixes seqlen,
-            batch, heads, kv_heads and head_dim. ``""``: the attention check.
-    """
-
-    task: str
-    variant: str
-    kernel: str
-    device: str
-    world_size: int
-    batch: int
-    seqlen: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    causal: bool
-    mode: str
-    iters: int
-    warmup: int
-    seed: int
-    layout: str = ""
-    heads_k_stride: int = 0
-    docs: str = ""
-    doc_dist: str = ""
-    rotate: str = ""
-    hf_model: str = ""
+class _CaseMethods:
+    """The methods of :class:`CaseSpec`, whose fields come from :data:`ringbench.fields.FIELDS`."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form the worker reads, field order as declared."""
+        """The JSON form records hold, field order as in the table."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CaseSpec":
-        """Build a spec from ``to_dict()`` output, checking each field's type.
+        """Build a spec from ``to_dict()`` output (or a record's ``spec``), checking each field's type.
+
+        Optional fields a record written before them lacks take their default.
 
         Raises:
             SpecError: a missing or unknown field, or a value of the wrong type.
         """
-        names = field_names()
-        unknown = [k for k in data if k not in names]
+        unknown = [k for k in data if k not in fields.BY_NAME]
         if unknown:
-            raise SpecError(f"field {unknown[0]!r} is not a case field; use one of {', '.join(names)}")
-        missing = [k for k in names if k not in data and k not in _DEFAULTED]
+            raise SpecError(f"field {unknown[0]!r} is not a case field; use one of {', '.join(fields.NAMES)}")
+        missing = [k for k in fields.NAMES if k not in data and k not in fields.OPTIONAL_DEFAULTS]
         if missing:
             raise SpecError(f"field {missing[0]!r} is missing from the case; give every field of "
                             "CaseSpec.to_dict()")
-        return cls(**{k: coerce_field(k, data[k]) for k in names if k in data})
+        return cls(**{k: fields.coerce(k, data[k]) for k in fields.NAMES if k in data})
 
     def case_id(self) -> str:
-        """A stable 12-hex-digit sha1 of every field except iters, warmup and seed.
+        """A stable 12-hex-digit sha1 of every field in the case_id (all but iters, warmup and seed).
 
         Optional fields left at their defaults are left out, so ids stay those of records
         written before the field existed.
         """
         keyed = {k: v for k, v in self.to_dict().items()
-                 if k not in ("iters", "warmup", "seed") and not (k in _DEFAULTED and v == _DEFAULTED[k])}
+                 if k not in fields.NOT_IN_CASE_ID
+                 and not (k in fields.OPTIONAL_DEFAULTS and v == fields.OPTIONAL_DEFAULTS[k])}
         blob = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
@@ -195,93 +66,38 @@ class CaseSpec:
         return dataclasses.replace(self, **changes)
 
 
+def _case_doc() -> str:
+    lines = ["One case: a variant, a kernel and a shape on ``world_size`` ranks.", "",
+             "Generated from :data:`ringbench.fields.FIELDS`, one attribute per row.", "", "Attributes:"]
+    lines += [f"    {f.name} ({f.type.__name__}): {f.help}." for f in fields.FIELDS]
+    return "\n".join(lines)
+
+
+CaseSpec = dataclasses.make_dataclass(
+    "CaseSpec",
+    [(f.name, f.type) if not f.optional else (f.name, f.type, dataclasses.field(default=f.default))
+     for f in fields.FIELDS],
+    bases=(_CaseMethods,), frozen=True, namespace={"__doc__": _case_doc(), "__module__": __name__})
+
+
 def field_names() -> tuple[str, ...]:
-    """CaseSpec's field names in declaration order."""
-    return tuple(f.name for f in dataclasses.fields(CaseSpec))
+    """CaseSpec's field names in table order."""
+    return fields.NAMES
 
 
-_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(CaseSpec)}
-_DEFAULTED = {f.name: f.default for f in dataclasses.fields(CaseSpec)
-              if f.default is not dataclasses.MISSING}
-_TYPE_WORDS = {"int": "an integer", "bool": "true or false", "str": "a string"}
-
-
-def coerce_field(name: str, value: Any) -> Any:
-    """Check one field's type; ``seqlen`` also takes a size string such as ``128k``.
-
-    Returns:
-        The value, with ``seqlen`` turned into an int.
-
-    Raises:
-        SpecError: an unknown field, a value of the wrong type, or a bad size string.
-    """
-    kind = _FIELD_TYPES.get(name)
-    if kind is None:
-        raise SpecError(f"field {name!r} is not a case field; use one of {', '.join(field_names())}")
-    if name == "seqlen" and isinstance(value, str):
-        return parse_size(value)
-    ok = {
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "bool": isinstance(value, bool),
-        "str": isinstance(value, str),
-    }[kind]
-    if not ok:
-        raise SpecError(f"{name} {value!r} is a {type(value).__name__}, but {name} must be "
-                        f"{_TYPE_WORDS[kind]}; fix its value")
-    return value
-
-
-def optional_field_defaults() -> dict[str, Any]:
-    """The fields added after the first records, with the default older records hold."""
-    return dict(_DEFAULTED)
-
-
-def variant_options(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword options a case passes to its variant's ``attention`` beyond the contract."""
-    options: dict[str, Any] = {}
-    if spec.get("layout"):
-        options["layout"] = spec["layout"]
-    if spec.get("heads_k_stride"):
-        options["heads_k_stride"] = spec["heads_k_stride"]
-    if spec.get("rotate"):
-        options["rotate"] = spec["rotate"]
-    return options
-
-
-def layout_of(spec: Mapping[str, Any], variant) -> str:
+def layout_of(spec, variant) -> str:
     """The layout a case's tensors are sharded in: its own, or else the variant's."""
-    return spec.get("layout") or variant.layout
-
-
-# --------------------------------------------------------------------------- defaults
-
-CUDA_DEFAULTS: dict[str, Any] = {
-    "batch": 1, "seqlen": 16 * 1024, "heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bf16",
-    "causal": True, "mode": "fwd_bwd", "kernel": "auto", "iters": 20, "warmup": 5, "seed": 0,
-    "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "", "rotate": "", "hf_model": "",
-}
-CPU_DEFAULTS: dict[str, Any] = {
-    "world_size": 2, "batch": 1, "seqlen": 4 * 1024, "heads": 4, "kv_heads": 2, "head_dim": 32,
-    "dtype": "fp32", "causal": True, "mode": "fwd_bwd", "kernel": "auto", "iters": 10, "warmup": 3,
-    "seed": 0, "layout": "", "heads_k_stride": 0, "docs": "", "doc_dist": "", "rotate": "", "hf_model": "",
-}
+    return spec.layout or variant.layout
 
 
 def default_fields(device: str, visible_gpus: int) -> dict[str, Any]:
-    """Every field but ``task`` and ``variant`` at its default for ``device``.
-
-    On cuda: world size = ``visible_gpus`` (at least 1), 32 heads, 8 kv heads, head dim 128,
-    bf16, seqlen 16k, 20 iterations after 5 warm-ups. On cpu: world size 2, 4 heads,
-    2 kv heads, head dim 32, fp32, seqlen 4k, 10 iterations after 3 warm-ups. Both: batch 1,
-    causal, fwd_bwd, kernel auto, seed 0.
+    """Every field but ``task`` and ``variant`` at its default for ``device`` (the table's
+    ``cuda`` and ``cpu`` columns; on cuda the world size is the visible GPUs, at least 1).
 
     Raises:
         SpecError: an unknown device.
     """
-    check_fields({"device": device})
-    if device == "cuda":
-        return {"device": "cuda", "world_size": max(1, visible_gpus), **CUDA_DEFAULTS}
-    return {"device": "cpu", **CPU_DEFAULTS}
+    return fields.defaults(device, visible_gpus)
 
 
 def detect_device() -> tuple[str, int]:
@@ -298,23 +114,11 @@ def detect_device() -> tuple[str, int]:
 
 # --------------------------------------------------------------------------- checks
 
-def _one_of(name: str, value: Any, choices, flag: str) -> None:
-    if value not in choices:
-        raise SpecError(f"{name} {value!r} is unknown; pass {flag} with one of {', '.join(choices)}")
-
-
-def _at_least(name: str, value: int, low: int) -> None:
-    if value < low:
-        flag = "--" + name.replace("_", "-")
-        word = "positive" if low == 1 else "zero or more"
-        raise SpecError(f"{name} {value} must be {word}; pass {flag} {low} or more")
-
-
-def check_fields(fields: Mapping[str, Any]) -> None:
-    """Check each given field on its own, plus the variant's seqlen rule when it can.
+def check_fields(given: Mapping[str, Any]) -> None:
+    """Check each given field on its own (its row's rule), plus the variant's seqlen rule when it can.
 
     Needs no torch and accepts a partial mapping, so the CLI can refuse a bad option before
-    it detects the device. The seqlen rule runs when variant, seqlen and world_size are
+    it detects the device. The variant's rule runs when variant, seqlen and world_size are
     all given.
 
     Raises:
@@ -322,45 +126,14 @@ def check_fields(fields: Mapping[str, Any]) -> None:
     """
     from ringbench.variants import get_variant
 
-    for name, value in fields.items():
-        value = coerce_field(name, value)
-        if name == "task":
-            _one_of(name, value, TASKS, "a task")
-        elif name == "device":
-            _one_of(name, value, DEVICES, "--device")
-        elif name == "dtype":
-            _one_of(name, value, tuple(DTYPES), "--dtype")
-        elif name == "mode":
-            _one_of(name, value, MODES, "--mode")
-        elif name == "variant":
-            try:
-                get_variant(value)
-            except ValueError as exc:
-                raise SpecError(str(exc)) from None
-        elif name == "seqlen" and value > MAX_SEQLEN:
-            raise SpecError(f"seqlen {value} is above the limit of {MAX_SEQLEN} tokens; use a smaller size")
-        elif name in ("world_size", "batch", "seqlen", "heads", "kv_heads", "head_dim", "iters"):
-            _at_least(name, value, 1)
-        elif name in ("warmup", "seed", "heads_k_stride"):
-            _at_least(name, value, 0)
-        elif name == "kernel" and not value:
-            raise SpecError("kernel '' is empty; pass --kernel with a kernel name or auto")
-        elif name == "docs" and value:
-            parse_docs(value)
-        elif name == "doc_dist" and value:
-            parse_doc_dist(value)
-        elif name == "rotate" and value:
-            _one_of(name, value, ROTATE, "--rotate")
-        elif name == "hf_model" and value:
-            from ringbench.models import load_model
-
-            load_model(value)
-    if all(k in fields for k in ("variant", "seqlen", "world_size")):
-        reason = get_variant(fields["variant"]).check(
-            seqlen=coerce_field("seqlen", fields["seqlen"]), world_size=fields["world_size"],
-            causal=fields.get("causal", True), layout=fields.get("layout") or None,
-            heads_k_stride=fields.get("heads_k_stride", 0), kv_heads=fields.get("kv_heads"),
-            rotate=fields.get("rotate", ""))
+    for name, value in given.items():
+        fields.check(name, value)
+    if all(k in given for k in ("variant", "seqlen", "world_size")):
+        reason = get_variant(given["variant"]).check(
+            seqlen=fields.coerce("seqlen", given["seqlen"]), world_size=given["world_size"],
+            causal=given.get("causal", True), layout=given.get("layout") or None,
+            heads_k_stride=given.get("heads_k_stride", 0), kv_heads=given.get("kv_heads"),
+            rotate=given.get("rotate", ""))
         if reason:
             raise SpecError(reason)
 
@@ -448,7 +221,7 @@ def canonical(spec: CaseSpec) -> CaseSpec:
     """``spec`` with options that restate a default written as the default (``layout`` equal
     to the variant's own, ``heads_k_stride`` equal to kv_heads, ``rotate`` allgather), so one computation has one
     case_id."""
-    from ringbench.variants import get_variant
+    from ringbench.variants import ROTATE, get_variant
 
     changes: dict[str, Any] = {}
     if spec.layout and spec.layout == get_variant(spec.variant).layout:
@@ -506,78 +279,6 @@ def resolve(spec: CaseSpec) -> CaseSpec:
 
 # --------------------------------------------------------------------------- packed documents
 
-_DIST_KEYS = {"lognormal": ("mean", "sigma"), "uniform": ("min", "max")}
-_DIST_EXAMPLE = "lognormal:mean=4k,sigma=1 or uniform:min=512,max=8k"
-
-
-def parse_docs(text: str) -> list[int]:
-    """Parse document lengths such as ``3000,500,12k`` into ints (``[3000, 500, 12288]``).
-
-    Args:
-        text: comma-separated sizes as :func:`parse_size` reads them, or ``0`` for an empty
-            document; spaces around entries are ignored.
-
-    Returns:
-        The lengths in tokens, in row order.
-
-    Raises:
-        SpecError: an empty list or entry, or an entry that is not a size (the message gives
-            its position).
-    """
-    entries = [e.strip() for e in str(text).split(",")]
-    if not any(entries):
-        raise SpecError(f"docs {text!r} is empty; pass document lengths separated by commas, such as 3000,500,12k")
-    docs = []
-    for i, entry in enumerate(entries):
-        if entry == "":
-            raise SpecError(f"docs {text!r} has an empty entry at position {i + 1}; separate lengths by single "
-                            "commas, such as 3000,500,12k")
-        docs.append(0 if entry == "0" else parse_size(entry, name=f"docs entry {i + 1}"))
-    return docs
-
-
-def parse_doc_dist(text: str) -> tuple[str, dict[str, float]]:
-    """Parse a document distribution such as ``lognormal:mean=4k,sigma=1``.
-
-    Args:
-        text: ``lognormal:mean=M,sigma=S`` (M a size: the mean document length in tokens; S
-            the sigma of the length's logarithm, 0 or more) or ``uniform:min=A,max=B`` (sizes,
-            ``A <= B``, both ends included).
-
-    Returns:
-        ``(kind, params)`` with the sizes in tokens and sigma as a float.
-
-    Raises:
-        SpecError: an unknown kind, a missing or unknown parameter, or a bad value.
-    """
-    raw = str(text).strip()
-    kind, sep, rest = raw.partition(":")
-    if not sep or kind not in _DIST_KEYS:
-        raise SpecError(f"doc_dist {raw!r} is not a document distribution; use {_DIST_EXAMPLE}")
-    params: dict[str, float] = {}
-    for item in rest.split(","):
-        key, eq, value = (part.strip() for part in item.partition("="))
-        if not eq or key not in _DIST_KEYS[kind] or key in params:
-            raise SpecError(f"doc_dist {raw!r}: {item.strip()!r} is not one of {kind}'s parameters "
-                            f"{' and '.join(_DIST_KEYS[kind])}, each given once; use {_DIST_EXAMPLE}")
-        if key == "sigma":
-            try:
-                sigma = float(value)
-            except ValueError:
-                sigma = float("nan")
-            if not (math.isfinite(sigma) and 0 <= sigma <= 10):
-                raise SpecError(f"doc_dist {raw!r}: sigma {value!r} must be a number from 0 to 10; use sigma=1")
-            params[key] = sigma
-        else:
-            params[key] = parse_size(value, name=f"doc_dist {key}")
-    missing = [k for k in _DIST_KEYS[kind] if k not in params]
-    if missing:
-        raise SpecError(f"doc_dist {raw!r} lacks {missing[0]}; use {_DIST_EXAMPLE}")
-    if kind == "uniform" and params["min"] > params["max"]:
-        raise SpecError(f"doc_dist {raw!r}: min {int(params['min'])} is above max {int(params['max'])}; swap them")
-    return kind, params
-
-
 def _doc_multiple(spec: CaseSpec) -> int:
     """The multiple every document length must be for ``spec``'s variant (1: any length)."""
     from ringbench.variants import VARIANTS, LAYOUT_CHUNKS
@@ -622,20 +323,16 @@ def draw_docs(kind: str, params: Mapping[str, float], seqlen: int, seed: int, mu
     return docs
 
 
-def spec_docs(spec: CaseSpec | Mapping[str, Any]) -> list[int] | None:
-    """The document lengths of a case (a spec or its dict), or ``None`` when it has none.
+def spec_docs(spec: CaseSpec) -> list[int] | None:
+    """The document lengths of a case, or ``None`` when it has none.
 
     ``docs`` when given, else ``doc_dist`` drawn as :func:`resolve_docs` does.
 
     Raises:
         SpecError: a malformed ``docs`` or ``doc_dist``.
     """
-    if isinstance(spec, CaseSpec):
-        spec_obj = spec
-    else:
-        spec_obj = CaseSpec.from_dict({k: v for k, v in spec.items() if k in field_names()})
-    spec_obj = resolve_docs(spec_obj)
-    return parse_docs(spec_obj.docs) if spec_obj.docs else None
+    spec = resolve_docs(spec)
+    return parse_docs(spec.docs) if spec.docs else None
 
 
 def resolve_docs(spec: CaseSpec) -> CaseSpec:

@@ -80,22 +80,23 @@ def _reason_of(exc: BaseException, rank: int, world_size: int) -> str:
     return f"[rank {rank}/{world_size}] {first}"
 
 
-def run_one(spec: dict, device: torch.device) -> tuple[dict, BaseException | None]:
+def run_one(spec: CaseSpec, device: torch.device) -> tuple[dict, BaseException | None]:
     """Run one case on this rank; its outcome fields (status, reason, numbers) and the exception it raised."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     error = None
-    variant = get_variant(spec["variant"])
+    variant = get_variant(spec.variant)
     try:
-        with variant.open_session(spec, None, device):
-            if spec["task"] == "verify" and spec.get("hf_model"):
+        # The variant's session sees the plain dict: variants know nothing of the harness.
+        with variant.open_session(spec.to_dict(), None, device):
+            if spec.task == "verify" and spec.hf_model:
                 from ringbench.model_check import check_model  # imports transformers
 
                 fields = check_model(spec, device=device)
-            elif spec["task"] == "verify":
+            elif spec.task == "verify":
                 fields = verify_case(spec, device=device)
             else:
                 fields = {"status": "ok", "reason": None, **bench_case(spec, device=device)}
-        notes = variant.notes(heads=spec["heads"], kv_heads=spec["kv_heads"])
+        notes = variant.notes(heads=spec.heads, kv_heads=spec.kv_heads)
         if notes:
             fields["notes"] = notes
     except Exception as exc:  # a fault in one case is recorded, and the sweep goes on
@@ -147,9 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", required=True, type=Path)
     args = parser.parse_args(argv)
     payload = json.loads(args.cases.read_text())
-    cases = payload["cases"]
+    cases = [CaseSpec.from_dict(c) for c in payload["cases"]]
     _mark(int(os.environ.get("RANK", "0")), "init_process_group")
-    device = _init(cases[0]["device"])
+    device = _init(cases[0].device)
     rank = dist.get_rank()
     _mark(rank, "ready")
     writer = _record_writer()
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     # No try/finally around the cases: a rank that re-raises a fault must not wait in
     # destroy_process_group for peers that are stuck in a transfer with it.
     for i, spec in enumerate(cases):
-        _mark(rank, f"case {i + 1}/{len(cases)} start {spec['variant']} S={spec['seqlen']}")
+        _mark(rank, f"case {i + 1}/{len(cases)} start {spec.variant} S={spec.seqlen}")
         started = time.perf_counter()
         fields, error = run_one(spec, device)
         elapsed_s = time.perf_counter() - started
@@ -173,15 +174,15 @@ def main(argv: list[str] | None = None) -> None:
         if rank == writer:
             rec = {
                 "schema_version": results.SCHEMA_VERSION,
-                "task": spec["task"],
+                "task": spec.task,
                 "run_id": payload["run_id"],
-                "case_id": CaseSpec.from_dict(spec).case_id(),
+                "case_id": spec.case_id(),
                 "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-                "spec": spec,
-                "kernel": spec["kernel"],
+                "spec": spec.to_dict(),
+                "kernel": spec.kernel,
                 **fields,
                 "elapsed_s": elapsed_s,
-                "env": {**env, "kernel": spec["kernel"]},
+                "env": {**env, "kernel": spec.kernel},
             }
             results.append_record(args.results, rec)
         _mark(rank, f"case {i + 1}/{len(cases)} done {fields['status']}")

@@ -405,34 +405,34 @@ def test_check_compare_shape_mismatch_is_a_failed_check():
     ringbench/check.py's docstring says a shape that differs from the input's fails; compare
     indexes the result with the reference's finite mask first, so it raises instead.
     """
-    from ringbench.check import compare
+    from ringbench.check import tolerance_check
 
     ref = torch.randn(1, 8, 2, 4, dtype=torch.float64)
     single = ref.float()
     got = torch.randn(1, 4, 2, 4)  # half the tokens: a lost shard
-    entry = compare("out", got, single, ref, torch.float32, tuple(ref.shape))
+    entry = tolerance_check("out", got, single, ref, torch.float32, tuple(ref.shape))
     print(entry)
     assert entry["shape_ok"] is False and entry["passed"] is False
 
 
-def test_check_compare_rule_passes_and_fails():
+def test_tolerance_check_passes_and_fails():
     """err <= 2 * err_single + floor passes; a little above it fails; NaN and a wrong dtype fail."""
-    from ringbench.check import compare
+    from ringbench.check import tolerance_check
 
     gen = torch.Generator().manual_seed(5)
     ref = torch.randn(1, 16, 2, 4, generator=gen, dtype=torch.float64)
     single = ref + 1e-3
     shape = tuple(ref.shape)
-    floor = compare("out", ref, single, ref, torch.float64, shape)["floor"]
+    floor = tolerance_check("out", ref, single, ref, torch.float64, shape)["floor"]
     allowed = 2e-3 + floor
-    inside = compare("out", ref + 0.99 * allowed, single, ref, torch.float64, shape)
-    outside = compare("out", ref + 1.01 * allowed, single, ref, torch.float64, shape)
+    inside = tolerance_check("out", ref + 0.99 * allowed, single, ref, torch.float64, shape)
+    outside = tolerance_check("out", ref + 1.01 * allowed, single, ref, torch.float64, shape)
     print(inside, outside, sep="\n")
     assert inside["passed"] and not outside["passed"]
     nan = ref.float().clone()
     nan[0, 3, 1, 2] = math.nan
-    assert not compare("out", nan, single, ref, torch.float32, shape)["passed"]
-    assert not compare("out", ref.half(), single, ref, torch.float32, shape)["passed"]
+    assert not tolerance_check("out", nan, single, ref, torch.float32, shape)["passed"]
+    assert not tolerance_check("out", ref.half(), single, ref, torch.float32, shape)["passed"]
 
 
 # --------------------------------------------------------------------------- peers

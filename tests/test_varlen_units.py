@@ -455,10 +455,10 @@ def test_check_fields_refuses_bad_document_text_early():
         check_fields({"doc_dist": "lognormal"})
 
 
-def test_spec_docs_reads_a_dict_and_draws_a_distribution():
+def test_spec_docs_draws_a_distribution():
     spec = varlen_spec(seqlen=8192, doc_dist="uniform:min=100,max=900", seed=1)
-    assert spec_docs(spec.to_dict()) == parse_docs(resolve_docs(spec).docs)
-    assert spec_docs(varlen_spec("ring").to_dict()) is None
+    assert spec_docs(spec) == parse_docs(resolve_docs(spec).docs)
+    assert spec_docs(varlen_spec("ring")) is None
 
 
 # --------------------------------------------------------------------------- FLOPs

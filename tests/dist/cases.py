@@ -8,7 +8,7 @@ rank builds the same global q, k, v and dout from the case's seed, takes its sha
 ``ringbench.variants.layouts.shard``, runs the variant's ``attention`` forward and backward,
 and all-gathers and unshards out, lse, dq, dk and dv. Rank 0 computes the float64 math
 reference while rank 1 (when there is one) runs the single-device kernel; rank 0 then checks
-each tensor with ``ringbench.check.compare`` (MEASUREMENT.md's rule: the variant's max error
+each tensor with ``ringbench.check.tolerance_check`` (MEASUREMENT.md's rule: the variant's max error
 against the float64 math kernel must stay within twice the same kernel's single-device error
 plus a dtype floor) and appends one JSON line per case to ``RESULTS.jsonl`` as soon as the
 case ends, so a later hang loses nothing. A case that raises is recorded with
@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ringbench.check import compare
+from ringbench.check import tolerance_check
 from ringbench.variants import get_variant, layouts
 from ringbench.variants.kernels import KERNELS, get_kernel
 
@@ -161,7 +161,7 @@ def run_case(case: dict) -> dict | None:
         "dk": (dtype, tuple(kg.shape)),
         "dv": (dtype, tuple(kg.shape)),
     }
-    checks = [compare(n, gathered[n], s, r, *expected[n]) for n, s, r in zip(TENSORS, single, ref)]
+    checks = [tolerance_check(n, gathered[n], s, r, *expected[n]) for n, s, r in zip(TENSORS, single, ref)]
     return {
         "local_shapes": local_shapes,
         "local_dtypes": local_dtypes,

@@ -1,0 +1,29 @@
+"""ringbench's errors: one base, so a caller can catch what ringbench refuses in one clause.
+
+- :class:`SpecError`: a request ringbench refuses (a case field, a scenario, an option);
+  the CLI prints its one sentence and exits 2.
+- :class:`Unavailable`: the case's variant or kernel cannot run on this machine; a scenario
+  records such a case as skipped.
+- :class:`CompareError`: ``ringbench compare`` was given records it cannot compare.
+
+All are ``ValueError``s (bad input), as torchtitan's settings errors are; a failure at run
+time inside a worker stays a ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+
+class RingbenchError(ValueError):
+    """Anything ringbench refuses. The message is one sentence: what, the value, the rule and the fix."""
+
+
+class SpecError(RingbenchError):
+    """A case specification (from the CLI or a scenario) that ringbench refuses."""
+
+
+class Unavailable(SpecError):
+    """The case's variant cannot run on this machine (its library is missing)."""
+
+
+class CompareError(RingbenchError):
+    """Records that ``ringbench compare`` cannot turn into a table, plot or verdict."""

@@ -1,0 +1,447 @@
+"""The case fields: one row each, the single home of everything a case field needs.
+
+A row gives the field's name, its type, how text becomes a value (``128k``), its default
+on each device, the help text with its units, how a table labels it, whether it is part of
+``case_id``, whether it goes to the variant's ``attention`` as a keyword, which commands take
+it as an option, and its own check. Generated from :data:`FIELDS`:
+
+- ``ringbench.spec.CaseSpec`` (its attributes and their docs);
+- the ``run`` and ``verify`` options (``ringbench.options``);
+- scenario key validation, the variant options, table labels and the error-growth grouping
+  key (every case field but the world size);
+- the field table of ``ringbench/CONTRACTS.md`` (:func:`markdown_table`, kept equal by a test).
+
+Adding a case field is one row here plus its check. Torch-free: a bad value is refused in
+milliseconds, before any process starts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Callable, Mapping
+
+from ringbench.errors import SpecError
+
+#: Short dtype names users type, mapped to the ``torch`` attribute they mean.
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
+#: ``fwd`` times the forward pass; ``fwd_bwd`` the forward and backward pass.
+MODES = ("fwd", "fwd_bwd")
+TASKS = ("run", "verify")
+DEVICES = ("cuda", "cpu")
+#: The largest global seqlen accepted, in tokens (1024M).
+MAX_SEQLEN = 2**30
+#: The cuda default of ``world_size``: every visible GPU.
+VISIBLE_GPUS = "every visible GPU"
+
+_SUFFIX = {"": 1, "k": 1024, "m": 1024**2}
+_SIZE_RE = re.compile(r"([+-]?)(\d+(?:\.\d*)?|\.\d+)([kKmM]?)")
+
+
+# --------------------------------------------------------------------------- value parsers
+
+def parse_size(text: str, *, name: str = "seqlen") -> int:
+    """Parse a token count such as ``4096``, ``128k`` (131072) or ``1M`` (1048576).
+
+    Args:
+        text: digits with an optional ``k`` (x1024) or ``M`` (x1024**2) suffix, either case;
+            a decimal such as ``1.5k`` is accepted when it gives a whole count.
+        name: the field named in error messages.
+
+    Returns:
+        The count in tokens, 1 to :data:`MAX_SEQLEN`.
+
+    Raises:
+        SpecError: not a number, not whole, zero or negative, or above :data:`MAX_SEQLEN`.
+    """
+    raw = str(text).strip()
+    match = _SIZE_RE.fullmatch(raw)
+    if match is None:
+        raise SpecError(f"{name} {raw!r} is not a size; use a whole number with an optional k or M "
+                        "suffix, such as 4096 or 128k")
+    sign, number, suffix = match.groups()
+    value = Fraction(number) * _SUFFIX[suffix.lower()]
+    if sign == "-":
+        value = -value
+    if value.denominator != 1:
+        raise SpecError(f"{name} {raw!r} is {float(value):g} tokens, not a whole number; "
+                        "use a whole count such as 4096 or 128k")
+    count = int(value)
+    if count <= 0:
+        raise SpecError(f"{name} {raw!r} must be positive; use a size such as 4096 or 128k")
+    if count > MAX_SEQLEN:
+        raise SpecError(f"{name} {raw!r} is {count} tokens, above the limit of {MAX_SEQLEN} (1024M); "
+                        "use a smaller size")
+    return count
+
+
+def format_size(count: int) -> str:
+    """Write a token count the short way ``parse_size`` reads: 131072 -> ``128k``."""
+    for suffix, unit in (("M", 1024**2), ("k", 1024)):
+        if count % unit == 0 and count >= unit:
+            return f"{count // unit}{suffix}"
+    return str(count)
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 case``, ``3 cases``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+_DIST_KEYS = {"lognormal": ("mean", "sigma"), "uniform": ("min", "max")}
+_DIST_EXAMPLE = "lognormal:mean=4k,sigma=1 or uniform:min=512,max=8k"
+
+
+def parse_docs(text: str) -> list[int]:
+    """Parse document lengths such as ``3000,500,12k`` into ints (``[3000, 500, 12288]``).
+
+    Args:
+        text: comma-separated sizes as :func:`parse_size` reads them, or ``0`` for an empty
+            document; spaces around entries are ignored.
+
+    Returns:
+        The lengths in tokens, in row order.
+
+    Raises:
+        SpecError: an empty list or entry, or an entry that is not a size (the message gives
+            its position).
+    """
+    entries = [e.strip() for e in str(text).split(",")]
+    if not any(entries):
+        raise SpecError(f"docs {text!r} is empty; pass document lengths separated by commas, such as 3000,500,12k")
+    docs = []
+    for i, entry in enumerate(entries):
+        if entry == "":
+            raise SpecError(f"docs {text!r} has an empty entry at position {i + 1}; separate lengths by single "
+                            "commas, such as 3000,500,12k")
+        docs.append(0 if entry == "0" else parse_size(entry, name=f"docs entry {i + 1}"))
+    return docs
+
+
+def parse_doc_dist(text: str) -> tuple[str, dict[str, float]]:
+    """Parse a document distribution such as ``lognormal:mean=4k,sigma=1``.
+
+    Args:
+        text: ``lognormal:mean=M,sigma=S`` (M a size: the mean document length in tokens; S
+            the sigma of the length's logarithm, 0 to 10) or ``uniform:min=A,max=B`` (sizes,
+            ``A <= B``, both ends included).
+
+    Returns:
+        ``(kind, params)`` with the sizes in tokens and sigma as a float.
+
+    Raises:
+        SpecError: an unknown kind, a missing or unknown parameter, or a bad value.
+    """
+    raw = str(text).strip()
+    kind, sep, rest = raw.partition(":")
+    if not sep or kind not in _DIST_KEYS:
+        raise SpecError(f"doc_dist {raw!r} is not a document distribution; use {_DIST_EXAMPLE}")
+    params: dict[str, float] = {}
+    for item in rest.split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or key not in _DIST_KEYS[kind] or key in params:
+            raise SpecError(f"doc_dist {raw!r}: {item.strip()!r} is not one of {kind}'s parameters "
+                            f"{' and '.join(_DIST_KEYS[kind])}, each given once; use {_DIST_EXAMPLE}")
+        if key == "sigma":
+            try:
+                sigma = float(value)
+            except ValueError:
+                sigma = float("nan")
+            if not (math.isfinite(sigma) and 0 <= sigma <= 10):
+                raise SpecError(f"doc_dist {raw!r}: sigma {value!r} must be a number from 0 to 10; use sigma=1")
+            params[key] = sigma
+        else:
+            params[key] = parse_size(value, name=f"doc_dist {key}")
+    missing = [k for k in _DIST_KEYS[kind] if k not in params]
+    if missing:
+        raise SpecError(f"doc_dist {raw!r} lacks {missing[0]}; use {_DIST_EXAMPLE}")
+    if kind == "uniform" and params["min"] > params["max"]:
+        raise SpecError(f"doc_dist {raw!r}: min {int(params['min'])} is above max {int(params['max'])}; swap them")
+    return kind, params
+
+
+# --------------------------------------------------------------------------- checks of one value
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _one_of(choices: Callable[[], tuple[str, ...]]) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if value not in choices():
+            raise SpecError(f"{name} {value!r} is unknown; pass {_flag(name)} with one of {', '.join(choices())}")
+    return check
+
+
+def _at_least(low: int) -> Callable[[str, Any], None]:
+    def check(name: str, value: int) -> None:
+        if value < low:
+            word = "positive" if low == 1 else "zero or more"
+            raise SpecError(f"{name} {value} must be {word}; pass {_flag(name)} {low} or more")
+    return check
+
+
+def _check_variant(name: str, value: str) -> None:
+    from ringbench.variants import get_variant
+
+    try:
+        get_variant(value)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _check_kernel_name(name: str, value: str) -> None:
+    if not value:
+        raise SpecError("kernel '' is empty; pass --kernel with a kernel name or auto")
+
+
+def _check_seqlen(name: str, value: int) -> None:
+    if value > MAX_SEQLEN:
+        raise SpecError(f"seqlen {value} is above the limit of {MAX_SEQLEN} tokens; use a smaller size")
+    _at_least(1)(name, value)
+
+
+def _if_set(check: Callable[[str, Any], Any]) -> Callable[[str, Any], None]:
+    """A check of a text field that ``""`` (unset) passes."""
+    def run(name: str, value: Any) -> None:
+        if value:
+            check(name, value)
+    return run
+
+
+def _rotations() -> tuple[str, ...]:
+    from ringbench.variants import ROTATE
+
+    return ROTATE
+
+
+def _check_model(name: str, value: str) -> None:
+    from ringbench.models import load_model
+
+    load_model(value)
+
+
+# --------------------------------------------------------------------------- the table
+
+@dataclass(frozen=True)
+class Field:
+    """One case field.
+
+    Attributes:
+        name: the attribute of ``CaseSpec`` and the key of records and scenarios.
+        type: ``int``, ``str`` or ``bool``.
+        help: what it is, with its units; the options' help adds the defaults.
+        cuda, cpu: its default on each device (:data:`VISIBLE_GPUS` for cuda's world size);
+            ``None``: no default (``task``, ``variant``: every case gives them).
+        default_text: how the help states the default when the values alone would not say it.
+        label: how a table or progress bar names a value, a format such as ``W={}``;
+            ``None``: the value itself.
+        in_case_id: part of ``case_id`` (iters, warmup and seed are not: they do not change
+            what is computed, only how often and on which numbers).
+        optional: added after the first records were written: left out of ``case_id`` at its
+            default, so the ids of older records stay what they were.
+        variant_option: passed to the variant's ``attention`` as a keyword when set.
+        commands: the commands that take it as an option.
+        flag: the option's name; default ``--`` + name with dashes.
+        parse: text -> value, for options given as text (``seqlen``: ``128k``).
+        check: ``(name, value)`` -> None, raising SpecError: the field's own rule, alone.
+        repeatable: the option may be given several times (one case per value).
+    """
+
+    name: str
+    type: type
+    help: str
+    cuda: Any = None
+    cpu: Any = None
+    default_text: str = ""
+    label: str | None = None
+    in_case_id: bool = True
+    optional: bool = False
+    variant_option: bool = False
+    commands: tuple[str, ...] = TASKS
+    flag: str = ""
+    parse: Callable[[str], Any] | None = None
+    check: Callable[[str, Any], None] | None = None
+    repeatable: bool = False
+
+    @property
+    def option(self) -> str:
+        """The command-line option, such as ``--kv-heads``."""
+        return self.flag or _flag(self.name)
+
+    @property
+    def default(self) -> Any:
+        """The value a record written before this field existed holds (optional fields)."""
+        return self.cpu
+
+    def default_help(self) -> str:
+        """``Default: cuda 16k, cpu 4k.`` or ``Default: 1.``, from the row."""
+        if self.default_text:
+            return f"Default: {self.default_text}."
+        show = (lambda v: format_size(v)) if self.name == "seqlen" else str
+        if self.cuda == self.cpu:
+            return f"Default: {show(self.cuda)}."
+        return f"Default: cuda {self.cuda if self.cuda == VISIBLE_GPUS else show(self.cuda)}, cpu {show(self.cpu)}."
+
+    def text(self, value: Any) -> str:
+        """The value as a label names it: ``W=2``, ``16k``, ``non-causal``."""
+        if self.name == "seqlen" and isinstance(value, int):
+            value = format_size(value)
+        if self.name == "causal":
+            return "causal" if value else "non-causal"
+        return self.label.format(value) if self.label else str(value)
+
+
+_POSITIVE, _ZERO_OR_MORE = _at_least(1), _at_least(0)
+
+FIELDS: tuple[Field, ...] = (
+    Field("task", str, "`run` (measure) or `verify` (compare against single-device attention)",
+          commands=(), check=_one_of(lambda: TASKS)),
+    Field("variant", str, "the context-parallel variant, a registry name (`ringbench variants` lists them "
+          "and says which can run here)", repeatable=True, check=_check_variant),
+    Field("kernel", str, "the local attention kernel: flash-attn, torch-flash, cudnn, torch-efficient (cuda), "
+          "cpu, math (any device), or auto: the first one available here that takes the dtype, head dim and "
+          "form (never auto once launched)", "auto", "auto", check=_check_kernel_name),
+    Field("device", str, "cuda (NCCL, one GPU per rank) or cpu (gloo)",
+          default_text="cuda when a GPU is visible, else cpu; a scenario that names its device (smoke says "
+                       "cpu) keeps it unless this is given", check=_one_of(lambda: DEVICES)),
+    Field("world_size", int, "ranks in the context-parallel group, one process each", VISIBLE_GPUS, 2,
+          label="W={}", repeatable=True, check=_POSITIVE),
+    Field("batch", int, "sequences per batch (B)", 1, 1, label="B={}", check=_POSITIVE),
+    Field("seqlen", int, "global tokens per sequence (S), split across the ranks; a whole number with an "
+          "optional k (x1024) or M (x1024^2) suffix, such as 4096, 128k or 1M", 16 * 1024, 4 * 1024,
+          parse=parse_size, check=_check_seqlen),
+    Field("heads", int, "query heads (Hq)", 32, 4, label="H={}", check=_POSITIVE),
+    Field("kv_heads", int, "key/value heads (Hkv); divides heads, fewer than heads is GQA", 8, 2, label="KV={}",
+          check=_POSITIVE),
+    Field("head_dim", int, "channels per head (D)", 128, 32, label="D={}", check=_POSITIVE),
+    Field("dtype", str, "input dtype: bf16, fp16, fp32 or fp64", "bf16", "fp32", check=_one_of(lambda: tuple(DTYPES))),
+    Field("causal", bool, "causal mask (--causal) or every key visible (--no-causal)", True, True,
+          flag="--causal/--no-causal", check=None),
+    Field("mode", str, "what one iteration times: fwd (forward) or fwd_bwd (forward and backward); verify "
+          "always checks both", "fwd_bwd", "fwd_bwd", commands=("run",), check=_one_of(lambda: MODES)),
+    Field("iters", int, "timed iterations per case", 20, 10, in_case_id=False, commands=("run",), check=_POSITIVE),
+    Field("warmup", int, "untimed warm-up iterations before timing (0 allowed)", 5, 3, in_case_id=False,
+          commands=("run",), check=_ZERO_OR_MORE),
+    Field("seed", int, "seed of the random inputs (0 or more)", 0, 0, in_case_id=False, check=_ZERO_OR_MORE),
+    Field("layout", str, "the layout of the sequence over the ranks, for variants that take several (llama3: "
+          "zigzag, balanced under a causal mask, or contiguous); `\"\"`: the variant's own", "", "",
+          default_text="the variant's own", optional=True, variant_option=True),
+    Field("heads_k_stride", int, "K/V heads gathered at a time by all-gather variants (llama3, llama3_varlen); "
+          "while one group computes, the next group's gather is in flight; 0: all of them in one gather", 0, 0,
+          default_text="all K/V heads in one gather", label="stride={}", optional=True, variant_option=True,
+          check=_ZERO_OR_MORE),
+    Field("docs", str, "packed documents of a varlen variant: lengths in tokens separated by commas (sizes such "
+          "as 12k, 0 for an empty document), in row order, summing to seqlen; ring_varlen needs each a "
+          "multiple of the world size, zigzag_varlen of twice it, llama3_varlen takes any; `\"\"`: none",
+          "", "", default_text="none", optional=True, check=_if_set(lambda name, value: parse_docs(value))),
+    Field("doc_dist", str, "draw the documents with the seed until they fill seqlen: lognormal:mean=4k,sigma=1 "
+          "(mean length in tokens, sigma of its log) or uniform:min=512,max=8k; lengths are rounded to the "
+          "variant's multiple; `\"\"`: none", "", "", default_text="none", optional=True,
+          check=_if_set(lambda name, value: parse_doc_dist(value))),
+    Field("rotate", str, "how torch_cp (PyTorch's context parallel) moves K/V: allgather (gather once) or "
+          "alltoall (one block per step); `\"\"`: PyTorch's default, allgather", "", "",
+          default_text="allgather, PyTorch's own", optional=True, variant_option=True,
+          check=_if_set(_one_of(_rotations))),
+    Field("hf_model", str, "check a whole model instead of attention alone: a random-initialised Llama "
+          "(llama-tiny: 256 tokens, for CPU; llama-small: 16k tokens, for GPUs) through the Hugging Face "
+          "adapter; it fixes seqlen, batch, heads, kv_heads and head_dim; needs the hf extra; `\"\"`: the "
+          "attention check", "", "", default_text="the attention check", optional=True, commands=("verify",),
+          flag="--model", check=_if_set(_check_model)),
+)
+
+BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+#: Fields passed to the variant's ``attention`` as keywords when set.
+VARIANT_OPTIONS: tuple[str, ...] = tuple(f.name for f in FIELDS if f.variant_option)
+#: Fields that make two verify records one problem at several world sizes: every field of
+#: ``case_id`` but the world size (and the task, the same for every verify record).
+GROWTH_KEY: tuple[str, ...] = tuple(f.name for f in FIELDS if f.in_case_id and f.name not in ("task", "world_size"))
+#: Fields left out of ``case_id``.
+NOT_IN_CASE_ID: tuple[str, ...] = tuple(f.name for f in FIELDS if not f.in_case_id)
+#: Optional fields and the default that records written before them hold.
+OPTIONAL_DEFAULTS: dict[str, Any] = {f.name: f.default for f in FIELDS if f.optional}
+
+_TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a string"}
+
+
+def coerce(name: str, value: Any) -> Any:
+    """Check one field's type; a field with a parser (``seqlen``) also takes text such as ``128k``.
+
+    Returns:
+        The value, parsed where it was text.
+
+    Raises:
+        SpecError: an unknown field, a value of the wrong type, or text the parser refuses.
+    """
+    field = BY_NAME.get(name)
+    if field is None:
+        raise SpecError(f"field {name!r} is not a case field; use one of {', '.join(NAMES)}")
+    if field.parse is not None and isinstance(value, str):
+        return field.parse(value)
+    ok = isinstance(value, field.type) and not (field.type is int and isinstance(value, bool))
+    if not ok:
+        raise SpecError(f"{name} {value!r} is a {type(value).__name__}, but {name} must be "
+                        f"{_TYPE_WORDS[field.type]}; fix its value")
+    return value
+
+
+def check(name: str, value: Any) -> Any:
+    """Coerce one field's value and apply its own rule; returns the value.
+
+    Raises:
+        SpecError: see :func:`coerce`, or the field's rule, in one sentence with the fix.
+    """
+    value = coerce(name, value)
+    rule = BY_NAME[name].check
+    if rule is not None:
+        rule(name, value)
+    return value
+
+
+def defaults(device: str, visible_gpus: int) -> dict[str, Any]:
+    """Every field with a default, at its default for ``device`` (``world_size`` on cuda: the
+    visible GPUs, at least 1); ``device`` itself included.
+
+    Raises:
+        SpecError: an unknown device.
+    """
+    check("device", device)
+    out: dict[str, Any] = {"device": device}
+    for f in FIELDS:
+        value = getattr(f, device)
+        if value is None:
+            continue
+        out[f.name] = max(1, visible_gpus) if value == VISIBLE_GPUS else value
+    return out
+
+
+def variant_options(spec: Any) -> dict[str, Any]:
+    """The keyword options a case (a CaseSpec or its dict) passes to its variant's ``attention``."""
+    get = spec.get if isinstance(spec, Mapping) else (lambda k, d=None: getattr(spec, k, d))
+    return {name: get(name) for name in VARIANT_OPTIONS if get(name)}
+
+
+def fields_of(command: str) -> tuple[Field, ...]:
+    """The fields ``command`` (``run`` or ``verify``) takes as options, in table order."""
+    return tuple(f for f in FIELDS if command in f.commands)
+
+
+def markdown_table() -> str:
+    """The field table of ``ringbench/CONTRACTS.md``: field, type, defaults, case_id, option, meaning."""
+    rows = ["| field | type | default (cuda / cpu) | in case_id | option | meaning |",
+            "|---|---|---|---|---|---|"]
+    for f in FIELDS:
+        if f.cuda is None:
+            default = "none"
+        elif f.cuda == f.cpu:
+            default = f"`{f.cuda!r}`" if f.type is str else f"`{f.cuda}`"
+        else:
+            default = f"`{f.cuda}` / `{f.cpu}`" if f.cuda != VISIBLE_GPUS else f"GPUs / `{f.cpu}`"
+        in_id = "when set" if f.optional else ("yes" if f.in_case_id else "no")
+        commands = " ".join(f"`{c}`" for c in f.commands) or "-"
+        option = f"`{f.option}` ({commands})" if f.commands else "-"
+        rows.append(f"| {f.name} | {f.type.__name__} | {default} | {in_id} | {option} | {f.help} |")
+    return "\n".join(rows) + "\n"
