@@ -304,7 +304,7 @@ FIELDS: tuple[Field, ...] = (
     Field("kernel", str, "the local attention kernel: flash-attn, torch-flash, cudnn, torch-efficient (cuda), "
           "cpu, math (any device), or auto: the first one available here that takes the dtype, head dim and "
           "form (never auto once launched)", "auto", "auto", check=_check_kernel_name),
-    Field("device", str, "cuda (NCCL, one GPU per rank) or cpu (gloo)",
+    Field("device", str, "run on cuda (NCCL, one GPU per rank) or cpu (gloo)",
           default_text="cuda when a GPU is visible, else cpu; a scenario that names its device (smoke says "
                        "cpu) keeps it unless this is given", check=_one_of(lambda: DEVICES)),
     Field("world_size", int, "ranks in the context-parallel group, one process each", VISIBLE_GPUS, 2,
@@ -319,7 +319,7 @@ FIELDS: tuple[Field, ...] = (
     Field("head_dim", int, "channels per head (D)", 128, 32, label="D={}", check=_POSITIVE),
     Field("dtype", str, "input dtype: bf16, fp16, fp32 or fp64", "bf16", "fp32", check=_one_of(lambda: tuple(DTYPES))),
     Field("causal", bool, "causal mask (--causal) or every key visible (--no-causal)", True, True,
-          flag="--causal/--no-causal", check=None),
+          default_text="causal", flag="--causal/--no-causal", check=None),
     Field("mode", str, "what one iteration times: fwd (forward) or fwd_bwd (forward and backward); verify "
           "always checks both", "fwd_bwd", "fwd_bwd", commands=("run",), check=_one_of(lambda: MODES)),
     Field("iters", int, "timed iterations per case", 20, 10, in_case_id=False, commands=("run",), check=_POSITIVE),
@@ -327,7 +327,7 @@ FIELDS: tuple[Field, ...] = (
           commands=("run",), check=_ZERO_OR_MORE),
     Field("seed", int, "seed of the random inputs (0 or more)", 0, 0, in_case_id=False, check=_ZERO_OR_MORE),
     Field("layout", str, "the layout of the sequence over the ranks, for variants that take several (llama3: "
-          "zigzag, balanced under a causal mask, or contiguous); `\"\"`: the variant's own", "", "",
+          "zigzag, balanced under a causal mask, or contiguous)", "", "",
           default_text="the variant's own", optional=True, variant_option=True),
     Field("heads_k_stride", int, "K/V heads gathered at a time by all-gather variants (llama3, llama3_varlen); "
           "while one group computes, the next group's gather is in flight; 0: all of them in one gather", 0, 0,
@@ -335,20 +335,19 @@ FIELDS: tuple[Field, ...] = (
           check=_ZERO_OR_MORE),
     Field("docs", str, "packed documents of a varlen variant: lengths in tokens separated by commas (sizes such "
           "as 12k, 0 for an empty document), in row order, summing to seqlen; ring_varlen needs each a "
-          "multiple of the world size, zigzag_varlen of twice it, llama3_varlen takes any; `\"\"`: none",
+          "multiple of the world size, zigzag_varlen of twice it, llama3_varlen takes any",
           "", "", default_text="none", optional=True, check=_if_set(lambda name, value: parse_docs(value))),
     Field("doc_dist", str, "draw the documents with the seed until they fill seqlen: lognormal:mean=4k,sigma=1 "
           "(mean length in tokens, sigma of its log) or uniform:min=512,max=8k; lengths are rounded to the "
-          "variant's multiple; `\"\"`: none", "", "", default_text="none", optional=True,
+          "variant's multiple", "", "", default_text="none", optional=True,
           check=_if_set(lambda name, value: parse_doc_dist(value))),
     Field("rotate", str, "how torch_cp (PyTorch's context parallel) moves K/V: allgather (gather once) or "
-          "alltoall (one block per step); `\"\"`: PyTorch's default, allgather", "", "",
+          "alltoall (one block per step)", "", "",
           default_text="allgather, PyTorch's own", optional=True, variant_option=True,
           check=_if_set(_one_of(_rotations))),
     Field("hf_model", str, "check a whole model instead of attention alone: a random-initialised Llama "
           "(llama-tiny: 256 tokens, for CPU; llama-small: 16k tokens, for GPUs) through the Hugging Face "
-          "adapter; it fixes seqlen, batch, heads, kv_heads and head_dim; needs the hf extra; `\"\"`: the "
-          "attention check", "", "", default_text="the attention check", optional=True, commands=("verify",),
+          "adapter; it fixes seqlen, batch, heads, kv_heads and head_dim; needs the hf extra", "", "", default_text="the attention check", optional=True, commands=("verify",),
           flag="--model", check=_if_set(_check_model)),
 )
 
@@ -438,6 +437,7 @@ def markdown_table() -> str:
             default = "none"
         elif f.cuda == f.cpu:
             default = f"`{f.cuda!r}`" if f.type is str else f"`{f.cuda}`"
+            default += f" ({f.default_text})" if f.default_text else ""
         else:
             default = f"`{f.cuda}` / `{f.cpu}`" if f.cuda != VISIBLE_GPUS else f"GPUs / `{f.cpu}`"
         in_id = "when set" if f.optional else ("yes" if f.in_case_id else "no")

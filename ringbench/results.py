@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 if TYPE_CHECKING:
     import pandas
 
-#: Version of the record layout in ringbench/CONTRACTS.md; bump it when a field changes meaning.
-SCHEMA_VERSION = 1
+from ringbench.records import SCHEMA_VERSION
 
 _NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ringbench import envinfo, results
+from ringbench import envinfo, records, results
 from ringbench.bench import bench_case
 from ringbench.check import verify_case
 from ringbench.spec import CaseSpec
@@ -58,12 +58,6 @@ def _init(device_type: str) -> torch.device:
     return device
 
 
-def _status_of(exc: BaseException) -> str:
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return "oom"
-    return "error"
-
-
 _REQUESTED_RE = re.compile(r"Tried to allocate ([\d.]+ ?[KMGT]?i?B)")
 _FREE_RE = re.compile(r"of which ([\d.]+ ?[KMGT]?i?B) (?:is )?free")
 
@@ -71,7 +65,7 @@ _FREE_RE = re.compile(r"of which ([\d.]+ ?[KMGT]?i?B) (?:is )?free")
 def _reason_of(exc: BaseException, rank: int, world_size: int) -> str:
     """``[rank r/W] Type: message``; an out-of-memory error leads with the requested and free memory."""
     first = traceback.format_exception_only(type(exc), exc)[-1].strip()
-    if _status_of(exc) == "oom":
+    if records.status_of_exception(exc) == "oom":
         text = str(exc)
         requested, free = _REQUESTED_RE.search(text), _FREE_RE.search(text)
         memory = ", ".join(f"{name} {m.group(1)}" for name, m in (("requested", requested), ("free", free)) if m)
@@ -101,7 +95,7 @@ def run_one(spec: CaseSpec, device: torch.device) -> tuple[dict, BaseException |
             fields["notes"] = notes
     except Exception as exc:  # a fault in one case is recorded, and the sweep goes on
         error = exc
-        fields = {"status": _status_of(exc), "reason": _reason_of(exc, rank, world_size)}
+        fields = {"status": records.status_of_exception(exc), "reason": _reason_of(exc, rank, world_size)}
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return fields, error
@@ -172,18 +166,9 @@ def main(argv: list[str] | None = None) -> None:
         if bad:
             fields = {"status": bad[0][0], "reason": bad[0][1]}
         if rank == writer:
-            rec = {
-                "schema_version": results.SCHEMA_VERSION,
-                "task": spec.task,
-                "run_id": payload["run_id"],
-                "case_id": spec.case_id(),
-                "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-                "spec": spec.to_dict(),
-                "kernel": spec.kernel,
-                **fields,
-                "elapsed_s": elapsed_s,
-                "env": {**env, "kernel": spec.kernel},
-            }
+            measured = {k: v for k, v in fields.items() if k not in ("status", "reason")}
+            rec = records.build(spec, run_id=payload["run_id"], status=fields["status"], reason=fields.get("reason"),
+                                fields=measured or None, env=env, elapsed_s=elapsed_s)
             results.append_record(args.results, rec)
         _mark(rank, f"case {i + 1}/{len(cases)} done {fields['status']}")
     dist.destroy_process_group()

@@ -1,0 +1,490 @@
+"""The sweep: case building, one launch per world size and device, resume, signals, and the
+records of cases that no launch reported.
+
+``build_cases`` turns a command's options (and a scenario) into validated, resolved cases;
+``run_sweep`` launches them through a *launcher* (``ringbench.launch`` unless a test passes
+another object with the same ``launch`` function), follows the records as they are appended,
+and gives every case a record whatever happens to its launch (``ringbench.records``).
+
+Exit codes (:class:`Outcome`): 0 every case passed, 1 a case failed (fail, oom, error, timeout
+inside a launch that went on), 3 a launch failed or timed out, 130/143 interrupted by
+SIGINT/SIGTERM (the records so far are kept).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+import signal
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.text import Text
+
+from ringbench import fields, records, results
+from ringbench.errors import SpecError, Unavailable
+from ringbench.fields import plural
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_RUN = 0, 1, 2, 3
+#: Options that, given to verify without a scenario, still check the smoke scenario (they
+#: filter or override its cases); any other case option makes verify check that one shape.
+SMOKE_FILTERS = ("variant", "world_size", "kernel", "device")
+
+
+# --------------------------------------------------------------------------- case building
+
+def cases_for(task: str, given: dict[str, Any], *, scenario: Optional[str] = None, model: Optional[str] = None,
+              nnodes: int = 1) -> tuple[list, dict[str, str]]:
+    """The cases a ``run`` or ``verify`` command asks for, validated and resolved.
+
+    ``given`` holds the case options the command was given (field -> value, or a list of
+    values for the repeatable ones, ``variant`` and ``world_size``). With a scenario, they
+    override its fields (a list replaces that axis). Without one, ``run`` builds one case
+    per variant and world size from the device's defaults; ``verify`` does the same when a
+    case option beyond :data:`SMOKE_FILTERS` is given (a shape), and otherwise checks the
+    ``smoke`` scenario. With ``model`` (verify only) the model fixes the shape.
+
+    Returns:
+        The cases, and ``{case_id: reason}`` of scenario cases that cannot run here (skipped).
+
+    Raises:
+        SpecError: the first refused option or case, in one sentence.
+    """
+    if model is not None:
+        return build_model_cases(model, scenario, given, nnodes=nnodes), {}
+    if scenario is None:
+        if "variant" not in given and (task == "run" or set(given) - set(SMOKE_FILTERS)):
+            raise SpecError(_no_variant_message(task))
+        if task == "verify" and not set(given) - set(SMOKE_FILTERS):
+            _check_smoke_takes(given.get("variant", []))
+            scenario = "smoke"
+    return build_cases(task, scenario, given, nnodes=nnodes)
+
+
+def _product(given: dict[str, Any]) -> list[dict[str, Any]]:
+    """One field table per combination of the list values in ``given`` (scalars in every one)."""
+    lists = {k: v for k, v in given.items() if isinstance(v, list)}
+    scalars = {k: v for k, v in given.items() if k not in lists}
+    return [{**scalars, **dict(zip(lists, combo))} for combo in itertools.product(*lists.values())]
+
+
+def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
+                nnodes: int = 1) -> tuple[list, dict[str, str]]:
+    """Expand, validate and resolve the cases; raises SpecError on the first bad one.
+
+    Without a scenario, one case per combination of ``given``'s lists over the device's
+    defaults. With ``nnodes`` hosts, world_size is the total over them: it must be a multiple
+    of ``nnodes``, and on cuda each host must see ``world_size / nnodes`` GPUs.
+
+    Returns:
+        The cases, and ``{case_id: reason}`` of those a scenario holds whose variant is
+        unavailable here (such as a peer whose library is missing): they are recorded as
+        skipped. A variant named with ``--variant`` must be available.
+    """
+    from ringbench.scenarios import load_scenario
+    from ringbench.spec import CaseSpec, canonical, default_fields, detect_device, resolve, resolve_docs, validate
+    from ringbench.variants import get_variant
+
+    scen = load_scenario(scenario) if scenario is not None else None
+    machine, gpus = detect_device()
+    if scen is None:
+        cases = [CaseSpec.from_dict({"task": task, **default_fields(table.get("device", machine), gpus), **table})
+                 for table in _product(given)]
+    else:
+        cases = scen.cases(task, machine, given, visible_gpus=gpus)
+        if isinstance(given.get("variant"), list):
+            # A --variant list replaces the sweep's variants: keep each variant to the cases of
+            # its form (packed documents for the varlen variants, none for the batch ones) and
+            # of a mask it takes (torch_cp is causal only).
+            cases = [c for c in cases if get_variant(c.variant).varlen == bool(c.docs or c.doc_dist)
+                     and (get_variant(c.variant).non_causal or c.causal)]
+        if not cases:
+            raise SpecError(f"scenario {scen.source} has no case left after the --variant and --world-size "
+                            "filters; pass values that its cases use")
+    resolved, skipped = [], {}
+    for i, case in enumerate(cases):
+        try:
+            case = resolve_docs(case)
+            if case.world_size % nnodes:
+                raise SpecError(f"world_size {case.world_size} is not a multiple of nnodes {nnodes}, and every "
+                                f"node runs world_size / nnodes ranks; pass --world-size "
+                                f"{(case.world_size // nnodes + 1) * nnodes}")
+            validate(case, visible_gpus=gpus * nnodes)
+            case = canonical(case)
+            resolved.append(resolve(case))
+        except Unavailable as exc:
+            if scen is None or "variant" in given:
+                raise
+            skipped[case.case_id()] = str(exc)
+            resolved.append(case)
+        except SpecError as exc:
+            if scen is None:
+                raise
+            raise SpecError(f"scenario {scen.source} case {i + 1} of {len(cases)} ({case.variant}, world_size "
+                            f"{case.world_size}, seqlen {case.seqlen}, kernel {case.kernel}): {exc}") from None
+    seen: dict[str, Any] = {}
+    for case in resolved:
+        other = seen.setdefault(case.case_id(), case)
+        if other is not case:
+            raise SpecError(f"two cases share case_id {case.case_id()} because they differ only in iters, warmup "
+                            "or seed, so their records could not be told apart; sweep other fields")
+    return resolved, skipped
+
+
+def build_model_cases(model: str, scenario: Optional[str], given: dict[str, Any], *, nnodes: int = 1) -> list:
+    """The cases of ``verify --model``: one per variant and world size, shape from the model's file.
+
+    Default variant: zigzag, or zigzag_varlen with documents; default world size 2.
+
+    Raises:
+        SpecError: transformers missing, --scenario given, an option the model fixes, an
+            unknown model, or a case that cannot run (the variant, the documents, the world
+            size, the kernel...).
+    """
+    from ringbench import models
+    from ringbench.variants import get_variant
+
+    if scenario is not None:
+        raise SpecError(f"--scenario {scenario!r} does not go with --model, which fixes the case's shape; drop one")
+    if models.transformers_missing():
+        raise SpecError(models.MISSING_EXTRA)
+    fixed = models.case_fields(model)
+    given = dict(given)
+    clash = [k for k in fixed if k in given and k != "hf_model"]
+    if clash:
+        raise SpecError(f"{fields.BY_NAME[clash[0]].option} does not go with --model {model}, which fixes "
+                        f"{clash[0]} at {fixed[clash[0]]!r}; drop {fields.BY_NAME[clash[0]].option}")
+    has_docs = "docs" in given or "doc_dist" in given
+    variants = given.pop("variant", None) or ["zigzag_varlen" if has_docs else "zigzag"]
+    world_sizes = given.pop("world_size", None) or [2]
+    seqlen = fixed["seqlen"]
+    if "docs" in given and sum(fields.parse_docs(given["docs"])) != seqlen:
+        raise SpecError(f"docs {given['docs']!r} sum to {sum(fields.parse_docs(given['docs']))} tokens, but model "
+                        f"{model} has {seqlen}; pass documents that sum to {seqlen}")
+    cases = []
+    for variant in variants:
+        for world_size in world_sizes:
+            # The model fixes seqlen, so the fix the spec's message suggests (another seqlen) is not open here.
+            n = get_variant(variant).seqlen_multiple(world_size)
+            if seqlen % n:
+                fits = [w for w in range(2, 65) if seqlen % get_variant(variant).seqlen_multiple(w) == 0][:2]
+                raise SpecError(f"world_size {world_size} does not fit model {model}: its {seqlen} tokens are not a "
+                                f"multiple of {n}, which {variant} needs at that size; pass --world-size "
+                                f"{' or '.join(map(str, fits))}")
+            case = dict(given, **fixed, variant=variant, world_size=world_size)
+            cases += build_cases("verify", None, case, nnodes=nnodes)[0]  # one case: nothing is skipped
+    return cases
+
+
+def _no_variant_message(task: str) -> str:
+    from ringbench.variants import list_variants
+
+    extra = ("; verify with no case option but --world-size, --kernel or --device checks the smoke scenario"
+             if task == "verify" else "")
+    return (f"no variant was given; pass --variant with one of {', '.join(list_variants())}, "
+            f"or --scenario{extra}")
+
+
+def _check_smoke_takes(variants: list[str]) -> None:
+    """Refuse a variant that cannot run on CPU when verify falls back to the CPU scenario smoke."""
+    from ringbench.variants import get_variant
+
+    for name in variants:
+        try:
+            v = get_variant(name)
+        except ValueError:
+            return  # build_cases names the unknown variant
+        if "cpu" not in v.devices:
+            raise SpecError(f"{name} runs on CUDA only, and verify's default scenario, smoke, runs on CPU; on a GPU "
+                            f"machine pass --scenario ci-nightly --variant {name}")
+
+
+# --------------------------------------------------------------------------- execution
+
+@dataclass
+class Outcome:
+    """What a sweep left: every case's record (in case order), how many records it appended,
+    and the command's exit code."""
+
+    records: list[dict]
+    written: int
+    exit_code: int
+
+def results_file(out: Path, task: str) -> Path:
+    """Where a command's records go: ``OUT/runs.jsonl`` for run, ``OUT/verify.jsonl`` for verify."""
+    return out / ("runs.jsonl" if task == "run" else "verify.jsonl")
+
+
+def run_sweep(cases: list, *, task: str, out: Path, timeout_s: Optional[float] = None, resume: bool = False,
+              nodes: Optional[dict] = None, skipped: Optional[dict[str, str]] = None, launcher=None) -> Outcome:
+    """Launch the cases, one launch per (world_size, device), and give every case a record.
+
+    The cases in ``skipped`` (case_id -> reason) are not launched; each gets a ``skipped`` record.
+    A progress bar on stderr counts cases: it moves as the records appear in the results file
+    (read between waits on the job, see ``launch``'s ``on_poll``). Ctrl-C or SIGTERM stops
+    the job and keeps every record written so far (exit 130 or 143, no records in the
+    outcome); ``--resume`` then runs the rest.
+
+    Args:
+        cases: resolved ``CaseSpec``s (see :func:`build_cases`).
+        task: ``run`` or ``verify``.
+        out: the results folder (see :func:`results_file`).
+        timeout_s: the watchdog of one launch, seconds; ``None``: :func:`default_timeout_s`.
+        resume: skip cases that already have a done record (``records.is_done``).
+        nodes: multi-node rendezvous keywords for ``launch`` (node rank above 0: launch only).
+        skipped: case_id -> why the case cannot run here.
+        launcher: an object with ``launch(cases, *, world_size, device, results_path, run_id,
+            timeout_s, on_poll, **nodes) -> LaunchResult``; default ``ringbench.launch``.
+    """
+    if launcher is None:
+        from ringbench import launch as launcher
+    err = Console(stderr=True, soft_wrap=True)
+    results_path = results_file(out, task)
+    run_id = uuid.uuid4().hex
+    nodes = nodes or {}
+    if nodes.get("node_rank", 0) > 0:
+        return Outcome([], 0, _follow_node(cases, launcher, results_path, run_id, timeout_s, nodes, err))
+    by_id: dict[str, dict] = {}
+    if resume:
+        wanted = {c.case_id() for c in cases}
+        for record in results.read_records(results_path):
+            if record.get("case_id") in wanted and records.is_done(record):
+                by_id[record["case_id"]] = record  # the latest ok record of the case
+        err.print(f"--resume: {len(by_id)} of {plural(len(cases), 'case')} already have an ok record in "
+                  f"{results_path}; running {len(cases) - len(by_id)}", style="dim", markup=False)
+    skipped_now = [c for c in cases if c.case_id() in (skipped or {}) and c.case_id() not in by_id]
+    env = _env(skipped_now[0].kernel) if skipped_now else None  # why they were skipped is part of it
+    for case in skipped_now:
+        record = records.build(case, run_id=run_id, status="skipped", reason=skipped[case.case_id()], env=env)
+        results.append_record(results_path, record)
+        by_id[case.case_id()] = record
+    todo = [c for c in cases if c.case_id() not in by_id]
+
+    signum = [signal.SIGINT]
+    previous = _raise_on_sigterm(signum)
+    try:
+        launched, not_run = _launch_all(todo, launcher, results_path, run_id, timeout_s, by_id, err,
+                                        task=task, nodes=nodes)
+    except KeyboardInterrupt:
+        ids = {c.case_id() for c in cases}
+        done = by_id.keys() | {r.get("case_id") for r in results.read_records(results_path)
+                               if r.get("run_id") == run_id}
+        again = shlex.join(["ringbench", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"]))
+        err.print(Text(f"interrupted: {len(done & ids)} of {plural(len(cases), 'case')} have a record in "
+                       f"{results_path}; to run the others: {again}", style="red"))
+        return Outcome([], len(done & ids), 128 + signum[0])
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+    found = [by_id[c.case_id()] for c in cases]
+    if not_run:
+        code = EXIT_NOT_RUN
+    elif all(records.passed(r) for r in found):
+        code = EXIT_OK
+    else:
+        code = EXIT_FAILED
+    return Outcome(found, launched + len(skipped_now), code)
+
+
+def _raise_on_sigterm(signum: list) -> Any:
+    """Make SIGTERM raise KeyboardInterrupt (so the job is stopped, not orphaned) and note
+    which signal came in ``signum[0]``; returns the previous handler, None off the main thread."""
+    def handler(sig, frame):
+        signum[0] = sig
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return None
+
+
+def default_timeout_s(cases: list) -> float:
+    """The watchdog's default for one launch of ``cases``, in seconds (see ``--timeout``'s help).
+
+    120 s of start-up, plus per case twice its FLOPs per GPU times (iters + warmup) for run
+    (the variant and its reference), or four times the whole sequence's FLOPs for verify, at
+    a conservative 50 TFLOP/s on cuda and 5 GFLOP/s on cpu. A model check (``hf_model``) adds
+    60 s and its three passes' FLOPs at a tenth of that rate (float64 among them).
+    """
+    from ringbench.bench import attention_flops
+    from ringbench.spec import spec_docs
+
+    total_s = 120.0
+    for case in cases:
+        flops = attention_flops(batch=case.batch, seqlen=case.seqlen, heads=case.heads, head_dim=case.head_dim,
+                                causal=case.causal, mode=case.mode, docs=spec_docs(case) if case.docs else None)
+        work = flops / case.world_size * (case.iters + case.warmup) * 2 if case.task == "run" else 4 * flops
+        total_s += work / (50e12 if case.device == "cuda" else 5e9)
+        if case.hf_model:
+            # Importing transformers and building three models, then float64 work at a tenth of the rate.
+            from ringbench.models import estimated_check_flops
+
+            total_s += 60 + estimated_check_flops(case) / (5e12 if case.device == "cuda" else 5e8)
+    return total_s
+
+
+def _reached_a_case(log_dir: Optional[Path]) -> bool:
+    """Whether some rank of the launch in ``log_dir`` wrote a case's start mark."""
+    if log_dir is None:
+        return False
+    for marks in Path(log_dir).glob("progress/rank*.txt"):
+        try:
+            if " start " in marks.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _follow_node(cases: list, launcher, results_path: Path, run_id: str, timeout_s: Optional[float],
+                 nodes: dict, err: Console) -> int:
+    """Run this host's share of every launch (node rank above 0): no records, node 0 writes them.
+
+    Returns 0 when every launch ended well, else 3.
+    """
+    groups: dict[tuple[int, str], list] = {}
+    for case in cases:
+        groups.setdefault((case.world_size, case.device), []).append(case)
+    code = EXIT_OK
+    for (world_size, device), group in groups.items():
+        result = launcher.launch([c.to_dict() for c in group], world_size=world_size, device=device,
+                                   results_path=results_path, run_id=run_id,
+                                   timeout_s=timeout_s or default_timeout_s(group), **nodes)
+        if result.timed_out or result.failure:
+            err.print(Text(f"node {nodes['node_rank']}: launch at world_size {world_size} on {device} "
+                           f"{'timed out' if result.timed_out else 'failed'}: {result.failure}", style="red"))
+            code = EXIT_NOT_RUN
+    err.print(f"node {nodes['node_rank']} of {nodes['nnodes']}: {plural(len(cases), 'case')} ran; node 0 writes "
+              "their records", style="dim", markup=False)
+    return code
+
+
+def _launch_all(todo: list, launcher, results_path: Path, run_id: str, timeout_s: Optional[float],
+                by_id: dict, err: Console, *, task: str, nodes: Optional[dict] = None) -> tuple[int, bool]:
+    """Run ``todo`` one launch per (world_size, device) under a progress bar; fill ``by_id``.
+
+    When a launch fails or times out in a case, that case is recorded with status timeout,
+    oom or error and its reason, and the cases after it go to a fresh launch (on one node;
+    over several, every unreported case is recorded with the failure).
+
+    Returns:
+        (records appended, whether some case went unreported by its launch).
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    groups: dict[tuple[int, str], list] = {}
+    for case in todo:
+        groups.setdefault((case.world_size, case.device), []).append(case)
+    varying = _varying_fields(todo)
+    env: list[dict | None] = []  # collected once, on the first unreported case
+    written, not_run = 0, False
+    columns = (TextColumn("{task.fields[counter]}"), BarColumn(bar_width=16), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"))
+    with Progress(*columns, console=err) as progress:
+        bar = progress.add_task(task, total=len(todo), counter=f"case 0 of {len(todo)}")
+
+        def show(current) -> None:
+            """Case i of n: i counts the finished cases and the one running now."""
+            done = int(progress.tasks[0].completed)
+            if current is None:
+                progress.update(bar, counter=f"case {done} of {len(todo)}", description="")
+            else:
+                progress.update(bar, counter=f"case {done + 1} of {len(todo)}",
+                                description=_short_label(current, varying))
+
+        for group in groups.values():
+            pending = list(group)
+            while pending:
+                found, failed, pending = _launch_one(pending, launcher, results_path, run_id, timeout_s,
+                                                     nodes or {}, env, progress, bar, show)
+                written += len(found)
+                not_run = not_run or failed
+                by_id.update(found)
+        show(None)
+    return written, not_run
+
+
+def _launch_one(pending: list, launcher, results_path: Path, run_id: str, timeout_s: Optional[float],
+                nodes: dict, env: list, progress, bar, show) -> tuple[dict, bool, list]:
+    """One launch of ``pending`` (cases of one world size and device).
+
+    Returns:
+        (the records of its cases by case_id, whether a case went unreported, the cases
+        left for a fresh launch: those after the one a failed launch was running).
+    """
+    world_size, device = pending[0].world_size, pending[0].device
+    ids = {c.case_id() for c in pending}
+    found: dict[str, dict] = {}
+    offset = [results_path.stat().st_size if results_path.exists() else 0]
+
+    def poll() -> None:
+        new, offset[0] = results.read_records_from(results_path, offset[0])
+        for record in new:
+            if record.get("run_id") == run_id and record.get("case_id") in ids - found.keys():
+                found[record["case_id"]] = record
+                progress.advance(bar)
+        show(next((c for c in pending if c.case_id() not in found), None))
+
+    show(pending[0])
+    limit_s = timeout_s or default_timeout_s(pending)
+    try:
+        result = launcher.launch([c.to_dict() for c in pending], world_size=world_size, device=device,
+                                   results_path=results_path, run_id=run_id, timeout_s=limit_s, on_poll=poll,
+                                   **nodes)
+        timed_out, failure, log_dir = result.timed_out, result.failure, result.log_dir
+    except Exception as exc:  # a launcher crash still leaves one record per case
+        timed_out, failure, log_dir = False, f"the launcher raised {type(exc).__name__}: {exc}", None
+    poll()  # records the hook has not seen (a crashed launcher never called it)
+    missing = [c for c in pending if c.case_id() not in found]
+    rest: list = []
+    if missing and (timed_out or failure) and nodes.get("nnodes", 1) == 1 and _reached_a_case(log_dir):
+        # The launch died in its first unreported case: blame that one, give the others a fresh launch.
+        missing, rest = missing[:1], missing[1:]
+    if missing and not env:
+        env.append(_env(missing[0].kernel))
+    for case in missing:
+        reason = failure or (f"the launch timed out after {limit_s:g} s" if timed_out
+                             else "the job ended before this case reported")
+        record = records.build(case, run_id=run_id, status=records.status_of_failure(timed_out, failure), reason=reason,
+                               env=env[0])
+        results.append_record(results_path, record)
+        found[case.case_id()] = record
+        progress.advance(bar)
+    if missing or timed_out or failure:
+        what = "timed out" if timed_out else f"failed: {failure or 'no reason given'}"
+        where = f"; logs in {log_dir}" if log_dir else ""
+        again = (f"; {'the case' if len(rest) == 1 else f'the {len(rest)} cases'} after it "
+                 f"{'goes' if len(rest) == 1 else 'go'} to a fresh launch" if rest else "")
+        progress.console.print(Text(f"launch at world_size {world_size} on {device} {what}; {len(missing)} of "
+                                    f"{len(pending)} cases unreported{where}{again}", style="red"))
+    return found, bool(missing), rest
+
+
+#: Spec fields a short case label may name, in table order.
+_LABEL_FIELDS = tuple(f.name for f in fields.FIELDS if f.in_case_id and f.name != "task")
+
+
+def _varying_fields(cases: list) -> set[str]:
+    """The spec fields that take more than one value among ``cases``."""
+    return {f for f in _LABEL_FIELDS if len({getattr(c, f) for c in cases}) > 1}
+
+
+def _short_label(case, varying: set[str]) -> str:
+    """The case named by its variant and kernel and the fields the sweep varies, such as
+    ``zigzag cudnn 16k fwd``, for the progress bar."""
+    return " ".join(fields.BY_NAME[f].text(getattr(case, f)) for f in _LABEL_FIELDS
+                    if f in ("variant", "kernel") or f in varying)
+
+def _env(kernel: str) -> dict | None:
+    from ringbench import envinfo
+
+    try:
+        return envinfo.collect(kernel)
+    except Exception:  # the environment is context; its failure must not cost the record
+        return None
