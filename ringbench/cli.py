@@ -58,6 +58,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 @app.command()
 @options.with_case_options("run")
 def run(
+    ctx: typer.Context,
     case: dict,
     scenario: Optional[str] = typer.Option(None, "--scenario", help=SCENARIO_HELP),
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
@@ -70,13 +71,14 @@ def run(
     rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP),
 ) -> None:
     """Measure a variant's time, throughput and memory on one shape (or a scenario's sweep)."""
-    _sweep("run", case, scenario=scenario, out=out, json_out=json_out, timeout=timeout, resume=resume,
+    _sweep("run", case, ctx.obj, scenario=scenario, out=out, json_out=json_out, timeout=timeout, resume=resume,
            nodes=(nnodes, node_rank, rdzv_endpoint, rdzv_id))
 
 
 @app.command()
 @options.with_case_options("verify")
 def verify(
+    ctx: typer.Context,
     case: dict,
     scenario: Optional[str] = typer.Option(None, "--scenario", help=SCENARIO_HELP),
     junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help=JUNIT_HELP),
@@ -94,13 +96,17 @@ def verify(
     With no --scenario and no shape option, it checks the smoke scenario (every variant that
     runs on CPU); a shape option (--seqlen, --heads, --docs...) checks that one shape.
     """
-    _sweep("verify", case, scenario=scenario, out=out, json_out=json_out, timeout=timeout, resume=resume,
+    _sweep("verify", case, ctx.obj, scenario=scenario, out=out, json_out=json_out, timeout=timeout, resume=resume,
            nodes=(nnodes, node_rank, rdzv_endpoint, rdzv_id), junit_xml=junit_xml)
 
 
-def _sweep(task: str, case: dict[str, Any], *, scenario: Optional[str], out: Path, json_out: bool,
+def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional[str], out: Path, json_out: bool,
            timeout: Optional[float], resume: bool, nodes: tuple, junit_xml: Optional[Path] = None) -> None:
-    """Build the cases of a run or verify command, sweep them, print the tables; exits."""
+    """Build the cases of a run or verify command, sweep them, print the tables; exits.
+
+    ``launcher`` is the typer context's object: ``None`` (``ringbench.launch``, torchrun) unless
+    a caller such as a test passes another one (``app(obj=...)``).
+    """
     from ringbench import sweep
 
     with _usage_errors():
@@ -113,7 +119,7 @@ def _sweep(task: str, case: dict[str, Any], *, scenario: Optional[str], out: Pat
         cases, skipped = sweep.cases_for(task, case, scenario=scenario, model=model, nnodes=nodes[0])
         options.check_out(out, junit_xml)
     outcome = sweep.run_sweep(cases, task=task, out=out, timeout_s=timeout, resume=resume, nodes=node_args,
-                              skipped=skipped)
+                              skipped=skipped, launcher=launcher)
     if outcome.records:
         _report(task, outcome.records, json_out=json_out, junit_xml=junit_xml)
         reused = f"; {len(outcome.records) - outcome.written} reused (--resume)" if resume else ""

@@ -26,64 +26,45 @@ class FakeLaunchResult:
     failure: str | None
 
 
-class FakeHarness:
-    """Stand-ins for ringbench.launch, .results and .report that record what the CLI asks of them.
+class FakeLauncher:
+    """A launcher the CLI is handed (``app(obj=...)``) in place of torchrun: it writes each case's
+    record into the real results file, as the workers would, and records what it was asked.
 
     ``outcome(case) -> status or None`` decides each case's record; None leaves it unreported.
     """
 
-    def __init__(self, monkeypatch, outcome=lambda case: "ok", timed_out=False, failure=None):
+    def __init__(self, outcome=lambda case: "ok", timed_out=False, failure=None):
         self.launches: list[dict] = []
-        self.written: dict[Path, list[dict]] = {}
-        self.printed: list[str] = []
-        self.junit: list[Path] = []
         self.outcome, self.timed_out, self.failure = outcome, timed_out, failure
-        from ringbench import results as real_results
-
-        for name, attrs in {
-            "launch": {"launch": self.launch},
-            # compare reads real files through the real loader.
-            "results": {"read_records": self.read_records, "append_record": self.append_record,
-                        "read_records_from": self.read_records_from, "load": real_results.load},
-            "report": {"print_run_table": self.table("run"), "print_verify_table": self.table("verify"),
-                       "print_growth_table": lambda records, console: self.printed.append(
-                           f"growth table of {len(records)}"),
-                       "write_junit": lambda records, path: self.junit.append(Path(path))},
-            "envinfo": {"collect": lambda kernel=None: {"kernel": kernel}},
-        }.items():
-            monkeypatch.setitem(sys.modules, f"ringbench.{name}", types.SimpleNamespace(**attrs))
 
     def launch(self, cases, *, world_size, device, results_path, run_id, timeout_s, on_poll=None):
+        from ringbench import records, results
         from ringbench.spec import CaseSpec
 
         self.launches.append({"cases": cases, "world_size": world_size, "device": device, "timeout_s": timeout_s})
         for case in cases:
             status = self.outcome(case)
             if status is not None:
-                self.append_record(results_path, {"run_id": run_id, "status": status, "spec": case,
-                                                  "case_id": CaseSpec.from_dict(case).case_id()})
+                results.append_record(results_path, records.build(CaseSpec.from_dict(case), run_id=run_id,
+                                                                  status=status))
             if on_poll is not None:
                 on_poll()
         return FakeLaunchResult(1 if self.failure else 0, self.timed_out, Path("logs"), self.failure)
 
-    def read_records(self, path):
-        return list(self.written.get(Path(path), []))
 
-    def read_records_from(self, path, offset):
-        """The list index stands for the byte offset."""
-        records = self.written.get(Path(path), [])
-        return list(records[offset:]), len(records)
+def invoke(args, launcher=None):
+    return runner.invoke(app, args, obj=launcher)
 
-    def append_record(self, path, record):
-        self.written.setdefault(Path(path), []).append(record)
 
-    def table(self, task):
-        return lambda records, console: self.printed.append(f"{task} table of {len(records)}")
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 @pytest.fixture
-def harness(monkeypatch):
-    return FakeHarness(monkeypatch)
+def harness(monkeypatch, tmp_path):
+    """A launcher, with the working folder moved to an empty one (so a default results/ would show)."""
+    monkeypatch.chdir(tmp_path)
+    return FakeLauncher()
 
 
 # --------------------------------------------------------------------------- usage errors
@@ -128,7 +109,11 @@ def harness(monkeypatch):
     # Peers: where they run, with what, and what they take.
     (["verify", "--variant", "torch_cp"], r"^torch_cp runs on CUDA only, and verify's default scenario, smoke, runs "
                                           r"on CPU; on a GPU machine pass --scenario ci-nightly --variant torch_cp$"),
-    (["verify", "--variant", "zigzag", "--rotate", "alltoall"], r"^scenario smoke .*: zigzag takes no rotate; it is an option of torch_cp"),
+    (["verify", "--variant", "zigzag", "--rotate", "alltoall"], r"^zigzag takes no rotate; it is an option of torch_cp"),
+    (["verify", "--seqlen", "1k"], r"^no variant was given; pass --variant with one of .*, or --scenario; verify with "
+                                   r"no case option but --world-size, --kernel or --device checks the smoke scenario$"),
+    (["verify", "--variant", "zigzag", "--seqlen", "3004", "--world-size", "2", "--world-size", "4"],
+     r"^seqlen 3004 is not a multiple of 2 \* world_size = 8, which zigzag needs; use 3008$"),
     (["run", "--variant", "torch_cp", "--device", "cpu"],
      r"^torch_cp cannot run on cpu: PyTorch's context parallel dispatches only its CUDA SDPA backends "
      r"\(flash, efficient, cuDNN\); run it on a machine with a CUDA GPU with --device cuda$"),
@@ -143,18 +128,18 @@ def harness(monkeypatch):
      r"^variant fault_unavailable is unavailable here: test only: its library is never installed$"),
 ])
 def test_cli_bad_input_exits_2_with_one_sentence(harness, args, pattern):
-    result = runner.invoke(app, args)
+    result = invoke(args, harness)
     assert result.exit_code == 2, result.output
     assert re.search(pattern, result.stderr.strip()), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output and result.stdout == ""
-    assert harness.launches == []
+    assert harness.launches == [] and not list(Path(".").rglob("*.jsonl"))
 
 
 def test_cli_scenario_syntax_error_names_the_line(harness, tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[sweep]\nvariant = ["ring",\nheads = 4\n')
-    result = runner.invoke(app, ["verify", "--scenario", str(path)])
+    result = invoke(["verify", "--scenario", str(path)], harness)
     assert result.exit_code == 2
     assert re.search(r"bad\.toml is not valid TOML: .*line 3", result.stderr)
     assert harness.launches == []
@@ -180,85 +165,108 @@ def test_cli_help_exits_0_and_lists_options(args, words):
 # --------------------------------------------------------------------------- launch loop (stand-ins)
 
 def test_cli_verify_default_runs_smoke_on_cpu_grouped_by_world_size(harness, tmp_path):
-    result = runner.invoke(app, ["verify", "--out", str(tmp_path), "--junit-xml", str(tmp_path / "j" / "v.xml")])
+    result = invoke(["verify", "--out", str(tmp_path), "--junit-xml", str(tmp_path / "j" / "v.xml")], harness)
     assert result.exit_code == 0, result.output
     assert [(g["world_size"], g["device"]) for g in harness.launches] == [(1, "cpu"), (2, "cpu"), (4, "cpu"), (8, "cpu")]
     cases = [c for g in harness.launches for c in g["cases"]]
     assert len(cases) > 0 and {c["kernel"] for c in cases} == {"cpu"} and {c["task"] for c in cases} == {"verify"}
     assert all(c["world_size"] == g["world_size"] for g in harness.launches for c in g["cases"])
-    assert harness.printed == [f"verify table of {len(cases)}", f"growth table of {len(cases)}"]
-    assert harness.junit == [tmp_path / "j" / "v.xml"]
+    assert len(lines(tmp_path / "verify.jsonl")) == len(cases)
+    assert f"{len(cases)} cases:" in result.stdout
+    assert (tmp_path / "j" / "v.xml").exists()
+
+
+def test_cli_verify_takes_a_shape_without_a_scenario(harness, tmp_path):
+    result = invoke(["verify", "--variant", "zigzag", "--seqlen", "3824", "--heads", "5", "--kv-heads", "5",
+                     "--head-dim", "128", "--dtype", "bf16", "--world-size", "2", "--world-size", "4",
+                     "--out", str(tmp_path), "--json"], harness)
+    assert result.exit_code == 0, result.output
+    cases = [c for g in harness.launches for c in g["cases"]]
+    assert [(c["variant"], c["world_size"], c["seqlen"], c["heads"], c["dtype"]) for c in cases] == [
+        ("zigzag", 2, 3824, 5, "bf16"), ("zigzag", 4, 3824, 5, "bf16")]
+
+
+def test_cli_run_and_verify_take_the_same_case_options():
+    from ringbench.fields import FIELDS
+
+    import typer.main
+
+    commands = typer.main.get_command(app).commands
+
+    def flags(command):
+        given = {opt for p in commands[command].params for opt in p.opts}
+        return {f.option.split("/")[0] for f in FIELDS if f.option.split("/")[0] in given}
+
+    run_only = {"--mode", "--iters", "--warmup"}
+    assert flags("run") - run_only == flags("verify") - {"--model"}
+    assert run_only <= flags("run") and "--model" in flags("verify")
 
 
 def test_cli_run_json_prints_only_records(harness, tmp_path):
-    result = runner.invoke(app, ["run", "--variant", "zigzag", "--seqlen", "1k", "--world-size", "2",
-                                 "--device", "cpu", "--json", "--out", str(tmp_path)])
+    result = invoke(["run", "--variant", "zigzag", "--seqlen", "1k", "--world-size", "2",
+                     "--device", "cpu", "--json", "--out", str(tmp_path)], harness)
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(records) == 1 and records[0]["status"] == "ok"
     assert records[0]["spec"]["seqlen"] == 1024 and records[0]["spec"]["kernel"] == "cpu"
-    assert harness.printed == []
-    assert list(harness.written) == [tmp_path / "runs.jsonl"]
+    assert lines(tmp_path / "runs.jsonl") == records
 
 
-def test_cli_failed_case_exits_1(monkeypatch, tmp_path):
-    FakeHarness(monkeypatch, outcome=lambda case: "fail" if case["variant"] == "zigzag" else "ok")
-    result = runner.invoke(app, ["verify", "--world-size", "2", "--out", str(tmp_path)])
+def test_cli_failed_case_exits_1(harness, tmp_path):
+    harness.outcome = lambda case: "fail" if case["variant"] == "zigzag" else "ok"
+    result = invoke(["verify", "--world-size", "2", "--out", str(tmp_path)], harness)
     assert result.exit_code == 1, result.output
 
 
 @pytest.mark.parametrize("timed_out, failure, status, reason", [
     (True, None, "timeout", r"the launch timed out after 30 s"),
     (False, "rank 1 raised RuntimeError: boom", "error", r"rank 1 raised RuntimeError: boom"),
+    (False, "rank 0 raised torch.OutOfMemoryError: CUDA out of memory", "oom", r"OutOfMemoryError"),
 ])
-def test_cli_unreported_cases_get_records_and_exit_3(monkeypatch, tmp_path, timed_out, failure, status, reason):
-    fake = FakeHarness(monkeypatch, outcome=lambda case: "ok" if case["variant"] == "ring" else None,
-                       timed_out=timed_out, failure=failure)
-    result = runner.invoke(app, ["verify", "--world-size", "2", "--out", str(tmp_path), "--json", "--timeout", "30"])
+def test_cli_unreported_cases_get_records_and_exit_3(tmp_path, timed_out, failure, status, reason):
+    fake = FakeLauncher(outcome=lambda case: "ok" if case["variant"] == "ring" else None, timed_out=timed_out,
+                        failure=failure)
+    result = invoke(["verify", "--world-size", "2", "--out", str(tmp_path), "--json", "--timeout", "30"], fake)
     assert result.exit_code == 3, result.output
     records = [json.loads(line) for line in result.stdout.splitlines()]
     made = [r for r in records if r["spec"]["variant"] == "zigzag"]
     assert made and all(r["status"] == status and re.search(reason, r["reason"]) for r in made)
     assert all(r["schema_version"] == 1 and r["task"] == "verify" and r["kernel"] == "cpu" for r in made)
-    assert len(fake.written[tmp_path / "verify.jsonl"]) == len(records)
+    assert len(lines(tmp_path / "verify.jsonl")) == len(records)
     assert "unreported" in result.stderr
 
 
-def test_cli_launcher_crash_is_recorded_not_raised(monkeypatch, tmp_path):
-    fake = FakeHarness(monkeypatch)
-
+def test_cli_launcher_crash_is_recorded_not_raised(harness, tmp_path):
     def crash(*args, **kwargs):
         raise OSError("torchrun not found")
 
-    monkeypatch.setattr(sys.modules["ringbench.launch"], "launch", crash)
-    result = runner.invoke(app, ["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path), "--json"])
+    harness.launch = crash
+    result = invoke(["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path), "--json"], harness)
     assert result.exit_code == 3
-    (record,) = fake.written[tmp_path / "runs.jsonl"]
+    (record,) = lines(tmp_path / "runs.jsonl")
     assert record["status"] == "error" and "OSError: torchrun not found" in record["reason"]
     assert record["time_ms"] is None
 
 
-
-def test_cli_resume_skips_cases_with_an_ok_record(monkeypatch, tmp_path):
+def test_cli_resume_skips_cases_with_an_ok_record(harness, tmp_path):
     from ringbench.spec import CaseSpec
 
-    fake = FakeHarness(monkeypatch)
     args = ["verify", "--variant", "ring", "--variant", "zigzag", "--world-size", "2", "--out", str(tmp_path), "--json"]
-    assert runner.invoke(app, args).exit_code == 0
-    cases = [CaseSpec.from_dict(c) for c in fake.launches[0]["cases"]]
+    assert invoke(args, harness).exit_code == 0
+    cases = [CaseSpec.from_dict(c) for c in harness.launches[0]["cases"]]
     assert len(cases) >= 3
     # Keep the first case ok, make the second one's record a failure and the third an ok record
     # with a failing check (which counts as failed), drop the others.
-    records = fake.written[tmp_path / "verify.jsonl"]
+    records = lines(tmp_path / "verify.jsonl")
     for r in records:
-        r.update(task="verify", checks=[{"tensor": "out", "passed": True}])
+        r.update(checks=[{"tensor": "out", "passed": True}])
     records[1]["status"] = "fail"
     records[2]["checks"] = [{"tensor": "out", "passed": False}]
-    del records[3:]
-    fake.launches.clear()
-    result = runner.invoke(app, [*args, "--resume"])
+    (tmp_path / "verify.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:3]))
+    harness.launches.clear()
+    result = invoke([*args, "--resume"], harness)
     assert result.exit_code == 0, result.output
-    rerun = [CaseSpec.from_dict(c).case_id() for c in fake.launches[0]["cases"]]
+    rerun = [CaseSpec.from_dict(c).case_id() for c in harness.launches[0]["cases"]]
     assert rerun == [c.case_id() for c in cases[1:]]
     shown = [json.loads(line)["case_id"] for line in result.stdout.splitlines()]
     assert shown == [c.case_id() for c in cases]  # the reused record is shown too
@@ -266,29 +274,28 @@ def test_cli_resume_skips_cases_with_an_ok_record(monkeypatch, tmp_path):
     assert f"{len(cases) - 1} records appended" in result.stderr and "1 reused" in result.stderr
 
 
-def test_cli_ctrl_c_keeps_records_and_prints_the_resume_command(monkeypatch, tmp_path):
-    fake = FakeHarness(monkeypatch)
-    real_launch = fake.launch
+def test_cli_ctrl_c_keeps_records_and_prints_the_resume_command(harness, tmp_path):
+    real_launch = harness.launch
 
     def interrupted(cases, **kwargs):
         real_launch(cases[:1], **kwargs)  # the first case's record is written, then Ctrl-C
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sys.modules["ringbench.launch"], "launch", interrupted)
-    result = runner.invoke(app, ["verify", "--variant", "ring", "--world-size", "2", "--out", str(tmp_path)])
+    harness.launch = interrupted
+    result = invoke(["verify", "--variant", "ring", "--world-size", "2", "--out", str(tmp_path)], harness)
     assert result.exit_code == 130
-    assert len(fake.written[tmp_path / "verify.jsonl"]) == 1  # kept, and nothing added for the rest
+    assert len(lines(tmp_path / "verify.jsonl")) == 1  # kept, and nothing added for the rest
     assert re.search(r"^interrupted: 1 of \d+ cases have a record in .*verify\.jsonl; to run the others: "
                      r"ringbench .*--resume$", result.stderr, re.M), result.stderr
 
 
 def test_cli_timeout_default_is_scaled_to_the_launch(harness, tmp_path):
-    from ringbench.cli import default_timeout_s
     from ringbench.spec import CaseSpec
+    from ringbench.sweep import default_timeout_s
 
-    assert runner.invoke(app, ["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path)]).exit_code == 0
-    assert runner.invoke(app, ["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path),
-                               "--timeout", "45"]).exit_code == 0
+    assert invoke(["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path)], harness).exit_code == 0
+    assert invoke(["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path),
+                   "--timeout", "45"], harness).exit_code == 0
     first, second = harness.launches
     assert first["timeout_s"] == default_timeout_s([CaseSpec.from_dict(c) for c in first["cases"]]) >= 120
     assert second["timeout_s"] == 45
