@@ -3,7 +3,7 @@
 A scenario has these top-level keys, all optional but that it must declare some case:
 
 - ``description``: one line for listings.
-- ``model``: a model preset from :data:`MODEL_PRESETS` (``llama3-8b``, ``llama3-70b``,
+- ``preset``: an attention-shape preset from :data:`SHAPE_PRESETS` (``llama3-8b``, ``llama3-70b``,
   ``qwen2.5-7b``, ``mha-d64``) that sets ``heads``, ``kv_heads`` and ``head_dim``. It is a
   top-level key, not a ``[defaults]`` one, because it names what the whole file is about;
   ``[defaults]`` may then not set those three fields again (which would win is not obvious),
@@ -16,13 +16,12 @@ A scenario has these top-level keys, all optional but that it must declare some 
 
 ``seqlen`` takes sizes as ints or strings such as ``"128k"``. Any field a scenario leaves out
 takes the device's default (:func:`ringbench.spec.default_fields`). Precedence, lowest first:
-the device's defaults, the model preset, ``[defaults]``, the sweep axes or the ``[[case]]``,
+the device's defaults, the shape preset, ``[defaults]``, the sweep axes or the ``[[case]]``,
 then the CLI's options.
 
-Document distributions (varlen mixes such as "lengths drawn from a log-normal") are not a
-scenario key yet: the key ``documents`` is reserved for them (see :data:`RESERVED_KEYS`) and
-refused with a message until the varlen work gives ``CaseSpec`` a field to carry them; that
-is where they plug in, as one more sweep axis.
+Packed documents are the case fields ``docs`` (lengths) and ``doc_dist`` (a distribution to
+draw them from), so they sweep like any field. Keys that other tools or older files use for
+something ringbench names otherwise (:data:`RENAMED_KEYS`) are refused with the name to use.
 
 Every error names the file, the line when it can be found, and the key, e.g.
 ``scenario s.toml, line 3: [defaults] key 'colour' is not a case field; use one of ...``.
@@ -50,20 +49,23 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-_TOP_KEYS = ("description", "model", "defaults", "sweep", "case")
+_TOP_KEYS = ("description", "preset", "defaults", "sweep", "case")
 _SHAPE = "shape"
 
-#: Model presets: the attention shape of a model, as the case fields it sets.
-MODEL_PRESETS: dict[str, dict[str, int]] = {
+#: Attention-shape presets: the attention shape of a model, as the case fields it sets.
+SHAPE_PRESETS: dict[str, dict[str, int]] = {
     "llama3-8b": {"heads": 32, "kv_heads": 8, "head_dim": 128},
     "llama3-70b": {"heads": 64, "kv_heads": 8, "head_dim": 128},
     "qwen2.5-7b": {"heads": 28, "kv_heads": 4, "head_dim": 128},
     "mha-d64": {"heads": 16, "kv_heads": 16, "head_dim": 64},
 }
 
-#: Keys kept for features not built yet, with what to tell a file that uses them.
-RESERVED_KEYS: dict[str, str] = {
-    "documents": "is reserved for document distributions (varlen), which ringbench does not run yet",
+#: Keys ringbench names otherwise, with what to tell a file that uses them.
+RENAMED_KEYS: dict[str, str] = {
+    "documents": "is not a case field; packed documents are docs (lengths, such as \"3000,500,12k\") or doc_dist "
+                 "(such as \"lognormal:mean=4k,sigma=1\")",
+    "model": "is now preset (an attention-shape preset such as \"llama3-8b\"), so that it is not taken for "
+             "verify --model, a whole model",
 }
 
 
@@ -75,7 +77,7 @@ class Scenario:
         name: the built-in name or the file's stem.
         source: where it was read from, for messages.
         description: one line for listings.
-        model: the model preset named by the file, or None; its fields are in ``defaults``.
+        preset: the shape preset named by the file, or None; its fields are in ``defaults``.
         defaults: fields every case starts from (the preset's included), values type-checked.
         sweep: axis name -> values; ``shape`` values are field tables.
         extra: explicit ``[[case]]`` field tables.
@@ -84,7 +86,7 @@ class Scenario:
     name: str
     source: str
     description: str = ""
-    model: str | None = None
+    preset: str | None = None
     defaults: dict[str, Any] = field(default_factory=dict)
     sweep: dict[str, list] = field(default_factory=dict)
     extra: list[dict[str, Any]] = field(default_factory=list)
@@ -200,25 +202,25 @@ def parse_scenario(text: str, *, name: str, source: str) -> Scenario:
 
     for key in data:
         if key not in _TOP_KEYS:
-            problem = RESERVED_KEYS.get(key, "is not a scenario key")
+            problem = RENAMED_KEYS.get(key, "is not a scenario key")
             raise fail(repr(key), problem, f"use {', '.join(_TOP_KEYS)}", lines.find(None, key))
     description = data.get("description", "")
     if not isinstance(description, str):
         raise fail("description", "must be a string", "quote it", lines.find(None, "description"))
 
     defaults = _fields(data.get("defaults", {}), "[defaults]", fail, lines, ("defaults", None))
-    model = data.get("model")
-    if model is not None:
-        line = lines.find(None, "model")
-        if not isinstance(model, str) or model not in MODEL_PRESETS:
-            raise fail(f"model {model!r}", "is not a model preset",
-                       f"use one of {', '.join(MODEL_PRESETS)}, or set heads, kv_heads and head_dim "
+    name_of_preset = data.get("preset")
+    if name_of_preset is not None:
+        line = lines.find(None, "preset")
+        if not isinstance(name_of_preset, str) or name_of_preset not in SHAPE_PRESETS:
+            raise fail(f"preset {name_of_preset!r}", "is not a shape preset",
+                       f"use one of {', '.join(SHAPE_PRESETS)}, or set heads, kv_heads and head_dim "
                        "in [defaults]", line)
-        preset = MODEL_PRESETS[model]
+        preset = SHAPE_PRESETS[name_of_preset]
         clash = [k for k in preset if k in defaults]
         if clash:
-            raise fail(f"[defaults] key {clash[0]!r}", f"clashes with model {model!r}, which sets "
-                       f"{', '.join(preset)}", f"remove {clash[0]} from [defaults], or drop model",
+            raise fail(f"[defaults] key {clash[0]!r}", f"clashes with preset {name_of_preset!r}, which sets "
+                       f"{', '.join(preset)}", f"remove {clash[0]} from [defaults], or drop preset",
                        lines.find(("defaults", None), clash[0]))
         defaults = {**preset, **defaults}
 
@@ -244,7 +246,7 @@ def parse_scenario(text: str, *, name: str, source: str) -> Scenario:
     extra = [_fields(t, f"[[case]] {i + 1}", fail, lines, ("case", i + 1)) for i, t in enumerate(extra_tables)]
     if sweep_table is None and not extra:
         raise fail("the file", "declares no case", "add a [sweep] table or [[case]] entries")
-    return Scenario(name=name, source=source, description=description, model=model, defaults=defaults,
+    return Scenario(name=name, source=source, description=description, preset=name_of_preset, defaults=defaults,
                     sweep=sweep, extra=extra, has_sweep=sweep_table is not None)
 
 
@@ -262,8 +264,8 @@ def _fields(table: Any, where: str, fail, lines: "_Lines", section: tuple, insid
     out = {}
     for key, value in table.items():
         line = lines.find(section, key, inside=inside)
-        if key in RESERVED_KEYS and key not in allowed:  # a reserved key yields once it is a field
-            raise fail(f"{where} key {key!r}", RESERVED_KEYS[key], "remove it", line)
+        if key in RENAMED_KEYS and key not in allowed:
+            raise fail(f"{where} key {key!r}", RENAMED_KEYS[key], "rename it", line)
         if key not in allowed:
             raise fail(f"{where} key {key!r}", "is not a case field", f"use one of {', '.join(allowed)}", line)
         try:

@@ -328,13 +328,14 @@ def test_scenario_overrides_replace_axes_and_filter_explicit_cases(tmp_path):
      r"line 4: \[sweep\] shape item key 'colour' is not a case field"),
     ('description = "nothing"\n', r"s\.toml: the file declares no case"),
     ('[sweep]\nvariant = ["ring",\nheads = 4\n', r"s\.toml is not valid TOML: .*line 3"),
-    ('model = "llama3-9b"\n[sweep]\nvariant = ["ring"]\n', r"s\.toml, line 1: model 'llama3-9b' is not a model preset; "
+    ('preset = "llama3-9b"\n[sweep]\nvariant = ["ring"]\n', r"s\.toml, line 1: preset 'llama3-9b' is not a shape preset; "
      r"use one of llama3-8b, llama3-70b, qwen2\.5-7b, mha-d64"),
-    ('model = 8\n[sweep]\nvariant = ["ring"]\n', r"line 1: model 8 is not a model preset"),
-    ('model = "llama3-8b"\n[defaults]\nkv_heads = 4\n[sweep]\nvariant = ["ring"]\n',
-     r"line 3: \[defaults\] key 'kv_heads' clashes with model 'llama3-8b'"),
+    ('preset = 8\n[sweep]\nvariant = ["ring"]\n', r"line 1: preset 8 is not a shape preset"),
+    ('model = "llama3-8b"\n[sweep]\nvariant = ["ring"]\n', r"line 1: 'model' is now preset \(an attention-shape preset"),
+    ('preset = "llama3-8b"\n[defaults]\nkv_heads = 4\n[sweep]\nvariant = ["ring"]\n',
+     r"line 3: \[defaults\] key 'kv_heads' clashes with preset 'llama3-8b'"),
     ('[sweep]\nvariant = ["ring"]\ndocuments = ["lognormal"]\n',
-     r"line 3: \[sweep\] key 'documents' is reserved for document distributions"),
+     r"line 3: \[sweep\] key 'documents' is not a case field; packed documents are docs"),
 ])
 def test_scenario_refuses_bad_files(tmp_path, text, pattern):
     path = tmp_path / "s.toml"
@@ -357,15 +358,15 @@ def test_scenario_without_variant_is_refused_on_expansion():
 @pytest.mark.parametrize("model, shape", [
     ("llama3-8b", (32, 8, 128)), ("llama3-70b", (64, 8, 128)), ("qwen2.5-7b", (28, 4, 128)), ("mha-d64", (16, 16, 64)),
 ])
-def test_scenario_model_preset_sets_heads_and_head_dim(model, shape):
-    scen = parse_scenario(f'model = "{model}"\n[sweep]\nvariant = ["ring", "zigzag"]\n', name="m", source="m.toml")
+def test_scenario_shape_preset_sets_heads_and_head_dim(model, shape):
+    scen = parse_scenario(f'preset = "{model}"\n[sweep]\nvariant = ["ring", "zigzag"]\n', name="m", source="m.toml")
     cases = scen.cases("run", "cpu", {})
-    assert scen.model == model and len(cases) == 2
+    assert scen.preset == model and len(cases) == 2
     assert {(c.heads, c.kv_heads, c.head_dim) for c in cases} == {shape}
 
 
 def test_scenario_model_preset_yields_to_sweep_case_and_overrides():
-    scen = parse_scenario('model = "llama3-8b"\n[sweep]\nvariant = ["ring"]\nhead_dim = [64, 128]\n'
+    scen = parse_scenario('preset = "llama3-8b"\n[sweep]\nvariant = ["ring"]\nhead_dim = [64, 128]\n'
                           '[[case]]\nvariant = "zigzag"\nkv_heads = 32\n', name="m", source="m.toml")
     cases = scen.cases("run", "cpu", {})
     assert [(c.variant, c.heads, c.kv_heads, c.head_dim) for c in cases] == [
@@ -376,7 +377,7 @@ def test_scenario_model_preset_yields_to_sweep_case_and_overrides():
 def test_scenario_llama3_8b_sweeps_8k_to_128k_on_the_preset():
     scen = load_scenario("llama3-8b")
     cases = scen.cases("run", "cuda", {}, visible_gpus=2)
-    assert scen.model == "llama3-8b"
+    assert scen.preset == "llama3-8b"
     assert {(c.heads, c.kv_heads, c.head_dim, c.world_size) for c in cases} == {(32, 8, 128, 2)}
     assert sorted({c.seqlen for c in cases}) == [8192, 16384, 32768, 65536, 131072]
     assert {c.variant for c in cases} == {"ring", "zigzag", "stripe", "llama3"}
