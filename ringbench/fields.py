@@ -382,7 +382,8 @@ def coerce(name: str, value: Any) -> Any:
         return field.parse(value)
     ok = isinstance(value, field.type) and not (field.type is int and isinstance(value, bool))
     if not ok:
-        raise SpecError(f"{name} {value!r} is a {type(value).__name__}, but {name} must be "
+        kind = type(value).__name__
+        raise SpecError(f"{name} {value!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, but {name} must be "
                         f"{_TYPE_WORDS[field.type]}; fix its value")
     return value
 

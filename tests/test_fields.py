@@ -1,0 +1,82 @@
+"""The field table: the one home of a case field, and what is generated from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from ringbench import fields
+from ringbench.errors import SpecError
+from ringbench.spec import CaseSpec, default_fields
+
+CONTRACTS = Path(__file__).parents[1] / "ringbench" / "CONTRACTS.md"
+
+
+def test_fields_table_in_contracts_is_the_generated_one():
+    text = CONTRACTS.read_text(encoding="utf-8")
+    found = re.search(r"<!-- fields:begin -->\n(.*?)<!-- fields:end -->", text, re.S)
+    assert found, "CONTRACTS.md lost its fields:begin/fields:end markers"
+    assert found.group(1) == fields.markdown_table(), (
+        "ringbench/CONTRACTS.md's field table differs from ringbench.fields.markdown_table(); paste the new one")
+
+
+def test_fields_casespec_is_generated_from_the_table():
+    assert tuple(f.name for f in dataclasses.fields(CaseSpec)) == fields.NAMES
+    assert {f.name: f.type for f in dataclasses.fields(CaseSpec)} == {f.name: f.type for f in fields.FIELDS}
+    for f in fields.FIELDS:
+        assert f"{f.name} ({f.type.__name__})" in CaseSpec.__doc__
+
+
+def test_fields_defaults_come_from_the_table_per_device():
+    cpu, cuda = default_fields("cpu", 0), default_fields("cuda", 8)
+    assert cpu["world_size"] == 2 and cuda["world_size"] == 8 and default_fields("cuda", 0)["world_size"] == 1
+    for f in fields.FIELDS:
+        if f.cpu is not None:
+            assert cpu[f.name] == f.cpu
+        if f.cuda is not None and f.cuda != fields.VISIBLE_GPUS:
+            assert cuda[f.name] == f.cuda
+
+
+def test_fields_growth_key_is_every_case_id_field_but_the_world_size():
+    assert set(fields.GROWTH_KEY) == {f.name for f in fields.FIELDS if f.in_case_id} - {"task", "world_size"}
+    for name in ("layout", "heads_k_stride", "rotate", "docs", "doc_dist", "hf_model"):
+        assert name in fields.GROWTH_KEY
+
+
+def test_fields_variant_options_are_the_rows_that_say_so():
+    assert fields.VARIANT_OPTIONS == ("layout", "heads_k_stride", "rotate")
+    spec = CaseSpec.from_dict({"task": "run", "variant": "llama3", **default_fields("cpu", 0), "layout": "contiguous"})
+    assert fields.variant_options(spec) == {"layout": "contiguous"}
+    assert fields.variant_options(spec.to_dict()) == {"layout": "contiguous"}
+
+
+@pytest.mark.parametrize("name, value, pattern", [
+    ("batch", 0, r"^batch 0 must be positive; pass --batch 1 or more$"),
+    ("seed", -1, r"^seed -1 must be zero or more; pass --seed 0 or more$"),
+    ("dtype", "fp8", r"^dtype 'fp8' is unknown; pass --dtype with one of bf16, fp16, fp32, fp64$"),
+    ("seqlen", "12q", r"^seqlen '12q' is not a size"),
+    ("heads", "4", r"^heads '4' is a str, but heads must be an integer; fix its value$"),
+    ("causal", 1, r"^causal 1 is an int, but causal must be true or false"),
+    ("docs", "1,,2", r"^docs '1,,2' has an empty entry at position 2"),
+    ("rotate", "ring", r"^rotate 'ring' is unknown; pass --rotate with one of allgather, alltoall$"),
+    ("hf_model", "nope", r"^model 'nope' is unknown; pass --model with one of llama-"),
+    ("colour", "red", r"^field 'colour' is not a case field; use one of task, variant"),
+])
+def test_fields_each_row_checks_its_own_value(name, value, pattern):
+    with pytest.raises(SpecError, match=pattern):
+        fields.check(name, value)
+
+
+def test_fields_every_option_of_run_and_verify_is_a_row():
+    import typer.main
+
+    from ringbench.cli import app
+
+    commands = typer.main.get_command(app).commands
+    for command in ("run", "verify"):
+        names = {p.name for p in commands[command].params}
+        assert {f.name for f in fields.fields_of(command)} <= names
+        assert not {f.name for f in fields.FIELDS if command not in f.commands} & names
