@@ -92,7 +92,7 @@ def test_casespec_from_dict_accepts_size_string():
     ({"colour": "red"}, r"field 'colour' is not a case field"),
     ({"heads": "4"}, r"heads '4' is a str, but heads must be an integer"),
     ({"heads": True}, r"heads True is a bool, but heads must be an integer"),
-    ({"causal": 1}, r"causal 1 is a int, but causal must be true or false"),
+    ({"causal": 1}, r"causal 1 is an int, but causal must be true or false"),
 ])
 def test_casespec_from_dict_refuses_bad_fields(change, pattern):
     with pytest.raises(SpecError, match=pattern):
