@@ -27,11 +27,12 @@ import torch.distributed as dist
 
 from cases import drive  # tests/dist is the script's folder, so first on sys.path under torchrun
 from ringbench.check import verify_case
+from ringbench.spec import CaseSpec
 from ringbench.variants import get_variant
 
 
 def _verify(case: dict) -> dict:
-    return verify_case(case["spec"], device=torch.device("cpu"))
+    return verify_case(CaseSpec.from_dict(case["spec"]), device=torch.device("cpu"))
 
 
 def _bad_cu(case: dict) -> dict:
