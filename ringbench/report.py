@@ -12,141 +12,76 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ringbench.spec import format_size  # noqa: F401  (part of this module's API)
+from ringbench.fields import BY_NAME, GROWTH_KEY, VARIANT_OPTIONS, format_size
+from ringbench.formatting import (MISSING, compact_table, docs_count, kernel_ran, milliseconds, number, rate,
+                                  ratio_text, record_field, text)
 
 #: Statuses a verify case can end with besides ``ok`` and ``fail``; counted as errors.
 ERROR_STATUSES = ("error", "timeout", "oom")
 
 _STATUS_STYLE = {"ok": "green", "skipped": "yellow"}
-_MISSING = "-"
-
-
-
-
-def _missing(x: Any) -> bool:
-    # None is "not measured"; NaN is a measured value gone wrong, so it is shown as nan.
-    return x is None
-
-
-def _num(x: Any, fmt: str) -> str:
-    """Format a number; "-" when absent (None), "nan"/"inf" as they are."""
-    if _missing(x):
-        return _MISSING
-    try:
-        return format(x, fmt)
-    except (TypeError, ValueError):
-        return str(x)
-
-
-def _ms(x: Any) -> str:
-    """Milliseconds with about four significant digits (0.1234, 12.34, 1234)."""
-    if _missing(x) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        return _num(x, "g")
-    digits = 0 if abs(x) >= 1000 else 1 if abs(x) >= 100 else 2 if abs(x) >= 10 else 4
-    return f"{x:.{digits}f}"
-
-
-def _rate(x: Any) -> str:
-    """A rate such as TFLOP/s or GiB/s: one decimal from 1 up, three significant digits below,
-    so a CPU run's 0.0153 TFLOP/s does not read as 0.0."""
-    if _missing(x) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        return _num(x, "g")
-    return f"{x:.1f}" if abs(x) >= 1 or x == 0 else f"{x:.3g}"
-
-
-def _ratio_text(x: Any) -> str:
-    """An err / allowed ratio: two decimals, or three significant digits from 1000 up."""
-    if isinstance(x, (int, float)) and math.isfinite(x) and abs(x) >= 1000:
-        return f"{x:.3g}"
-    return _num(x, ".2f")
-
-
-def _spec(record: dict) -> dict:
-    spec = record.get("spec")
-    return spec if isinstance(spec, dict) else {}
-
-
-def _field(record: dict, key: str) -> Any:
-    """A spec field, read from the record's spec (and the record itself as a fallback)."""
-    spec = _spec(record)
-    return spec[key] if key in spec else record.get(key)
-
-
-def _text(x: Any) -> str:
-    return _MISSING if _missing(x) else str(x)
 
 
 def _status_text(status: Any) -> Text:
-    status = _text(status)
+    status = text(status)
     return Text(status, style=_STATUS_STYLE.get(status, "bold red"))
 
 
 def _heads(record: dict) -> str:
-    heads, kv_heads = _field(record, "heads"), _field(record, "kv_heads")
-    if _missing(heads):
-        return _MISSING
-    return f"{heads}/{_text(kv_heads)}"
-
-
-def _kernel(record: dict) -> Any:
-    kernel = record.get("kernel")
-    return kernel if not _missing(kernel) else _spec(record).get("kernel")
+    heads, kv_heads = record_field(record, "heads"), record_field(record, "kv_heads")
+    if heads is None:
+        return MISSING
+    return f"{heads}/{text(kv_heads)}"
 
 
 def _causal(record: dict) -> str:
-    causal = _field(record, "causal")
-    return _MISSING if causal is None else ("causal" if causal else "non-causal")
+    causal = record_field(record, "causal")
+    return MISSING if causal is None else ("causal" if causal else "non-causal")
 
 
 def _size(record: dict) -> str:
-    seqlen = _field(record, "seqlen")
-    return _MISSING if _missing(seqlen) else format_size(int(seqlen))
+    seqlen = record_field(record, "seqlen")
+    return MISSING if seqlen is None else format_size(int(seqlen))
 
 
 def _batch(record: dict) -> Any:
     """The batch when it is not 1 (labels leave the common case out), else None."""
-    batch = _field(record, "batch")
-    return None if _missing(batch) or batch == 1 else batch
+    batch = record_field(record, "batch")
+    return None if batch is None or batch == 1 else batch
 
 
 def _label(record: dict, *, world_size: bool = True) -> str:
-    parts = [_text(_field(record, "variant"))]
-    if _field(record, "hf_model"):
-        parts.insert(0, str(_field(record, "hf_model")))
+    parts = [text(record_field(record, "variant"))]
+    if record_field(record, "hf_model"):
+        parts.insert(0, str(record_field(record, "hf_model")))
     if world_size:
-        parts.append(f"W={_text(_field(record, 'world_size'))}")
+        parts.append(f"W={text(record_field(record, 'world_size'))}")
     if _batch(record) is not None:
         parts.append(f"B={_batch(record)}")
     parts += [
         f"S={_size(record)}",
         f"H={_heads(record)}",
-        f"D={_text(_field(record, 'head_dim'))}",
-        _text(_field(record, "dtype")),
+        f"D={text(record_field(record, 'head_dim'))}",
+        text(record_field(record, "dtype")),
         _causal(record),
-        _text(_kernel(record)),
+        text(kernel_ran(record)),
     ]
-    if _field(record, "mode") == "fwd":
+    if record_field(record, "mode") == "fwd":
         parts.append("fwd")
     return " ".join(parts + _options(record))
 
 
 def _options(record: dict) -> list[str]:
-    """The optional case fields that are set: layout, rotate, heads_k_stride and the documents."""
-    out = []
-    if _field(record, "layout"):
-        out.append(str(_field(record, "layout")))
-    if _field(record, "rotate"):
-        out.append(str(_field(record, "rotate")))
-    if _field(record, "heads_k_stride"):
-        out.append(f"stride={_field(record, 'heads_k_stride')}")
-    docs = _field(record, "docs")
+    """The optional case fields that are set, as a label names them: the variant's options
+    (layout, ``stride=N``, rotate) and the documents (``docs=3000,500``, or ``7 docs`` for many)."""
+    out = [BY_NAME[name].text(value) for name in VARIANT_OPTIONS if (value := record_field(record, name))]
+    docs = record_field(record, "docs")
     if docs:
-        out.append(f"docs={docs}" if str(docs).count(",") < 3 else f"{str(docs).count(',') + 1} docs")
+        out.append(docs_count(docs) or f"docs={docs}")
     return out
 
 
@@ -158,24 +93,18 @@ def case_label(record: dict) -> str:
     return _label(record)
 
 
-def _shape(record: dict) -> str:
+def _shape_cell(record: dict) -> str:
     """The shape cell of the run table, e.g. ``W2 16k 32/8×128`` over ``bf16 causal fwd_bwd``:
     world size, batch (``B2``, only when not 1), seqlen and Hq/Hkv×D (query heads / K/V heads ×
     head dim) on the first line; dtype, mask, mode and any layout, stride or documents on the
     second."""
-    sizes = [f"W{_text(_field(record, 'world_size'))}"]
+    sizes = [f"W{text(record_field(record, 'world_size'))}"]
     if _batch(record) is not None:
         sizes.append(f"B{_batch(record)}")
-    sizes += [_size(record), f"{_heads(record)}×{_text(_field(record, 'head_dim'))}"]
-    kind = [_text(_field(record, "dtype")), _causal(record), _text(_field(record, "mode")), *_options(record)]
+    sizes += [_size(record), f"{_heads(record)}×{text(record_field(record, 'head_dim'))}"]
+    kind = [text(record_field(record, "dtype")), _causal(record), text(record_field(record, "mode")),
+            *_options(record)]
     return " ".join(sizes) + "\n" + " ".join(kind)
-
-
-def compact_table(title: str | None) -> Table:
-    """A table with no outer frame and one space of padding, so that about 50 columns of
-    numbers fit next to the labels on an 80-column terminal."""
-    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
-                 pad_edge=False, collapse_padding=True)
 
 
 def print_run_table(records: list[dict], console: Console | None = None) -> None:
@@ -213,15 +142,15 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
             reasons.append(str(r["reason"]))
             status.append(f" [{len(reasons)}]")
         table.add_row(
-            f"{_text(_field(r, 'variant'))}\n{_text(_kernel(r))}",
-            _shape(r),
+            f"{text(record_field(r, 'variant'))}\n{text(kernel_ran(r))}",
+            _shape_cell(r),
             status,
-            _ms(r.get("time_ms")),
-            _num(r.get("imbalance"), ".3f"),
-            _rate(r.get("tflops_per_gpu")),
-            _num(r.get("efficiency"), ".3f"),
-            _num(r.get("peak_allocated_gib"), ".2f"),
-            _rate(r.get("bus_gib_s")),
+            milliseconds(r.get("time_ms")),
+            number(r.get("imbalance"), ".3f"),
+            rate(r.get("tflops_per_gpu")),
+            number(r.get("efficiency"), ".3f"),
+            number(r.get("peak_allocated_gib"), ".2f"),
+            rate(r.get("bus_gib_s")),
         )
     console.print(table)
     for i, reason in enumerate(reasons, 1):
@@ -287,7 +216,7 @@ def _check_notes(check: dict) -> str:
 
 def _ratio(check: dict) -> Any:
     ratio = check.get("ratio")
-    if _missing(ratio):
+    if ratio is None:
         err, allowed = check.get("err"), check.get("allowed")
         if isinstance(err, (int, float)) and isinstance(allowed, (int, float)) and allowed > 0:
             ratio = err / allowed
@@ -318,17 +247,17 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
         checks = r.get("checks") or []
         if status not in ("ok", "fail") or not checks:
             shown = status if checks or status not in ("ok", "fail") else "error"
-            rows.append(([label, _MISSING, _MISSING, _MISSING, _MISSING, _status_text(shown)], True))
+            rows.append(([label, MISSING, MISSING, MISSING, MISSING, _status_text(shown)], True))
             notes.append(Text(_case_reason(r), style="red"))
             continue
         for j, check in enumerate(checks):
             passed = _check_passed(check)
             rows.append(([
                 label if j == 0 else "",
-                _text(check.get("tensor")),
-                _num(check.get("err"), ".3e"),
-                _num(check.get("allowed"), ".3e"),
-                _ratio_text(_ratio(check)),
+                text(check.get("tensor")),
+                number(check.get("err"), ".3e"),
+                number(check.get("allowed"), ".3e"),
+                ratio_text(_ratio(check)),
                 Text("PASS", style="green") if passed else Text("FAIL", style="bold red"),
             ], j == len(checks) - 1))
             notes.append(_check_notes(check))
@@ -350,7 +279,7 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
         worst = r.get("worst_param")
         if isinstance(worst, dict) and worst.get("tensor"):
             console.print(Text(f"{case_label(r)}: worst parameter gradient {worst['tensor']}, ratio "
-                               f"{_ratio_text(worst.get('ratio'))}", style="italic"))
+                               f"{ratio_text(worst.get('ratio'))}", style="italic"))
     s = verify_summary(records)
     line = Text(f"{s['cases']} {'case' if s['cases'] == 1 else 'cases'}: ")
     line.append(f"{s['passed']} passed", style="green")
@@ -364,17 +293,12 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     _print_notes(records, console)
 
 
-#: Spec fields that make two verify records one problem at two world sizes (see
-#: :func:`print_growth_table`); together with the kernel that ran.
-GROWTH_KEY = ("variant", "device", "batch", "seqlen", "heads", "kv_heads", "head_dim", "dtype",
-              "causal", "mode", "seed")
-
-
 def growth_groups(records: list[dict]) -> list[tuple[dict, dict[int, dict]]]:
     """Group verify records by their problem with the world size left out.
 
-    Two records are one problem when they agree on every field of :data:`GROWTH_KEY` and on
-    the kernel that ran. Only records with checks count (a case that errored compared
+    Two records are one problem when they agree on every case field but the world size
+    (:data:`ringbench.fields.GROWTH_KEY`: the layout, stride, rotation, documents and model
+    included) and on the kernel that ran. Only records with checks count (a case that errored compared
     nothing); when a world size has several, the last one is kept.
 
     Args:
@@ -386,11 +310,10 @@ def growth_groups(records: list[dict]) -> list[tuple[dict, dict[int, dict]]]:
     """
     groups: dict[tuple, tuple[dict, dict[int, dict]]] = {}
     for r in records:
-        world_size = _field(r, "world_size")
+        world_size = record_field(r, "world_size")
         if not r.get("checks") or not isinstance(world_size, int):
             continue
-        # hf_model: a model check is another problem than the attention check of its shape.
-        key = tuple(_field(r, k) for k in GROWTH_KEY) + (_kernel(r), _field(r, "hf_model") or "")
+        key = tuple(record_field(r, k) for k in GROWTH_KEY) + (kernel_ran(r),)
         first, by_world = groups.setdefault(key, (r, {}))
         by_world[world_size] = r
     return [(first, dict(sorted(by_world.items()))) for first, by_world in groups.values()
@@ -402,7 +325,7 @@ def _growth(errs: dict[int, Any]) -> str:
     base = errs.get(1)
     others = [e for w, e in errs.items() if w != 1 and isinstance(e, (int, float))]
     if not isinstance(base, (int, float)) or not others:
-        return _MISSING
+        return MISSING
     if any(math.isnan(e) for e in [base, *others]):
         return "nan"
     worst = max(others)
@@ -438,15 +361,15 @@ def print_growth_table(records: list[dict], console: Console | None = None) -> N
         checks = {w: {c.get("tensor"): c for c in r["checks"]} for w, r in by_world.items()}
         tensors = list(dict.fromkeys(t for by_tensor in checks.values() for t in by_tensor))
         for tensor in tensors:
-            cells: list[Any] = [_text(tensor)]
+            cells: list[Any] = [text(tensor)]
             errs: dict[int, Any] = {}
             for world_size, by_tensor in checks.items():
                 check = by_tensor.get(tensor)
                 if check is None:
-                    cells.append(_MISSING)
+                    cells.append(MISSING)
                     continue
                 errs[world_size] = check.get("err")
-                cells.append(Text(_num(check.get("err"), ".2e"),
+                cells.append(Text(number(check.get("err"), ".2e"),
                                   style="" if _check_passed(check) else "bold red"))
             cells.append(_growth(errs))
             table.add_row(*cells)
@@ -458,7 +381,7 @@ def _case_reason(record: dict) -> str:
         return str(record["reason"])
     if record.get("status") in ("ok", "fail") and not record.get("checks"):
         return f"status {record['status']} but no checks were recorded"
-    return _MISSING
+    return MISSING
 
 
 def _property_value(value: Any) -> str:
@@ -472,11 +395,11 @@ def _property_value(value: Any) -> str:
 def _failure_message(record: dict) -> str:
     bad = [c for c in record.get("checks") or [] if not _check_passed(c)]
     if not bad:
-        return _text(record.get("reason")) if record.get("reason") else "status fail"
+        return text(record.get("reason")) if record.get("reason") else "status fail"
     parts = []
     for c in bad:
-        part = (f"{_text(c.get('tensor'))}: err {_num(c.get('err'), '.3e')} > allowed "
-                f"{_num(c.get('allowed'), '.3e')}")
+        part = (f"{text(c.get('tensor'))}: err {number(c.get('err'), '.3e')} > allowed "
+                f"{number(c.get('allowed'), '.3e')}")
         notes = _check_notes(c)
         parts.append(f"{part} ({notes})" if notes else part)
     return f"{len(bad)} of {len(record.get('checks') or [])} tensors over allowance: " + \
@@ -513,7 +436,7 @@ def write_junit(records: list[dict], path: Path | str) -> None:
             ET.SubElement(props, "property", name=str(key), value=_property_value(value))
     for r in records:
         case = ET.SubElement(suite, "testcase",
-                             classname=f"ringbench.verify.{_text(_field(r, 'variant'))}",
+                             classname=f"ringbench.verify.{text(record_field(r, 'variant'))}",
                              name=case_label(r), time=f"{float(r.get('elapsed_s') or 0.0):.3f}")
         outcome = _case_outcome(r)
         if outcome == "failed":
@@ -521,9 +444,9 @@ def write_junit(records: list[dict], path: Path | str) -> None:
             failure = ET.SubElement(case, "failure", message=message, type="tolerance")
             failure.text = json.dumps(r.get("checks") or [], indent=1)
         elif outcome == "errors":
-            ET.SubElement(case, "error", message=_case_reason(r), type=_text(r.get("status")))
+            ET.SubElement(case, "error", message=_case_reason(r), type=text(r.get("status")))
         elif outcome == "skipped":
-            ET.SubElement(case, "skipped", message=_text(r.get("reason")))
+            ET.SubElement(case, "skipped", message=text(r.get("reason")))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.indent(suites)

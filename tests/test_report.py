@@ -177,6 +177,23 @@ def test_report_growth_groups_keep_problems_apart():
     assert len(groups) == 4 and all(list(by_world) == [1, 2] for _, by_world in groups)
 
 
+@pytest.mark.parametrize("variant, field, values", [
+    ("llama3", "layout", ("zigzag", "contiguous")),
+    ("llama3_varlen", "docs", ("4096,12288", "8192,8192")),
+])
+def test_report_growth_groups_keep_options_and_documents_apart(variant, field, values):
+    # Two problems that differ only in a variant option or the documents: each keeps its own
+    # records at every world size instead of the last one standing for both.
+    records = [_growth_record(w, {"out": 1e-3 * (i + 1) * w}, variant=variant, **{field: value})
+               for i, value in enumerate(values) for w in (2, 4)]
+    groups = report.growth_groups(records)
+    assert [first["spec"][field] for first, _ in groups] == list(values)
+    for i, (_, by_world) in enumerate(groups):
+        assert {w: r["checks"][0]["err"] for w, r in by_world.items()} == {2: 2e-3 * (i + 1), 4: 4e-3 * (i + 1)}
+    text = _render(report.print_growth_table, records)
+    assert text.count("error growth:") == 2
+
+
 # --------------------------------------------------------------------------- 80 columns
 
 def _render_80(fn, records) -> str:
