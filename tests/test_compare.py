@@ -153,6 +153,29 @@ def test_compare_bad_usage_exits_2_with_one_line(runs, args, message):
     assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
 
 
+def test_compare_records_without_the_optional_fields_hold_their_defaults(tmp_path):
+    old = record("ring", 1024, 10.0)  # written before layout, docs, rotate... existed
+    for name in ("layout", "heads_k_stride", "docs", "doc_dist", "rotate", "hf_model"):
+        old["spec"].pop(name, None)
+    contiguous = record("llama3", 1024, 12.0)
+    contiguous["spec"]["layout"] = "contiguous"
+    contiguous["case_id"] = "contiguous"
+    runs = write(tmp_path / "runs.jsonl", [old, record("ring", 2048, 20.0), contiguous])
+    result = runner.invoke(app, ["compare", str(runs), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(x) for x in result.stdout.splitlines()]
+    assert [(r["variant"], r["layout"], r["values"]) for r in rows] == [
+        ("llama3", "contiguous", {"1024": 12.0, "2048": None}), ("ring", "", {"1024": 10.0, "2048": 20.0})]
+
+
+def test_compare_errors_are_the_shared_compare_error():
+    from ringbench.errors import CompareError, RingbenchError
+
+    assert compare.CompareError is CompareError and issubclass(CompareError, RingbenchError)
+    with pytest.raises(CompareError, match=r"^metric 'speed' is unknown"):
+        compare.parse_threshold("speed:-5%")
+
+
 def test_compare_to_parquet_writes_or_names_the_missing_package(runs, tmp_path):
     out = tmp_path / "r.parquet"
     result = runner.invoke(app, ["compare", str(runs), "--to-parquet", str(out)])
