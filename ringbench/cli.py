@@ -185,38 +185,35 @@ def compare(
     err = Console(stderr=True, soft_wrap=True)
     with _usage_errors():
         from ringbench import compare as cmp
-        try:
-            if baseline or candidate:
-                given = [name for name, value in (("result paths", paths), ("--x", x), ("--by", by),
-                                                  ("--plot", plot), ("--markdown", markdown),
-                                                  ("--to-parquet", to_parquet)) if value]
-                if given:
-                    raise SpecError(f"{given[0]} does not go with --baseline and --candidate; run the gate "
-                                    "and the table as two commands")
-                if not (baseline and candidate):
-                    raise SpecError("the regression gate needs both --baseline and --candidate; pass both")
-                thresholds = [cmp.parse_threshold(t) for t in fail_if or []]
-                result = cmp.gate(baseline, candidate, thresholds, metric=metric, where=where)
-                if json_out:
-                    sys.stdout.write("".join(line + "\n" for line in cmp.gate_json_lines(result)))
-                else:
-                    cmp.print_gate(result, Console())
-                sys.stdout.flush()
-                raise typer.Exit(EXIT_FAILED if result.regressions else EXIT_OK)
-            if fail_if:
-                raise SpecError("--fail-if needs --baseline and --candidate; pass the old and the new results")
-            for option, path, suffixes in (("--plot", plot, (".png", ".svg", ".pdf")), ("--markdown", markdown, ()),
-                                           ("--to-parquet", to_parquet, ())):
-                options.check_output(option, path, suffixes)
-            columns = [c.strip() for c in (by or "variant,kernel").split(",") if c.strip()]
-            if not columns:
-                raise SpecError(f"--by {by!r} names no field; pass fields such as variant,kernel")
-            loaded = cmp.load_runs(paths or [Path("results") / "runs.jsonl"], where=where, keep_apart=columns)
-            table = cmp.pivot(loaded.frame, metric=metric, x=x or "seqlen", by=columns)
-            if to_parquet is not None:
-                cmp.to_parquet(loaded.frame, to_parquet)
-        except cmp.CompareError as exc:
-            raise SpecError(str(exc)) from None
+        if baseline or candidate:
+            given = [name for name, value in (("result paths", paths), ("--x", x), ("--by", by),
+                                              ("--plot", plot), ("--markdown", markdown),
+                                              ("--to-parquet", to_parquet)) if value]
+            if given:
+                raise SpecError(f"{given[0]} does not go with --baseline and --candidate; run the gate "
+                                "and the table as two commands")
+            if not (baseline and candidate):
+                raise SpecError("the regression gate needs both --baseline and --candidate; pass both")
+            thresholds = [cmp.parse_threshold(t) for t in fail_if or []]
+            result = cmp.gate(baseline, candidate, thresholds, metric=metric, where=where)
+            if json_out:
+                sys.stdout.write("".join(line + "\n" for line in cmp.gate_json_lines(result)))
+            else:
+                cmp.print_gate(result, Console())
+            sys.stdout.flush()
+            raise typer.Exit(EXIT_FAILED if result.regressions else EXIT_OK)
+        if fail_if:
+            raise SpecError("--fail-if needs --baseline and --candidate; pass the old and the new results")
+        for option, path, suffixes in (("--plot", plot, (".png", ".svg", ".pdf")), ("--markdown", markdown, ()),
+                                       ("--to-parquet", to_parquet, ())):
+            options.check_output(option, path, suffixes)
+        columns = [c.strip() for c in (by or "variant,kernel").split(",") if c.strip()]
+        if not columns:
+            raise SpecError(f"--by {by!r} names no field; pass fields such as variant,kernel")
+        loaded = cmp.load_runs(paths or [Path("results") / "runs.jsonl"], where=where, keep_apart=columns)
+        table = cmp.pivot(loaded.frame, metric=metric, x=x or "seqlen", by=columns)
+        if to_parquet is not None:
+            cmp.to_parquet(loaded.frame, to_parquet)
     note = loaded.left_out_text()
     if json_out:
         sys.stdout.write("".join(line + "\n" for line in cmp.pivot_json_lines(table)))
