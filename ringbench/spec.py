@@ -192,29 +192,18 @@ def _named_kernel(name: str):
         raise SpecError(str(exc)) from None
 
 
-def _kernels_for(device: str) -> list[str]:
-    from ringbench.variants.kernels import KERNELS
-
-    return [n for n, k in KERNELS.items() if k.device_type in (device, "any")]
-
-
 def _check_kernel(spec: CaseSpec, kernel) -> None:
-    """Refuse a kernel that cannot take ``spec``'s device, head dim, dtype or packed documents."""
-    from ringbench.variants import get_variant
+    """Refuse a kernel that cannot take ``spec``'s device, head dim, dtype or packed documents
+    (the rules of ``variants.kernels.check_kernel``, the ones ``auto`` resolves by)."""
+    import torch
 
-    if kernel.device_type not in (spec.device, "any"):
-        raise SpecError(f"kernel {kernel.name!r} runs on {kernel.device_type}, not {spec.device}; "
-                        f"pass --kernel with one of {', '.join(_kernels_for(spec.device))} or auto")
-    if get_variant(spec.variant).varlen and kernel.check_varlen():
-        raise SpecError(kernel.check_varlen())
-    reason = kernel.check_head_dim(spec.head_dim)
+    from ringbench.variants import get_variant
+    from ringbench.variants.kernels import check_kernel
+
+    reason = check_kernel(kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]), head_dim=spec.head_dim,
+                          varlen=get_variant(spec.variant).varlen)
     if reason:
-        raise SpecError(f"{reason}; pass another --head-dim or --kernel")
-    taken = [short for short, long in DTYPES.items() if any(str(d) == f"torch.{long}" for d in kernel.dtypes)]
-    if spec.dtype not in taken:
-        raise SpecError(f"dtype {spec.dtype} is not supported by the {kernel.name} kernel, which takes "
-                        f"{' and '.join(taken) if len(taken) < 3 else ', '.join(taken)}; "
-                        f"pass --dtype {taken[0]}")
+        raise SpecError(reason)
 
 
 def canonical(spec: CaseSpec) -> CaseSpec:
@@ -236,9 +225,10 @@ def canonical(spec: CaseSpec) -> CaseSpec:
 def resolve(spec: CaseSpec) -> CaseSpec:
     """Pick the concrete kernel for ``spec`` on this machine; imports torch.
 
-    ``auto`` becomes the first kernel in ``variants.kernels.AUTO_ORDER[device]`` that is
-    available here and takes the spec's head dim and dtype (and, for a varlen variant, has a
-    varlen form). A named kernel must be available here.
+    ``variants.kernels.resolve_kernel`` decides, the one resolution the variants use too:
+    ``auto`` becomes the first kernel in ``AUTO_ORDER[device]`` (among the variant's own
+    kernels, for a peer) that is available here and takes the spec's head dim and dtype
+    (and, for a varlen variant, has a varlen form). A named kernel must be available here.
 
     Returns:
         ``spec`` with ``kernel`` set to a concrete name.
@@ -247,34 +237,21 @@ def resolve(spec: CaseSpec) -> CaseSpec:
         Unavailable: the variant's library is missing here (with the reason).
         SpecError: the named kernel is unavailable (with the reason), or no kernel fits.
     """
+    import torch
+
     from ringbench.variants import get_variant
-    from ringbench.variants.kernels import AUTO_ORDER, resolve_kernel
+    from ringbench.variants.kernels import resolve_kernel
 
     variant = get_variant(spec.variant)
     reason = variant.unavailable()
     if reason:
         raise Unavailable(f"variant {spec.variant} is unavailable here: {reason}")
-
-    if spec.kernel != "auto":
-        _check_kernel(spec, _named_kernel(spec.kernel))
-        try:
-            resolve_kernel(spec.kernel, spec.device)
-        except ValueError as exc:
-            raise SpecError(f"{exc}; pass another --kernel or auto") from None
-        return spec
-    refusals = []
-    for name in AUTO_ORDER[spec.device]:
-        if variant.check_kernel(name):
-            continue
-        try:
-            kernel = resolve_kernel(name, spec.device)
-            _check_kernel(spec, kernel)
-        except ValueError as exc:
-            refusals.append(str(exc).split(";")[0])
-            continue
-        return spec.replace(kernel=kernel.name)
-    raise SpecError(f"kernel auto found no kernel on {spec.device} for head_dim {spec.head_dim} and "
-                    f"dtype {spec.dtype} ({'; '.join(refusals)}); change --dtype or --head-dim")
+    try:
+        kernel = resolve_kernel(spec.kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]),
+                                head_dim=spec.head_dim, varlen=variant.varlen, among=variant.kernels)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    return spec if kernel.name == spec.kernel else spec.replace(kernel=kernel.name)
 
 
 # --------------------------------------------------------------------------- packed documents

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringbench.variants import LAYOUT_CHUNKS, get_variant, layouts, list_variants
-from ringbench.variants.kernels import KERNELS, get_kernel, resolve_kernel
+from ringbench.variants.kernels import AUTO_ORDER, KERNELS, as_kernel, check_kernel, get_kernel, resolve_kernel
 from ringbench.variants.merge import merge_
 
 Tensor = torch.Tensor
@@ -302,16 +302,90 @@ def test_kernels_auto_on_cpu_is_cpu():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
-@pytest.mark.parametrize("name", ["flash-attn", "torch-flash", "cudnn"])
+@pytest.mark.parametrize("name", [n for n, k in KERNELS.items() if k.device_type == "cuda"])
 def test_kernels_cuda_unavailable_with_reason(name):
     """Without a GPU each CUDA kernel says why it cannot run, and resolve refuses it with that reason."""
     reason = KERNELS[name].unavailable()
     print(f"{name}: {reason}")
     assert isinstance(reason, str) and reason
-    with pytest.raises(ValueError, match=rf"{re.escape(name)}.*unavailable here: {re.escape(reason)}"):
+    with pytest.raises(ValueError, match=rf"^kernel {re.escape(repr(name))} is unavailable here: {re.escape(reason)}; "
+                                         r"pass another --kernel or auto$"):
         resolve_kernel(name, "cuda")
     with pytest.raises(ValueError, match="runs on cuda, not cpu"):
         resolve_kernel(name, "cpu")
+
+
+def _available_everywhere() -> dict:
+    """Stand-ins for KERNELS on a CUDA machine with every backend installed (flash-attn too)."""
+    import dataclasses
+
+    return {n: dataclasses.replace(k, unavailable=lambda: None) for n, k in KERNELS.items()}
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_kernels_auto_for_a_varlen_call_picks_only_a_kernel_with_a_varlen_form(device):
+    """The bug this guards: flash-attn installed, auto took it for packed documents, and the
+    varlen call raised. For every dtype and head dim, auto's pick for a varlen call has a varlen form."""
+    kernels = _available_everywhere()
+    assert resolve_kernel("auto", device, kernels=kernels).name == AUTO_ORDER[device][0]
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        for head_dim in (64, 128, 200, 256, 300):
+            batch = resolve_kernel("auto", device, dtype=dtype, head_dim=head_dim, kernels=kernels)
+            kern = resolve_kernel("auto", device, dtype=dtype, head_dim=head_dim, varlen=True, kernels=kernels)
+            print(device, dtype, head_dim, batch.name, kern.name)
+            assert kern.varlen and dtype in kern.dtypes and kern.check_head_dim(head_dim) is None
+            assert kern.device_type in (device, "any")
+    if device == "cuda":
+        # flash-attn comes first for a batch call, never for a varlen one.
+        assert resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=128, kernels=kernels).name == "flash-attn"
+        assert resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=128, varlen=True,
+                              kernels=kernels).name == "torch-flash"
+
+
+def test_kernels_auto_says_why_no_kernel_fits():
+    kernels = _available_everywhere()
+    # A peer's own kernels (among) and none of them has a varlen form: each refusal is named.
+    with pytest.raises(ValueError, match=r"^kernel auto found no kernel on cuda for packed documents, head_dim 128 "
+                                         r"and dtype bf16 \(the flash-attn kernel has no varlen form in ringbench "
+                                         r"\(.+\); the cudnn kernel has no varlen form in ringbench \(.+\)\); "
+                                         r"change --dtype or --head-dim$"):
+        resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=128, varlen=True, among=("flash-attn", "cudnn"),
+                       kernels=kernels)
+    with pytest.raises(ValueError, match=r"^kernel auto found no kernel on cuda for dtype fp32 \(dtype fp32 is not "
+                                         r"supported by the flash-attn kernel, which takes bf16 and fp16\)"):
+        resolve_kernel("auto", "cuda", dtype=torch.float32, among=("flash-attn",), kernels=kernels)
+    with pytest.raises(ValueError, match=r"^kernel auto has no kernels for device type 'mps'; run on cuda or cpu$"):
+        resolve_kernel("auto", "mps", kernels=kernels)
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"name": "cudnn", "device_type": "cpu", "varlen": True},
+     r"^the cudnn kernel has no varlen form in ringbench \(.+\); pass --kernel with one of cpu, math or auto$"),
+    ({"name": "cpu", "device_type": "cuda"},
+     r"^kernel 'cpu' runs on cpu, not cuda; pass --kernel with one of "
+     + re.escape(", ".join(n for n, k in KERNELS.items() if k.device_type in ("cuda", "any"))) + " or auto$"),
+    ({"name": "torch-flash", "device_type": "cuda", "head_dim": 300},
+     r"^head_dim 300 exceeds 256, the largest the torch-flash kernel takes; pass another --head-dim or --kernel$"),
+    ({"name": "torch-flash", "device_type": "cuda", "dtype": torch.float32},
+     r"^dtype fp32 is not supported by the torch-flash kernel, which takes bf16 and fp16; pass --dtype bf16$"),
+    ({"name": "nope", "device_type": "cpu"},
+     r"^kernel 'nope' is unknown; choose one of " + re.escape(", ".join(KERNELS)) + " or auto$"),
+])
+def test_kernels_resolve_names_the_value_the_rule_and_the_fix(kwargs, pattern):
+    kernels = _available_everywhere()
+    with pytest.raises(ValueError, match=pattern):
+        resolve_kernel(kwargs.pop("name"), kernels=kernels, **kwargs)
+
+
+def test_as_kernel_resolves_names_and_checks_kernel_objects_by_the_same_rules():
+    assert as_kernel("auto", "cpu", torch.float32, head_dim=32, varlen=True).name == "cpu"
+    assert as_kernel(KERNELS["math"], "cpu", torch.float64) is KERNELS["math"]
+    reason = check_kernel(KERNELS["cudnn"], "cuda", varlen=True)
+    with pytest.raises(ValueError, match=f"^{re.escape(reason)}$"):
+        as_kernel(KERNELS["cudnn"], "cuda", torch.bfloat16, varlen=True)
+    with pytest.raises(ValueError, match=r"^kernel 'cpu' runs on cpu, not cuda"):
+        as_kernel("cpu", "cuda", torch.float32)
 
 
 def test_kernels_unknown_name_lists_valid_ones():

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -580,42 +580,117 @@ def get_kernel(name: str) -> Kernel:
         raise ValueError(f"kernel {name!r} is unknown; choose one of {', '.join(KERNELS)} or auto") from None
 
 
-def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | None = None) -> Kernel:
-    """A kernel object from a kernel or its name; ``auto`` picks the first kernel of
-    ``AUTO_ORDER`` available on ``device_type`` that takes ``dtype``.
+#: The short names of the input dtypes (the CLI's ``--dtype`` values), in the order messages list them.
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def kernels_for(device_type: str, kernels: Mapping[str, Kernel] | None = None) -> list[str]:
+    """Names of the kernels that run on ``device_type`` (its own and the ``any`` ones), in registry order."""
+    registry = KERNELS if kernels is None else kernels
+    return [n for n, k in registry.items() if k.device_type in (device_type, "any")]
+
+
+def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None = None,
+                 head_dim: int | None = None, varlen: bool = False,
+                 kernels: Mapping[str, Kernel] | None = None) -> str | None:
+    """Why ``kernel`` cannot take a call on ``device_type``, or ``None`` when it can.
+
+    The rules, in order: a varlen call (packed documents) needs a kernel with a varlen form;
+    the kernel must run on ``device_type``; it must take ``head_dim`` and ``dtype`` (each
+    checked when given). Availability on this machine is :func:`resolve_kernel`'s last rule.
+    The reason is one sentence naming the value, the rule and the fix.
+
+    Args:
+        kernels: the registry the fixes name kernels from (default :data:`KERNELS`).
+    """
+    registry = KERNELS if kernels is None else kernels
+    if varlen and not kernel.varlen:
+        names = [n for n in kernels_for(device_type, registry) if registry[n].varlen]
+        return (f"the {kernel.name} kernel has no varlen form in ringbench ({kernel.no_varlen}); "
+                f"pass --kernel with one of {', '.join(names)} or auto")
+    if kernel.device_type not in (device_type, "any"):
+        return (f"kernel {kernel.name!r} runs on {kernel.device_type}, not {device_type}; "
+                f"pass --kernel with one of {', '.join(kernels_for(device_type, registry))} or auto")
+    if head_dim is not None:
+        reason = kernel.check_head_dim(head_dim)
+        if reason:
+            return f"{reason}; pass another --head-dim or --kernel"
+    if dtype is not None and dtype not in kernel.dtypes:
+        taken = [short for d, short in DTYPE_NAMES.items() if d in kernel.dtypes]
+        return (f"dtype {DTYPE_NAMES.get(dtype, dtype)} is not supported by the {kernel.name} kernel, which takes "
+                f"{' and '.join(taken) if len(taken) < 3 else ', '.join(taken)}; pass --dtype {taken[0]}")
+    return None
+
+
+def _unavailable(kernel: Kernel) -> str | None:
+    reason = kernel.unavailable()
+    return f"kernel {kernel.name!r} is unavailable here: {reason}; pass another --kernel or auto" if reason else None
+
+
+def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = None, head_dim: int | None = None,
+                   varlen: bool = False, among: tuple[str, ...] = (),
+                   kernels: Mapping[str, Kernel] | None = None) -> Kernel:
+    """The kernel a call on ``device_type`` runs with: the one named, or for ``auto`` the first of
+    ``AUTO_ORDER[device_type]`` that passes every rule of :func:`check_kernel` for ``dtype``,
+    ``head_dim`` and ``varlen`` and is available here.
+
+    The one resolution of kernel names: the variants (through :func:`as_kernel`) and the
+    harness's spec resolution both call it.
+
+    Args:
+        name: a kernel name or ``auto``.
+        device_type: ``cpu`` or ``cuda``.
+        dtype, head_dim: the call's input dtype and head dim; ``None``: not checked.
+        varlen: the call takes packed documents, so the kernel needs a varlen form.
+        among: for ``auto``, the only kernels it may pick (a peer's own); empty: any.
+        kernels: the registry to resolve in (default :data:`KERNELS`); a test passes stand-ins.
 
     Raises:
-        ValueError: an unknown name, or no kernel available for ``auto``.
+        ValueError: an unknown name, a named kernel that breaks a rule or is unavailable here,
+            or no kernel for ``auto``: one sentence with the value, the rule and the fix.
+    """
+    registry = KERNELS if kernels is None else kernels
+    rules = dict(dtype=dtype, head_dim=head_dim, varlen=varlen, kernels=registry)
+    if name != "auto":
+        if name not in registry:
+            raise ValueError(f"kernel {name!r} is unknown; choose one of {', '.join(registry)} or auto")
+        kern = registry[name]
+        reason = check_kernel(kern, device_type, **rules) or _unavailable(kern)
+        if reason:
+            raise ValueError(reason)
+        return kern
+    if device_type not in AUTO_ORDER:
+        raise ValueError(f"kernel auto has no kernels for device type {device_type!r}; run on "
+                         f"{' or '.join(AUTO_ORDER)}")
+    refusals = []
+    for candidate in AUTO_ORDER[device_type]:
+        if candidate not in registry or (among and candidate not in among):
+            continue
+        kern = registry[candidate]
+        reason = check_kernel(kern, device_type, **rules) or _unavailable(kern)
+        if reason is None:
+            return kern
+        refusals.append(reason.split(";")[0])
+    wanted = [w for w in ("packed documents" if varlen else "",
+                          f"head_dim {head_dim}" if head_dim is not None else "",
+                          f"dtype {DTYPE_NAMES.get(dtype, dtype)}" if dtype is not None else "") if w]
+    what = f" for {', '.join(wanted[:-1])} and {wanted[-1]}" if len(wanted) > 1 else "".join(f" for {w}" for w in wanted)
+    raise ValueError(f"kernel auto found no kernel on {device_type}{what} ({'; '.join(refusals)}); "
+                     "change --dtype or --head-dim")
+
+
+def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | None = None, *,
+              head_dim: int | None = None, varlen: bool = False) -> Kernel:
+    """The kernel object a variant calls: a name (or ``auto``) resolved by :func:`resolve_kernel`
+    for the call's device type, dtype, head dim and form; a :class:`Kernel` checked by the same
+    rules (:func:`check_kernel`) but for availability, which its caller has settled.
+
+    Raises:
+        ValueError: as :func:`resolve_kernel`.
     """
     if isinstance(kernel, Kernel):
+        reason = check_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen)
+        if reason:
+            raise ValueError(reason)
         return kernel
-    if kernel != "auto":
-        return get_kernel(kernel)
-    for candidate in AUTO_ORDER[device_type]:
-        kern = KERNELS[candidate]
-        if (dtype is None or dtype in kern.dtypes) and kern.unavailable() is None:
-            return kern
-    raise ValueError(f"no attention kernel is available on {device_type} for {dtype}")
-
-
-def resolve_kernel(name: str, device_type: str) -> Kernel:
-    """Turn ``auto`` (or a name) into a kernel that can run on ``device_type`` here.
-
-    Raises:
-        ValueError: unknown name, a kernel for another device type, or one unavailable here
-            (the message gives the reason).
-    """
-    if name == "auto":
-        for candidate in AUTO_ORDER[device_type]:
-            kern = KERNELS[candidate]
-            if kern.unavailable() is None:
-                return kern
-        raise ValueError(f"no attention kernel is available on {device_type}")
-    kern = get_kernel(name)
-    if kern.device_type not in (device_type, "any"):
-        raise ValueError(f"kernel {name!r} runs on {kern.device_type}, not {device_type}; "
-                         f"choose one of {', '.join(n for n, k in KERNELS.items() if k.device_type in (device_type, 'any'))}")
-    reason = kern.unavailable()
-    if reason:
-        raise ValueError(f"kernel {name!r} is unavailable here: {reason}")
-    return kern
+    return resolve_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen)

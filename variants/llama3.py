@@ -209,6 +209,6 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         raise ValueError(f"local seqlen {q.shape[1]} is odd; the zigzag layout gives every rank two "
                          "equal chunks, so seqlen must be a multiple of 2 * world_size")
     stride = head_group_stride(heads_k_stride, k.shape[2])
-    kernel = as_kernel(kernel, q.device.type, q.dtype)
+    kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1])
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return GatheredAttention.apply(q, k, v, _forward, _backward, causal, scale, group, kernel, stride, layout)

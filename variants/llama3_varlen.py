@@ -127,7 +127,8 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
         causal: mask keys after the query's position within its document.
         softmax_scale: defaults to ``D ** -0.5``.
         group: the context-parallel process group (default: the world).
-        kernel: a :class:`Kernel` with a varlen form (math, cpu, torch-flash) or its name.
+        kernel: a :class:`Kernel` with a varlen form (math, cpu, torch-flash) or its name; ``auto``
+            (default) picks the first available one with a varlen form.
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets (0, ..., S), identical on
             every rank; any boundaries: documents may straddle ranks, be empty or one token.
         heads_k_stride: K/V heads gathered at a time (default: all of them in one gather).
@@ -150,10 +151,10 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
         raise ValueError(f"{prefix} q has batch {q.shape[0]}, but llama3_varlen packs documents into one row; "
                          "pass [1, S/W, H, D] shards and the documents' cu_seqlens")
     stride = head_group_stride(heads_k_stride, k.shape[2], prefix=f"{prefix} ")
-    kernel = as_kernel(kernel, q.device.type, q.dtype)
-    reason = kernel.check_varlen()
-    if reason:
-        raise ValueError(f"{prefix} {reason}")
+    try:
+        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], varlen=True)
+    except ValueError as exc:
+        raise ValueError(f"{prefix} {exc}") from None
     offsets = check_cu_seqlens(cu_seqlens, q.shape[1], group)
     pieces = local_pieces(offsets, rank, q.shape[1], causal, device=q.device)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale

@@ -339,18 +339,20 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     documents' pieces (:class:`VarlenSteps`).
 
     Raises:
-        ValueError: ``doc_lengths`` with a kernel that has no varlen form.
+        ValueError: a kernel the call cannot run with (``kernels.as_kernel``): with
+            ``doc_lengths`` one without a varlen form, the message starting ``[rank r/W]``.
     """
-    kernel = as_kernel(kernel, q.device.type, q.dtype)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     if doc_lengths is None:
+        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1])
         steps = batch_steps(plan, rank, world_size, q.shape[1], causal)
     else:
-        reason = kernel.check_varlen()
-        if reason:
-            raise ValueError(f"[rank {rank}/{world_size}] {reason}")
+        try:
+            kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], varlen=True)
+        except ValueError as exc:
+            raise ValueError(f"[rank {rank}/{world_size}] {exc}") from None
         steps = VarlenSteps(plan, doc_lengths, rank, world_size, causal, q.device)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return RingAttention.apply(q, k, v, causal, scale, group, kernel, steps)
 
 

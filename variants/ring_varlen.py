@@ -61,7 +61,8 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tru
         causal: mask keys after the query's position within its document.
         softmax_scale: defaults to ``D ** -0.5``.
         group: the context-parallel process group (default: the world).
-        kernel: a :class:`Kernel` with a varlen form (math, cpu, torch-flash) or its name.
+        kernel: a :class:`Kernel` with a varlen form (math, cpu, torch-flash) or its name; ``auto``
+            (default) picks the first available one with a varlen form.
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets (0, ..., S), identical on
             every rank; every document length a multiple of W.
 
