@@ -168,11 +168,11 @@ def test_faults_refusals_of_results_that_cannot_be_true():
 
 
 def test_faults_timeout_default_scales_with_the_case():
-    from ringbench.cli import default_timeout_s
-    from ringbench.spec import CaseSpec, CPU_DEFAULTS
+    from ringbench.sweep import default_timeout_s
+    from ringbench.spec import CaseSpec, default_fields
 
-    small = CaseSpec.from_dict({**CPU_DEFAULTS, "task": "run", "variant": "ring", "device": "cpu",
-                                "kernel": "cpu", "seqlen": 256})
+    small = CaseSpec.from_dict({**default_fields("cpu", 0), "task": "run", "variant": "ring", "kernel": "cpu",
+                                "seqlen": 256})
     big = small.replace(seqlen=64 * 1024)
     assert default_timeout_s([small]) == pytest.approx(120.0, abs=1.0)
     # 4 * S^2 * H * D / 2 * 3.5 FLOPs, per GPU, twice, (iters + warmup) times, at 5 GFLOP/s.
