@@ -127,6 +127,19 @@ def test_faults_verify_fails_a_variant_that_never_communicates(tmp_path):
     assert all("context parallelism was not active at world size 2" in r["reason"] for r in checked)
 
 
+def test_faults_without_the_test_variable_a_fault_variant_is_unknown(tmp_path, monkeypatch):
+    """The test-only variants are no user's: without RINGBENCH_TEST_VARIANTS=1 (conftest.py sets it)
+    run refuses fault_hang as unknown, listing only user variants, and ringbench variants never lists one."""
+    monkeypatch.delenv("RINGBENCH_TEST_VARIANTS")
+    result = ringbench("run", "--variant", "fault_hang", *SMALL, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode != 0
+    assert "variant 'fault_hang' is unknown; choose one of ring, zigzag" in result.stderr
+    assert "fault_" not in result.stderr.replace("'fault_hang'", "")
+    assert not (tmp_path / "out" / "runs.jsonl").exists()
+    listing = ringbench("variants", cwd=tmp_path)
+    assert "ring" in listing.stdout and "fault_" not in listing.stdout and "broken_merge" not in listing.stdout
+
+
 def test_faults_two_nodes_on_localhost_write_one_record(tmp_path):
     """Two torchrun agents on localhost act as two nodes, one rank each (gloo)."""
     from ringbench.launch import free_port

@@ -18,7 +18,8 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringbench.variants import LAYOUT_CHUNKS, get_variant, layouts, list_variants
+from ringbench.variants import (LAYOUT_CHUNKS, TESTING_ENV, TESTING_VARIANTS, VARIANTS, get_variant, layouts,
+                                list_variants)
 from ringbench.variants.kernels import AUTO_ORDER, KERNELS, as_kernel, check_kernel, get_kernel, resolve_kernel
 from ringbench.variants.merge import merge_
 
@@ -439,12 +440,25 @@ def test_ringcomm_misuse_raises(solo_group):
 
 # --------------------------------------------------------------------------- registry
 
-def test_registry_lists_ring_and_zigzag_hides_broken_merge():
+def test_registry_lists_only_user_variants_and_tests_reach_theirs():
     names = list_variants()
-    assert "ring" in names and "zigzag" in names
-    assert "broken_merge" not in names
-    assert "broken_merge" in list_variants(include_hidden=True)
-    assert get_variant("broken_merge").hidden
+    assert "ring" in names and "zigzag" in names and names == list(VARIANTS)
+    assert not set(names) & set(TESTING_VARIANTS)
+    assert {"broken_merge", "fault_hang", "fault_silent"} <= set(TESTING_VARIANTS)
+    assert all(v.summary.startswith("test only") for v in TESTING_VARIANTS.values())
+    assert get_variant("broken_merge") is TESTING_VARIANTS["broken_merge"]  # conftest.py sets TESTING_ENV
+
+
+def test_registry_without_the_test_variable_refuses_test_variants(monkeypatch):
+    monkeypatch.delenv(TESTING_ENV)
+    for name in TESTING_VARIANTS:
+        with pytest.raises(ValueError, match=rf"^variant '{name}' is unknown; choose one of "
+                                             rf"{re.escape(', '.join(list_variants()))}$"):
+            get_variant(name)
+    assert get_variant("ring") is VARIANTS["ring"]
+    monkeypatch.setenv(TESTING_ENV, "0")
+    with pytest.raises(ValueError, match="is unknown"):
+        get_variant("fault_hang")
 
 
 def test_registry_unknown_variant_lists_user_facing_ones():

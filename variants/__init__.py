@@ -13,12 +13,18 @@ refuse ``cu_seqlens``.
 Peer variants (``torch_cp``, ``rfa_*``) run other projects' implementations through the same
 contract, so they are timed and checked by the same harness; each says why it is unavailable
 where its library is missing (``Variant.unavailable``).
+
+Two registries: :data:`VARIANTS`, what users, ``ringbench variants`` and scenarios see, and
+:data:`TESTING_VARIANTS`, deliberately wrong or instrumented variants for the tests, which
+:func:`get_variant` finds only while the environment variable ``RINGBENCH_TEST_VARIANTS`` is
+``1`` (the test session sets it, and torchrun's workers inherit it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -61,7 +67,6 @@ class Variant:
         shard_by_document: varlen only: every document is cut in ``layout`` on its own, so
             every document length must be a multiple of ``seqlen_multiple(W)``; otherwise the
             packed row is cut as one sequence and documents may straddle ranks.
-        hidden: test-only variants, left out of user-facing lists.
         layouts: other layouts it takes through its ``layout`` keyword (``layout`` first).
         options: keyword options its ``attention`` takes beyond the common contract, such
             as ``heads_k_stride``.
@@ -84,7 +89,6 @@ class Variant:
     gqa: bool = True
     varlen: bool = False
     shard_by_document: bool = False
-    hidden: bool = False
     layouts: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
     devices: tuple[str, ...] = ("cpu", "cuda")
@@ -227,36 +231,53 @@ VARIANTS: dict[str, Variant] = {
               ("zigzag", "zigzag", "zigzag_ring_flash_attn_func", False, False),
               ("stripe", "stripe", "stripe_flash_attn_func", False, False),
               ("llama3_varlen", "contiguous", "llama3_flash_attn_varlen_func", True, True))),
+    )
+}
+
+#: The environment variable that makes :func:`get_variant` find :data:`TESTING_VARIANTS`.
+TESTING_ENV = "RINGBENCH_TEST_VARIANTS"
+
+#: Test-only variants (``variants/testing.py``): never listed, found only under ``TESTING_ENV=1``.
+TESTING_VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
         Variant("broken_merge", "contiguous", "testing:broken_merge_attention",
-                "test only: a ring whose merge drops the last block", hidden=True),
+                "test only: a ring whose merge drops the last block"),
         Variant("fault_hang", "contiguous", "testing:fault_hang_attention",
-                "test only: rank W-1 sleeps forever inside attention", hidden=True),
+                "test only: rank W-1 sleeps forever inside attention"),
         Variant("fault_raise", "contiguous", "testing:fault_raise_attention",
-                "test only: rank 1 raises RuntimeError", hidden=True),
+                "test only: rank 1 raises RuntimeError"),
         Variant("fault_oom", "contiguous", "testing:fault_oom_attention",
-                "test only: every rank runs out of memory (simulated on CPU)", hidden=True),
+                "test only: every rank runs out of memory (simulated on CPU)"),
         Variant("fault_unavailable", "contiguous", "ring:ring_attention",
-                "test only: a variant whose library is never available", hidden=True,
+                "test only: a variant whose library is never available",
                 availability="testing:never_available"),
         Variant("fault_silent", "contiguous", "testing:fault_silent_attention",
-                "test only: local attention, never communicates", hidden=True),
+                "test only: local attention, never communicates"),
     )
 }
 
 
+def testing_variants_enabled() -> bool:
+    """Whether the test-only variants are reachable (``RINGBENCH_TEST_VARIANTS=1``)."""
+    return os.environ.get(TESTING_ENV) == "1"
+
+
 def get_variant(name: str) -> Variant:
-    """Return the variant registered as ``name``.
+    """Return the variant registered as ``name`` (a test-only one too under ``RINGBENCH_TEST_VARIANTS=1``).
 
     Raises:
         ValueError: when none is; the message lists the user-facing variants.
     """
-    try:
-        return VARIANTS[name]
-    except KeyError:
+    variant = VARIANTS.get(name)
+    if variant is None and testing_variants_enabled():
+        variant = TESTING_VARIANTS.get(name)
+    if variant is None:
         raise ValueError(f"variant {name!r} is unknown; choose one of "
-                         f"{', '.join(list_variants())}") from None
+                         f"{', '.join(list_variants())}")
+    return variant
 
 
-def list_variants(include_hidden: bool = False) -> list[str]:
-    """Names of the registered variants, test-only ones left out unless asked for."""
-    return [n for n, v in VARIANTS.items() if include_hidden or not v.hidden]
+def list_variants() -> list[str]:
+    """Names of the user-facing variants, in registry order (never the test-only ones)."""
+    return list(VARIANTS)

@@ -1,4 +1,5 @@
-"""Deliberately wrong variants, registered hidden, that prove the checks can fail."""
+"""The test-only variants (``TESTING_VARIANTS``): deliberately wrong ones that prove the checks
+can fail, and faults."""
 
 from __future__ import annotations
 
