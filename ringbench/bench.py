@@ -195,7 +195,8 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
                                     mode=spec.mode, docs=docs) / world_size
     tflops = flops_per_gpu / (time_ms * 1e-3) / 1e12
     ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
-    max_sent = max(g[2] for g in gathered)
+    # None: the variant's bytes go where the counters cannot see them (Variant.traffic_counted).
+    max_sent = max(g[2] for g in gathered) if variant.traffic_counted else None
     fields = {
         "time_ms": time_ms,
         "per_rank_time_ms": per_rank,
@@ -208,9 +209,9 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         "efficiency": tflops / ref_tflops if ref_tflops > 0 else None,
         "peak_allocated_gib": max(g[4] for g in gathered) if cuda else None,
         "peak_reserved_gib": max(g[5] for g in gathered) if cuda else None,
-        "bytes_sent": int(max_sent),
-        "bytes_received": int(max(g[3] for g in gathered)),
-        "bus_gib_s": max_sent / GIB / (time_ms * 1e-3) if world_size > 1 else None,
+        "bytes_sent": int(max_sent) if max_sent is not None else None,
+        "bytes_received": int(max(g[3] for g in gathered)) if max_sent is not None else None,
+        "bus_gib_s": max_sent / GIB / (time_ms * 1e-3) if world_size > 1 and max_sent is not None else None,
     }
     peak = peak_tflops(torch.cuda.get_device_name(device)) if cuda else None
     reason = refusal(tflops=tflops, peak=peak if dtype in (torch.bfloat16, torch.float16) else None,
@@ -220,13 +221,15 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     return fields
 
 
-def refusal(*, tflops: float, peak: float | None, bytes_sent: float, world_size: int, variant: str) -> str | None:
+def refusal(*, tflops: float, peak: float | None, bytes_sent: float | None, world_size: int,
+            variant: str) -> str | None:
     """Why a measured result cannot be true, or ``None`` when it may be.
 
     Args:
         tflops: the measured TFLOP/s per GPU.
         peak: the device's dense peak in TFLOP/s for the run's dtype, or None when unknown.
-        bytes_sent: bytes the busiest rank sent per iteration.
+        bytes_sent: bytes the busiest rank sent per iteration; ``None`` where the variant's
+            traffic cannot be counted (``Variant.traffic_counted``), which no byte rule refuses.
         world_size: ranks in the run.
         variant: its name, for the sentence.
 
@@ -237,7 +240,7 @@ def refusal(*, tflops: float, peak: float | None, bytes_sent: float, world_size:
     if peak is not None and tflops > peak:
         return (f"measured {tflops:.0f} TFLOP/s per GPU exceeds the device's dense peak of {peak:.0f}; the result "
                 "cannot be true, so it is refused")
-    if world_size > 1 and bytes_sent == 0:
+    if world_size > 1 and bytes_sent is not None and bytes_sent == 0:
         return (f"the {variant} variant sent no bytes at world size {world_size}; context parallelism was not "
                 "active, so the timing is refused")
     return None

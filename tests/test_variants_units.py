@@ -444,7 +444,7 @@ def test_registry_lists_only_user_variants_and_tests_reach_theirs():
     names = list_variants()
     assert "ring" in names and "zigzag" in names and names == list(VARIANTS)
     assert not set(names) & set(TESTING_VARIANTS)
-    assert {"broken_merge", "fault_hang", "fault_silent"} <= set(TESTING_VARIANTS)
+    assert {"broken_merge", "fault_hang", "fault_silent", "plain_dist_peer", "uncounted_peer"} <= set(TESTING_VARIANTS)
     assert all(v.summary.startswith("test only") for v in TESTING_VARIANTS.values())
     assert get_variant("broken_merge") is TESTING_VARIANTS["broken_merge"]  # conftest.py sets TESTING_ENV
 
@@ -466,6 +466,13 @@ def test_registry_unknown_variant_lists_user_facing_ones():
         get_variant("nope")
     assert "ring" in str(info.value) and "zigzag" in str(info.value)
     assert "broken_merge" not in str(info.value)
+
+
+def test_registry_declares_where_traffic_cannot_be_counted():
+    """Only torch_cp's bytes are unseen (DTensor); ring-flash-attn's are counted by its session."""
+    assert [n for n, v in VARIANTS.items() if not v.traffic_counted] == ["torch_cp"]
+    assert all(v.session == "comm:dist_session" for n, v in VARIANTS.items() if n.startswith("rfa_"))
+    assert not TESTING_VARIANTS["uncounted_peer"].traffic_counted
 
 
 def test_registry_check_zigzag_names_rule_and_fix():

@@ -78,6 +78,10 @@ class Variant:
             manager that the worker holds around a whole case (forward and backward).
         expands_kv: it runs GQA by repeating K/V heads to the query heads; records say so.
         peer: it runs another project's implementation, not ringbench's.
+        traffic_counted: its bytes go through ringbench's counted communicators
+            (``comm``), directly or under a counting ``session``; False where they cannot be
+            seen (torch_cp: DTensor and functional collectives): records then say
+            ``bytes_sent: null``, and no byte count refuses its timing.
     """
 
     name: str
@@ -98,6 +102,7 @@ class Variant:
     session: str = ""
     expands_kv: bool = False
     peer: bool = False
+    traffic_counted: bool = True
 
     def seqlen_multiple(self, world_size: int, layout: str | None = None) -> int:
         """The number the global seqlen must be a multiple of at ``world_size``."""
@@ -220,12 +225,12 @@ VARIANTS: dict[str, Variant] = {
                 devices_reason="PyTorch's context parallel dispatches only its CUDA SDPA backends "
                                "(flash, efficient, cuDNN)",
                 kernels=("torch-flash", "cudnn", "torch-efficient"), availability="torch_cp:unavailable_reason",
-                session="torch_cp:session", expands_kv=True, peer=True),
+                session="torch_cp:session", expands_kv=True, peer=True, traffic_counted=False),
         *(Variant(f"rfa_{name}", layout, f"rfa:rfa_{name}_attention",
                   f"peer: ring-flash-attn's {func}", varlen=varlen, non_causal=non_causal, devices=("cuda",),
                   devices_reason="ring-flash-attn calls the flash-attn package, which runs on CUDA only",
                   kernels=("flash-attn",), availability="rfa:unavailable_reason", peer=True,
-                  options=("heads_k_stride",) if varlen else ())
+                  options=("heads_k_stride",) if varlen else (), session="comm:dist_session")
           for name, layout, func, varlen, non_causal in (
               ("ring", "contiguous", "ring_flash_attn_func", False, True),
               ("zigzag", "zigzag", "zigzag_ring_flash_attn_func", False, False),
@@ -254,6 +259,12 @@ TESTING_VARIANTS: dict[str, Variant] = {
                 availability="testing:never_available"),
         Variant("fault_silent", "contiguous", "testing:fault_silent_attention",
                 "test only: local attention, never communicates"),
+        Variant("plain_dist_peer", "contiguous", "testing:plain_dist_attention",
+                "test only: a peer-like all-gather through its own torch.distributed calls, counted "
+                "by its session", session="comm:dist_session", peer=True),
+        Variant("uncounted_peer", "contiguous", "ring:ring_attention",
+                "test only: the ring, declared as a peer whose traffic cannot be seen",
+                peer=True, traffic_counted=False),
     )
 }
 

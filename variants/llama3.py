@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import layouts
-from .comm import TRAFFIC
+from . import comm
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .merge import merge_
 
@@ -41,10 +41,7 @@ def _gather_global(x: Tensor, group, world_size: int) -> tuple[Tensor, dist.Work
     x = x.contiguous()
     # Concatenated along dim 0, the shape every backend takes; viewed as [W, ...] after.
     buf = torch.empty((world_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    work = dist.all_gather_into_tensor(buf, x, group=group, async_op=True)
-    nbytes = x.numel() * x.element_size()
-    TRAFFIC.bytes_sent += nbytes * (world_size - 1)
-    TRAFFIC.bytes_received += nbytes * (world_size - 1)
+    work = comm.all_gather_into_tensor(buf, x, group=group, async_op=True)
     return buf, work
 
 
@@ -61,10 +58,7 @@ def reduce_scatter_shards(full: Tensor, layout: str, group) -> Tensor:
     world_size = dist.get_world_size(group)
     shards = torch.cat([layouts.shard(full, layout, r, world_size) for r in range(world_size)])
     part = torch.empty_like(shards[: shards.shape[0] // world_size])
-    dist.reduce_scatter_tensor(part, shards, group=group)
-    nbytes = part.numel() * part.element_size()
-    TRAFFIC.bytes_sent += nbytes * (world_size - 1)
-    TRAFFIC.bytes_received += nbytes * (world_size - 1)
+    comm.reduce_scatter_tensor(part, shards, group=group)
     return part
 
 

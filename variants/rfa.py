@@ -6,6 +6,12 @@
 contiguous, zigzag chunks r and 2W-1-r, token t on rank t mod W, and a contiguous packed row).
 They need the flash-attn package, so the kernel is always ``flash-attn``.
 
+The package moves its bytes through its own ``torch.distributed`` calls (``dist.P2POp`` and
+``dist.batch_isend_irecv`` in the rings, ``dist.all_gather_into_tensor`` and
+``dist.reduce_scatter_tensor`` in llama3), looked up through the module at call time, so the
+variants' session (``comm.dist_session``) counts them, forward and backward, while the
+worker holds it around a case.
+
 Only the modules the variants need are imported: the package's ``__init__`` also imports its
 Hugging Face adapter, which fails under transformers 5.x (seen with ring-flash-attn 0.1.8), so
 the submodules are loaded under a private package name that shares the installed folder.

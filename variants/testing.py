@@ -1,7 +1,10 @@
 """The test-only variants (``TESTING_VARIANTS``): deliberately wrong ones that prove the checks
-can fail, and faults."""
+can fail, faults, and stand-ins for peers that prove how their traffic is counted."""
 
 from __future__ import annotations
+
+import torch
+import torch.distributed as dist
 
 from .ring import Block, contiguous_plan, run_ring
 
@@ -114,3 +117,73 @@ def fault_silent_attention(q, k, v, *, causal=True, softmax_scale=None, group=No
 def never_available() -> str:
     """The availability check of ``fault_unavailable``: a library that is never installed."""
     return "test only: its library is never installed"
+
+
+# --------------------------------------------------------------------------------------
+# Stand-ins for peers: traffic that ringbench's communicators never see.
+
+
+def _plain_gather(x, group):
+    """Every rank's shard of ``x`` [B, S/W, H, D] in rank order, through plain torch.distributed
+    point-to-point calls (a ring of ``P2POp``s), as a peer library makes them."""
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    to_global = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+    shards = [None] * world_size
+    shards[rank] = cur = x.contiguous()
+    for step in range(1, world_size):
+        nxt = torch.empty_like(cur)
+        ops = [dist.P2POp(dist.isend, cur, to_global((rank + 1) % world_size), group),
+               dist.P2POp(dist.irecv, nxt, to_global((rank - 1) % world_size), group)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        shards[(rank - step) % world_size] = cur = nxt
+    return torch.cat(shards, dim=1)
+
+
+class _Gathered(torch.autograd.Function):
+    """Forward: :func:`_plain_gather`; backward: each shard's gradient summed to its owner with
+    ``dist.reduce_scatter_tensor``."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _plain_gather(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        world_size = dist.get_world_size(ctx.group)
+        shards = torch.cat(grad.chunk(world_size, dim=1), dim=0).contiguous()
+        part = torch.empty((grad.shape[0], grad.shape[1] // world_size, *grad.shape[2:]), dtype=grad.dtype,
+                           device=grad.device)
+        dist.reduce_scatter_tensor(part, shards, group=ctx.group)
+        return part, None
+
+
+def plain_dist_attention(q, k, v, *, causal=True, softmax_scale=None, group=None, kernel="auto",
+                         cu_seqlens=None):
+    """Gather K/V with plain ``torch.distributed`` calls and attend in plain torch (test fixture).
+
+    Like a peer library, it never calls ringbench's communicators: in forward a ring of
+    ``dist.P2POp`` / ``dist.batch_isend_irecv`` gathers K/V (W - 1 steps of both shards), in
+    backward ``dist.reduce_scatter_tensor`` returns each shard's gradient to its owner. Its
+    bytes are counted only by its session (``comm.counting_dist``). Contiguous layout,
+    differentiable, float32 inside; correct, but slow and memory-hungry.
+    """
+    if cu_seqlens is not None:
+        raise ValueError("plain_dist_peer is a batch variant and takes no cu_seqlens")
+    rank = dist.get_rank(group)
+    _, seqlen_local, heads, head_dim = q.shape
+    kg, vg = _Gathered.apply(k, group), _Gathered.apply(v, group)
+    groups = heads // k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
+    qt = q.transpose(1, 2).float()
+    kt = kg.transpose(1, 2).float().repeat_interleave(groups, dim=1)
+    vt = vg.transpose(1, 2).float().repeat_interleave(groups, dim=1)
+    scores = qt @ kt.transpose(-1, -2) * scale
+    if causal:
+        rows = torch.arange(seqlen_local, device=q.device) + rank * seqlen_local
+        keys = torch.arange(kg.shape[1], device=q.device)
+        scores = scores.masked_fill(keys[None, :] > rows[:, None], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = (torch.softmax(scores, dim=-1) @ vt).transpose(1, 2).to(q.dtype)
+    return out, lse.detach()

@@ -18,6 +18,11 @@ Rotation (``rotate``): ``allgather`` (PyTorch's default: K/V gathered once, then
 by block) or ``alltoall`` (K/V passed one step at a time); dK/dV always travel by all-to-all
 in float32.
 
+Traffic: PyTorch moves these bytes through DTensor and functional collectives, which
+ringbench's counters (``comm``) cannot see, so the registry declares the variant
+``traffic_counted=False``: its records say ``bytes_sent: null``, and ``verify``'s cp_active
+check, not a byte count, shows that context parallelism was active.
+
 Checked on 2 x H200 (results/reference/2026-11-30-h200x2/NOTES.md): it passes verify with
 torch-flash and cudnn; over torch-efficient, PyTorch's backward fails it in bf16 and raises at
 local lengths whose halves are not multiples of 32.
@@ -35,7 +40,6 @@ import torch
 import torch.distributed as dist
 
 from . import ROTATE
-from .comm import TRAFFIC
 from .kernels import Kernel
 from .layouts import token_index
 
@@ -101,16 +105,6 @@ def _sdpa(kernel: str, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: flo
     return out, lse
 
 
-def _count_traffic(kv_bytes: int, world_size: int, backward: bool, dkv_bytes: int) -> None:
-    # PyTorch's own schedule: K/V reach the W-1 other ranks in forward (and again in backward);
-    # the float32 dK/dV buffer makes W all-to-all hops in backward.
-    sent = (world_size - 1) * kv_bytes
-    if backward:
-        sent += (world_size - 1) * kv_bytes + world_size * dkv_bytes
-    TRAFFIC.bytes_sent += sent
-    TRAFFIC.bytes_received += sent
-
-
 def torch_cp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: float, group=None,
                        kernel: Kernel | str = "torch-flash", rotate: str = "allgather",
                        cu_seqlens=None) -> tuple[Tensor, Tensor]:
@@ -156,9 +150,5 @@ def torch_cp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax
         return DTensor.from_local(x.transpose(1, 2), _mesh, [Shard(2)], run_check=False)
 
     out, lse = _sdpa(kernel_name, shard(q), shard(k), shard(v), causal, softmax_scale)
-    world_size = dist.get_world_size(group)
-    kv_bytes = 2 * k.numel() * k.element_size()
-    backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    _count_traffic(kv_bytes, world_size, backward, 2 * k.numel() * 4)
     B, S, H, _ = q.shape
     return out.to_local().transpose(1, 2), lse.to_local().reshape(B, H, S).float()

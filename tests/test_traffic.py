@@ -1,0 +1,206 @@
+"""Traffic counted where it is sent (variants/comm.py), and what ``run`` records of it.
+
+- The counting helpers and :func:`counting_dist` at world size 1 (what is patched, and put
+  back) and 2 (the byte counts, with real transfers between two gloo processes).
+- Under real torchrun: a peer-like variant whose bytes go through plain ``torch.distributed``
+  calls is counted and not refused; a variant declared ``traffic_counted=False`` records
+  ``bytes_sent: null``; a variant that never communicates is still refused (``fault_silent``,
+  in test_faults.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from helpers import read_jsonl, ringbench
+from ringbench.bench import refusal
+from ringbench.variants import comm
+from ringbench.variants.comm import TRAFFIC, RingComm, counting_dist, reset_traffic
+
+SMALL = ["--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
+         "--head-dim", "16", "--iters", "3", "--warmup", "1"]
+#: One rank's K (or V) shard of SMALL in fp32: 128 tokens x 1 head x 16 channels x 4 bytes.
+SHARD = 128 * 1 * 16 * 4
+
+
+def _counts() -> tuple[int, int]:
+    return TRAFFIC.bytes_sent, TRAFFIC.bytes_received
+
+
+@pytest.fixture
+def solo_group(tmp_path):
+    """A world-size-1 gloo process group on a FileStore, destroyed after the test."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- world size 1
+
+@pytest.mark.dist
+def test_counting_dist_patches_while_held_and_puts_everything_back(solo_group):
+    originals = {name: getattr(dist, name) for name in (*comm.RULES, "P2POp")}
+    with counting_dist():
+        with counting_dist():  # nested holds are one hold
+            assert all(getattr(dist, name) is not originals[name] for name in comm.RULES)
+        assert dist.isend is not originals["isend"]
+        # P2POp takes the counted isend and stores the real one, as batch_isend_irecv needs.
+        op = dist.P2POp(dist.isend, torch.zeros(2), 0)
+        assert op.op is originals["isend"] and isinstance(op, originals["P2POp"])
+        reset_traffic()
+        t = torch.arange(6.0)
+        dist.all_reduce(t)  # a real call: W = 1 moves nothing, and the sum is itself
+        assert torch.equal(t, torch.arange(6.0)) and _counts() == (0, 0)
+    assert {name: getattr(dist, name) for name in originals} == originals
+
+
+def test_refusal_skips_the_byte_rule_where_traffic_cannot_be_counted():
+    assert refusal(tflops=10.0, peak=None, bytes_sent=None, world_size=2, variant="torch_cp") is None
+    assert refusal(tflops=10.0, peak=None, bytes_sent=0, world_size=2, variant="fault_silent").startswith(
+        "the fault_silent variant sent no bytes at world size 2")
+    assert refusal(tflops=1200.0, peak=989.0, bytes_sent=None, world_size=2, variant="torch_cp").startswith(
+        "measured 1200 TFLOP/s per GPU exceeds")
+
+
+# --------------------------------------------------------------------------- world size 2, two processes
+
+def _pair(rank: int, store_path: str, out_dir: str) -> None:
+    """Rank ``rank`` of two: every counted call, its counts written to ``out_dir/rank{rank}.json``."""
+    store = dist.FileStore(store_path, 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    other = 1 - rank
+    found: dict[str, list] = {}
+
+    def record(name, fn):
+        reset_traffic()
+        value = fn()
+        found[name] = [*_counts(), value]
+
+    x = torch.full((4, 8), float(rank))  # 128 bytes
+    y = torch.empty_like(x)
+
+    def ring():
+        c = RingComm()
+        c.send_recv(x, y)
+        c.send_recv(x[:2].contiguous(), torch.empty(2, 8))  # 64 bytes more
+        c.commit()
+        c.wait()
+        return y[0, 0].item()
+
+    def gather():
+        out = torch.empty(8, 8)
+        comm.all_gather_into_tensor(out, x, async_op=True).wait()
+        return out[:, 0].tolist()
+
+    def scatter():
+        part = torch.empty(2, 8)
+        comm.reduce_scatter_tensor(part, torch.ones(4, 8) * (rank + 1))
+        return part[0, 0].item()
+
+    def plain():
+        # A peer's own calls, as ring-flash-attn makes them: counted only under counting_dist.
+        ops = [dist.P2POp(dist.isend, x, other), dist.P2POp(dist.irecv, y, other)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        out = torch.empty(8, 8)
+        dist.all_gather_into_tensor(out, x)
+        part = torch.empty(2, 8)
+        dist.reduce_scatter_tensor(part, torch.ones(4, 8))
+        return y[0, 0].item()
+
+    def each_collective():
+        t = torch.ones(4, 8)
+        dist.all_reduce(t)  # 2 (W-1)/W of 128 bytes both ways
+        b = torch.full((16,), float(rank))
+        dist.broadcast(b, src=0)  # rank 0 sends 64 bytes, rank 1 receives them
+        a = torch.empty(16)
+        dist.all_to_all_single(a, torch.arange(16.0))  # half of 64 bytes each way
+        if rank == 0:
+            dist.send(torch.zeros(3), 1)  # 12 bytes
+        else:
+            dist.recv(torch.zeros(3), 0)
+        return [t[0, 0].item(), b[0].item()]
+
+    record("ring", ring)
+    record("gather", gather)
+    record("scatter", scatter)
+    record("plain_uncounted", plain)
+    with counting_dist():
+        record("plain_counted", plain)
+        record("ring_under_counting_dist", ring)  # RingComm counts; the patched call adds nothing
+        record("collectives", each_collective)
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(found))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.dist
+def test_counts_at_world_size_two_follow_the_rules_and_count_each_byte_once(tmp_path):
+    mp.start_processes(_pair, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, found in enumerate(got):
+        print(rank, found)
+        other = 1 - rank
+        assert found["ring"] == [192, 192, float(other)]  # both sends of the batch, once
+        assert found["gather"] == [128, 128, [0.0] * 4 + [1.0] * 4]  # the 128-byte shard to W - 1 = 1 rank
+        assert found["scatter"] == [64, 64, 3.0]  # the 64-byte shard x (W - 1); 1 + 2 summed
+        assert found["plain_uncounted"] == [0, 0, float(other)]  # outside counting_dist: unseen
+        assert found["plain_counted"] == [128 + 128 + 64, 128 + 128 + 64, float(other)]
+        assert found["ring_under_counting_dist"][:2] == [192, 192]
+        sent, received, (reduced, broadcast) = found["collectives"]
+        assert (reduced, broadcast) == (2.0, 0.0)  # the real calls ran
+        assert (sent, received) == ((128 + 64 + 32 + 12, 128 + 32) if rank == 0 else (128 + 32, 128 + 64 + 32 + 12))
+
+
+# --------------------------------------------------------------------------- the records of run, under torchrun
+
+def _run(tmp_path: Path, variant: str, *extra: str) -> dict:
+    out = tmp_path / "-".join((variant, *extra))
+    result = ringbench("run", "--variant", variant, *SMALL, *extra, "--out", str(out), cwd=tmp_path)
+    records = read_jsonl(out / "runs.jsonl")
+    assert len(records) == 1, result.stderr
+    return records[0]
+
+
+@pytest.mark.dist
+def test_run_counts_a_peer_that_sends_through_its_own_torch_distributed_calls(tmp_path):
+    """plain_dist_peer never touches ringbench's communicators (like rfa_*); its session counts it.
+
+    Per iteration: forward gathers K and V (one fp32 shard each to the other rank), backward
+    reduce-scatters their fp32 gradients (one shard each): 4 shards, counted once each.
+    """
+    record = _run(tmp_path, "plain_dist_peer")
+    assert record["status"] == "ok", record["reason"]
+    assert record["bytes_sent"] == record["bytes_received"] == 4 * SHARD
+    assert record["bus_gib_s"] > 0
+    fwd = _run(tmp_path, "plain_dist_peer", "--mode", "fwd")
+    assert fwd["status"] == "ok" and fwd["bytes_sent"] == 2 * SHARD
+
+
+@pytest.mark.dist
+def test_run_records_null_bytes_for_a_variant_whose_traffic_cannot_be_seen(tmp_path):
+    record = _run(tmp_path, "uncounted_peer")  # the ring, declared traffic_counted=False
+    assert record["status"] == "ok", record["reason"]
+    assert record["bytes_sent"] is None and record["bytes_received"] is None and record["bus_gib_s"] is None
+    assert record["time_ms"] > 0
+
+
+@pytest.mark.dist
+def test_run_counts_llama3_by_its_gather_and_reduce_scatter(tmp_path):
+    """Per iteration llama3 gathers the K and V shards to the other rank in forward and
+    reduce-scatters their fp32 gradients in backward, through comm's counted helpers."""
+    record = _run(tmp_path, "llama3")
+    assert record["status"] == "ok", record["reason"]
+    assert record["bytes_sent"] == record["bytes_received"] == 4 * SHARD
