@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ringbench.scenarios import builtin_names, load_scenario, parse_scenario
 from ringbench.spec import (MAX_SEQLEN, CaseSpec, SpecError, default_fields, detect_device, field_names,
                             format_size, parse_size, resolve, validate)
+from ringbench.variants.kernels import KERNELS
 from ringbench.variants import get_variant, list_variants
 
 
@@ -159,7 +160,7 @@ def test_validate_accepts_seqlen_the_layout_divides(variant, seqlen):
 
 @pytest.mark.parametrize("change, pattern", [
     ({"variant": "nope"}, r"^variant 'nope' is unknown; choose one of " + re.escape(", ".join(list_variants())) + "$"),
-    ({"kernel": "nope"}, r"^kernel 'nope' is unknown; choose one of flash-attn, torch-flash, cudnn, torch-efficient, cpu, math or auto$"),
+    ({"kernel": "nope"}, r"^kernel 'nope' is unknown; choose one of " + re.escape(", ".join(KERNELS)) + " or auto$"),
     ({"heads": 6, "kv_heads": 4}, r"^heads 6 is not a multiple of kv_heads 4; pass --kv-heads with a divisor of 6, "
                                   r"such as 3$"),
     ({"world_size": 0}, r"^world_size 0 must be positive; pass --world-size 1 or more$"),
@@ -190,8 +191,9 @@ def test_validate_refuses_bad_cpu_fields(change, pattern):
     ({"head_dim": 100}, 2, r"^head_dim 100 is not a multiple of 8, which the torch-flash kernel needs"),
     ({"dtype": "fp32"}, 2, r"^dtype fp32 is not supported by the torch-flash kernel, which takes bf16 and fp16; "
                            r"pass --dtype bf16$"),
-    ({"kernel": "cpu"}, 2, r"^kernel 'cpu' runs on cpu, not cuda; pass --kernel with one of flash-attn, torch-flash, "
-                           r"cudnn, torch-efficient, math or auto$"),
+    ({"kernel": "cpu"}, 2, r"^kernel 'cpu' runs on cpu, not cuda; pass --kernel with one of "
+                           + re.escape(", ".join(n for n, k in KERNELS.items() if k.device_type in ("cuda", "any")))
+                           + " or auto$"),
 ])
 def test_validate_refuses_bad_cuda_fields(change, gpus, pattern):
     with pytest.raises(SpecError, match=pattern):

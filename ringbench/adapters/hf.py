@@ -215,9 +215,10 @@ def register_single(kernel: str = "auto") -> str:
         _refuse_unsupported(module, query, key, dropout, kwargs, attention_mask)
         causal = _causal(module, is_causal)
         q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
-        kern = as_kernel(kernel, q.device.type, q.dtype)
+        cu_seqlens = _cu_seqlens(kwargs)
+        kern = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], varlen=cu_seqlens is not None)
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-        return _KernelAttention.apply(q, k, v, kern, causal, scale, _cu_seqlens(kwargs)), None
+        return _KernelAttention.apply(q, k, v, kern, causal, scale, cu_seqlens), None
 
     name = implementation_name("single", kernel)
     _register(name, attention)
