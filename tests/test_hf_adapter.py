@@ -134,8 +134,9 @@ def test_padding_mask_is_refused_not_ignored():
      r"^docs '56,200' is given, but zigzag is a batch variant"),
     (["--model", "llama-tiny", "--docs", "56,100"], r"^docs '56,100' sum to 156 tokens, but model llama-tiny has 256"),
     (["--model", "llama-tiny", "--scenario", "smoke"], r"^--scenario 'smoke' does not go with --model"),
-    (["--docs", "56,200"], r"^--docs '56,200' goes with --model"),
-    (["--dtype", "fp64"], r"^--dtype 'fp64' goes with --model; the attention check takes its dtypes from the scenario$"),
+    (["--model", "llama-tiny", "--seqlen", "512"], r"^--seqlen does not go with --model llama-tiny, which fixes seqlen "
+                                                   r"at 256; drop --seqlen$"),
+    (["--model", "llama-tiny", "--heads", "8"], r"^--heads does not go with --model llama-tiny, which fixes heads"),
 ])
 def test_verify_model_refuses_bad_input_with_exit_2(args, pattern):
     result = runner.invoke(app, ["verify", *args])
