@@ -1,5 +1,39 @@
+"""What every test module shares.
+
+- The helpers of ``tests/helpers.py`` (the CLI run as a user runs it, ``read_jsonl``, live
+  process command lines): this folder is put on ``sys.path`` so a test imports them with
+  ``from helpers import ...``, under any ``--import-mode``. No test module imports another.
+- The markers (registered in pyproject.toml, ``--strict-markers``): ``dist`` starts torchrun or a
+  process group, ``slow`` is left out of the quick run (``pytest -m "not slow"``), ``gpu`` needs
+  CUDA and is skipped, with the reason, where no CUDA device is visible.
+"""
+
+from __future__ import annotations
+
 import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
 # The test-only variants (broken_merge, fault_*, ...) are found only under this variable;
 # the CLI's subprocesses and their torchrun workers inherit it.
 os.environ["RINGBENCH_TEST_VARIANTS"] = "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip every ``gpu`` test, with the reason, on a machine without a visible CUDA device."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA: no CUDA device is visible (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)

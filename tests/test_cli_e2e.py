@@ -16,34 +16,12 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
+from helpers import COMMAND_TIMEOUT_S, read_jsonl, ringbench
+from helpers import live_cmdlines_with as _live_cmdlines_with
 from ringbench.variants import list_variants
-
-#: Seconds one command may take before it is killed; the CLI's own --timeout is per launch.
-COMMAND_TIMEOUT_S = 300
-
-
-def ringbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """Run ``ringbench ARGS`` in ``cwd`` on an 80-column terminal and return what it printed."""
-    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ringbench.cli", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=COMMAND_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: torchrun and the workers too
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"ringbench {' '.join(args)} ran past {COMMAND_TIMEOUT_S} s\n{stdout}\n{stderr}")
-    print(stdout[-6000:], stderr[-3000:], sep="\n")  # shown when an assert below fails
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_cli_e2e_verify_smoke_passes_every_case(tmp_path):
@@ -172,17 +150,3 @@ def test_cli_e2e_sweep_killed_then_resumed_keeps_one_ok_record_per_case(tmp_path
     assert sorted(ok) == sorted(ids)  # every case once: none lost, none duplicated
     resumed = {r["case_id"] for r in records[len(first):]}
     assert resumed == ids - ok_first
-
-
-def _live_cmdlines_with(needle: str) -> list[str]:
-    """Command lines of live processes that mention ``needle``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in cmd:
-            found.append(f"{pid}: {cmd}")
-    return found

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from test_cli_e2e import COMMAND_TIMEOUT_S, _live_cmdlines_with, read_jsonl, ringbench
+from helpers import COMMAND_TIMEOUT_S, read_jsonl, ringbench
+from helpers import live_cmdlines_with as _live_cmdlines_with
 
 SMALL = ["--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
          "--head-dim", "16", "--iters", "3", "--warmup", "1"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_cli_e2e import read_jsonl, ringbench
+from helpers import read_jsonl, ringbench
 
 pytest.importorskip("transformers")
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import live_cmdlines_with as _live_cmdlines_with
 from ringbench import launch as launch_mod
 from ringbench import results
 from ringbench.launch import launch
-from test_cli_e2e import _live_cmdlines_with
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,0 +1,62 @@
+"""Helpers the test modules share: the CLI as a user runs it, the records it writes, live processes.
+
+Not a test module (pytest collects only ``test_*.py``), so any test may import it; ``conftest.py``
+puts this folder on ``sys.path`` and exposes the same helpers as fixtures. Before it existed,
+tests imported these from ``test_cli_e2e``, which made one test module a library of the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+#: Seconds one command may take before it is killed; the CLI's own --timeout is per launch.
+COMMAND_TIMEOUT_S = 300
+
+#: The environment a user's command runs in here: an 80-column terminal without colour.
+CLI_ENV = {"COLUMNS": "80", "NO_COLOR": "1"}
+
+
+def ringbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run ``ringbench ARGS`` in ``cwd`` on an 80-column terminal and return what it printed.
+
+    The command runs in its own session; past ``COMMAND_TIMEOUT_S`` that session (torchrun
+    and the workers too) is killed and the test fails with what it printed.
+    """
+    env = {**os.environ, **CLI_ENV}
+    proc = subprocess.Popen([sys.executable, "-m", "ringbench.cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: torchrun and the workers too
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"ringbench {' '.join(args)} ran past {COMMAND_TIMEOUT_S} s\n{stdout}\n{stderr}")
+    print(stdout[-6000:], stderr[-3000:], sep="\n")  # shown when an assert below fails
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file, in order."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def live_cmdlines_with(needle: str) -> list[str]:
+    """Command lines of live processes that mention ``needle``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found
