@@ -60,3 +60,8 @@ def live_cmdlines_with(needle: str) -> list[str]:
         if needle in cmd:
             found.append(f"{pid}: {cmd}")
     return found
+
+
+def slow_when(value, condition: bool):
+    """``value`` as a ``parametrize`` entry, marked ``slow`` when ``condition`` holds (same test id)."""
+    return pytest.param(value, marks=pytest.mark.slow) if condition else value

@@ -24,6 +24,8 @@ from helpers import live_cmdlines_with as _live_cmdlines_with
 from ringbench.variants import list_variants
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 def test_cli_e2e_verify_smoke_passes_every_case(tmp_path):
     from ringbench.scenarios import load_scenario
 
@@ -55,6 +57,7 @@ def test_cli_e2e_verify_smoke_passes_every_case(tmp_path):
     assert "…" not in result.stdout  # every cell whole at 80 columns
 
 
+@pytest.mark.dist
 def test_cli_e2e_verify_broken_variant_fails(tmp_path):
     result = ringbench("verify", "--variant", "broken_merge", "--world-size", "2",
                        "--out", str(tmp_path), cwd=tmp_path)
@@ -65,6 +68,7 @@ def test_cli_e2e_verify_broken_variant_fails(tmp_path):
     assert f"{len(records)} cases: 0 passed, {len(records)} failed, 0 errors" in result.stdout
 
 
+@pytest.mark.dist
 def test_cli_e2e_run_json_prints_one_record(tmp_path):
     result = ringbench("run", "--variant", "zigzag", "--seqlen", "4k", "--iters", "3", "--warmup", "1",
                        "--out", str(tmp_path), "--json", cwd=tmp_path)
@@ -111,6 +115,7 @@ seqlen = [1024, 2048, 3072]
 """
 
 
+@pytest.mark.dist
 def test_cli_e2e_sweep_killed_then_resumed_keeps_one_ok_record_per_case(tmp_path):
     from ringbench.scenarios import load_scenario
 

@@ -59,6 +59,8 @@ def assert_good(records: dict[str, dict], *variants: str) -> None:
         assert record["bytes_sent"] > 0 and record["bytes_received"] > 0 and record["bus_gib_s"] > 0
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 def test_faults_hang_times_out_names_each_rank_step_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "out"
     result = ringbench("run", "--scenario", str(sweep(tmp_path, ["ring", "fault_hang", "zigzag"])),
@@ -76,6 +78,8 @@ def test_faults_hang_times_out_names_each_rank_step_and_the_sweep_goes_on(tmp_pa
     assert _live_cmdlines_with(str(out / "logs")) == []  # every rank ended, none orphaned
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 def test_faults_raise_on_one_rank_records_its_rank_and_traceback(tmp_path, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setenv("RINGBENCH_FAULT_WAIT_S", "2")  # the faulted rank's wait for the others, in every rank
@@ -94,6 +98,7 @@ def test_faults_raise_on_one_rank_records_its_rank_and_traceback(tmp_path, monke
     assert _live_cmdlines_with(str(out / "logs")) == []
 
 
+@pytest.mark.dist
 def test_faults_oom_silent_and_unavailable_variants_are_recorded_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "out"
     variants = ["ring", "fault_oom", "fault_unavailable", "fault_silent", "zigzag"]
@@ -118,6 +123,7 @@ def test_faults_oom_silent_and_unavailable_variants_are_recorded_and_the_sweep_g
     assert_good(records, "ring", "zigzag")
 
 
+@pytest.mark.dist
 def test_faults_verify_fails_a_variant_that_never_communicates(tmp_path):
     result = ringbench("verify", "--variant", "fault_silent", "--world-size", "2", "--out", str(tmp_path),
                        cwd=tmp_path)
@@ -141,6 +147,8 @@ def test_faults_without_the_test_variable_a_fault_variant_is_unknown(tmp_path, m
     assert "ring" in listing.stdout and "fault_" not in listing.stdout and "broken_merge" not in listing.stdout
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 def test_faults_two_nodes_on_localhost_write_one_record(tmp_path):
     """Two torchrun agents on localhost act as two nodes, one rank each (gloo)."""
     from ringbench.launch import free_port

@@ -13,6 +13,8 @@ from helpers import read_jsonl, ringbench
 
 pytest.importorskip("transformers")
 
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # three launches, about 45 s on two CPU cores
+
 DOCS = "40,96,8,112"  # every length a multiple of 2 * 4, as zigzag_varlen needs at world size 4
 
 

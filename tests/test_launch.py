@@ -87,6 +87,7 @@ def _run(tmp_path, worker_env, cases, *, timeout_s, **kw):
                   run_id="t1", timeout_s=timeout_s, module="fake_worker", env=worker_env, **kw)
 
 
+@pytest.mark.dist
 def test_launch_success_writes_records_and_logs(tmp_path, worker_env):
     cases = [{"action": "record", "world_size": 2, "device": "cpu"} for _ in range(3)]
     res = _run(tmp_path, worker_env, cases, timeout_s=60, log_dir=None)
@@ -101,6 +102,7 @@ def test_launch_success_writes_records_and_logs(tmp_path, worker_env):
     assert launch_mod.last_progress(res.log_dir, 2) == {0: "case 2 done", 1: "case 2 done"}
 
 
+@pytest.mark.dist
 def test_launch_rank_failure_names_rank_and_exception(tmp_path, worker_env):
     cases = [{"action": "record"}, {"action": "raise"}]
     start = time.monotonic()
@@ -115,6 +117,8 @@ def test_launch_rank_failure_names_rank_and_exception(tmp_path, worker_env):
     assert elapsed < 30, f"torchrun took {elapsed:.1f} s to stop rank 0 after rank 1 failed"
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 def test_launch_timeout_kills_every_process(tmp_path, worker_env, monkeypatch):
     # A short grace keeps the test quick. Rank 1 ignores SIGTERM and torchrun's own shutdown
     # wait is longer than this grace, so the SIGKILL path is what must stop rank 1.
@@ -133,6 +137,8 @@ def test_launch_timeout_kills_every_process(tmp_path, worker_env, monkeypatch):
     assert leftovers == []
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 def test_launch_ctrl_c_stops_job_and_reraises(tmp_path, worker_env, monkeypatch):
     monkeypatch.setattr(launch_mod, "TERM_GRACE_S", 1.5)
 
@@ -159,6 +165,7 @@ def test_launch_mismatched_case_world_size_raises(tmp_path):
     assert not (tmp_path / "logs").exists()  # refused before anything was written
 
 
+@pytest.mark.dist
 def test_launch_on_poll_sees_records_while_the_job_runs(tmp_path, worker_env):
     seen: list[int] = []
     cases = [{"action": "record"} for _ in range(3)]
@@ -169,6 +176,7 @@ def test_launch_on_poll_sees_records_while_the_job_runs(tmp_path, worker_env):
     assert seen == sorted(seen)
 
 
+@pytest.mark.dist
 def test_launch_on_poll_error_stops_the_job_and_propagates(tmp_path, worker_env, monkeypatch):
     monkeypatch.setattr(launch_mod, "TERM_GRACE_S", 1.5)
     calls: list[float] = []

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import slow_when
+
 CASES_SCRIPT = Path(__file__).parent / "dist" / "cases.py"
 WORLD_SIZES = (1, 2, 4, 8)
 #: Seconds a launch may take before it is killed (the W=8 launch carries the large case).
@@ -148,7 +150,8 @@ def _failed(rec: dict) -> list[str]:
 
 # --------------------------------------------------------------------------- every case
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size", [slow_when(w, w == 8) for w in WORLD_SIZES])  # W=8: 17 s
 def test_distributed_launch_checks_every_case(launches, world_size):
     """Each launch exits cleanly and reports every case it was given, five checks each."""
     launch = launches(world_size)
@@ -166,13 +169,15 @@ def test_distributed_case_count_is_complete():
     assert {c["world_size"] for c in CASES} == set(WORLD_SIZES)
 
 
-@pytest.mark.parametrize("name", [c["name"] for c in CASES if c["expect"] == "pass"])
+@pytest.mark.dist
+@pytest.mark.parametrize("name", [slow_when(c["name"], c["world_size"] == 8) for c in CASES if c["expect"] == "pass"])
 def test_distributed_variant_passes_rule(launches, name):
     rec = _record(launches, name)
     assert rec["passed"] and not _failed(rec), f"{name} failed the rule: {'; '.join(_failed(rec))}"
 
 
-@pytest.mark.parametrize("name", [c["name"] for c in CASES if c["expect"] == "fail"])
+@pytest.mark.dist
+@pytest.mark.parametrize("name", [slow_when(c["name"], c["world_size"] == 8) for c in CASES if c["expect"] == "fail"])
 def test_distributed_broken_merge_fails_rule(launches, name):
     """The variant that drops a block must be caught by the rule, on its values, not by a crash."""
     rec = _record(launches, name)
@@ -184,7 +189,8 @@ def test_distributed_broken_merge_fails_rule(launches, name):
 
 # --------------------------------------------------------------------------- what each case is for
 
-@pytest.mark.parametrize("name", [c["name"] for c in CASES if c.get("inputs") == "big_keys"])
+@pytest.mark.dist
+@pytest.mark.parametrize("name", [slow_when(c["name"], c["world_size"] == 8) for c in CASES if c.get("inputs") == "big_keys"])
 def test_distributed_big_key_gap_merges_exactly(launches, name):
     """The lse gap really reached ~100, every result stayed finite, and out and lse pass the rule.
 
@@ -199,7 +205,8 @@ def test_distributed_big_key_gap_merges_exactly(launches, name):
     assert by_tensor["out"]["passed"] and by_tensor["lse"]["passed"]
 
 
-@pytest.mark.parametrize("name", [c["name"] for c in CASES if c["dtype"] == "fp16"])
+@pytest.mark.dist
+@pytest.mark.parametrize("name", [slow_when(c["name"], c["world_size"] == 8) for c in CASES if c["dtype"] == "fp16"])
 def test_distributed_fp16_gradients_stay_fp16(launches, name):
     """dq, dk and dv come back in the input's dtype, not bf16 (FIELD.md pitfall 3)."""
     rec = _record(launches, name)
@@ -209,7 +216,8 @@ def test_distributed_fp16_gradients_stay_fp16(launches, name):
     assert all(c["dtype_ok"] for c in rec["checks"])
 
 
-@pytest.mark.parametrize("name", [c["name"] for c in CASES if c["seqlen"] == 4])
+@pytest.mark.dist
+@pytest.mark.parametrize("name", [slow_when(c["name"], c["world_size"] == 8) for c in CASES if c["seqlen"] == 4])
 def test_distributed_four_tokens_local_shapes(launches, name):
     """4 tokens at W=2: each rank holds 2 tokens (zigzag: 1 per chunk), and the gathered shapes are global."""
     rec = _record(launches, name)
@@ -221,6 +229,8 @@ def test_distributed_four_tokens_local_shapes(launches, name):
     assert all(c["shape_ok"] for c in rec["checks"])
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", GROWTH_VARIANTS)
 def test_distributed_error_growth_bounded(launches, variant):
     """The max error at W=8 stays within 4x the W=1 error, tensor by tensor (FIELD.md pitfall 1).

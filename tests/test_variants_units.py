@@ -424,6 +424,7 @@ def solo_group(tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.dist
 def test_ringcomm_misuse_raises(solo_group):
     from ringbench.variants.comm import RingComm
 
@@ -563,6 +564,7 @@ def test_torch_cp_outside_its_session_refuses():
         torch_cp_attention(q, q, q, causal=False, softmax_scale=1.0, kernel="torch-flash")
 
 
+@pytest.mark.dist
 def test_torch_cp_session_lays_out_zigzag_and_pytorch_has_no_cpu_context_parallel(solo_group):
     # Why torch_cp is refused on CPU, kept true: inside PyTorch's context_parallel the CPU SDPA
     # op has no sharding rule. When a PyTorch release adds one, this fails: enable torch_cp on CPU.

@@ -172,6 +172,8 @@ def _record(w4, name: str) -> dict:
 
 # --------------------------------------------------------------------------- the launches
 
+@pytest.mark.dist
+@pytest.mark.slow
 def test_varlen_launch_checks_every_case(w4):
     assert not w4["timed_out"], w4["log_tail"]
     assert w4["returncode"] == 0, w4["log_tail"]
@@ -179,6 +181,8 @@ def test_varlen_launch_checks_every_case(w4):
     assert len(CASES) == 23
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [c["name"] for c in CASES if c["kind"] == "verify"])
 def test_varlen_variant_passes_rule(w4, name):
     """Every check passes, and where ranks share a document, changing one rank's K/V moves another's output."""
@@ -211,6 +215,8 @@ BAD_CU_MESSAGES = {
 }
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BAD_CU_MESSAGES))
 def test_varlen_bad_cu_seqlens_raises_on_every_rank(w4, name):
     """Every rank raises ValueError, prefixed with its rank, with the same sentence (so none hangs)."""
@@ -224,6 +230,8 @@ def test_varlen_bad_cu_seqlens_raises_on_every_rank(w4, name):
         assert re.search(BAD_CU_MESSAGES[name], m), m
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 def test_varlen_one_invalid_rank_stops_all_ranks(w4):
     """Rank 2's own error names its problem; the others name rank 2, so all four raise together."""
     messages = _record(w4, "bad_cu_one_rank_invalid")["messages"]
@@ -235,6 +243,7 @@ def test_varlen_one_invalid_rank_stops_all_ranks(w4):
 
 # --------------------------------------------------------------------------- the real worker
 
+@pytest.mark.dist
 def test_varlen_worker_path_records(worker):
     """``python -m ringbench.worker`` runs varlen verify and run cases and records them ok."""
     assert not worker["timed_out"] and worker["returncode"] == 0, worker["log_tail"]
@@ -249,6 +258,7 @@ def test_varlen_worker_path_records(worker):
         assert rec["cp_active"] is True
 
 
+@pytest.mark.dist
 def test_varlen_worker_drawn_documents_are_recorded(worker):
     """The documents drawn from --doc-dist travel in the spec: multiples of 2W = 4 that fill 2048."""
     rec = worker["records"][0]
@@ -258,6 +268,7 @@ def test_varlen_worker_drawn_documents_are_recorded(worker):
     assert sum(docs) == 2048 and len(docs) > 1 and all(d % 4 == 0 and d > 0 for d in docs)
 
 
+@pytest.mark.dist
 def test_varlen_worker_run_counts_document_flops(worker):
     """A run record counts varlen FLOPs: sum over documents of 2 * L^2 * Hq * D * 3.5, per GPU."""
     rec = worker["records"][2]

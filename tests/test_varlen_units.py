@@ -265,6 +265,7 @@ def solo_group(tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("variant", VARLEN)
 def test_varlen_variants_world_size_one_match_reference(solo_group, variant):
     """At world size 1, each variant with the math kernel in float64 equals the dense-mask reference."""
@@ -285,6 +286,7 @@ def test_varlen_variants_world_size_one_match_reference(solo_group, variant):
     assert max(diffs) < 1e-12
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("cu, pattern", [
     (torch.tensor([0, 64]), r"^\[rank 0/1\] cu_seqlens has dtype torch\.int64, but it must be int32"),
     (torch.tensor([[0, 64]], dtype=torch.int32), r"cu_seqlens has shape \(1, 2\), but it must be 1-D"),
@@ -300,6 +302,7 @@ def test_varlen_variant_refuses_bad_cu_seqlens(solo_group, cu, pattern):
         get_variant("llama3_varlen").attention(q, k, k, causal=True, kernel="cpu", cu_seqlens=cu)
 
 
+@pytest.mark.dist
 def test_batch_variants_refuse_cu_seqlens_and_varlen_refuses_cudnn(solo_group):
     q = torch.randn(1, 8, 2, 4)
     cu = torch.tensor([0, 8], dtype=torch.int32)
