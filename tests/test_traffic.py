@@ -174,6 +174,7 @@ def _run(tmp_path: Path, variant: str, *extra: str) -> dict:
     return records[0]
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_run_counts_a_peer_that_sends_through_its_own_torch_distributed_calls(tmp_path):
     """plain_dist_peer never touches ringbench's communicators (like rfa_*); its session counts it.
