@@ -25,6 +25,21 @@ if str(TESTS) not in sys.path:
 os.environ["RINGBENCH_TEST_VARIANTS"] = "1"
 
 
+@pytest.fixture
+def solo_group(tmp_path):
+    """A world-size-1 gloo process group on a FileStore, destroyed after the test."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip every ``gpu`` test, with the reason, on a machine without a visible CUDA device."""
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]

@@ -33,19 +33,6 @@ def _counts() -> tuple[int, int]:
     return TRAFFIC.bytes_sent, TRAFFIC.bytes_received
 
 
-@pytest.fixture
-def solo_group(tmp_path):
-    """A world-size-1 gloo process group on a FileStore, destroyed after the test."""
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-
-
 # --------------------------------------------------------------------------- world size 1
 
 @pytest.mark.dist

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from ringbench.launch import free_port
 
 from helpers import slow_when
 
@@ -78,12 +79,6 @@ CASE_BY_NAME = {c["name"]: c for c in CASES}
 assert len(CASE_BY_NAME) == len(CASES), "case names must be unique"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _launch(world_size: int, folder: Path) -> dict:
     """Run every case of ``world_size`` in one torchrun launch; return its records and log."""
     cases = [{k: v for k, v in c.items() if k not in ("world_size", "expect")}
@@ -92,7 +87,7 @@ def _launch(world_size: int, folder: Path) -> dict:
     cases_file.write_text(json.dumps(cases))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
            "--nproc-per-node", str(world_size), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
            str(CASES_SCRIPT), "--cases", str(cases_file), "--results", str(results_file)]
     env = dict(os.environ, OMP_NUM_THREADS="1", CASES_PG_TIMEOUT=str(LAUNCH_TIMEOUT_S[world_size]))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,

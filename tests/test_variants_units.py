@@ -411,19 +411,6 @@ def test_kernels_causal_rectangular_raises(kernel_name):
 
 # --------------------------------------------------------------------------- RingComm
 
-@pytest.fixture
-def solo_group(tmp_path):
-    """A world-size-1 gloo process group on a FileStore, destroyed after the test."""
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.dist
 def test_ringcomm_misuse_raises(solo_group):
     from ringbench.variants.comm import RingComm

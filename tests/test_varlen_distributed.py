@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from ringbench.launch import free_port
 from ringbench.spec import CaseSpec, default_fields, resolve_docs, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,15 +107,9 @@ def _worker_cases() -> list[dict]:
 WORKER_CASES = _worker_cases()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _torchrun(world_size: int, args: list[str]) -> tuple[int, bool, str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world_size),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", *args]
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *args]
     # A collective that never completes raises (with its traceback in the log) before the launch is killed.
     env = dict(os.environ, OMP_NUM_THREADS="1", CASES_PG_TIMEOUT=str(PG_TIMEOUT_S),
                RINGBENCH_PG_TIMEOUT=str(PG_TIMEOUT_S))
