@@ -10,15 +10,15 @@ import torch
 import torch.distributed as dist
 
 from ringbench.case_setup import case_setup
+from ringbench.peaks import Peak, case_peak
 from ringbench.spec import CaseSpec
 from ringbench.variants import layouts
 from ringbench.variants.comm import TRAFFIC, reset_traffic
 
 GIB = 1024 ** 3
 
-#: Dense bf16/fp16 tensor-core peak by GPU model, TFLOP/s, from the vendors' datasheets.
-#: A measured figure above it is an error, not a result.
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0}
+# The dense peak of each device and dtype, and the measured one where the table has none:
+# ringbench/peaks.py. A result above it is an error, not a result (refusal).
 
 
 def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causal: bool,
@@ -47,14 +47,6 @@ def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causa
     if mode == "fwd_bwd":
         return 3.5 * fwd
     raise ValueError(f"mode {mode!r} is unknown; choose fwd or fwd_bwd")
-
-
-def peak_tflops(device_name: str | None) -> float | None:
-    """The dense bf16 peak of the named GPU in TFLOP/s, or ``None`` when it is not known."""
-    for model, peak in PEAK_TFLOPS.items():
-        if device_name and model in device_name:
-            return peak
-    return None
 
 
 def time_iterations(fn: Callable[[], None], *, iters: int, warmup: int, device: torch.device,
@@ -213,21 +205,24 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         "bytes_received": int(max(g[3] for g in gathered)) if max_sent is not None else None,
         "bus_gib_s": max_sent / GIB / (time_ms * 1e-3) if world_size > 1 and max_sent is not None else None,
     }
-    peak = peak_tflops(torch.cuda.get_device_name(device)) if cuda else None
-    reason = refusal(tflops=tflops, peak=peak if dtype in (torch.bfloat16, torch.float16) else None,
-                     bytes_sent=max_sent, world_size=world_size, variant=spec.variant)
+    # The datasheet's peak, else one measured in this launch (again before it refuses a result).
+    peak = case_peak(device, spec.dtype, group=group, tflops=tflops)
+    fields["peak_tflops"] = peak.tflops if peak is not None else None
+    fields["peak_source"] = peak.source if peak is not None else None
+    reason = refusal(tflops=tflops, peak=peak, bytes_sent=max_sent, world_size=world_size, variant=spec.variant)
     if reason:
         raise RuntimeError(reason)
     return fields
 
 
-def refusal(*, tflops: float, peak: float | None, bytes_sent: float | None, world_size: int,
+def refusal(*, tflops: float, peak: Peak | float | None, bytes_sent: float | None, world_size: int,
             variant: str) -> str | None:
     """Why a measured result cannot be true, or ``None`` when it may be.
 
     Args:
         tflops: the measured TFLOP/s per GPU.
-        peak: the device's dense peak in TFLOP/s for the run's dtype, or None when unknown.
+        peak: the device's peak for the run's dtype (``peaks.case_peak``: the datasheet's, or a
+            measured one with its allowance); a bare number is a datasheet figure; None: no check.
         bytes_sent: bytes the busiest rank sent per iteration; ``None`` where the variant's
             traffic cannot be counted (``Variant.traffic_counted``), which no byte rule refuses.
         world_size: ranks in the run.
@@ -237,9 +232,11 @@ def refusal(*, tflops: float, peak: float | None, bytes_sent: float | None, worl
         A TFLOP/s above the peak, or a multi-rank run that sent no bytes (the variant never
         communicated): one sentence saying so; else None.
     """
-    if peak is not None and tflops > peak:
-        return (f"measured {tflops:.0f} TFLOP/s per GPU exceeds the device's dense peak of {peak:.0f}; the result "
-                "cannot be true, so it is refused")
+    if isinstance(peak, (int, float)):
+        peak = Peak(tflops=float(peak), source="table")
+    above = peak.refusal(tflops) if peak is not None else None
+    if above:
+        return above
     if world_size > 1 and bytes_sent is not None and bytes_sent == 0:
         return (f"the {variant} variant sent no bytes at world size {world_size}; context parallelism was not "
                 "active, so the timing is refused")

@@ -181,8 +181,8 @@ def test_faults_refusals_of_results_that_cannot_be_true():
     from ringbench.bench import refusal
 
     assert refusal(tflops=1200.0, peak=989.0, bytes_sent=1, world_size=2, variant="ring") == (
-        "measured 1200 TFLOP/s per GPU exceeds the device's dense peak of 989; the result cannot be true, "
-        "so it is refused")
+        "measured 1200 TFLOP/s per GPU exceeds the dense peak of 989 TFLOP/s from ringbench's datasheet table; "
+        "the result cannot be true, so it is refused")
     assert refusal(tflops=10.0, peak=None, bytes_sent=0, world_size=2, variant="fault_silent").startswith(
         "the fault_silent variant sent no bytes at world size 2")
     assert refusal(tflops=10.0, peak=989.0, bytes_sent=0, world_size=1, variant="ring") is None
