@@ -2,8 +2,9 @@
 
 Several processes may append to one file at once (a sweep launched twice, or a verify run
 next to a benchmark); each record is written with one ``os.write`` under an exclusive
-``flock``, so lines never interleave. Readers skip a damaged line with a warning instead of
-losing the whole file.
+``flock``, so lines never interleave. Readers skip a damaged line with a warning
+(:class:`DamagedLineWarning`, one sentence naming the file and the line) instead of losing the
+whole file; :func:`warnings_on_stderr` prints those as one line each, as the CLI shows them.
 
 Non-finite floats: JSON has no NaN or Infinity, and ``json.dumps`` would otherwise write
 tokens that strict parsers (jq, JavaScript, pandas' ujson) reject. ``append_record`` writes
@@ -16,14 +17,16 @@ Linux and macOS only (``fcntl``); so is torchrun with NCCL.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import json
 import math
 import os
+import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, TextIO
 
 if TYPE_CHECKING:
     import pandas
@@ -31,6 +34,30 @@ if TYPE_CHECKING:
 from ringbench.records import SCHEMA_VERSION
 
 _NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+class DamagedLineWarning(RuntimeWarning):
+    """A line of a results file that holds no record (corrupt, truncated, or not an object) was skipped."""
+
+
+@contextlib.contextmanager
+def warnings_on_stderr(stream: TextIO | None = None) -> Iterator[None]:
+    """Inside the block, print each :class:`DamagedLineWarning` as one line, ``warning: <its
+    sentence>``, on ``stream`` (stderr), instead of Python's warning with a source line; other
+    warnings show as they would have.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", DamagedLineWarning)  # every damaged line, not the first per place
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, DamagedLineWarning):
+                print(f"warning: {message}", file=stream or sys.stderr, flush=True)
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 def _nonfinite_text(x: float) -> str:
@@ -146,8 +173,9 @@ def read_records(path: Path | str) -> list[dict]:
     """Read every record of one JSON Lines file, in file order.
 
     A missing file gives ``[]``. Blank lines are ignored. A line that is not a JSON object
-    (corrupt or truncated) is skipped with a ``RuntimeWarning`` naming the file and its
-    1-based line number. Values listed in ``nonfinite`` are put back as NaN or +-inf.
+    (corrupt or truncated) is skipped with a :class:`DamagedLineWarning` (a ``RuntimeWarning``)
+    naming the file and its 1-based line number. Values listed in ``nonfinite`` are put back as
+    NaN or +-inf.
 
     Args:
         path: the ``.jsonl`` file.
@@ -168,7 +196,7 @@ def read_records_from(path: Path | str, offset: int) -> tuple[list[dict], int]:
     For following a file while a job appends to it: pass the returned offset to the next
     call. Only whole lines are read; a last line without its newline yet is left for the
     next call. Damaged lines are skipped as in :func:`read_records` (the warning gives the
-    line number counted from ``offset``).
+    line number counted from ``offset``, and says so).
 
     Args:
         path: the ``.jsonl`` file.
@@ -188,7 +216,7 @@ def read_records_from(path: Path | str, offset: int) -> tuple[list[dict], int]:
     if raw is None:
         return [], 0
     whole = raw.rfind(b"\n") + 1
-    return _parse_lines(raw[:whole], path), offset + whole
+    return _parse_lines(raw[:whole], path, offset), offset + whole
 
 
 def _read_bytes(path: Path, offset: int) -> bytes | None:
@@ -206,22 +234,26 @@ def _read_bytes(path: Path, offset: int) -> bytes | None:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def _parse_lines(raw: bytes, path: Path) -> list[dict]:
-    """Records of ``raw`` JSON Lines; damaged lines skipped with a warning (see read_records)."""
+def _parse_lines(raw: bytes, path: Path, offset: int = 0) -> list[dict]:
+    """Records of ``raw`` JSON Lines (read from byte ``offset`` of ``path``); damaged lines
+    skipped with a warning (see read_records)."""
     records = []
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
+        where = f"line {lineno} of {path}" if not offset else f"line {lineno} after byte {offset} of {path}"
         try:
             record = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            warnings.warn(f"{path}:{lineno}: skipped a corrupt record line ({exc})",
-                          RuntimeWarning, stacklevel=3)
+        except UnicodeDecodeError:
+            warnings.warn(f"skipped {where}, which is not UTF-8 text", DamagedLineWarning, stacklevel=3)
+            continue
+        except json.JSONDecodeError as exc:
+            warnings.warn(f"skipped {where}, which is not a whole JSON record ({exc.msg}: column {exc.colno})",
+                          DamagedLineWarning, stacklevel=3)
             continue
         if not isinstance(record, dict):
-            warnings.warn(f"{path}:{lineno}: skipped a line that is a JSON "
-                          f"{type(record).__name__}, not a record object",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(f"skipped {where}, which is a JSON {type(record).__name__}, not a record object",
+                          DamagedLineWarning, stacklevel=3)
             continue
         _restore_nonfinite(record)
         records.append(record)

@@ -172,7 +172,7 @@ def test_compare_errors_are_the_shared_compare_error():
     from ringbench.errors import CompareError, RingbenchError
 
     assert compare.CompareError is CompareError and issubclass(CompareError, RingbenchError)
-    with pytest.raises(CompareError, match=r"^metric 'speed' is unknown"):
+    with pytest.raises(CompareError, match=r"^--fail-if 'speed:-5%' names the metric 'speed', which is unknown"):
         compare.parse_threshold("speed:-5%")
 
 
@@ -260,7 +260,8 @@ def test_compare_gate_candidate_failure_is_a_regression(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--fail-if", "tflops-5"], r"^--fail-if 'tflops-5' is not METRIC:\[\+-\]N%"),
     (["--fail-if", "tflops:5%"], r"^--fail-if 'tflops:5%' is not METRIC:\[\+-\]N%"),
-    (["--fail-if", "speed:-5%"], r"^metric 'speed' is unknown"),
+    (["--fail-if", "speed:-5%"], r"^--fail-if 'speed:-5%' names the metric 'speed', which is unknown; use one of "
+                                 r"tflops, efficiency, time, memory"),
     (["--fail-if", "tflops:-0%"], r"^--fail-if 'tflops:-0%' has a zero limit"),
     (["--plot", "x.png"], r"^--plot does not go with --baseline and --candidate"),
 ])

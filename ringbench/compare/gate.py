@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ringbench.compare.load import latest_records, python_value, varying_fields
-from ringbench.compare.metrics import Metric, get_metric
+from ringbench.compare.metrics import METRICS, Metric, get_metric
 from ringbench.errors import CompareError
 from ringbench.formatting import MISSING
 
@@ -55,7 +55,10 @@ def parse_threshold(text: str) -> Threshold:
         raise CompareError(f"--fail-if {text!r} is not METRIC:[+-]N%; write, for example, tflops:-5% (fail when "
                            "TFLOP/s drop more than 5%) or time:+5% (fail when time grows more than 5%)")
     name, sign, number = match.groups()
-    metric = get_metric(name)
+    if name not in METRICS:
+        raise CompareError(f"--fail-if {text!r} names the metric {name!r}, which is unknown; use one of "
+                           f"{', '.join(METRICS)}, such as tflops:-5% or time:+5%")
+    metric = METRICS[name]
     limit = float(number) * (-1 if sign == "-" else 1)
     if limit == 0:
         raise CompareError(f"--fail-if {text!r} has a zero limit; give the change that is tolerated, such as "

@@ -50,11 +50,15 @@ def read_frame(paths: Sequence[Path | str]) -> "pandas.DataFrame":
     """Every record under ``paths`` (files or folders), flattened, with short spec names.
 
     Records written before an optional field existed hold its default
-    (:data:`ringbench.fields.OPTIONAL_DEFAULTS`).
+    (:data:`ringbench.fields.OPTIONAL_DEFAULTS`). A damaged line is skipped with one line on
+    stderr naming the file and the line (``results.warnings_on_stderr``). A record whose
+    ``schema_version`` this ringbench does not know (above ``records.SCHEMA_VERSION``) is left
+    out, as its fields may mean something else.
 
     Returns:
         One row per record; ``attrs["aliases"]``: the short spec names, ``attrs["added"]``:
-        those that were added as columns.
+        those that were added as columns, ``attrs["unknown_schema"]``: ``{version: count}`` of
+        the records left out for their schema version.
 
     Raises:
         CompareError: a path that does not exist, or no record at all.
@@ -62,12 +66,14 @@ def read_frame(paths: Sequence[Path | str]) -> "pandas.DataFrame":
     from ringbench import results
 
     try:
-        frame = results.load(list(paths))
+        with results.warnings_on_stderr():
+            frame = results.load(list(paths))
     except FileNotFoundError as exc:
         raise CompareError(str(exc)) from None
     if frame.empty:
         raise CompareError(f"no records found in {', '.join(map(str, paths))}; pass .jsonl files or folders "
                            "that `ringbench run` wrote")
+    frame, unknown_schema = _known_schema(frame)
     frame = frame.copy()
     for name, default in OPTIONAL_DEFAULTS.items():
         column = f"spec.{name}"
@@ -80,7 +86,34 @@ def read_frame(paths: Sequence[Path | str]) -> "pandas.DataFrame":
             added.append(short)
     frame.attrs["aliases"] = [c[len("spec."):] for c in frame.columns if c.startswith("spec.")]
     frame.attrs["added"] = added
+    frame.attrs["unknown_schema"] = unknown_schema
     return frame
+
+
+def _known_schema(frame: "pandas.DataFrame") -> tuple["pandas.DataFrame", dict[str, int]]:
+    """``frame`` without the records of a schema version this ringbench does not know, and
+    ``{version text: count}`` of those (a record without the field is kept: see load_runs)."""
+    from ringbench.records import SCHEMA_VERSION
+
+    if "schema_version" not in frame.columns:
+        return frame, {}
+
+    def known(version: Any) -> bool:
+        if not_measured(version):
+            return True
+        return isinstance(version, (int, float)) and not isinstance(version, bool) and \
+            float(version).is_integer() and 1 <= version <= SCHEMA_VERSION
+
+    versions = frame["schema_version"]
+    mask = versions.map(known).astype(bool)
+    unknown: dict[str, int] = {}
+    for version in versions[~mask]:
+        if isinstance(version, float) and version.is_integer():
+            text = str(int(version))
+        else:
+            text = repr(version) if isinstance(version, str) else str(version)
+        unknown[text] = unknown.get(text, 0) + 1
+    return frame[mask], unknown
 
 
 def apply_where(frame: "pandas.DataFrame", where: str | None) -> "pandas.DataFrame":
@@ -111,7 +144,8 @@ def load_runs(paths: Sequence[Path | str], *, where: str | None = None, keep_apa
               ) -> Loaded:
     """The ok ``run`` records under ``paths``, filtered by ``where``, one per case.
 
-    Records of other tasks and statuses are counted as left out. When one case (one
+    Records of other tasks and statuses, records with no status and records of an unknown
+    schema version are counted as left out. When one case (one
     ``case_id``) has several ok records, across files or reruns, the latest (``created_at``)
     stands for it, unless a ``keep_apart`` column that is not a spec field tells them apart.
 
@@ -130,12 +164,20 @@ def load_runs(paths: Sequence[Path | str], *, where: str | None = None, keep_apa
     """
     frame = read_frame(paths)
     check_columns(frame, keep_apart, "--by")
-    left_out: dict[str, int] = {}
+    left_out: dict[str, int] = {f"with unknown schema version {version}": n
+                                for version, n in frame.attrs.get("unknown_schema", {}).items()}
+    # A line such as {} is a record with no status (nor anything else): say that, not "nan".
+    import pandas as pd
+
+    statusless = frame["status"].isna() if "status" in frame.columns else pd.Series(True, index=frame.index)
+    if statusless.any():
+        left_out["with no status"] = int(statusless.sum())
+        frame = frame[~statusless]
     tasks = frame["task"] if "task" in frame.columns else frame.get("spec.task")
     if tasks is not None:
         others = tasks != "run"
         for task, n in tasks[others].value_counts(dropna=False).items():
-            left_out[f"{task} record{'s' if n != 1 else ''}"] = int(n)
+            left_out["with no task" if not_measured(task) else f"{task} record{'s' if n != 1 else ''}"] = int(n)
         frame = frame[~others]
     status = frame["status"] if "status" in frame.columns else None
     if status is not None:
