@@ -98,15 +98,15 @@ def parse_docs(text: str) -> list[int]:
     """Parse document lengths such as ``3000,500,12k`` into ints (``[3000, 500, 12288]``).
 
     Args:
-        text: comma-separated sizes as :func:`parse_size` reads them, or ``0`` for an empty
-            document; spaces around entries are ignored.
+        text: comma-separated sizes as :func:`parse_size` reads them, or ``0`` (``0k``...) for
+            an empty document; spaces around entries are ignored.
 
     Returns:
         The lengths in tokens, in row order.
 
     Raises:
-        SpecError: an empty list or entry, or an entry that is not a size (the message gives
-            its position).
+        SpecError: an empty list or entry, a negative length, or an entry that is not a size;
+            the message names the document by its 1-based position (``document 2``).
     """
     entries = [e.strip() for e in str(text).split(",")]
     if not any(entries):
@@ -114,9 +114,16 @@ def parse_docs(text: str) -> list[int]:
     docs = []
     for i, entry in enumerate(entries):
         if entry == "":
-            raise SpecError(f"docs {text!r} has an empty entry at position {i + 1}; separate lengths by single "
+            raise SpecError(f"docs {text!r} has no length for document {i + 1}; separate lengths by single "
                             "commas, such as 3000,500,12k")
-        docs.append(0 if entry == "0" else parse_size(entry, name=f"docs entry {i + 1}"))
+        match = _SIZE_RE.fullmatch(entry)
+        if match is not None and Fraction(match.group(2)) == 0:
+            docs.append(0)  # an empty document
+        elif match is not None and match.group(1) == "-":
+            raise SpecError(f"document {i + 1} {entry!r} must be 0 or more tokens; pass lengths such as "
+                            "3000,0,12k")
+        else:
+            docs.append(parse_size(entry, name=f"document {i + 1}"))
     return docs
 
 

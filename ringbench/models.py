@@ -21,9 +21,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-#: What the CLI says when transformers is missing.
-MISSING_EXTRA = ("verify --model needs transformers, which is not installed; install the extra with "
-                 "pip install 'ringbench[hf]'")
+#: What the CLI says when transformers is missing: the editable form inside a checkout (where
+#: the README installs ringbench), the package form elsewhere.
+MISSING_EXTRA = ("verify --model needs transformers, which is not installed; install the hf extra with "
+                 "pip install -e '.[hf]' from the root of a ringbench checkout, or pip install 'ringbench[hf]' "
+                 "where ringbench was installed as a package")
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def test_fields_variant_options_are_the_rows_that_say_so():
     ("seqlen", "12q", r"^seqlen '12q' is not a size"),
     ("heads", "4", r"^heads '4' is a str, but heads must be an integer; fix its value$"),
     ("causal", 1, r"^causal 1 is an int, but causal must be true or false"),
-    ("docs", "1,,2", r"^docs '1,,2' has an empty entry at position 2"),
+    ("docs", "1,,2", r"^docs '1,,2' has no length for document 2"),
     ("rotate", "ring", r"^rotate 'ring' is unknown; pass --rotate with one of allgather, alltoall$"),
     ("hf_model", "nope", r"^model 'nope' is unknown; pass --model with one of llama-"),
     ("colour", "red", r"^field 'colour' is not a case field; use one of task, variant"),

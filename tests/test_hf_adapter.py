@@ -62,7 +62,7 @@ def test_shard_batch_packed_positions_restart_and_documents_do_not_predict_each_
      r"^zigzag is a batch variant and takes no documents; use a varlen variant or drop the documents$"),
     (dict(variant="zigzag_varlen"), r"^zigzag_varlen attends packed documents, but no cu_seqlens was given"),
     (dict(variant="zigzag_varlen", cu_seqlens=[0, 10, 48]),
-     r"^document 0 has 10 tokens, not a multiple of 2 \* world_size = 4, which zigzag_varlen needs"),
+     r"^document 1 has 10 tokens, not a multiple of 2 \* world_size = 4, which zigzag_varlen needs"),
     (dict(variant="llama3_varlen", cu_seqlens=[0, 16, 40]),
      r"^cu_seqlens \[0, 16, 40\] are not document offsets of a row of 48 tokens"),
     (dict(variant="llama3_varlen", cu_seqlens=[0, 16, 48], batch=2), r"^batch 2 is not 1, but llama3_varlen packs"),

@@ -202,8 +202,8 @@ BAD_CU_MESSAGES = {
     "bad_cu_not_from_zero": r"cu_seqlens starts at 4, but it must start at 0",
     "bad_cu_decreasing": r"cu_seqlens decreases from 40 to 32 at index 2",
     "bad_cu_differs_between_ranks": r"cu_seqlens differs between ranks 0 and 3",
-    "bad_cu_ring_document_rule": r"document 0 has 30 tokens, not a multiple of world_size = 4, which ring_varlen needs",
-    "bad_cu_zigzag_document_rule": (r"document 0 has 4 tokens, not a multiple of 2 \* world_size = 8, which "
+    "bad_cu_ring_document_rule": r"document 1 has 30 tokens, not a multiple of world_size = 4, which ring_varlen needs",
+    "bad_cu_zigzag_document_rule": (r"document 1 has 4 tokens, not a multiple of 2 \* world_size = 8, which "
                                     r"zigzag_varlen needs; make it 8"),
     "bad_cu_missing": r"zigzag_varlen takes packed documents and needs cu_seqlens",
 }

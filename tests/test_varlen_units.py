@@ -206,7 +206,7 @@ def test_layouts_varlen_local_cu_seqlens():
 
 
 def test_layouts_varlen_document_rule_names_first_offender():
-    with pytest.raises(ValueError, match=r"^document 1 has 100 tokens, not a multiple of 2 \* world_size = 8, which "
+    with pytest.raises(ValueError, match=r"^document 2 has 100 tokens, not a multiple of 2 \* world_size = 8, which "
                                          r"the zigzag layout, document by document, needs; make it 104 or 96 tokens"):
         layouts.varlen_token_index([0, 8, 108, 1008], "zigzag", 0, 4, by_document=True)
 
@@ -327,9 +327,9 @@ def test_parse_docs_examples():
 
 @pytest.mark.parametrize("text, pattern", [
     ("", r"^docs '' is empty; pass document lengths separated by commas"),
-    ("3000,,500", r"^docs '3000,,500' has an empty entry at position 2"),
-    ("3000,abc", r"^docs entry 2 'abc' is not a size"),
-    ("-4", r"^docs entry 1 '-4' must be positive"),
+    ("3000,,500", r"^docs '3000,,500' has no length for document 2"),
+    ("3000,abc", r"^document 2 'abc' is not a size"),
+    ("-4", r"^document 1 '-4' must be 0 or more tokens; pass lengths such as 3000,0,12k$"),
 ])
 def test_parse_docs_refuses_bad_text(text, pattern):
     with pytest.raises(SpecError, match=pattern):
@@ -404,7 +404,7 @@ def test_validate_issue_documents_accepted_by_every_varlen_variant(variant, caus
 
 def test_validate_zigzag_varlen_names_the_100_token_document():
     spec = varlen_spec("zigzag_varlen", world_size=4, seqlen=4096, docs="100,900,3096")
-    with pytest.raises(SpecError, match=r"^document 0 has 100 tokens, not a multiple of 2 \* world_size = 8, which "
+    with pytest.raises(SpecError, match=r"^document 1 has 100 tokens, not a multiple of 2 \* world_size = 8, which "
                                         r"zigzag_varlen needs; make it 104 or 96 tokens, or use llama3_varlen"):
         validate(spec, visible_gpus=0)
     validate(spec.replace(variant="llama3_varlen"), visible_gpus=0)
@@ -415,10 +415,10 @@ def test_validate_ring_varlen_rule_is_a_multiple_of_world_size():
     verify rule: test_varlen_distributed); at W = 8 it names the 100-token document."""
     spec = varlen_spec("ring_varlen", world_size=4, seqlen=4096, docs="100,900,3096")
     validate(spec, visible_gpus=0)
-    with pytest.raises(SpecError, match=r"^document 0 has 100 tokens, not a multiple of world_size = 8, which "
+    with pytest.raises(SpecError, match=r"^document 1 has 100 tokens, not a multiple of world_size = 8, which "
                                         r"ring_varlen needs; make it 104 or 96 tokens"):
         validate(spec.replace(world_size=8), visible_gpus=0)
-    with pytest.raises(SpecError, match=r"^document 2 has 90 tokens, not a multiple of world_size = 4"):
+    with pytest.raises(SpecError, match=r"^document 3 has 90 tokens, not a multiple of world_size = 4"):
         validate(spec.replace(docs="100,900,90,3006"), visible_gpus=0)
 
 
@@ -438,7 +438,7 @@ def test_validate_documents_must_sum_to_seqlen():
                                                                 r"is a batch variant"),
     ({"variant": "llama3_varlen", "docs": "2048,2048", "batch": 2}, r"^batch 2 is not 1, but llama3_varlen packs the "
                                                                     r"documents into one row; pass --batch 1"),
-    ({"variant": "llama3_varlen", "docs": "40,x"}, r"^docs entry 2 'x' is not a size"),
+    ({"variant": "llama3_varlen", "docs": "40,x"}, r"^document 2 'x' is not a size"),
 ])
 def test_validate_refuses_documents_that_do_not_fit(changes, pattern):
     with pytest.raises(SpecError, match=pattern):
@@ -455,7 +455,7 @@ def test_validate_varlen_kernel_must_have_a_varlen_form():
 
 
 def test_check_fields_refuses_bad_document_text_early():
-    with pytest.raises(SpecError, match=r"docs entry 1 '1e3' is not a size"):
+    with pytest.raises(SpecError, match=r"document 1 '1e3' is not a size"):
         check_fields({"docs": "1e3"})
     with pytest.raises(SpecError, match=r"doc_dist 'lognormal' is not a document distribution"):
         check_fields({"doc_dist": "lognormal"})

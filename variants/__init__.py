@@ -38,15 +38,15 @@ def document_rule(docs, world_size: int, layout: str, who: str) -> str | None:
     """Why documents of lengths ``docs`` cannot each be cut in ``layout`` at ``world_size``, or ``None``.
 
     Every document's length must be a multiple of ``LAYOUT_CHUNKS[layout] * world_size``. The
-    sentence names the first offending document (index and length), the rule, ``who`` needs it,
-    and the fix.
+    sentence names the first offending document (its 1-based position, ``document 1``, as
+    ``--docs`` counts them, and its length), the rule, ``who`` needs it, and the fix.
     """
     n = LAYOUT_CHUNKS[layout] * world_size
     rule = f"2 * world_size = {n}" if LAYOUT_CHUNKS[layout] == 2 else f"world_size = {n}"
     for i, length in enumerate(docs):
         if length % n:
             down = f" or {length - length % n}" if length > n else ""
-            return (f"document {i} has {length} token{'' if length == 1 else 's'}, not a multiple of {rule}, "
+            return (f"document {i + 1} has {length} token{'' if length == 1 else 's'}, not a multiple of {rule}, "
                     f"which {who} needs; "
                     f"make it {(length // n + 1) * n}{down} tokens, or use llama3_varlen, which takes any "
                     "document lengths")

@@ -1,0 +1,103 @@
+"""The CLI's one-sentence messages of issue 14: warnings on damaged results files, records compare
+leaves out, --fail-if with an unknown metric, document numbers and lengths, the hf extra."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ringbench.cli import app
+from ringbench.results import append_record
+from ringbench.spec import CaseSpec
+
+runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+
+
+def _record(tflops: float = 10.0) -> dict:
+    spec = CaseSpec(task="run", variant="ring", kernel="cpu", device="cpu", world_size=2, batch=1, seqlen=1024,
+                    heads=4, kv_heads=2, head_dim=32, dtype="fp32", causal=True, mode="fwd", iters=3, warmup=1,
+                    seed=0)
+    return {"schema_version": 1, "task": "run", "run_id": "r", "case_id": spec.case_id(),
+            "created_at": "2026-12-01T00:00:00+00:00", "spec": spec.to_dict(), "status": "ok", "reason": None,
+            "kernel": "cpu", "time_ms": 1.0, "tflops_per_gpu": tflops, "efficiency": 0.5, "peak_allocated_gib": None}
+
+
+@pytest.fixture
+def damaged(tmp_path) -> Path:
+    path = tmp_path / "runs.jsonl"
+    append_record(path, _record())
+    with open(path, "a") as f:
+        f.write('{"task": "run", "trunc\n')           # line 2: cut short
+        f.write("[1, 2]\n")                            # line 3: JSON, not a record
+        f.write("{}\n")                                # line 4: a record with nothing in it
+        f.write('{"schema_version": 99, "task": "run", "status": "ok"}\n')  # line 5: from a later ringbench
+    return path
+
+
+def test_compare_prints_each_damaged_line_as_one_sentence_without_python_source(damaged):
+    result = runner.invoke(app, ["compare", str(damaged)])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: skipped line 2 of {damaged}, which is not a whole JSON record (Unterminated string starting "
+        "at: column 17)",
+        f"warning: skipped line 3 of {damaged}, which is a JSON list, not a record object",
+    ]
+    assert "RuntimeWarning" not in result.stderr and ".py:" not in result.stderr
+    assert "read_records" not in result.stderr  # no source line under a warning
+
+
+def test_compare_counts_empty_and_unknown_schema_records_as_what_they_are(damaged):
+    result = runner.invoke(app, ["compare", str(damaged), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "left out 2 records: 1 with unknown schema version 99, 1 with no status" in result.stderr
+    assert "nan" not in result.stderr
+    assert len(result.stdout.splitlines()) == 1  # the schema-99 "ok" record is not a row
+
+
+def test_compare_fail_if_with_an_unknown_metric_blames_fail_if_and_lists_the_metrics(damaged):
+    result = runner.invoke(app, ["compare", "--baseline", str(damaged), "--candidate", str(damaged),
+                                 "--fail-if", "speed:+10%"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == ("--fail-if 'speed:+10%' names the metric 'speed', which is unknown; use one of "
+                                     "tflops, efficiency, time, memory, such as tflops:-5% or time:+5%")
+
+
+VARLEN = ["verify", "--variant", "zigzag_varlen", "--world-size", "2", "--device", "cpu", "--seqlen", "4096"]
+
+
+@pytest.mark.parametrize("docs, message", [
+    ("-4,4100", "document 1 '-4' must be 0 or more tokens; pass lengths such as 3000,0,12k"),
+    ("100,abc,3996", "document 2 'abc' is not a size; use a whole number with an optional k or M suffix, such as "
+                     "4096 or 128k"),
+    # The same position in --docs is the same number in the layout's rule (1-based in both).
+    ("100,102,3894", "document 2 has 102 tokens, not a multiple of 2 * world_size = 4, which zigzag_varlen needs; "
+                     "make it 104 or 100 tokens, or use llama3_varlen, which takes any document lengths"),
+    ("102,3994", "document 1 has 102 tokens, not a multiple of 2 * world_size = 4, which zigzag_varlen needs; "
+                 "make it 104 or 100 tokens, or use llama3_varlen, which takes any document lengths"),
+])
+def test_docs_messages_count_documents_from_1(docs, message):
+    result = runner.invoke(app, [*VARLEN, "--docs", docs])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == message
+
+
+def test_docs_take_empty_documents():
+    from ringbench.fields import parse_docs
+
+    assert parse_docs("0,4096,0k") == [0, 4096, 0]
+
+
+def test_verify_model_without_transformers_names_both_install_forms(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
+    result = runner.invoke(app, ["verify", "--model", "llama-tiny"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "verify --model needs transformers, which is not installed; install the hf extra with pip install -e "
+        "'.[hf]' from the root of a ringbench checkout, or pip install 'ringbench[hf]' where ringbench was "
+        "installed as a package")
+    assert re.fullmatch(r"[^\n]+", result.stderr.strip())  # one line
