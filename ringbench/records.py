@@ -20,7 +20,7 @@ PASSING = ("ok", "skipped")
 #: The measurement fields of a run record (units in their names: ms, GiB, GiB/s).
 RUN_FIELDS = ("time_ms", "per_rank_time_ms", "imbalance", "flops_per_gpu", "tflops_per_gpu", "ref_time_ms",
               "ref_tflops", "efficiency", "peak_allocated_gib", "peak_reserved_gib", "bytes_sent",
-              "bytes_received", "bus_gib_s")
+              "bytes_received", "bus_gib_s", "peak_tflops", "peak_source")
 #: The name of the exception class that means out of memory (torch.cuda.OutOfMemoryError is
 #: torch.OutOfMemoryError); torchelastic's error files and tracebacks name it too.
 OOM_ERROR = "OutOfMemoryError"
