@@ -276,6 +276,71 @@ def variants_command(
     raise typer.Exit(EXIT_OK)
 
 
+# --------------------------------------------------------------------------- matrix
+
+MATRIX_HELP = (
+    "Verify every implementation on every mask, dtype and shape, and publish what each gets right.\n\n"
+    "Each cell is one verify case against float64 attention, classified as correct, mismatch (the worst tensor and "
+    "its error over the allowance), unsupported (the implementation's own reason; never launched), oom, timeout or "
+    "error; written as OUT/matrix.md, OUT/matrix.png (one panel per world size) and OUT/matrix.jsonl. Exit 0 once "
+    "they are written, whatever the classes.\n\n"
+    "The default grid: every implementation (ringbench's variants and the peers) against 15 columns around one base "
+    "cell, each changing one thing. Mask: causal, full, sliding window, packed documents; dtype: bf16, fp16, fp32; "
+    "shape: head dim 64, 128, 256, MLA 192/128, MHA 8/8, GQA 8/2, MQA 8/1, an odd length (S/W odd). Base: causal, "
+    "bf16, 8 query heads over 2 K/V heads, head dim 128, 256 tokens on cpu or 4096 on cuda (packed into four "
+    "documents for the varlen implementations); world sizes 2 and 4 on cpu. Sliding window and MLA stay "
+    "unsupported until ringbench has their case fields (window, head_dim_v).")
+
+
+@app.command("matrix", help=MATRIX_HELP)
+def matrix_command(
+    ctx: typer.Context,
+    device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu. Default: cuda when a GPU is "
+                                         "visible, else cpu.", show_default=False),
+    world_size: Optional[List[int]] = typer.Option(None, "--world-size", help="A world size (one panel each); "
+                                                   "repeat for several. Default: 2 and 4 on cpu; 2, 4 and 8 up "
+                                                   "to the visible GPUs on cuda.", show_default=False),
+    variant: Optional[List[str]] = typer.Option(None, "--variant", help="Keep only this implementation's row; "
+                                                "repeat for several. Default: every variant and peer.",
+                                                show_default=False),
+    axis: Optional[List[str]] = typer.Option(None, "--axis", help="Keep only this axis's columns: mask, dtype or "
+                                             "shape; repeat for several. Default: all three.", show_default=False),
+    out: Path = typer.Option(Path("results/matrix"), "--out", help="Folder for matrix.jsonl (one object per "
+                             "cell), matrix.md, matrix.png and the verify records (verify.jsonl). Default: "
+                             "results/matrix.", show_default=False),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False),
+    resume: bool = typer.Option(False, "--resume", help="Reuse every cell that already has a record in "
+                                "OUT/verify.jsonl (a mismatch, error or refusal is a result too) and verify only "
+                                "the others. Default: verify every cell."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object per cell on stdout instead of "
+                                  "the summary."),
+    test_variants: bool = typer.Option(False, "--test-variants", hidden=True,
+                                       help="Add the test-only variants (broken_merge, fault_oom, fault_raise)."),
+) -> None:
+    """Verify every implementation on every mask, dtype and shape, and publish what each gets right."""
+    import os
+
+    from ringbench import matrix as mx
+
+    if test_variants:
+        os.environ["RINGBENCH_TEST_VARIANTS"] = "1"  # torchrun's workers inherit it
+    with _usage_errors():
+        options.check_given({}, timeout)
+        grid = mx.build_grid(device=device, world_sizes=world_size, variants=variant, axes=axis)
+        options.check_out(out, None)
+    code = mx.run(grid, out=out, timeout_s=timeout, resume=resume, launcher=ctx.obj)
+    if code:
+        raise typer.Exit(code)
+    paths = mx.write(grid, out)
+    if json_out:
+        sys.stdout.write("".join(json.dumps(mx.cell_object(c)) + "\n" for c in grid.cells))
+        sys.stdout.flush()
+    else:
+        mx.print_summary(grid, Console())
+    _note(f"{plural(len(grid.cells), 'cell')} written to {paths['md']}, {paths['png']} and {paths['jsonl']}")
+    raise typer.Exit(EXIT_OK)
+
+
 # --------------------------------------------------------------------------- messages
 
 def _note(message: str) -> None:

@@ -1,0 +1,266 @@
+"""``ringbench matrix``: the grid, the classes, the Markdown and the picture, and a real CPU matrix.
+
+The unit tests build the grid (no process starts) and classify hand-made records. The ``dist``
+test runs the matrix command in-process with real torchrun and gloo on a small grid (the mask
+axis of ring, broken_merge and the fault variants at world size 2: every class CPU can give,
+about 40 s on two loaded CPU cores) and then resumes it, which must launch nothing. The slow one
+runs the default grid with the test variants.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import CLI_ENV, read_jsonl
+from ringbench import fields
+from ringbench.errors import SpecError
+from ringbench import matrix as mx
+from ringbench.cli import app
+
+runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+
+
+def _variant(name):
+    from ringbench.variants import get_variant
+
+    return get_variant(name)
+
+
+# --------------------------------------------------------------------------- the grid
+
+def test_cell_fields_change_one_thing_from_the_base():
+    ring, varlen = _variant("ring"), _variant("zigzag_varlen")
+    base = mx.cell_fields(ring, "causal", 2, "cpu")
+    assert {k: base[k] for k in ("heads", "kv_heads", "head_dim", "dtype", "causal")} == \
+        {"heads": 8, "kv_heads": 2, "head_dim": 128, "dtype": "bf16", "causal": True}
+    assert base["seqlen"] == 256 and "docs" not in base
+    assert mx.cell_fields(ring, "bf16", 2, "cpu") == base
+    assert mx.cell_fields(ring, "full", 2, "cpu") == {**base, "causal": False}
+    assert mx.cell_fields(ring, "fp16", 2, "cpu") == {**base, "dtype": "fp16"}
+    assert mx.cell_fields(ring, "mqa", 2, "cpu") == {**base, "kv_heads": 1}
+    assert mx.cell_fields(ring, "d256", 2, "cpu") == {**base, "head_dim": 256}
+    for world_size in (1, 2, 4, 8):
+        odd = mx.cell_fields(ring, "odd", world_size, "cpu")["seqlen"]
+        assert odd % world_size == 0 and (odd // world_size) % 2 == 1
+    # Packed documents: multiples of 2W that fill the row, for a batch variant too (it refuses them).
+    packed = mx.cell_fields(ring, "packed", 4, "cpu")
+    docs = [int(d) for d in packed["docs"].split(",")]
+    assert sum(docs) == packed["seqlen"] and all(d % 8 == 0 for d in docs)
+    # A varlen implementation's base is packed; its odd column has documents of odd lengths.
+    assert mx.cell_fields(varlen, "bf16", 2, "cpu")["docs"]
+    odd = mx.cell_fields(varlen, "odd", 2, "cpu")
+    odd_docs = [int(d) for d in odd["docs"].split(",")]
+    assert sum(odd_docs) == odd["seqlen"] and all(d % 2 for d in odd_docs)
+    assert "docs" not in mx.cell_fields(varlen, "causal", 2, "cpu")
+
+
+def test_columns_without_their_case_field_are_unsupported_until_it_exists():
+    ring = _variant("ring")
+    window, mla = mx.cell_fields(ring, "window", 2, "cpu"), mx.cell_fields(ring, "mla", 2, "cpu")
+    if "window" in fields.BY_NAME:
+        assert window["window"] == window["seqlen"] // 4
+    else:
+        assert window == mx.NO_WINDOW
+    if "head_dim_v" in fields.BY_NAME:
+        assert (mla["head_dim"], mla["head_dim_v"]) == mx.MLA_HEAD_DIMS
+    else:
+        assert mla == mx.NO_HEAD_DIM_V
+
+
+def test_build_grid_refuses_per_cell_in_the_implementations_own_words():
+    grid = mx.build_grid(device="cpu", world_sizes=[2], variants=["ring", "ring_varlen", "torch_cp"])
+    assert grid.implementations == ["ring", "ring_varlen", "torch_cp"] and grid.world_sizes == [2]
+    base = grid.cell("ring", 2, "causal")
+    assert sorted(base.columns) == sorted(["causal", "bf16", "d128", "gqa"])  # one case, four columns
+    assert base.refusal is None and base.case.kernel == "cpu"  # resolved, ready to launch
+    assert all(grid.cell("ring", 2, c.key) is not None for c in mx.COLUMNS)
+    packed = grid.cell("ring", 2, "packed")
+    assert "ring is a batch variant and takes no documents" in packed.refusal
+    assert packed.case is not None and packed.case.docs  # its skipped record holds the documents
+    assert "attends packed documents, but the case has none" in grid.cell("ring_varlen", 2, "causal").refusal
+    assert grid.cell("ring_varlen", 2, "packed").refusal is None
+    assert "torch_cp cannot run on cpu" in grid.cell("torch_cp", 2, "fp16").refusal
+    assert "does not support non-causal" in grid.cell("torch_cp", 2, "full").refusal
+    if "window" not in fields.BY_NAME:
+        window = grid.cell("ring", 2, "window")
+        assert window.refusal == mx.NO_WINDOW and window.case is None
+    ids = [c.case_id for c in grid.cells if c.case is not None]
+    assert len(ids) == len(set(ids))
+
+
+def test_build_grid_narrows_and_refuses_bad_options():
+    grid = mx.build_grid(device="cpu", world_sizes=[2], variants=["ring"], axes=["dtype"])
+    assert [c.key for c in grid.columns] == ["bf16", "fp16", "fp32"] and len(grid.cells) == 3
+    for kwargs, words in (({"axes": ["colour"]}, "axis 'colour' is unknown"),
+                          ({"variants": ["nope"]}, "variant 'nope' is unknown"),
+                          ({"variants": ["ring", "ring"]}, "given twice"),
+                          ({"world_sizes": [0]}, "world_size 0 must be positive"),
+                          ({"device": "tpu"}, "device 'tpu' is unknown")):
+        with pytest.raises(SpecError, match=words):
+            mx.build_grid(**{"device": "cpu", **kwargs})
+
+
+def test_default_rows_are_ours_then_the_peers_then_the_test_variants(monkeypatch):
+    from ringbench.variants import VARIANTS
+
+    monkeypatch.delenv("RINGBENCH_TEST_VARIANTS")
+    rows = mx.implementations()
+    peers = [n for n in rows if VARIANTS[n].peer]
+    assert set(rows) == set(VARIANTS) and rows[-len(peers):] == peers
+    monkeypatch.setenv("RINGBENCH_TEST_VARIANTS", "1")
+    assert mx.implementations()[-3:] == ["broken_merge", "fault_oom", "fault_raise"]
+    assert mx.default_world_sizes("cpu", 0) == [2, 4]
+    assert mx.default_world_sizes("cuda", 4) == [2, 4] and mx.default_world_sizes("cuda", 1) == [1]
+
+
+# --------------------------------------------------------------------------- the classes
+
+def _record(status, *, variant="ring", reason=None, ratios=None):
+    checks = [{"tensor": t, "ratio": r, "finite": r == r, "passed": r <= 1}
+              for t, r in (ratios or {}).items()]
+    return {"status": status, "reason": reason, "checks": checks, "spec": {"variant": variant}}
+
+
+def test_classify_every_status():
+    ok = mx.classify(_record("ok", ratios={"out": 0.3, "lse": 0.5, "dq": 0.4}))
+    assert ok == ("correct", None, {"tensor": "lse", "ratio": 0.5})
+    klass, reason, worst = mx.classify(_record("fail", reason="over the tolerance or malformed: dq, dk",
+                                               ratios={"out": 0.5, "dq": 12.5, "dk": 3.0}))
+    assert (klass, worst) == ("mismatch", {"tensor": "dq", "ratio": 12.5}) and "dq" in reason
+    assert mx.classify(_record("fail", ratios={"out": float("nan")}))[2]["ratio"] == float("inf")
+    cp = mx.classify(_record("fail", reason="context parallelism was not active", ratios={"out": 0.5}))
+    assert cp[:2] == ("mismatch", "context parallelism was not active")
+    assert mx.classify(_record("skipped", reason="torch_cp cannot run on cpu")) == \
+        ("unsupported", "torch_cp cannot run on cpu", None)
+    assert mx.classify(_record("oom", reason="[rank 0/2] out of memory"))[0] == "oom"
+    assert mx.classify(_record("timeout", reason="timed out after 120 s"))[0] == "timeout"
+    raised = "[rank 1/2] RuntimeError: FlashAttention only supports fp16 and bf16\n  File ..."
+    assert mx.classify(_record("error", variant="rfa_ring", reason=raised)) == \
+        ("unsupported", "RuntimeError: FlashAttention only supports fp16 and bf16", None)
+    assert mx.classify(_record("error", variant="ring", reason=raised))[:2] == ("error", raised)
+    crashed = "rank 1/2 failed: RuntimeError: boom"
+    assert mx.classify(_record("error", variant="rfa_ring", reason=crashed))[0] == "error"
+
+
+def _classified_grid():
+    """A grid with a class in every cell, given by hand (nothing launches)."""
+    grid = mx.build_grid(device="cpu", world_sizes=[2, 4], variants=["ring", "zigzag_varlen", "torch_cp"])
+    kinds = iter(["mismatch", "oom", "timeout", "error"])
+    for cell in grid.cells:
+        if cell.refusal is not None:
+            cell.klass, cell.reason = "unsupported", cell.refusal
+        elif cell.implementation == "ring" and cell.world_size == 4 and cell.columns[0] in ("full", "fp16", "fp32",
+                                                                                              "d64"):
+            cell.klass = next(kinds)
+            cell.reason = f"{cell.klass} | because"
+            cell.worst = {"tensor": "dq", "ratio": 12.3} if cell.klass == "mismatch" else None
+        else:
+            cell.klass, cell.worst = "correct", {"tensor": "lse", "ratio": 0.5}
+            cell.record = {"notes": ["served by the cpu kernel"]} if cell.implementation == "zigzag_varlen" else None
+    return grid
+
+
+def test_markdown_png_and_cell_objects(tmp_path):
+    grid = _classified_grid()
+    env = {"torch": "2.13.0+cpu", "git_commit": "0123456789abcdef-dirty", "cpu": "x86_64"}
+    paths = mx.write(grid, tmp_path / "m", env)
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = paths["md"].read_text()
+    assert "torch 2.13.0+cpu · commit 0123456-dirty" in text
+    assert "## W=2" in text and "## W=4" in text and text.count("### shape") == 2
+    assert "| ring | correct 0.50 | mismatch dq ×12.3 [" in text
+    assert "| torch_cp (peer) | unsupported [" in text
+    assert "- zigzag_varlen: served by the cpu kernel" in text
+    assert "mismatch \\| because" not in text and "mismatch / because" in text  # a | cannot break the table
+    cells = [json.loads(line) for line in paths["jsonl"].read_text().splitlines()]
+    assert len(cells) == len(grid.cells)
+    assert {c["class"] for c in cells} == set(mx.CLASSES)
+    base = next(c for c in cells if c["implementation"] == "ring" and c["world_size"] == 2 and "causal" in c["columns"])
+    assert base["spec"]["variant"] == "ring" and base["worst_tensor"] == "lse" and base["worst_ratio"] == 0.5
+    assert next(c for c in cells if c["implementation"] == "torch_cp")["peer"] is True
+
+
+# --------------------------------------------------------------------------- a real CPU matrix
+
+class CountingLauncher:
+    """ringbench.launch (real torchrun), noting the variants of every launch it is asked for."""
+
+    def __init__(self):
+        self.launches: list[list[str]] = []
+
+    def launch(self, cases, **kwargs):
+        from ringbench import launch
+
+        self.launches.append([c["variant"] for c in cases])
+        return launch.launch(cases, **kwargs)
+
+
+@pytest.mark.dist
+def test_cpu_matrix_gives_every_class_writes_its_files_and_resumes_without_launching(tmp_path, monkeypatch):
+    monkeypatch.setenv("RINGBENCH_FAULT_WAIT_S", "3")  # fault_raise's rank gives up sooner
+    out = tmp_path / "matrix"
+    args = ["matrix", "--variant", "ring", "--variant", "broken_merge", "--variant", "fault_oom", "--variant",
+            "fault_raise", "--axis", "mask", "--world-size", "2", "--out", str(out), "--json"]
+    launcher = CountingLauncher()
+    result = runner.invoke(app, args, obj=launcher)
+    assert result.exit_code == 0, result.output
+    cells = {(c["implementation"], c["columns"][0]): c for c in map(json.loads, result.stdout.splitlines())}
+    assert len(cells) == 10  # ring and broken_merge: 4 mask columns; the faults: their base cell
+    assert {c["class"] for c in cells.values()} == {"correct", "mismatch", "unsupported", "oom", "error"}
+    assert cells["ring", "causal"]["class"] == cells["ring", "full"]["class"] == "correct"
+    assert cells["ring", "causal"]["worst_ratio"] <= 1 and cells["ring", "causal"]["kernel"] == "cpu"
+    mismatch = cells["broken_merge", "causal"]
+    assert mismatch["class"] == "mismatch" and mismatch["worst_ratio"] > 1 and mismatch["worst_tensor"]
+    packed = cells["ring", "packed"]
+    assert packed["class"] == "unsupported" and "ring is a batch variant and takes no documents" in packed["reason"]
+    assert cells["ring", "window"]["class"] == "unsupported"
+    assert cells["fault_oom", "causal"]["class"] == "oom"
+    assert cells["fault_raise", "causal"]["class"] == "error"
+    assert "injected fault" in cells["fault_raise", "causal"]["reason"]
+
+    # Refused cells are recorded as skipped, never launched; the faults launch apart, last.
+    records = read_jsonl(out / "verify.jsonl")
+    skipped = {r["case_id"] for r in records if r["status"] == "skipped"}
+    assert {packed["case_id"], cells["broken_merge", "packed"]["case_id"]} <= skipped
+    launched = [v for launch in launcher.launches for v in launch]
+    assert sorted(launched) == sorted(["ring", "ring", "broken_merge", "broken_merge", "fault_oom", "fault_raise"])
+    assert launcher.launches[-1] == ["fault_oom", "fault_raise"]
+
+    text = (out / "matrix.md").read_text()
+    assert "## W=2" in text and "| ring | correct" in text and "| broken_merge (test) | mismatch" in text
+    assert (out / "matrix.png").read_bytes()[:4] == b"\x89PNG"
+    assert len((out / "matrix.jsonl").read_text().splitlines()) == 10
+
+    again = CountingLauncher()
+    resumed = runner.invoke(app, [*args, "--resume"], obj=again)
+    assert resumed.exit_code == 0, resumed.output
+    assert again.launches == []  # every cell has its result already
+    assert len(read_jsonl(out / "verify.jsonl")) == len(records)  # and nothing was recorded again
+    assert {(c["implementation"], c["columns"][0]): c["class"] for c in map(json.loads, resumed.stdout.splitlines())} \
+        == {k: c["class"] for k, c in cells.items()}
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_default_cpu_matrix_with_the_test_variants(tmp_path):
+    """The default grid as a user runs it (about 4 minutes on two CPU cores under load)."""
+    import os
+
+    env = {**os.environ, **CLI_ENV, "RINGBENCH_TEST_VARIANTS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "ringbench.cli", "matrix", "--test-variants", "--out",
+                           str(tmp_path), "--json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cells = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert {c["world_size"] for c in cells} == {2, 4}
+    by_class = {k: [c for c in cells if c["class"] == k] for k in mx.CLASSES}
+    assert all(by_class[k] for k in ("correct", "mismatch", "unsupported", "oom", "error")), \
+        {k: len(v) for k, v in by_class.items()}
+    ours = {"ring", "zigzag", "stripe", "llama3", "ring_varlen", "zigzag_varlen", "llama3_varlen"}
+    assert not [c for c in by_class["mismatch"] + by_class["error"] if c["implementation"] in ours]
+    assert (tmp_path / "matrix.png").exists() and (tmp_path / "matrix.md").exists()
