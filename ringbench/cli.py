@@ -139,9 +139,11 @@ def _report(task: str, found: list[dict], *, json_out: bool, junit_xml: Optional
             _note("On CPU the timings show that the harness runs, not how fast a variant is: gloo on shared "
                   "cores, and the CPU kernel's causal pass does not halve its work, so efficiency can pass 1.")
     else:
+        # The error-growth tables first, so that the verify table's summary, the verdict, is the
+        # last line a user sees.
         console = Console()
-        report.print_verify_table(found, console)
         report.print_growth_table(found, console)
+        report.print_verify_table(found, console)
     if junit_xml is not None:
         report.write_junit(found, junit_xml)
 
@@ -239,7 +241,7 @@ def variants_command(
                                   "the table."),
 ) -> None:
     """List the variants: layout, form, mask, the kernels they take, and whether they can run here (why not)."""
-    from ringbench.report import compact_table
+    from ringbench.formatting import compact_table
     from ringbench.spec import detect_device
     from ringbench.variants import VARIANTS, list_variants
 
@@ -257,10 +259,11 @@ def variants_command(
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows))
         raise typer.Exit(EXIT_OK)
     table = compact_table(f"ringbench variants (here: {device})")
-    # Names and verdicts never shrink; layouts and kernels wrap between names on a narrow terminal.
+    # Names and verdicts never wrap; layouts and kernels wrap between names on a narrow terminal, and
+    # where that is not enough the table abbreviates known names, with a legend (formatting.FitTable).
     for header, wrap in (("variant", False), ("layout", True), ("form", False), ("mask", False),
                          ("kernels", True), ("here", False)):
-        table.add_column(header, no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
+        table.add_column(header, no_wrap=not wrap)
     reasons: dict[str, int] = {}  # one note per distinct reason
     for r in rows:
         if r["available"]:

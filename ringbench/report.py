@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from ringbench.fields import BY_NAME, GROWTH_KEY, VARIANT_OPTIONS, format_size
-from ringbench.formatting import (MISSING, compact_table, docs_count, kernel_ran, milliseconds, number, rate,
+from ringbench.formatting import (MISSING, FitTable, compact_table, docs_count, kernel_ran, milliseconds, number, rate,
                                   ratio_text, record_field, text)
 
 #: Statuses a verify case can end with besides ``ok`` and ``fail``; counted as errors.
@@ -119,8 +118,9 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
     batch is not 1. Absent values show as ``-``. The reasons follow the table, one numbered
     line each.
 
-    The figures and the case never wrap or shorten; on a narrow terminal (80 columns) the
-    shape and status cells wrap instead.
+    The figures, the case and the status never wrap or shorten; on a narrow terminal (80
+    columns) the shape wraps at spaces, and where a word still would not fit, known names are
+    abbreviated (``tflash``) with a legend under the table (:class:`ringbench.formatting.FitTable`).
 
     Args:
         records: record dicts as ``results.read_records`` returns them.
@@ -128,11 +128,11 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
     """
     console = console or Console()
     table = compact_table("ringbench run")
-    # The case is two short names on two lines and never shrinks, so "torch-flash" is not cut
-    # in two; the shape, two lines already, wraps further when the terminal is narrow.
+    # The case is two names on two lines and the status one word and its note number: they never
+    # wrap; the shape, two lines already, wraps further (at spaces) when the terminal is narrow.
     table.add_column("case", no_wrap=True)
-    table.add_column("shape", overflow="fold")
-    table.add_column("status", overflow="fold")
+    table.add_column("shape")
+    table.add_column("status", no_wrap=True)
     for header in ("ms", "imbal.", "TFLOP/s\n/GPU", "eff.", "peak\nGiB", "bus\nGiB/s"):
         table.add_column(header, justify="right", no_wrap=True)
     reasons: list[str] = []
@@ -224,15 +224,19 @@ def _ratio(check: dict) -> Any:
 
 
 def print_verify_table(records: list[dict], console: Console | None = None) -> None:
-    """Print one row per (case, tensor) of verify records, then a summary line.
+    """Print one row per (case, tensor) of verify records, then the notes and, last, the summary line.
 
     Columns: case label, tensor, err (max |variant - fp64|), allowed (2 * err_single +
     floor), ratio (err / allowed; pass needs <= 1), result (PASS / FAIL) and, when some row
-    has one, a note (non-finite, wrong dtype or shape, or the reason of a case that did not
-    finish). A case whose status is neither ``ok`` nor ``fail`` is one row with its status.
+    has one, a note (non-finite, wrong dtype or shape). A case whose status is neither ``ok``
+    nor ``fail`` is one row with its status and a number ``[n]``; its reason follows the table,
+    one numbered line each.
     A model check (``verify --model``) has one row per tensor (loss, then each parameter's
     gradient) and a line after the table naming its worst parameter gradient (largest ratio).
-    The numbers never wrap or shorten; on a narrow terminal the case label and note wrap.
+    The numbers never wrap or shorten; on a narrow terminal the case label, tensor and note wrap
+    at spaces, commas, ``/``, ``=`` and ``:``, and where a word still would not fit, names are
+    shortened (``tflash``; parameters as ``L1.in_norm``) with a legend under the table. The notes
+    the variants left and the summary come last, so the verdict is the last line.
 
     Args:
         records: verify record dicts as ``results.read_records`` returns them.
@@ -241,14 +245,17 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     console = console or Console()
     rows: list[tuple[list[Any], bool]] = []  # (cells without the note, last row of its case)
     notes: list[Any] = []
+    reasons: list[str] = []  # of the cases that did not finish, numbered after the table
     for r in records:
         label = case_label(r)
         status = r.get("status")
         checks = r.get("checks") or []
         if status not in ("ok", "fail") or not checks:
-            shown = status if checks or status not in ("ok", "fail") else "error"
-            rows.append(([label, MISSING, MISSING, MISSING, MISSING, _status_text(shown)], True))
-            notes.append(Text(_case_reason(r), style="red"))
+            shown = _status_text(status if checks or status not in ("ok", "fail") else "error")
+            reasons.append(_case_reason(r))
+            shown.append(f" [{len(reasons)}]")
+            rows.append(([label, MISSING, MISSING, MISSING, MISSING, shown], True))
+            notes.append("")
             continue
         for j, check in enumerate(checks):
             passed = _check_passed(check)
@@ -262,24 +269,35 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
             ], j == len(checks) - 1))
             notes.append(_check_notes(check))
 
-    table = Table(title="ringbench verify", title_justify="left")
-    table.add_column("case", overflow="fold")
-    # Parameter names of a model check are long: they fold on a narrow terminal, the numbers never.
-    table.add_column("tensor", overflow="fold")
+    table = FitTable("ringbench verify", compact=False)
+    # The label, the tensor and the note wrap at spaces on a narrow terminal (the label down the
+    # case's rows); parameter names of a model check, which have none, are shortened there
+    # (L1.in_norm), and the numbers never wrap.
+    table.add_column("case", flow=True)
+    table.add_column("tensor")
     for header in ("err", "allowed", "ratio"):
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("result", no_wrap=True)
     with_notes = any(str(note) for note in notes)
     if with_notes:
-        table.add_column("note", overflow="fold", max_width=60)
+        table.add_column("note", max_width=60)
     for (cells, last), note in zip(rows, notes):
         table.add_row(*cells, *([note] if with_notes else []), end_section=last)
     console.print(table)
+    for i, reason in enumerate(reasons, 1):
+        console.print(Text(f"[{i}] {reason}", style="red"))
     for r in records:
         worst = r.get("worst_param")
         if isinstance(worst, dict) and worst.get("tensor"):
             console.print(Text(f"{case_label(r)}: worst parameter gradient {worst['tensor']}, ratio "
                                f"{ratio_text(worst.get('ratio'))}", style="italic"))
+    _print_notes(records, console)
+    console.print(summary_line(records))
+
+
+def summary_line(records: list[dict]) -> Text:
+    """``4 cases: 1 passed, 1 failed, 1 errors, 1 skipped`` (skipped only when some were), the
+    verdict :func:`print_verify_table` prints last."""
     s = verify_summary(records)
     line = Text(f"{s['cases']} {'case' if s['cases'] == 1 else 'cases'}: ")
     line.append(f"{s['passed']} passed", style="green")
@@ -289,8 +307,7 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     line.append(f"{s['errors']} errors", style="bold red" if s["errors"] else "")
     if s["skipped"]:
         line.append(f", {s['skipped']} skipped", style="yellow")
-    console.print(line)
-    _print_notes(records, console)
+    return line
 
 
 def growth_groups(records: list[dict]) -> list[tuple[dict, dict[int, dict]]]:

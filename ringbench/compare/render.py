@@ -44,6 +44,10 @@ def print_pivot(p: Pivot, console: Console | None = None) -> None:
     The best value among rows that differ only in their variant is marked ``*``, and
     ringbench's variants show ``×N``, their value against the best peer's (see
     :func:`ringbench.compare.pivot.contest`). A panel's fields are written on its first row only.
+    On a narrow terminal the row labels wrap only at spaces, commas, ``/``, ``=`` and ``:``;
+    where a name still would not fit, known names are abbreviated (``W``, ``tflash``) and a legend under
+    the table spells them out (:class:`ringbench.formatting.FitTable`). Markdown and JSON keep
+    the full names.
     """
     console = console or Console()
     c = contest(p)
@@ -52,12 +56,14 @@ def print_pivot(p: Pivot, console: Console | None = None) -> None:
     table = compact_table(None)
     rows = p.rows()
     for name in p.index:
-        # Row labels may wrap; the numbers never shrink.
-        table.add_column(name, overflow="fold")
+        # Row labels wrap at spaces, commas, /, = and : (or are abbreviated, with a legend, where
+        # a name would not fit); the numbers never shrink.
+        table.add_column(name)
     for j, value in enumerate(p.columns()):
         header = axis_text(p.x, value)
         width = max([len(header), *(len(_cell(p, c, i, j, vals[j])) for i, (_, vals) in enumerate(rows))])
-        table.add_column(header, justify="right", no_wrap=True, min_width=width)
+        # Where nothing else fits, a value wraps at its space, over its ×N.
+        table.add_column(header, justify="right", no_wrap=True, min_width=width, squeeze=True)
     previous: list[Any] = []
     for i, (key, values) in enumerate(rows):
         shown = [("" if n < len(p.panels) and previous[:n + 1] == key[:n + 1] else cell_text(name, k))
@@ -122,13 +128,13 @@ def print_gate(result: GateResult, console: Console | None = None) -> None:
     console.print(Text(f"regression gate ({rules})", style="italic"))
     table = compact_table(None)
     several = len(result.metrics) > 1
-    table.add_column("case", no_wrap=True)
+    table.add_column("case")
     if several:
         table.add_column("metric", no_wrap=True)
     for header in ("baseline", "candidate", "change"):
         table.add_column(header if several or header == "change" else f"{result.metrics[0].name}\n{header}",
                          justify="right", no_wrap=True)
-    table.add_column("verdict", overflow="fold", min_width=9)
+    table.add_column("verdict", min_width=9)
     for row in result.rows:
         for i, m in enumerate(result.metrics):
             bv, cv, change = row.values[m.name]

@@ -1,0 +1,216 @@
+"""What a user sees on a narrow terminal (issue 14).
+
+Tables at 80 columns never split a word: every word printed is a word of the same table printed
+wide, or its declared abbreviation (``formatting.Names``). Fast: the committed reference records
+and a few synthetic ones.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from ringbench import compare, formatting, report
+from ringbench.cli import app
+from ringbench.results import read_records
+from ringbench.spec import CaseSpec
+
+REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
+H200X2 = REFERENCE / "2026-11-30-h200x2"
+NARROW, WIDE = 80, 1000
+#: A word as a table prints it: what :data:`ringbench.formatting._NAME` never splits.
+WORD = re.compile(r"[\w.\-]+")
+
+
+def _render(fn, arg, width: int) -> str:
+    console = Console(record=True, width=width, color_system=None, file=io.StringIO())
+    fn(arg, console)
+    return console.export_text()
+
+
+def _vocabulary(wide: str) -> set[str]:
+    """The words of a table printed wide, their abbreviations, and the words of the legend that
+    spells those out."""
+    words = set(WORD.findall(wide))
+    names = formatting.Names(short=True)
+    shortened = {names.text(w) for w in words}
+    return words | shortened | set(WORD.findall(names.legend() or ""))
+
+
+def assert_no_split_word(narrow: str, wide: str) -> None:
+    lines = narrow.splitlines()
+    assert max(map(len, lines)) <= NARROW, narrow
+    assert "…" not in narrow, narrow
+    known = _vocabulary(wide)
+    broken = sorted({w for w in WORD.findall(narrow) if w not in known})
+    assert not broken, f"words split or unknown at {NARROW} columns: {broken}\n{narrow}"
+
+
+def _frame(*names: str):
+    return compare.load_runs([H200X2 / n for n in names]).frame
+
+
+# --------------------------------------------------------------------------- tables at 80 columns
+
+@pytest.mark.parametrize("files, by", [
+    (["llama3-8b.jsonl"], ("variant", "kernel")),
+    (["peers.jsonl"], ("variant", "kernel")),
+    (["varlen.jsonl"], ("variant", "kernel")),
+    (["efficient.runs.jsonl"], ("variant", "kernel")),
+    (["llama3-8b.jsonl", "varlen.jsonl"], ("variant", "kernel")),
+    (["llama3-8b.jsonl"], ("kernel",)),
+])
+def test_compare_pivot_at_80_columns_splits_no_word(files, by):
+    table = compare.pivot(_frame(*files), by=by)
+    narrow, wide = _render(compare.print_pivot, table, NARROW), _render(compare.print_pivot, table, WIDE)
+    assert_no_split_word(narrow, wide)
+    assert "abbreviations:" not in wide and "some words are folded" not in narrow
+
+
+def test_compare_pivot_too_wide_for_80_columns_says_so():
+    # Seven row fields and five columns of "417.8 ×1.29*": 98 columns at the narrowest. It still
+    # fits the terminal (the widest label columns fold), and says how wide it would need to be.
+    table = compare.pivot(_frame("llama3-8b.jsonl", "peers.jsonl", "varlen.jsonl"))
+    narrow = _render(compare.print_pivot, table, NARROW)
+    assert max(map(len, narrow.splitlines())) <= NARROW and "…" not in narrow
+    assert re.search(r"some words are folded: this table needs \d+ columns to show them whole, and has 80",
+                     re.sub(r"\s+", " ", narrow)), narrow
+    assert "some words are folded" not in _render(compare.print_pivot, table, 120)
+
+
+def test_compare_pivot_abbreviates_with_a_legend_and_markdown_keeps_full_names():
+    table = compare.pivot(_frame("llama3-8b.jsonl"))
+    narrow = _render(compare.print_pivot, table, NARROW)
+    lines = narrow.splitlines()
+    assert lines[1].split()[:4] == ["W", "mode", "variant", "kernel"]
+    assert "tflash" in narrow and "torch-flash" not in lines[3]
+    legend = next(line for line in lines if line.startswith("abbreviations:"))
+    assert "W = world_size" in legend and "tflash = torch-flash" in legend
+    markdown = compare.pivot_markdown(table)
+    assert "| world_size | mode | variant | kernel |" in markdown and "torch-flash" in markdown
+    assert "tflash" not in markdown and "abbreviations" not in markdown
+    assert all("tflash" not in line for line in compare.pivot_json_lines(table))
+
+
+def test_compare_cli_at_80_columns_splits_no_word():
+    narrow = CliRunner(env={"COLUMNS": "80", "NO_COLOR": "1"}).invoke(app, ["compare", str(H200X2 / "peers.jsonl")])
+    wide = CliRunner(env={"COLUMNS": "1000", "NO_COLOR": "1"}).invoke(app, ["compare", str(H200X2 / "peers.jsonl")])
+    assert narrow.exit_code == 0 and wide.exit_code == 0, narrow.output
+    assert_no_split_word(narrow.stdout, wide.stdout)
+    # --json is the same whatever the width: full names.
+    js = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["compare", str(H200X2 / "peers.jsonl"), "--json"])
+    assert '"kernel": "torch-flash"' in js.stdout and "tflash" not in js.stdout
+
+
+def test_compare_gate_at_80_columns_splits_no_word():
+    result = compare.gate([H200X2 / "llama3-8b.first.jsonl"], [H200X2 / "llama3-8b.jsonl"],
+                          [compare.parse_threshold("tflops:-5%"), compare.parse_threshold("time:+5%")])
+    assert_no_split_word(_render(compare.print_gate, result, NARROW), _render(compare.print_gate, result, WIDE))
+
+
+@pytest.mark.parametrize("path", [
+    H200X2 / "llama-small.verify.jsonl",  # a model check: 37 parameter names
+    H200X2 / "efficient.verify.jsonl",  # failures and errors with long reasons
+    H200X2 / "ci-nightly-torch_cp.verify.jsonl",
+    REFERENCE / "2026-12-01-h200" / "restructure.verify.jsonl",  # documents in the label
+])
+def test_verify_table_at_80_columns_splits_no_word(path):
+    records = read_records(path)
+    narrow = _render(report.print_verify_table, records, NARROW)
+    assert_no_split_word(narrow, _render(report.print_verify_table, records, WIDE))
+
+
+def test_verify_table_shortens_parameter_names_keeping_what_tells_them_apart():
+    records = read_records(H200X2 / "llama-small.verify.jsonl")
+    narrow = _render(report.print_verify_table, records, NARROW)
+    for short in ("grad L1.in_norm", "grad L0.attn.q_proj", "grad L3.mlp.down_proj", "grad L2.post_norm",
+                  "grad embed", "grad lm_head", "grad norm"):
+        assert short in narrow, short
+    legend = narrow[narrow.index("abbreviations:"):]
+    assert "L<n> = layers.<n>" in legend and "in_norm = input_layernorm" in legend
+    # Every parameter name of a case maps to a name of its own.
+    tensors = [c["tensor"] for c in records[0]["checks"]]
+    assert len({formatting.short_param(t) for t in tensors}) == len(tensors)
+    # Wide, nothing is shortened.
+    wide = _render(report.print_verify_table, records, WIDE)
+    assert "grad model.layers.1.input_layernorm.weight" in wide and "abbreviations" not in wide
+
+
+@pytest.mark.parametrize("path", [H200X2 / "efficient.runs.jsonl", H200X2 / "peers.jsonl",
+                                  H200X2 / "varlen.jsonl"])
+def test_run_table_at_80_columns_splits_no_word(path):
+    records = read_records(path)
+    assert_no_split_word(_render(report.print_run_table, records, NARROW),
+                         _render(report.print_run_table, records, WIDE))
+
+
+def _model_check(world_size: int) -> dict:
+    record = read_records(H200X2 / "llama-small.verify.jsonl")[0]
+    return {**record, "spec": {**record["spec"], "world_size": world_size}}
+
+
+def test_growth_table_at_80_columns_splits_no_word():
+    records = [_model_check(w) for w in (1, 2, 4, 8)]
+    narrow = _render(report.print_growth_table, records, NARROW)
+    assert "grad L1.in_norm" in narrow
+    assert_no_split_word(narrow, _render(report.print_growth_table, records, WIDE))
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_variants_table_splits_no_word(width):
+    narrow = CliRunner(env={"COLUMNS": str(width), "NO_COLOR": "1"}).invoke(app, ["variants"])
+    wide = CliRunner(env={"COLUMNS": "1000", "NO_COLOR": "1"}).invoke(app, ["variants"])
+    assert narrow.exit_code == 0, narrow.output
+    table = narrow.stdout.split("\n[1]")[0]  # the reasons after the table are prose
+    assert max(map(len, table.splitlines())) <= width
+    known = _vocabulary(wide.stdout)
+    assert not sorted({w for w in WORD.findall(table) if w not in known}), table
+    if width == 80:
+        assert "rfa_llama3_varlen" in table and "abbreviations" not in table
+
+
+def test_wrap_breaks_only_after_a_separator():
+    spans = formatting._line_spans("zigzag_varlen docs=100,900,3096 lognormal:mean=8k,sigma=1", 15)
+    text = "zigzag_varlen docs=100,900,3096 lognormal:mean=8k,sigma=1"
+    assert [text[a:b] for a, b in spans] == ["zigzag_varlen", "docs=100,900,", "3096 lognormal:",
+                                             "mean=8k,sigma=1"]
+    # A part too wide at the coarse breaks (after , and :) breaks after = or /.
+    dist = "dist:mean=8192,sigma=1"
+    assert [dist[a:b] for a, b in formatting._line_spans(dist, 6)] == ["dist:", "mean=", "8192,", "sigma=", "1"]
+
+
+# --------------------------------------------------------------------------- verify's verdict last
+
+def _verify(variant: str, world_size: int, err: float, **extra) -> dict:
+    spec = CaseSpec(task="verify", variant=variant, kernel="cpu", device="cpu", world_size=world_size, batch=1,
+                    seqlen=256, heads=2, kv_heads=1, head_dim=16, dtype="fp32", causal=True, mode="fwd_bwd",
+                    iters=1, warmup=0, seed=0)
+    checks = [{"tensor": t, "err": err, "allowed": 1e-3, "ratio": err / 1e-3, "passed": err <= 1e-3,
+               "finite": True} for t in ("out", "lse", "dq", "dk", "dv")]
+    return {"schema_version": 1, "task": "verify", "spec": spec.to_dict(), "status": "ok", "kernel": "cpu",
+            "checks": checks, **extra}
+
+
+def test_verify_summary_is_the_last_line_of_the_table_output():
+    records = [_verify("zigzag", 1, 1e-4), _verify("zigzag", 2, 2e-4, notes=["K/V expanded"]),
+               {**_model_check(2), "worst_param": {"tensor": "grad model.norm.weight", "ratio": 0.5}},
+               {"spec": _verify("ring", 2, 0)["spec"], "status": "timeout", "reason": "no progress for 600 s"}]
+    text = _render(report.print_verify_table, records, NARROW)
+    assert text.rstrip("\n").splitlines()[-1] == "4 cases: 3 passed, 0 failed, 1 errors"
+    assert "note: K/V expanded" in text and "[1] no progress for 600 s" in text
+
+
+def test_verify_command_prints_the_summary_after_the_growth_tables(capsys, monkeypatch):
+    from ringbench.cli import _report
+
+    monkeypatch.setenv("COLUMNS", "80")
+    records = [_verify(v, w, 1e-4 * w) for v in ("ring", "zigzag") for w in (1, 2, 4)]
+    _report("verify", records, json_out=False, junit_xml=None)
+    out = capsys.readouterr().out
+    assert out.count("error growth:") == 2 and out.index("error growth:") < out.index("ringbench verify")
+    assert out.rstrip("\n").splitlines()[-1] == "6 cases: 6 passed, 0 failed, 0 errors"
