@@ -1,8 +1,9 @@
-"""What a user sees on a narrow terminal (issue 14).
+"""What a user sees on a narrow terminal and in a plot (issue 14).
 
 Tables at 80 columns never split a word: every word printed is a word of the same table printed
-wide, or its declared abbreviation (``formatting.Names``). Fast: the committed reference records
-and a few synthetic ones.
+wide, or its declared abbreviation (``formatting.Names``). Plots give a variant one colour in
+every figure, a peer dashed lines, and draw no empty panel. Torch-free and fast: the committed
+reference records and a few synthetic ones.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typer.testing import CliRunner
 
 from ringbench import compare, formatting, report
 from ringbench.cli import app
-from ringbench.results import read_records
+from ringbench.compare.plot import colour_of
+from ringbench.results import append_record, read_records
 from ringbench.spec import CaseSpec
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
@@ -214,3 +216,90 @@ def test_verify_command_prints_the_summary_after_the_growth_tables(capsys, monke
     out = capsys.readouterr().out
     assert out.count("error growth:") == 2 and out.index("error growth:") < out.index("ringbench verify")
     assert out.rstrip("\n").splitlines()[-1] == "6 cases: 6 passed, 0 failed, 0 errors"
+
+
+# --------------------------------------------------------------------------- plots
+
+def _run(variant: str, seqlen: int, tflops: float, *, world_size: int = 2, mode: str = "fwd_bwd",
+         kernel: str = "cpu", causal: bool = True) -> dict:
+    spec = CaseSpec(task="run", variant=variant, kernel=kernel, device="cpu", world_size=world_size, batch=1,
+                    seqlen=seqlen, heads=4, kv_heads=2, head_dim=32, dtype="fp32", causal=causal, mode=mode,
+                    iters=3, warmup=1, seed=0)
+    return {"schema_version": 1, "task": "run", "case_id": spec.case_id(), "created_at": "2026-12-01T00:00:00+00:00",
+            "spec": spec.to_dict(), "status": "ok", "kernel": kernel, "time_ms": 1.0, "tflops_per_gpu": tflops,
+            "efficiency": tflops / 100, "env": {"torch": "2.13.0+cpu", "ringbench": "0.1.0"}}
+
+
+def _figure(tmp_path: Path, name: str, records: list[dict], **pivot_args):
+    path = tmp_path / f"{name}.jsonl"
+    for r in records:
+        append_record(path, r)
+    frame = compare.load_runs([path]).frame
+    return compare.plot(compare.pivot(frame, **pivot_args), frame)
+
+
+def _lines(fig) -> dict[str, object]:
+    return {line.get_label(): line for ax in fig.axes for line in ax.get_lines()
+            if not line.get_label().startswith("_")}
+
+
+def test_plot_gives_a_variant_the_same_colour_in_every_figure(tmp_path):
+    from matplotlib.colors import to_hex
+
+    both = _figure(tmp_path, "a", [_run(v, s, 1.0 + i) for i, v in enumerate(("ring", "stripe", "zigzag"))
+                                   for s in (1024, 2048)])
+    alone = _figure(tmp_path, "b", [_run("zigzag", s, 2.0) for s in (1024, 2048)])
+    colours = {label: to_hex(line.get_color()) for label, line in _lines(both).items()}
+    assert to_hex(_lines(alone)["zigzag / cpu"].get_color()) == colours["zigzag / cpu"]
+    assert len(set(colours.values())) == 3
+    # The committed reference plots: every variant in both has one colour, whatever the kernel.
+    peers, llama = (compare.plot(compare.pivot(f), f) for f in (_frame("peers.jsonl"), _frame("llama3-8b.jsonl")))
+    by_variant: dict[str, set[str]] = {}
+    for fig in (peers, llama):
+        for label, line in _lines(fig).items():
+            if "rotate=" not in label:  # another option of a variant is a shade of its colour
+                by_variant.setdefault(label.split(" / ")[0], set()).add(to_hex(line.get_color()))
+    assert {v: len(c) for v, c in by_variant.items()} == {"llama3": 1, "ring": 1, "stripe": 1, "torch_cp": 1,
+                                                          "zigzag": 1}
+    assert to_hex(_lines(peers)["zigzag / cudnn"].get_color()) == colour_of("zigzag")
+
+
+def test_plot_draws_a_peer_dashed_with_open_markers_and_a_line_style_per_kernel():
+    fig = compare.plot(compare.pivot(_frame("peers.jsonl")), _frame("peers.jsonl"))
+    lines = _lines(fig)
+    for label, line in lines.items():
+        peer = label.startswith("torch_cp")
+        assert (line.get_linestyle() == "--") == peer, label
+        assert (line.get_markerfacecolor() == "white") == peer, label
+    assert lines["zigzag / cudnn"].get_linestyle() != lines["zigzag / torch-flash"].get_linestyle()
+    assert lines["zigzag / cudnn"].get_marker() == lines["llama3 / cudnn"].get_marker() == "s"
+    assert "peers dashed" in fig.legends[0].get_title().get_text()
+
+
+def test_plot_leaves_no_panel_empty(tmp_path):
+    # World size 1 has only fwd_bwd: three panels in a row, not a 2 x 2 grid with a hole.
+    fig = _figure(tmp_path, "mixed", [_run("ring", 1024, 1.0, world_size=1), _run("ring", 1024, 2.0),
+                                      _run("ring", 1024, 3.0, mode="fwd")])
+    assert sorted(ax.get_title() for ax in fig.axes) == ["world size 1, forward + backward", "world size 2, forward",
+                                                         "world size 2, forward + backward"]
+    assert {ax.get_subplotspec().get_geometry()[:2] for ax in fig.axes} == {(1, 3)}
+    for ax in fig.axes:
+        assert any(len(line.get_xdata()) for line in ax.get_lines() if not line.get_label().startswith("_"))
+    # The whole reference folder: a world size 1 run and mixed sets; every axis holds data.
+    frame = compare.load_runs([REFERENCE]).frame
+    for metric in ("tflops", "efficiency", "time", "memory"):
+        fig = compare.plot(compare.pivot(frame, metric=metric), frame)
+        assert fig.axes
+        for ax in fig.axes:
+            assert [line for line in ax.get_lines() if not line.get_label().startswith("_")], (metric, ax.get_title())
+
+
+def test_plot_legend_names_the_fields_it_shows(tmp_path):
+    frame = compare.load_runs([Path(__file__).parent / "data" / "main-2026-12-01.runs.jsonl"]).frame
+    labels = sorted(_lines(compare.plot(compare.pivot(frame), frame)))
+    assert labels == ["llama3 / cpu / kv_heads=2 / layout=contiguous / heads_k_stride=1",
+                      "zigzag / cpu / kv_heads=1 / heads_k_stride=0",
+                      "zigzag_varlen / cpu / kv_heads=1 / heads_k_stride=0 / docs=128,64,64"]
+    fig = _figure(tmp_path, "causal", [_run("ring", 1024, 1.0), _run("ring", 1024, 2.0, causal=False)],
+                  by=("variant", "causal"))
+    assert sorted(_lines(fig)) == ["ring / causal=False", "ring / causal=True"]
