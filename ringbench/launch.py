@@ -5,6 +5,14 @@ stays clean and a hung job can be killed as a whole. torchrun (2.x) starts each 
 session of its own too, so on timeout this module first asks torchrun to stop its workers
 (SIGTERM), then kills torchrun's session and every worker it can still find.
 
+No job outlives the process that launched it, however that process ends (``kill -9``, a
+closed terminal): on Linux torchrun is started through a small exec wrapper that sets
+``PR_SET_PDEATHSIG`` (SIGTERM: torchrun then stops its workers itself), and each worker calls
+:func:`die_with_torchrun` first thing (SIGKILL when torchrun dies). The results file's lease
+(``ringbench.lease``) is passed down to torchrun, so it is held until torchrun has ended.
+Torchrun's own output (its failure report included) stays in ``torchrun.stderr.log``; a
+failure is told by its root cause only (the first failing rank, its exception or signal).
+
 Layout of ``log_dir`` after a launch:
 
 - ``cases.json``: what the worker was given;
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -38,6 +47,22 @@ PROGRESS_ENV = "RINGBENCH_PROGRESS_DIR"
 
 _TRACEBACK_LINES = 12
 _STDERR_TAIL_LINES = 20
+#: Set in torchrun's environment by the exec wrapper (torchrun's own pid); the workers it
+#: starts compare it with their parent's pid (see :func:`die_with_torchrun`).
+TORCHRUN_PID_ENV = "RINGBENCH_TORCHRUN_PID"
+_PR_SET_PDEATHSIG = 1
+
+# Run as ``python -S -c _DIE_WITH_PARENT <launcher pid> <torchrun argv...>``: ask the kernel to
+# send SIGTERM when the launcher dies, make sure it has not died already, then become torchrun
+# (exec keeps the pid and the request).
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("ringbench: the command that launched torchrun has ended; not starting it")
+os.environ["RINGBENCH_TORCHRUN_PID"] = str(os.getpid())
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 @dataclass
@@ -143,11 +168,16 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
     child_env["RINGBENCH_NODE_RANK"] = str(node_rank)  # the worker's record writer lives on node 0
     # init_process_group gives up no later than the watchdog would.
     child_env.setdefault("RINGBENCH_PG_TIMEOUT", f"{timeout_s:g}")
+    child_env.pop(TORCHRUN_PID_ENV, None)  # the wrapper sets it; a stale one would kill the workers
+    if sys.platform.startswith("linux"):
+        cmd = [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *cmd]
+
+    from ringbench import lease  # the results file's lease, held by torchrun too while it lives
 
     with open(log_dir / "torchrun.stdout.log", "wb") as out, \
             open(log_dir / "torchrun.stderr.log", "wb") as err:
         proc = subprocess.Popen(cmd, env=child_env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=err, start_new_session=True)
+                                stderr=err, start_new_session=True, pass_fds=lease.held_fds())
         timed_out = False
         deadline = time.monotonic() + timeout_s
         try:
@@ -186,6 +216,25 @@ def _wait(proc: subprocess.Popen, deadline: float, on_poll: Callable[[], None] |
             if left <= POLL_S:
                 raise
         on_poll()
+
+
+def die_with_torchrun() -> None:
+    """Make this worker die (SIGKILL) when the torchrun that started it dies; call it first.
+
+    Only under this module's launch on Linux (torchrun's pid in ``RINGBENCH_TORCHRUN_PID``);
+    elsewhere it does nothing. When torchrun is already gone by the time this runs, the worker
+    ends at once (exit status 1) instead of running cases nobody watches.
+    """
+    expected = os.environ.get(TORCHRUN_PID_ENV)
+    if not expected or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != int(expected):
+        sys.stderr.write(f"ringbench: torchrun (pid {expected}) has ended; this rank does not start\n")
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def _check_args(cases: list[dict], *, world_size: int, device: str, timeout_s: float) -> None:
@@ -381,18 +430,101 @@ def _root_cause(dirs: dict[int, Path], world_size: int) -> str | None:
     return f"rank {rank}/{world_size} failed{also}: {errors[rank][1]}"
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _exit_text(exitcode: int, pid: int | None = None) -> str:
+    """``was killed by SIGKILL (signal 9, pid 12)`` or ``exited with status 3 (pid 12)``."""
+    at = f", pid {pid}" if pid else ""
+    if exitcode < 0:
+        return f"was killed by {_signal_name(-exitcode)} (signal {-exitcode}{at})"
+    return f"exited with status {exitcode}" + (f" (pid {pid})" if pid else "")
+
+
+_REPORT_FIELD_RE = re.compile(r"^\s*(rank|exitcode|error_file|traceback)\s*:\s*(.*)$")
+_REPORT_RANK_RE = re.compile(r"^(\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
+_REPORT_EXIT_RE = re.compile(r"^(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+
+
+def _torchrun_report(log_dir: Path) -> tuple[dict, list[dict]] | None:
+    """torchrun's failure report in its stderr: (the root cause, the other failures).
+
+    Each is ``{"rank": int, "local_rank": int, "exitcode": int, "pid": int | None}``. None
+    when torchrun wrote no report (it failed before its workers ran, or was killed itself).
+    """
+    lines = _tail(log_dir / "torchrun.stderr.log", 400)
+    roots = [i for i, ln in enumerate(lines) if ln.startswith("Root Cause")]
+    if not roots:
+        return None
+    root_at = roots[-1]  # the last report, should torchrun have restarted the job
+    start = max((i for i, ln in enumerate(lines[:root_at]) if ln.strip() == "Failures:"), default=root_at)
+    entries: list[tuple[bool, dict]] = []
+    for i, ln in enumerate(lines[start:], start):
+        m = _REPORT_FIELD_RE.match(ln)
+        if not m:
+            continue
+        key, value = m.groups()
+        if key == "rank":
+            got = _REPORT_RANK_RE.match(value)
+            rank = int(got.group(1)) if got else None
+            local = int(got.group(2)) if got and got.group(2) else rank
+            entries.append((i > root_at, {"rank": rank, "local_rank": local, "exitcode": None, "pid": None}))
+        elif key == "exitcode" and entries:
+            got = _REPORT_EXIT_RE.match(value)
+            if got:
+                entries[-1][1]["exitcode"] = int(got.group(1))
+                entries[-1][1]["pid"] = int(got.group(2)) if got.group(2) else None
+    causes = [e for is_root, e in entries if is_root and e["rank"] is not None and e["exitcode"] is not None]
+    others = [e for is_root, e in entries if not is_root and e["rank"] is not None and e["exitcode"] is not None]
+    if not causes:
+        return None
+    cause = causes[0]
+    return cause, [e for e in others if e["rank"] != cause["rank"]]
+
+
+def _last_error_line(path: Path) -> str | None:
+    """The last line of ``path`` that names an exception or an error, stripped; None when none does."""
+    for line in reversed(_tail(path, _STDERR_TAIL_LINES * 5)):
+        text = line.strip()
+        if text and re.search(r"(Error|Exception|error:|Killed|Segmentation fault|Aborted)", text):
+            return text
+    return None
+
+
 def _failure_text(log_dir: Path, world_size: int, returncode: int) -> str:
+    """The failed job's root cause, in a few lines: never torchrun's raw report, which stays in its log."""
     dirs = _rank_dirs(log_dir)
     cause = _root_cause(dirs, world_size)
     if cause:
         return cause
+    log = log_dir / "torchrun.stderr.log"
+    report = _torchrun_report(log_dir)
+    if report is not None:
+        first, others = report
+        text = f"rank {first['rank']}/{world_size} {_exit_text(first['exitcode'], first['pid'])} and left no error file"
+        if first["exitcode"] == -signal.SIGKILL:
+            text += ": killed from outside, or by the kernel's out-of-memory killer (see dmesg)"
+        stopped = [o["rank"] for o in others if o["exitcode"] == -signal.SIGTERM]
+        if stopped:
+            text += f"; torchrun then stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
+        text += "".join(f"; rank {o['rank']} {_exit_text(o['exitcode'])} after it" for o in others
+                        if o["exitcode"] != -signal.SIGTERM)
+        local = first["local_rank"]
+        tail = _tail(dirs[local] / "stderr.log", _STDERR_TAIL_LINES) if local in dirs else []
+        if first["exitcode"] >= 0 and any("Traceback" in ln or "Error" in ln for ln in tail):
+            return text + "; end of its stderr:\n" + "\n".join(tail)
+        return f"{text}; torchrun's report: {log}"
     for rank in sorted(dirs):
         tail = _tail(dirs[rank] / "stderr.log", _STDERR_TAIL_LINES)
         if any("Traceback" in ln or "Error" in ln for ln in tail):
             return f"rank {rank}/{world_size} failed; end of its stderr:\n" + "\n".join(tail)
-    tail = _tail(log_dir / "torchrun.stderr.log", _STDERR_TAIL_LINES)
-    return (f"torchrun exited with status {returncode} and no rank left an error; end of "
-            f"{log_dir / 'torchrun.stderr.log'}:\n" + "\n".join(tail))
+    last = _last_error_line(log)
+    return (f"torchrun {_exit_text(returncode)} and no rank left an error" + (f": {last}" if last else "")
+            + f"; its output: {log}")
 
 
 def last_progress(log_dir: Path | str, world_size: int) -> dict[int, str | None]:

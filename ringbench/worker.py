@@ -23,6 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ringbench import envinfo, records, results
 from ringbench.bench import bench_case
 from ringbench.check import verify_case
+from ringbench.launch import die_with_torchrun
 from ringbench.spec import CaseSpec
 from ringbench.variants import get_variant
 
@@ -137,6 +138,7 @@ def _record_writer() -> int:
 
 @record
 def main(argv: list[str] | None = None) -> None:
+    die_with_torchrun()  # a rank never outlives the torchrun that started it (ringbench.launch)
     parser = argparse.ArgumentParser(prog="python -m ringbench.worker")
     parser.add_argument("--cases", required=True, type=Path)
     parser.add_argument("--results", required=True, type=Path)

@@ -155,3 +155,46 @@ def test_cli_e2e_sweep_killed_then_resumed_keeps_one_ok_record_per_case(tmp_path
     assert sorted(ok) == sorted(ids)  # every case once: none lost, none duplicated
     resumed = {r["case_id"] for r in records[len(first):]}
     assert resumed == ids - ok_first
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_cli_e2e_a_killed_rank_shows_its_root_cause_not_torchruns_dump(tmp_path):
+    """A rank killed by SIGKILL (as the out-of-memory killer does) leaves no traceback; the terminal and
+    the record give one line naming it, and torchrun's report stays in the launch log."""
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "ringbench.cli", "run", "--variant", "ring", "--device", "cpu", "--seqlen", "6k",
+            "--iters", "20", "--warmup", "1", "--out", str(out)]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        while True:  # rank 1 inside its case
+            marks = list(out.glob("logs/*/*/progress/rank1.txt"))
+            if marks and " start " in marks[0].read_text():
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "the case never started"
+            time.sleep(0.05)
+        (rank1,) = [int(line.split(":")[0]) for line in _live_cmdlines_with(str(out / "logs"))
+                    if "ringbench.worker" in line and _env_of(int(line.split(":")[0])).get("RANK") == "1"]
+        os.kill(rank1, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(stderr[-3000:])
+    assert proc.returncode == 3
+    (record,) = read_jsonl(out / "runs.jsonl")
+    assert record["status"] == "error"
+    assert re.match(rf"rank 1/2 was killed by SIGKILL \(signal 9, pid {rank1}\) and left no error file", record["reason"])
+    assert "\n" not in record["reason"]
+    assert f"launch at world_size 2 on cpu failed: {record['reason']}" in stderr
+    for raw in ("Root Cause", "ringbench.worker FAILED", "=====", "error_file", "traceback :"):
+        assert raw not in stderr  # torchrun's dump
+    (log,) = out.glob("logs/*/*/torchrun.stderr.log")
+    assert "Root Cause (first observed failure)" in log.read_text()
+
+
+def _env_of(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(item.split("=", 1) for item in f.read().decode(errors="replace").split("\0") if "=" in item)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -19,10 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 # Each case says what the stand-in does: "record" (rank 0 appends a record), "raise"
 # (rank 1 raises, rank 0 waits as a peer blocked in a collective would), "hang" (every rank
 # sleeps; the rank named by ignore_term_rank also ignores SIGTERM, like a rank stuck in a
-# C call, so only SIGKILL stops it).
+# C call, so only SIGKILL stops it), "die" (rank 1 is killed by SIGKILL, as the kernel's
+# out-of-memory killer does; rank 0 waits). Like ringbench.worker, it dies with its torchrun.
 FAKE_WORKER = '''
 import argparse, json, os, signal, sys, time
 from ringbench import results
+from ringbench.launch import die_with_torchrun
+
+die_with_torchrun()
 
 if os.environ["RANK"] == "1" and "raise" in open(sys.argv[sys.argv.index("--cases") + 1]).read():
     # Only the rank that raises needs torchelastic's error file; importing torch costs
@@ -56,6 +61,10 @@ def main():
         elif case["action"] == "raise":
             if rank == 1:
                 raise RuntimeError("boom: rank 1 could not run case " + str(i))
+            time.sleep(60)
+        elif case["action"] == "die":
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(60)
         elif case["action"] == "hang":
             if case.get("ignore_term_rank") == rank:
@@ -190,3 +199,41 @@ def test_launch_on_poll_error_stops_the_job_and_propagates(tmp_path, worker_env,
         _run(tmp_path, worker_env, [{"action": "hang"}], timeout_s=60, on_poll=poll)
     assert len(calls) == 3
     assert _live_cmdlines_with(str(tmp_path / "logs" / "cases.json")) == []
+
+
+@pytest.mark.dist
+def test_launch_killed_rank_gives_its_root_cause_and_keeps_torchruns_report_in_the_log(tmp_path, worker_env):
+    res = _run(tmp_path, worker_env, [{"action": "record"}, {"action": "die"}], timeout_s=60)
+    assert res.returncode != 0 and not res.timed_out
+    # One line: the rank, its signal, and where torchrun's own report is; not the report itself.
+    assert re.fullmatch(r"rank 1/2 was killed by SIGKILL \(signal 9, pid \d+\) and left no error file: killed "
+                        r"from outside, or by the kernel's out-of-memory killer \(see dmesg\); torchrun then "
+                        r"stopped rank 0; torchrun's report: " + re.escape(str(res.log_dir / "torchrun.stderr.log")),
+                        res.failure), res.failure
+    report = (res.log_dir / "torchrun.stderr.log").read_text()
+    assert "Root Cause (first observed failure)" in report and "Signal 9 (SIGKILL)" in report
+
+
+@pytest.mark.dist
+def test_launch_torchrun_killed_takes_its_ranks_with_it(tmp_path, worker_env):
+    """torchrun dies without a word (SIGKILL): its ranks die too (die_with_torchrun) and the
+    failure says that torchrun was killed."""
+    log_dir = tmp_path / "logs"
+
+    def kill_torchrun_once_ranks_wait():
+        marks = launch_mod.last_progress(log_dir, 2)
+        if all(m and "waiting forever" in m for m in marks.values()) and not killed:
+            (torchrun,) = [int(line.split(":")[0]) for line in _live_cmdlines_with(str(log_dir / "cases.json"))
+                           if "torch.distributed.run" in line]
+            os.kill(torchrun, signal.SIGKILL)
+            killed.append(torchrun)
+
+    killed: list[int] = []
+    res = _run(tmp_path, worker_env, [{"action": "hang"}], timeout_s=60, on_poll=kill_torchrun_once_ranks_wait)
+    assert killed and res.returncode == -signal.SIGKILL and not res.timed_out
+    assert res.failure.startswith("torchrun was killed by SIGKILL (signal 9) and no rank left an error; its "
+                                  "output: "), res.failure
+    deadline = time.monotonic() + 5
+    while (left := _live_cmdlines_with(str(log_dir / "cases.json"))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == []
