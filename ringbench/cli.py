@@ -26,7 +26,7 @@ from ringbench import __version__, options
 from ringbench.errors import RingbenchError, SpecError
 from ringbench.fields import plural
 from ringbench.options import (JSON_HELP, JUNIT_HELP, NNODES_HELP, NODE_RANK_HELP, OUT_HELP, RDZV_ENDPOINT_HELP,
-                               RDZV_ID_HELP, RESUME_HELP, SCENARIO_HELP, TIMEOUT_HELP)
+                               RDZV_ID_HELP, RESUME_HELP, SCENARIO_HELP, TIMEOUT_HELP, YES_HELP)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -65,6 +65,7 @@ def run(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
+    yes: bool = typer.Option(False, "--yes", help=YES_HELP),
     nnodes: int = typer.Option(1, "--nnodes", help=NNODES_HELP, show_default=False),
     node_rank: int = typer.Option(0, "--node-rank", help=NODE_RANK_HELP, show_default=False),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
@@ -72,7 +73,7 @@ def run(
 ) -> None:
     """Measure a variant's time, throughput and memory on one shape (or a scenario's sweep)."""
     _sweep("run", case, ctx.obj, scenario=scenario, out=out, json_out=json_out, timeout=timeout, resume=resume,
-           nodes=(nnodes, node_rank, rdzv_endpoint, rdzv_id))
+           nodes=(nnodes, node_rank, rdzv_endpoint, rdzv_id), yes=yes)
 
 
 @app.command()
@@ -86,6 +87,7 @@ def verify(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
+    yes: bool = typer.Option(False, "--yes", help=YES_HELP),
     nnodes: int = typer.Option(1, "--nnodes", help=NNODES_HELP, show_default=False),
     node_rank: int = typer.Option(0, "--node-rank", help=NODE_RANK_HELP, show_default=False),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
@@ -97,11 +99,12 @@ def verify(
     runs on CPU); a shape option (--seqlen, --heads, --docs...) checks that one shape.
     """
     _sweep("verify", case, ctx.obj, scenario=scenario, out=out, json_out=json_out, timeout=timeout, resume=resume,
-           nodes=(nnodes, node_rank, rdzv_endpoint, rdzv_id), junit_xml=junit_xml)
+           nodes=(nnodes, node_rank, rdzv_endpoint, rdzv_id), junit_xml=junit_xml, yes=yes)
 
 
 def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional[str], out: Path, json_out: bool,
-           timeout: Optional[float], resume: bool, nodes: tuple, junit_xml: Optional[Path] = None) -> None:
+           timeout: Optional[float], resume: bool, nodes: tuple, junit_xml: Optional[Path] = None,
+           yes: bool = False) -> None:
     """Build the cases of a run or verify command, sweep them, print the tables; exits.
 
     ``launcher`` is the typer context's object: ``None`` (``ringbench.launch``, torchrun) unless
@@ -119,7 +122,7 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
         cases, skipped = sweep.cases_for(task, case, scenario=scenario, model=model, nnodes=nodes[0])
         options.check_out(out, junit_xml)
     outcome = sweep.run_sweep(cases, task=task, out=out, timeout_s=timeout, resume=resume, nodes=node_args,
-                              skipped=skipped, launcher=launcher)
+                              skipped=skipped, launcher=launcher, yes=yes)
     if outcome.records:
         _report(task, outcome.records, json_out=json_out, junit_xml=junit_xml)
         reused = f"; {len(outcome.records) - outcome.written} reused (--resume)" if resume else ""

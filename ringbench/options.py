@@ -33,6 +33,9 @@ TIMEOUT_HELP = ("Wall-clock seconds one launch (the cases of one world size and 
                 "case. Default: scaled to the cases, 120 s of start-up plus, per case, twice its FLOPs per GPU "
                 "times (iters + warmup) at 50 TFLOP/s on cuda or 5 GFLOP/s on cpu (verify: four times the "
                 "whole sequence's FLOPs); never below 120.")
+YES_HELP = ("Start the sweep even where ringbench would ask first: on CPU, a sweep estimated over 30 minutes, or a "
+            "world size with more ranks than 4 per core or than the memory here holds (the estimate is printed "
+            "before every sweep). Default: refuse those with exit code 2.")
 NNODES_HELP = ("Hosts the job spans, each running this same command with its own --node-rank; --world-size "
                "is the total over them, so each host starts world_size / nnodes ranks (it must divide). Only "
                "node 0, where global rank 0 lives, writes records. Default: 1.")

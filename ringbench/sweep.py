@@ -19,12 +19,14 @@ import itertools
 import shlex
 import signal
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from rich.console import Console
+from rich.progress import ProgressColumn
 from rich.text import Text
 
 from ringbench import fields, records, results
@@ -222,14 +224,23 @@ def results_file(out: Path, task: str) -> Path:
 
 
 def run_sweep(cases: list, *, task: str, out: Path, timeout_s: Optional[float] = None, resume: bool = False,
-              nodes: Optional[dict] = None, skipped: Optional[dict[str, str]] = None, launcher=None) -> Outcome:
+              nodes: Optional[dict] = None, skipped: Optional[dict[str, str]] = None, launcher=None,
+              yes: bool = False) -> Outcome:
     """Launch the cases, one launch per (world_size, device), and give every case a record.
 
     The cases in ``skipped`` (case_id -> reason) are not launched; each gets a ``skipped`` record.
     A progress bar on stderr counts cases: it moves as the records appear in the results file
-    (read between waits on the job, see ``launch``'s ``on_poll``). Ctrl-C or SIGTERM stops
+    (read between waits on the job, see ``launch``'s ``on_poll``), with an ETA from the
+    estimate (``ringbench.estimate``) from the first case on. Ctrl-C or SIGTERM stops
     the job and keeps every record written so far (exit 130 or 143, no records in the
     outcome); ``--resume`` then runs the rest.
+
+    Before anything starts, the cases to run are estimated (one line on stderr) and, unless
+    ``yes``, refused on CPU when the sweep would pass 30 minutes or its ranks do not fit the
+    machine's cores or memory. The sweep holds the results file's lease (``ringbench.lease``)
+    while it runs: shared, or exclusive with ``resume``, which therefore never starts beside
+    another live sweep of that file. A refusal prints one red sentence and gives exit code 2
+    with no records.
 
     Args:
         cases: resolved ``CaseSpec``s (see :func:`build_cases`).
@@ -241,24 +252,65 @@ def run_sweep(cases: list, *, task: str, out: Path, timeout_s: Optional[float] =
         skipped: case_id -> why the case cannot run here.
         launcher: an object with ``launch(cases, *, world_size, device, results_path, run_id,
             timeout_s, on_poll, **nodes) -> LaunchResult``; default ``ringbench.launch``.
+        yes: start what the estimate would refuse (``--yes``).
     """
+    from ringbench import estimate, lease
+    from ringbench.errors import RingbenchError
+
     if launcher is None:
         from ringbench import launch as launcher
     err = Console(stderr=True, soft_wrap=True)
     results_path = results_file(out, task)
     run_id = uuid.uuid4().hex
     nodes = nodes or {}
-    if nodes.get("node_rank", 0) > 0:
-        return Outcome([], 0, _follow_node(cases, launcher, results_path, run_id, timeout_s, nodes, err))
-    by_id: dict[str, dict] = {}
-    if resume:
-        wanted = {c.case_id() for c in cases}
-        for record in results.read_records(results_path):
-            if record.get("case_id") in wanted and records.is_done(record):
-                by_id[record["case_id"]] = record  # the latest ok record of the case
-        err.print(f"--resume: {len(by_id)} of {plural(len(cases), 'case')} already have an ok record in "
-                  f"{results_path}; running {len(cases) - len(by_id)}", style="dim", markup=False)
-    skipped_now = [c for c in cases if c.case_id() in (skipped or {}) and c.case_id() not in by_id]
+    skipped = skipped or {}
+    follower = nodes.get("node_rank", 0) > 0
+    held = None
+    try:
+        by_id: dict[str, dict] = {}
+        if resume:
+            # Held before the records are read: no other sweep may append while this one decides.
+            held = lease.acquire(results_path, exclusive=True,
+                                 on_wait=lambda text: err.print(text, style="dim", markup=False))
+            wanted = {c.case_id() for c in cases}
+            for record in results.read_records(results_path):
+                if record.get("case_id") in wanted and records.is_done(record):
+                    by_id[record["case_id"]] = record  # the latest ok record of the case
+            err.print(f"--resume: {len(by_id)} of {plural(len(cases), 'case')} already have an ok record in "
+                      f"{results_path}; running {len(cases) - len(by_id)}", style="dim", markup=False)
+        to_launch = [c for c in cases if c.case_id() not in by_id and c.case_id() not in skipped]
+        est = estimate.estimate(to_launch) if to_launch else None
+        if est is not None:
+            estimate.check(to_launch, est, yes=yes)
+        if not resume and not follower:
+            held = lease.acquire(results_path, exclusive=False)
+    except RingbenchError as exc:  # another sweep holds the file, or the estimate refused the sweep
+        if held is not None:
+            held.release()
+        err.print(Text(str(exc), style="red"))
+        return Outcome([], 0, EXIT_USAGE)
+    except KeyboardInterrupt:  # Ctrl-C while waiting for a stopped sweep's processes: nothing ran
+        if held is not None:
+            held.release()
+        return Outcome([], 0, 128 + signal.SIGINT)
+    if est is not None:
+        err.print(estimate.summary(to_launch, est), style="dim", markup=False)
+    eta = _Eta(to_launch, est) if est is not None else None
+    try:
+        if follower:
+            return Outcome([], 0, _follow_node(cases, launcher, results_path, run_id, timeout_s, nodes, err))
+        return _sweep_all(cases, task=task, results_path=results_path, run_id=run_id, timeout_s=timeout_s,
+                          nodes=nodes, skipped=skipped, launcher=launcher, by_id=by_id, err=err, eta=eta)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _sweep_all(cases: list, *, task: str, results_path: Path, run_id: str, timeout_s: Optional[float],
+               nodes: dict, skipped: dict[str, str], launcher, by_id: dict, err: Console,
+               eta: Optional["_Eta"]) -> Outcome:
+    """Record the skipped cases, launch the others, and turn the records into the outcome."""
+    skipped_now = [c for c in cases if c.case_id() in skipped and c.case_id() not in by_id]
     env = _env(skipped_now[0].kernel) if skipped_now else None  # why they were skipped is part of it
     for case in skipped_now:
         record = records.build(case, run_id=run_id, status="skipped", reason=skipped[case.case_id()], env=env)
@@ -270,7 +322,7 @@ def run_sweep(cases: list, *, task: str, out: Path, timeout_s: Optional[float] =
     previous = _raise_on_sigterm(signum)
     try:
         launched, not_run = _launch_all(todo, launcher, results_path, run_id, timeout_s, by_id, err,
-                                        task=task, nodes=nodes)
+                                        task=task, nodes=nodes, eta=eta)
     except KeyboardInterrupt:
         ids = {c.case_id() for c in cases}
         done = by_id.keys() | {r.get("case_id") for r in results.read_records(results_path)
@@ -367,8 +419,65 @@ def _follow_node(cases: list, launcher, results_path: Path, run_id: str, timeout
     return code
 
 
+class _Eta:
+    """The progress bar's ETA, from the estimate: the estimated seconds of the cases left, scaled
+    by how long the finished ones took against theirs. Each launch's start-up counts with its
+    first case, so the ETA shows from the first case on, before any case has finished."""
+
+    def __init__(self, cases: list, est, clock=time.monotonic):
+        self._clock = clock
+        self._left: dict[str, float] = {}
+        first_of: set[tuple[int, str]] = set()
+        for case, seconds in zip(cases, est.case_s):
+            key = (case.world_size, case.device)
+            if key not in first_of:
+                first_of.add(key)
+                seconds += est.launch_s[key]
+            self._left[case.case_id()] = seconds
+        self._started = self._last = clock()
+        self._done_est = 0.0
+        self._current: Optional[str] = None
+
+    def running(self, case_id: Optional[str]) -> None:
+        self._current = case_id
+
+    def finished(self, case_id: str) -> None:
+        if case_id in self._left:
+            self._done_est += self._left.pop(case_id)
+            self._last = self._clock()
+
+    def seconds_left(self) -> float:
+        now = self._clock()
+        factor = 1.0
+        if self._done_est > 0:
+            factor = min(10.0, max(0.1, (self._last - self._started) / self._done_est))
+        left = sum(self._left.values())
+        after_current = left - self._left.get(self._current, 0.0)
+        # Never below the cases after the one running, however long that one takes.
+        return max(factor * after_current, factor * left - (now - self._last), 0.0)
+
+
+class _EtaColumn(ProgressColumn):
+    """``ETA 0:12:34`` from :class:`_Eta`; rich's own ETA shows nothing until a case has finished."""
+
+    def __init__(self, eta: Optional[_Eta]):
+        super().__init__()
+        self._eta = eta
+
+    def render(self, task) -> Text:
+        if self._eta is None or task.finished:
+            left = 0.0 if task.finished else None
+        else:
+            left = self._eta.seconds_left()
+        if left is None:
+            return Text("ETA -:--:--", style="progress.remaining")
+        whole = int(round(left))
+        return Text(f"ETA {whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}", style="progress.remaining")
+
+
 def _launch_all(todo: list, launcher, results_path: Path, run_id: str, timeout_s: Optional[float],
-                by_id: dict, err: Console, *, task: str, nodes: Optional[dict] = None) -> tuple[int, bool]:
+                by_id: dict, err: Console, *, task: str, nodes: Optional[dict] = None,
+                eta: Optional[_Eta] = None) -> tuple[int, bool]:
     """Run ``todo`` one launch per (world_size, device) under a progress bar; fill ``by_id``.
 
     When a launch fails or times out in a case, that case is recorded with status timeout,
@@ -378,7 +487,7 @@ def _launch_all(todo: list, launcher, results_path: Path, run_id: str, timeout_s
     Returns:
         (records appended, whether some case went unreported by its launch).
     """
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     groups: dict[tuple[int, str], list] = {}
     for case in todo:
@@ -387,13 +496,15 @@ def _launch_all(todo: list, launcher, results_path: Path, run_id: str, timeout_s
     env: list[dict | None] = []  # collected once, on the first unreported case
     written, not_run = 0, False
     columns = (TextColumn("{task.fields[counter]}"), BarColumn(bar_width=16), TimeElapsedColumn(),
-               TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"))
+               _EtaColumn(eta), TextColumn("{task.description}"))
     with Progress(*columns, console=err) as progress:
         bar = progress.add_task(task, total=len(todo), counter=f"case 0 of {len(todo)}")
 
         def show(current) -> None:
             """Case i of n: i counts the finished cases and the one running now."""
             done = int(progress.tasks[0].completed)
+            if eta is not None:
+                eta.running(None if current is None else current.case_id())
             if current is None:
                 progress.update(bar, counter=f"case {done} of {len(todo)}", description="")
             else:
@@ -404,7 +515,7 @@ def _launch_all(todo: list, launcher, results_path: Path, run_id: str, timeout_s
             pending = list(group)
             while pending:
                 found, failed, pending = _launch_one(pending, launcher, results_path, run_id, timeout_s,
-                                                     nodes or {}, env, progress, bar, show)
+                                                     nodes or {}, env, progress, bar, show, eta)
                 written += len(found)
                 not_run = not_run or failed
                 by_id.update(found)
@@ -413,7 +524,7 @@ def _launch_all(todo: list, launcher, results_path: Path, run_id: str, timeout_s
 
 
 def _launch_one(pending: list, launcher, results_path: Path, run_id: str, timeout_s: Optional[float],
-                nodes: dict, env: list, progress, bar, show) -> tuple[dict, bool, list]:
+                nodes: dict, env: list, progress, bar, show, eta: Optional[_Eta] = None) -> tuple[dict, bool, list]:
     """One launch of ``pending`` (cases of one world size and device).
 
     Returns:
@@ -430,6 +541,8 @@ def _launch_one(pending: list, launcher, results_path: Path, run_id: str, timeou
         for record in new:
             if record.get("run_id") == run_id and record.get("case_id") in ids - found.keys():
                 found[record["case_id"]] = record
+                if eta is not None:
+                    eta.finished(record["case_id"])
                 progress.advance(bar)
         show(next((c for c in pending if c.case_id() not in found), None))
 
@@ -457,6 +570,8 @@ def _launch_one(pending: list, launcher, results_path: Path, run_id: str, timeou
                                env=env[0])
         results.append_record(results_path, record)
         found[case.case_id()] = record
+        if eta is not None:
+            eta.finished(case.case_id())
         progress.advance(bar)
     if missing or timed_out or failure:
         what = "timed out" if timed_out else f"failed: {failure or 'no reason given'}"

@@ -1,0 +1,143 @@
+"""No silent hours: every sweep is estimated before it starts, and on CPU a sweep that would pass
+30 minutes, or more ranks than the machine holds, is refused unless --yes.
+
+The refusals run the CLI in-process with a launcher stand-in (nothing is launched), the machine's
+rate, cores and memory fixed by monkeypatch; one test runs the real command of the issue.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import CLI_ENV, ringbench
+from ringbench import estimate, sweep
+from ringbench.cli import app
+
+runner = CliRunner(env=CLI_ENV)
+
+
+class Recorder:
+    """A launcher stand-in: writes each case's ok record as the workers would, and keeps the launches."""
+
+    def __init__(self):
+        self.launches: list[dict] = []
+
+    def launch(self, cases, *, world_size, device, results_path, run_id, timeout_s, on_poll=None):
+        from ringbench import records, results
+        from ringbench.spec import CaseSpec
+
+        self.launches.append({"world_size": world_size, "cases": cases})
+        for case in cases:
+            results.append_record(results_path, records.build(CaseSpec.from_dict(case), run_id=run_id, status="ok"))
+        return type("Result", (), {"returncode": 0, "timed_out": False, "log_dir": None, "failure": None})()
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Two cores, 20 GB free and a 400 GFLOP/s matmul, wherever the test runs."""
+    monkeypatch.setattr(estimate, "cpu_matmul_rate", lambda: 400e9)
+    monkeypatch.setattr(estimate, "usable_cores", lambda: 2)
+    monkeypatch.setattr(estimate, "available_bytes", lambda: 20 * 10 ** 9)
+    return monkeypatch
+
+
+def _run(args, launcher):
+    return runner.invoke(app, ["run", "--device", "cpu", *args], obj=launcher)
+
+
+def test_estimate_a_long_cpu_sweep_is_refused_with_the_estimate_and_the_flag(machine, tmp_path):
+    launcher = Recorder()
+    got = _run(["--variant", "zigzag", "--seqlen", "128k", "--out", str(tmp_path)], launcher)
+    assert got.exit_code == 2
+    message = got.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    # 4 * 128k^2 * 4 heads * 32 / 2 * 3.5 FLOPs, (10 + 3) times with the reference's 1/2 more, at 80 GFLOP/s.
+    assert re.match(r"this sweep would take about 63 min on cpu \(zigzag S=128k W=2; attention at about 80 "
+                    r"GFLOP/s on cpu, from a 400 GFLOP/s float32 matmul measured here\), over the 30 min that "
+                    r"ringbench runs on cpu without asking; pass --yes to run it anyway", message), message
+    assert launcher.launches == [] and not (tmp_path / "runs.jsonl").exists()
+
+
+def test_estimate_yes_lets_a_long_sweep_through_and_prints_the_estimate(machine, tmp_path):
+    launcher = Recorder()
+    got = _run(["--variant", "zigzag", "--seqlen", "128k", "--out", str(tmp_path), "--yes", "--json"], launcher)
+    assert got.exit_code == 0, got.output
+    assert [c["seqlen"] for launch in launcher.launches for c in launch["cases"]] == [131072]
+    assert re.search(r"^estimate: about 63 min for 1 case in 1 launch \(attention at about 80 GFLOP/s",
+                     got.stderr, re.M), got.stderr
+
+
+@pytest.mark.parametrize("world_size, free, why", [
+    (64, 200 * 10 ** 9, r"64 ranks on 2 cores are more than the 8 \(4 per core\) that ringbench starts without asking"),
+    (4, 10 ** 9, r"its ranks need about 1\.\d GB of memory \(4 of about 4\d\d MB\) but 1\.0 GB is available here"),
+])
+def test_estimate_a_world_size_the_machine_cannot_hold_is_refused_unless_yes(machine, tmp_path, world_size, free,
+                                                                             why):
+    machine.setattr(estimate, "available_bytes", lambda: free)
+    args = ["--variant", "ring", "--seqlen", "4k", "--world-size", str(world_size), "--iters", "2", "--warmup",
+            "1", "--out", str(tmp_path)]
+    launcher = Recorder()
+    got = _run(args, launcher)
+    assert got.exit_code == 2
+    assert re.fullmatch(rf"world_size {world_size} on cpu does not fit this machine: {why}; pass a smaller "
+                        r"--world-size, or --yes to start it anyway", got.stderr.strip()), got.stderr
+    assert launcher.launches == []
+    got = _run([*args, "--yes"], launcher)
+    assert got.exit_code == 0, got.output
+    assert [launch["world_size"] for launch in launcher.launches] == [world_size]
+
+
+def test_estimate_grows_with_the_flops_and_counts_each_launch(machine):
+    def cases(**given):
+        return sweep.cases_for("run", {"variant": ["zigzag"], "device": "cpu", **given})[0]
+
+    small, big = cases(seqlen=16384), cases(seqlen=32768)
+    work = estimate.case_seconds(big[0]) - estimate.CASE_OVERHEAD_S
+    assert work == pytest.approx(4 * (estimate.case_seconds(small[0]) - estimate.CASE_OVERHEAD_S))
+    # 4 * S^2 * H * D / 2 * 3.5 FLOPs, (iters + warmup) times, plus the reference's 1 / world_size, at 80 GFLOP/s.
+    flops = 4 * 32768 ** 2 * 4 * 32 / 2 * 3.5
+    assert work == pytest.approx(flops * (10 + 3) * 1.5 / 80e9)
+    two = cases(seqlen=4096, world_size=[2, 4])
+    est = estimate.estimate(two)
+    assert sorted(est.launch_s) == [(2, "cpu"), (4, "cpu")]
+    assert est.total_s == pytest.approx(sum(est.case_s) + sum(est.launch_s.values()))
+
+
+def test_estimate_eta_shows_from_the_first_case_and_follows_the_pace():
+    cases = sweep.cases_for("run", {"variant": ["ring", "zigzag"], "device": "cpu", "seqlen": 1024})[0]
+    est = estimate.Estimate(case_s=[10.0, 10.0], launch_s={(2, "cpu"): 5.0})
+    now = [100.0]
+    eta = sweep._Eta(cases, est, clock=lambda: now[0])
+    column = sweep._EtaColumn(eta)
+    task = type("Task", (), {"finished": False})()
+    eta.running(cases[0].case_id())
+    assert column.render(task).plain == "ETA 0:00:25"  # before any case has finished
+    now[0] = 130.0  # the first case (15 s estimated with the start-up) took 30 s: the pace is half
+    eta.finished(cases[0].case_id())
+    eta.running(cases[1].case_id())
+    assert column.render(task).plain == "ETA 0:00:20"
+    now[0] = 200.0  # far past its estimate: never below zero
+    assert column.render(task).plain == "ETA 0:00:00"
+    assert sweep._EtaColumn(None).render(task).plain == "ETA -:--:--"
+
+
+def test_estimate_the_issues_command_exits_2_within_seconds_on_cpu(tmp_path):
+    """`ringbench run --variant zigzag --seqlen 128k` on a CPU machine: refused before any launch."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU refusal: this machine has a GPU, where the case runs on cuda")
+    start = time.monotonic()
+    result = ringbench("run", "--variant", "zigzag", "--seqlen", "128k", "--out", str(tmp_path / "out"),
+                       cwd=tmp_path)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 2
+    assert re.fullmatch(r"this sweep would take about .+ on cpu \(zigzag S=128k W=2; .+\), over the 30 min that "
+                        r"ringbench runs on cpu without asking; pass --yes to run it anyway, or a smaller --seqlen, "
+                        r"fewer --iters or fewer cases", result.stderr.strip()), result.stderr
+    assert not (tmp_path / "out" / "runs.jsonl").exists()
+    assert elapsed < 30, f"the refusal took {elapsed:.1f} s"
