@@ -117,8 +117,14 @@ def harness(monkeypatch, tmp_path):
     (["run", "--variant", "torch_cp", "--device", "cpu"],
      r"^torch_cp cannot run on cpu: PyTorch's context parallel dispatches only its CUDA SDPA backends "
      r"\(flash, efficient, cuDNN\); run it on a machine with a CUDA GPU with --device cuda$"),
-    (["run", "--variant", "rfa_zigzag", "--device", "cpu"], r"^rfa_zigzag cannot run on cpu: ring-flash-attn calls "
-                                                            r"the flash-attn package, which runs on CUDA only"),
+    # rfa_* run on CPU (ringbench's kernels serve ring-flash-attn's flash-attn calls), with those kernels only.
+    (["run", "--variant", "rfa_zigzag", "--device", "cpu", "--kernel", "cudnn"],
+     r"^kernel 'cudnn' is not one rfa_zigzag runs with, since it brings its own attention calls; pass --kernel "
+     r"flash-attn, torch-flash, cpu or math$"),
+    (["run", "--variant", "rfa_zigzag", "--device", "cpu", "--kernel", "torch-flash"],
+     r"^kernel 'torch-flash' runs on cuda, not cpu; pass --kernel with one of cpu, math or auto$"),
+    (["verify", "--variant", "rfa_zigzag", "--no-causal", "--seqlen", "1k"],
+     r"^rfa_zigzag does not support non-causal attention; pass --causal$"),
     (["run", "--variant", "torch_cp", "--device", "cpu", "--kernel", "cpu"], r"^torch_cp cannot run on cpu"),
     (["run", "--variant", "torch_cp", "--no-causal"], r"^torch_cp does not support non-causal attention; pass --causal$"),
     (["run", "--variant", "torch_cp", "--rotate", "ring"], r"^rotate 'ring' is unknown; pass --rotate with one of "

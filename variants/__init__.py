@@ -71,11 +71,18 @@ class Variant:
         options: keyword options its ``attention`` takes beyond the common contract, such
             as ``heads_k_stride``.
         devices: the device types it runs on; ``devices_reason`` says why not the others.
-        kernels: the only kernels it runs with (peers bring their own); empty: any kernel.
+        kernels: the only kernels it runs with (peers bring their own, or name what serves
+            their kernel calls); empty: any kernel.
         availability: ``"module:function"`` returning why it cannot run here, or ``None``
             (imports torch and its library); empty: always available.
         session: ``"module:function"`` taking ``(spec, group, device)`` and returning a context
             manager that the worker holds around a whole case (forward and backward).
+        case_notes: ``"module:function"`` returning the notes a record of the case this process
+            ran last should carry (rfa_*: what served the peer's kernel calls, noted while its
+            ``session`` was held); empty: none.
+        model_check: ``"module:function"`` returning why ``verify --model`` cannot check this
+            variant here (rfa_*: the package's own Hugging Face adapter), or ``None``; empty:
+            ringbench's adapter (``adapters.hf``) checks it. See :meth:`model_refusal`.
         expands_kv: it runs GQA by repeating K/V heads to the query heads; records say so.
         peer: it runs another project's implementation, not ringbench's.
         traffic_counted: its bytes go through ringbench's counted communicators
@@ -100,6 +107,8 @@ class Variant:
     kernels: tuple[str, ...] = ()
     availability: str = ""
     session: str = ""
+    case_notes: str = ""
+    model_check: str = ""
     expands_kv: bool = False
     peer: bool = False
     traffic_counted: bool = True
@@ -162,9 +171,18 @@ class Variant:
 
     def notes(self, *, heads: int, kv_heads: int) -> list[str]:
         """What a record of this variant should say about how it ran the case."""
+        notes = []
         if self.expands_kv and kv_heads != heads:
-            return [f"K/V expanded from {kv_heads} to {heads} heads before {self.name}, which has no native GQA"]
-        return []
+            notes.append(f"K/V expanded from {kv_heads} to {heads} heads before {self.name}, which has no native GQA")
+        if self.case_notes:
+            notes.extend(self._load(self.case_notes)())
+        return notes
+
+    def model_refusal(self) -> str | None:
+        """Why ``verify --model`` cannot check this variant here, in one sentence, or ``None``
+        (imports torch and the variant's library when ``model_check`` is set)."""
+        reason = self._load(self.model_check)() if self.model_check else None
+        return f"{self.name} cannot be checked with --model: {reason}; check its attention without --model" if reason else None
 
     def check_docs(self, docs, world_size: int) -> str | None:
         """Return why this variant refuses documents of lengths ``docs`` at ``world_size``, or ``None``.
@@ -227,10 +245,12 @@ VARIANTS: dict[str, Variant] = {
                 kernels=("torch-flash", "cudnn", "torch-efficient"), availability="torch_cp:unavailable_reason",
                 session="torch_cp:session", expands_kv=True, peer=True, traffic_counted=False),
         *(Variant(f"rfa_{name}", layout, f"rfa:rfa_{name}_attention",
-                  f"peer: ring-flash-attn's {func}", varlen=varlen, non_causal=non_causal, devices=("cuda",),
-                  devices_reason="ring-flash-attn calls the flash-attn package, which runs on CUDA only",
-                  kernels=("flash-attn",), availability="rfa:unavailable_reason", peer=True,
-                  options=("heads_k_stride",) if varlen else (), session="comm:dist_session")
+                  f"peer: ring-flash-attn's {func}; its flash-attn calls are served by the flash-attn package "
+                  "where it is installed, else by ringbench's kernel (torch-flash on CUDA, cpu or math)",
+                  varlen=varlen, non_causal=non_causal, kernels=("flash-attn", "torch-flash", "cpu", "math"),
+                  availability="rfa:varlen_unavailable_reason" if varlen else "rfa:unavailable_reason", peer=True,
+                  options=("heads_k_stride",) if varlen else (), session="rfa:session", case_notes="rfa:served_notes",
+                  model_check="rfa:hf_adapter_unavailable_reason")
           for name, layout, func, varlen, non_causal in (
               ("ring", "contiguous", "ring_flash_attn_func", False, True),
               ("zigzag", "zigzag", "zigzag_ring_flash_attn_func", False, False),
