@@ -204,6 +204,8 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         "bytes_sent": int(max_sent) if max_sent is not None else None,
         "bytes_received": int(max(g[3] for g in gathered)) if max_sent is not None else None,
         "bus_gib_s": max_sent / GIB / (time_ms * 1e-3) if world_size > 1 and max_sent is not None else None,
+        # False: bytes_sent is null because it is not counted, not because nothing was sent.
+        "bytes_counted": variant.traffic_counted,
     }
     # The datasheet's peak, else one measured in this launch (again before it refuses a result).
     peak = case_peak(device, spec.dtype, group=group, tflops=tflops)

@@ -19,6 +19,13 @@ A case with packed documents (a varlen variant, ``docs`` in the spec) builds the
 ``cu_seqlens``, shards the row as the variant does (document by document, or by row), passes
 ``cu_seqlens=`` to the variant, and takes both references from the kernels' varlen form over
 the whole row.
+
+With ``spec.repeat`` above 1 (at least 2 under ``spec.require_deterministic``) the variant runs
+again on the same inputs in the same process, and every rank compares each repeat's out, lse,
+dq, dk and dv with the first's bit for bit (:func:`repeat_variant`). Any difference fails the
+case, except gradients alone differing where the kernel's backward is documented as
+nondeterministic (``Kernel.nondeterministic_backward``), which is recorded and passes unless
+``require_deterministic`` (:func:`determinism_verdict`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ringbench.case_setup import CaseSetup, case_setup
+from ringbench.fields import plural
 from ringbench.spec import CaseSpec
 from ringbench.variants import layouts
 from ringbench.variants.kernels import KERNELS
@@ -95,6 +103,8 @@ class Placement:
         cu_seqlens: the global int32 offsets on the case's device, or ``None`` (batch form).
         watch: ``(source, watcher)`` ranks for :func:`cp_active` (the watcher's queries see
             some of the source's keys), or ``None`` when no rank sees another's keys.
+        unwatched: why ``watch`` is ``None`` (one sentence, for the record's
+            ``cp_active_reason``); empty when it is not.
     """
 
     def __init__(self, case: CaseSetup, device: torch.device):
@@ -104,6 +114,7 @@ class Placement:
             self.unshard = lambda parts, dim=1: layouts.unshard(parts, layout, dim=dim)
             self.cu_seqlens, self.extra = None, {}
             self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
+            self.unwatched = ""
             return
         by_doc = variant.shard_by_document
         self.cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
@@ -124,6 +135,8 @@ class Placement:
             others = sorted(set(owner[a:b].tolist()) - {first})
             if others and (self.watch is None or abs(others[-1] - first) > abs(self.watch[1] - self.watch[0])):
                 self.watch = (first, others[-1])
+        self.unwatched = "" if self.watch is not None else (
+            "no document crosses a rank boundary, so no rank needs another's K/V")
 
     def max_seqlen(self) -> int:
         offsets = self.cu_seqlens.tolist()
@@ -175,6 +188,106 @@ def cp_active(attention, placement, inputs, *, rank, world_size, causal, scale, 
     return bool(changed.item() > 0)
 
 
+#: The forward pass's tensors: they must repeat bitwise even where a kernel's backward may not.
+FORWARD_TENSORS = ("out", "lse")
+#: The integer dtype whose view compares a tensor's elements bit for bit, by element size.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bitwise_difference(a: torch.Tensor | None, b: torch.Tensor | None) -> tuple[int, float]:
+    """How two results for one tensor differ, bit for bit: ``(elements whose bits differ, the
+    largest |a - b| among them)``, ``(0, 0.0)`` for the same bits.
+
+    Elements compare by their bits, so a NaN equals a NaN of the same bits and -0.0 differs from
+    0.0; a difference that involves a non-finite value is inf. A shape or dtype that differs, or
+    a tensor on one side only (``None``), is every element differing by inf.
+    """
+    if a is None and b is None:
+        return 0, 0.0
+    if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
+        return max(1, (a if a is not None else b).numel()), float("inf")
+    a, b = a.detach().contiguous().reshape(-1), b.detach().contiguous().reshape(-1)
+    bits = _BITS[a.element_size()]
+    differ = a.view(bits) != b.view(bits)
+    count = int(differ.sum())
+    if not count:
+        return 0, 0.0
+    inf = float("inf")
+    gap = torch.nan_to_num((a[differ].double() - b[differ].double()).abs(), nan=inf, posinf=inf)
+    return count, float(gap.max())
+
+
+def repeat_variant(attention, placement: Placement, inputs, first, repeats: int, **kwargs) -> dict:
+    """Run the variant ``repeats - 1`` more times on the same inputs and compare each repeat's out,
+    lse, dq, dk and dv with ``first`` (the first run's), bit for bit, on every rank.
+
+    Every rank must call it (the counts are summed over the group, the largest gaps maxed), and
+    every rank gets the same fields back.
+
+    Args:
+        attention, placement, inputs, kwargs: as :func:`_run_variant` takes them.
+        first: the first run's ``(out, lse, dq, dk, dv)`` on this rank.
+        repeats: runs in all, the first included.
+
+    Returns:
+        ``{"repeats", "deterministic", "first_difference", "differing_tensors"}``:
+        ``deterministic`` is None when ``repeats`` is 1; ``first_difference`` is
+        ``{"tensor", "repeat", "elements", "max_abs_diff"}`` for the earliest repeat (numbered
+        from 1, the first run) that differs from the first run and its first differing tensor in
+        the order out, lse, dq, dk, dv (elements summed over the ranks), or None;
+        ``differing_tensors`` names every tensor that differed in some repeat, in that order.
+    """
+    if repeats <= 1:
+        return {"repeats": 1, "deterministic": None, "first_difference": None, "differing_tensors": []}
+    device = first[0].device
+    counts = torch.zeros(repeats - 1, len(TENSORS), dtype=torch.float64, device=device)
+    gaps = torch.zeros_like(counts)
+    for r in range(repeats - 1):
+        again = _run_variant(attention, placement, inputs, **kwargs)
+        for t, (a, b) in enumerate(zip(first, again)):
+            counts[r, t], gaps[r, t] = bitwise_difference(a, b)
+        del again
+    dist.all_reduce(counts, group=kwargs.get("group"))
+    dist.all_reduce(gaps, op=dist.ReduceOp.MAX, group=kwargs.get("group"))
+    differing = [(r, t) for r in range(repeats - 1) for t in range(len(TENSORS)) if counts[r, t] > 0]
+    first_difference = None
+    if differing:
+        r, t = differing[0]
+        first_difference = {"tensor": TENSORS[t], "repeat": r + 2, "elements": int(counts[r, t]),
+                            "max_abs_diff": float(gaps[r, t])}
+    return {"repeats": repeats, "deterministic": not differing, "first_difference": first_difference,
+            "differing_tensors": [n for i, n in enumerate(TENSORS) if any(t == i for _, t in differing)]}
+
+
+def determinism_verdict(repeated: dict, *, documented: str, require: bool) -> str | None:
+    """Why the repeats fail the case (one sentence), or None when they do not.
+
+    Args:
+        repeated: :func:`repeat_variant`'s fields.
+        documented: the kernel's ``nondeterministic_backward`` (empty: none documented).
+        require: ``require_deterministic``: any difference fails.
+
+    Returns:
+        None when the repeats were the same bits (or there was one), or when only gradients
+        differed, the kernel's backward is documented as nondeterministic and ``require`` is off.
+    """
+    if repeated.get("deterministic") is not False:
+        return None
+    differing = repeated["differing_tensors"]
+    backward_only = not any(t in FORWARD_TENSORS for t in differing)
+    if documented and backward_only and not require:
+        return None
+    first = repeated["first_difference"]
+    text = (f"not deterministic: {first['tensor']} of repeat {first['repeat']} differs bitwise from repeat 1 "
+            f"({plural(first['elements'], 'element')}, max |diff| {first['max_abs_diff']:.3g})")
+    others = [t for t in differing if t != first["tensor"]]
+    if others:
+        text += f"; also differing: {', '.join(others)}"
+    if documented and backward_only:
+        text += "; the kernel's backward is documented as nondeterministic, and --require-deterministic is set"
+    return text
+
+
 def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float) -> tuple[torch.Tensor, ...]:
     """out, lse, dq, dk, dv of ``kernel`` over the whole sequence on one device (varlen form
     over the whole packed row when the case has documents)."""
@@ -196,7 +309,11 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         group: the context-parallel group (default: the world).
 
     Returns:
-        ``{"status": "ok" | "fail", "reason": str | None, "checks": [...], "cp_active": bool | None}``.
+        ``{"status": "ok" | "fail", "reason": str | None, "checks": [...], "cp_active": bool | None,
+        "cp_active_reason": str | None, "repeats", "deterministic", "first_difference",
+        "differing_tensors", "nondeterministic_backward": str | None}``: ``cp_active_reason`` says
+        why ``cp_active`` is None (world size 1, or no rank needs another's K/V); the repeat
+        fields are :func:`repeat_variant`'s; ``nondeterministic_backward`` is the kernel's.
     """
     case = case_setup(spec, group)
     rank, world_size, variant, kernel, dtype = case.rank, case.world_size, case.variant, case.kernel, case.dtype
@@ -208,8 +325,14 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     local = _run_variant(variant.attention, placement, inputs, **kwargs)
     dims = (1, 2, 1, 1, 1)
     gathered = [_gather(t, placement, d, group) for t, d in zip(local, dims)]
-    active = (cp_active(variant.attention, placement, inputs, **kwargs)
-              if world_size > 1 and placement.watch is not None else None)
+    repeats = max(spec.repeat, 2) if spec.require_deterministic else spec.repeat
+    repeated = repeat_variant(variant.attention, placement, inputs, local, repeats, **kwargs)
+    if world_size == 1:
+        active, inactive_reason = None, "world size 1: a single rank, so no K/V is exchanged"
+    elif placement.watch is None:
+        active, inactive_reason = None, placement.unwatched
+    else:
+        active, inactive_reason = cp_active(variant.attention, placement, inputs, **kwargs), None
 
     checks = None
     if rank == 0:
@@ -231,5 +354,10 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     if active is False:
         reasons.append(f"changing one rank's K/V left the other rank's output unchanged, so "
                        f"context parallelism was not active at world size {world_size}")
+    documented = getattr(kernel, "nondeterministic_backward", "")
+    nondeterministic = determinism_verdict(repeated, documented=documented, require=spec.require_deterministic)
+    if nondeterministic:
+        reasons.append(nondeterministic)
     return {"status": "fail" if reasons else "ok", "reason": "; ".join(reasons) or None,
-            "checks": checks, "cp_active": active}
+            "checks": checks, "cp_active": active, "cp_active_reason": inactive_reason, **repeated,
+            "nondeterministic_backward": documented or None}

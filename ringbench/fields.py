@@ -356,6 +356,15 @@ FIELDS: tuple[Field, ...] = (
           "(llama-tiny: 256 tokens, for CPU; llama-small: 16k tokens, for GPUs) through the Hugging Face "
           "adapter; it fixes seqlen, batch, heads, kv_heads and head_dim; needs the hf extra", "", "", default_text="the attention check", optional=True, commands=("verify",),
           flag="--model", check=_if_set(_check_model)),
+    Field("repeat", int, "times each case runs in the same launch; above 1, out, lse, dq, dk and dv must be "
+          "bitwise the same in every repeat (a determinism check: the first differing tensor and repeat are "
+          "recorded, and the case fails unless only the gradients differ and its kernel's backward is documented "
+          "as nondeterministic); 1: once, no determinism verdict", 1, 1, in_case_id=False, optional=True,
+          commands=("verify",), check=_POSITIVE),
+    Field("require_deterministic", bool, "fail a case whose repeats differ at all, also where its kernel's "
+          "backward is documented as nondeterministic (flash-attn, torch-flash, cudnn, torch-efficient); runs at "
+          "least 2 repeats", False, False, default_text="off", in_case_id=False, optional=True,
+          commands=("verify",), flag="--require-deterministic/--no-require-deterministic", check=None),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
@@ -448,7 +457,7 @@ def markdown_table() -> str:
             default += f" ({f.default_text})" if f.default_text else ""
         else:
             default = f"`{f.cuda}` / `{f.cpu}`" if f.cuda != VISIBLE_GPUS else f"GPUs / `{f.cpu}`"
-        in_id = "when set" if f.optional else ("yes" if f.in_case_id else "no")
+        in_id = "no" if not f.in_case_id else ("when set" if f.optional else "yes")
         commands = " ".join(f"`{c}`" for c in f.commands) or "-"
         option = f"`{f.option}` ({commands})" if f.commands else "-"
         rows.append(f"| {f.name} | {f.type.__name__} | {default} | {in_id} | {option} | {f.help} |")

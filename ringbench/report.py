@@ -23,6 +23,8 @@ from ringbench.formatting import (MISSING, FitTable, compact_table, docs_count, 
 ERROR_STATUSES = ("error", "timeout", "oom")
 
 _STATUS_STYLE = {"ok": "green", "skipped": "yellow"}
+#: The bus GiB/s cell of a run whose bytes cannot be counted (``bytes_counted: false``).
+NOT_COUNTED = "not counted"
 
 
 def _status_text(status: Any) -> Text:
@@ -112,7 +114,9 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
     Columns: case (variant over the kernel that ran), shape (see below), status (with a
     note number ``[n]`` when a reason was recorded), ms (slowest rank's median time of one
     iteration), imbal. (max/min over ranks), TFLOP/s per GPU, eff. (efficiency against the
-    same kernel on one rank's share), peak GiB (peak allocated, max over ranks) and bus GiB/s.
+    same kernel on one rank's share), peak GiB (peak allocated, max over ranks) and bus GiB/s
+    (``not counted`` where the variant's bytes cannot be seen, ``bytes_counted: false``, with a
+    line after the table pointing to ``ringbench verify``, which proves its communication).
     The shape reads ``W2 16k 32/8×128`` over ``bf16 causal fwd_bwd``: world size, seqlen,
     Hq/Hkv×D, then dtype, mask and mode, with ``B<batch>`` after the world size when the
     batch is not 1. Absent values show as ``-``. The reasons follow the table, one numbered
@@ -150,12 +154,18 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
             rate(r.get("tflops_per_gpu")),
             number(r.get("efficiency"), ".3f"),
             number(r.get("peak_allocated_gib"), ".2f"),
-            rate(r.get("bus_gib_s")),
+            NOT_COUNTED if r.get("bytes_counted") is False else rate(r.get("bus_gib_s")),
         )
     console.print(table)
     for i, reason in enumerate(reasons, 1):
         console.print(Text(f"[{i}] {reason}", style="red"))
     _print_notes(records, console)
+    uncounted = [text(record_field(r, "variant")) for r in records if r.get("bytes_counted") is False]
+    for variant in dict.fromkeys(uncounted):
+        console.print(Text(f"{NOT_COUNTED}: {variant} moves its bytes through collectives ringbench's counters "
+                           f"cannot see, so bytes_sent is null and no byte rule refuses its timing; `ringbench "
+                           f"verify --variant {variant}` proves that its ranks exchange data (cp_active)",
+                           style="dim"))
 
 
 def _print_notes(records: list[dict], console: Console) -> None:
@@ -223,6 +233,48 @@ def _ratio(check: dict) -> Any:
     return ratio
 
 
+def _case_verdicts(record: dict) -> list[tuple[str, Text, str]]:
+    """The rows a verify record's case gets under its tensors: ``(name, result, note)``.
+
+    ``repeats`` when the case ran repeats (``deterministic`` not null): PASS when every repeat
+    had the same bits; FAIL naming the first differing tensor and repeat; WARN where only
+    gradients differed and the kernel's backward is documented as nondeterministic (the case
+    passes unless ``require_deterministic``). ``cp-active`` when context parallelism was not
+    shown active: FAIL when changing one rank's K/V left the others' output unchanged, n/a with
+    the reason when the case cannot show it (world size 1, no document across a rank boundary).
+    """
+    rows: list[tuple[str, Text, str]] = []
+    deterministic = record.get("deterministic")
+    if deterministic is True:
+        rows.append(("repeats", Text("PASS", style="green"),
+                     f"deterministic over {text(record.get('repeats'))} repeats"))
+    elif deterministic is False:
+        first = record.get("first_difference") or {}
+        differing = record.get("differing_tensors") or [first.get("tensor")]
+        note = (f"not deterministic: {', '.join(map(text, differing))} at repeat {text(first.get('repeat'))}, "
+                f"max |diff| {number(first.get('max_abs_diff'), '.3g')}")
+        if _known_nondeterminism(record):
+            rows.append(("repeats", Text("WARN", style="yellow"), note + f"; documented for {kernel_ran(record)}"))
+        else:
+            rows.append(("repeats", Text("FAIL", style="bold red"), note))
+    elif deterministic is None and record_field(record, "hf_model") and (record_field(record, "repeat") or 1) > 1:
+        rows.append(("repeats", Text("n/a", style="yellow"), "a model check runs once; --repeat repeats attention"))
+    if record.get("cp_active") is False:
+        rows.append(("cp-active", Text("FAIL", style="bold red"),
+                     "changing one rank's K/V left another rank's output unchanged"))
+    elif record.get("cp_active") is None and record.get("cp_active_reason"):
+        rows.append(("cp-active", Text("n/a", style="yellow"), str(record["cp_active_reason"])))
+    return rows
+
+
+def _known_nondeterminism(record: dict) -> bool:
+    """Whether a record's repeats differed only in gradients of a kernel whose backward is
+    documented as nondeterministic, without ``require_deterministic`` (recorded, not failed)."""
+    differing = set(record.get("differing_tensors") or ())
+    return bool(record.get("deterministic") is False and record.get("nondeterministic_backward")
+                and not differing & {"out", "lse"} and not record_field(record, "require_deterministic"))
+
+
 def print_verify_table(records: list[dict], console: Console | None = None) -> None:
     """Print one row per (case, tensor) of verify records, then the notes and, last, the summary line.
 
@@ -233,6 +285,9 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     one numbered line each.
     A model check (``verify --model``) has one row per tensor (loss, then each parameter's
     gradient) and a line after the table naming its worst parameter gradient (largest ratio).
+    Under a case's tensors come its case-wide verdicts (:func:`_case_verdicts`): ``repeats``
+    when it ran repeats, ``cp-active`` when context parallelism was not shown active (FAIL, or
+    n/a with the reason the case cannot show it).
     The numbers never wrap or shorten; on a narrow terminal the case label, tensor and note wrap
     at spaces, commas, ``/``, ``=`` and ``:``, and where a word still would not fit, names are
     shortened (``tflash``; parameters as ``L1.in_norm``) with a legend under the table. The notes
@@ -257,6 +312,7 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
             rows.append(([label, MISSING, MISSING, MISSING, MISSING, shown], True))
             notes.append("")
             continue
+        verdicts = _case_verdicts(r)
         for j, check in enumerate(checks):
             passed = _check_passed(check)
             rows.append(([
@@ -266,8 +322,12 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
                 number(check.get("allowed"), ".3e"),
                 ratio_text(_ratio(check)),
                 Text("PASS", style="green") if passed else Text("FAIL", style="bold red"),
-            ], j == len(checks) - 1))
+            ], j == len(checks) - 1 and not verdicts))
             notes.append(_check_notes(check))
+        for j, (name, result, note) in enumerate(verdicts):
+            rows.append(([label if not checks and j == 0 else "", name, MISSING, MISSING, MISSING, result],
+                         j == len(verdicts) - 1))
+            notes.append(note)
 
     table = FitTable("ringbench verify", compact=False)
     # The label, the tensor and the note wrap at spaces on a narrow terminal (the label down the
@@ -286,6 +346,11 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     console.print(table)
     for i, reason in enumerate(reasons, 1):
         console.print(Text(f"[{i}] {reason}", style="red"))
+    for kernel, source in dict.fromkeys((text(kernel_ran(r)), r["nondeterministic_backward"])
+                                        for r in records if _known_nondeterminism(r)):
+        console.print(Text(f"note: {kernel}'s backward is documented as nondeterministic, so its gradients may "
+                           f"differ between repeats and the case passes (--require-deterministic fails it): "
+                           f"{source}", style="dim"))
     for r in records:
         worst = r.get("worst_param")
         if isinstance(worst, dict) and worst.get("tensor"):

@@ -285,6 +285,8 @@ TESTING_VARIANTS: dict[str, Variant] = {
         Variant("uncounted_peer", "contiguous", "ring:ring_attention",
                 "test only: the ring, declared as a peer whose traffic cannot be seen",
                 peer=True, traffic_counted=False),
+        Variant("jitter_ring", "contiguous", "testing:jitter_ring_attention",
+                "test only: the ring, whose dq moves by a rounding at every backward (never bitwise repeatable)"),
     )
 }
 

@@ -56,6 +56,10 @@ class Kernel:
         backward_varlen: ``(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             max_seqlen_k, causal, softmax_scale) -> (dq, dk, dv)``, or ``None``.
         no_varlen: why there is no varlen form, when there is none.
+        nondeterministic_backward: why the backward pass, as ringbench calls it, is not bitwise
+            repeatable, with the source that documents it; empty where it is (``cpu``, ``math``).
+            ``verify --repeat`` records it and does not fail gradients (dq, dk, dv) that differ
+            between repeats for it, unless ``--require-deterministic``; out or lse that differ fail.
     """
 
     name: str
@@ -69,6 +73,7 @@ class Kernel:
     forward_varlen: Callable[..., tuple[Tensor, Tensor]] | None = field(repr=False, default=None)
     backward_varlen: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = field(repr=False, default=None)
     no_varlen: str = ""
+    nondeterministic_backward: str = ""
 
     @property
     def varlen(self) -> bool:
@@ -546,18 +551,32 @@ def _torch_flash_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqle
 
 _HALF = (torch.float16, torch.bfloat16)
 
+# Where the CUDA kernels' backward passes are documented as nondeterministic (Kernel.nondeterministic_backward).
+_NONDET_FLASH_ATTN = ("flash-attn's backward is deterministic only when called with deterministic=True, which "
+                      "ringbench does not pass (flash_attn_interface.py: 'deterministic: bool. Whether to use the "
+                      "deterministic implementation of the backward pass ... The forward pass is always "
+                      "deterministic.')")
+_NONDET_TORCH = ("PyTorch's {op} warns that '{name} defaults to a non-deterministic algorithm' "
+                 "(aten/src/ATen/native/transformers/cuda/attention_backward.cu); ringbench does not call "
+                 "torch.use_deterministic_algorithms(True)")
+
 KERNELS: dict[str, Kernel] = {
     k.name: k
     for k in (
         Kernel("flash-attn", "cuda", _HALF, 256, 8, _flash_attn_forward, _flash_attn_backward,
                _flash_attn_unavailable,
-               no_varlen="flash_attn_varlen_func is not wired up: no flash-attn build to verify it against"),
+               no_varlen="flash_attn_varlen_func is not wired up: no flash-attn build to verify it against",
+               nondeterministic_backward=_NONDET_FLASH_ATTN),
         Kernel("torch-flash", "cuda", _HALF, 256, 8, _torch_flash_forward, _torch_flash_backward,
-               _torch_flash_unavailable, _torch_flash_forward_varlen, _torch_flash_backward_varlen),
+               _torch_flash_unavailable, _torch_flash_forward_varlen, _torch_flash_backward_varlen,
+               nondeterministic_backward=_NONDET_TORCH.format(name="Flash Attention", op="_flash_attention_backward")),
         Kernel("cudnn", "cuda", _HALF, 128, 8, _cudnn_forward, _cudnn_backward, _cudnn_unavailable,
-               no_varlen="cuDNN's ragged-offset attention is not wired up or verified"),
+               no_varlen="cuDNN's ragged-offset attention is not wired up or verified",
+               nondeterministic_backward=_NONDET_TORCH.format(name="cuDNN Attention", op="_cudnn_attention_backward")),
         Kernel("torch-efficient", "cuda", (*_HALF, torch.float32), 128, 8, _efficient_forward, _efficient_backward,
-               _cuda_unavailable, no_varlen="the memory-efficient op's varlen form is not wired up or verified"),
+               _cuda_unavailable, no_varlen="the memory-efficient op's varlen form is not wired up or verified",
+               nondeterministic_backward=_NONDET_TORCH.format(name="Memory Efficient attention",
+                                                              op="_efficient_attention_backward")),
         Kernel("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16, torch.float16), None, 1,
                _cpu_forward, _cpu_backward, forward_varlen=_cpu_forward_varlen,
                backward_varlen=_cpu_backward_varlen),

@@ -187,3 +187,42 @@ def plain_dist_attention(q, k, v, *, causal=True, softmax_scale=None, group=None
     lse = torch.logsumexp(scores, dim=-1)
     out = (torch.softmax(scores, dim=-1) @ vt).transpose(1, 2).to(q.dtype)
     return out, lse.detach()
+
+
+# --------------------------------------------------------------------------------------
+# Nondeterminism: a variant whose gradients are not bitwise repeatable, for verify --repeat.
+
+#: Backward passes of ``jitter_ring`` so far in this process; every rank counts the same.
+_JITTER_CALLS = [0]
+
+
+class _JitterGrad(torch.autograd.Function):
+    """Identity forward; backward moves the smallest-magnitude element of the gradient one or
+    two units in the last place away from zero, one on odd calls and two on even ones, so two
+    calls in a row never give the same bits (and the error is far below every tolerance)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _JITTER_CALLS[0] += 1
+        grad = grad.contiguous().clone()
+        flat = grad.view(-1)
+        if flat.numel() and grad.is_floating_point():
+            ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[grad.element_size()]
+            i = int(flat.abs().argmin())
+            # One step of the integer view is one unit in the last place, away from zero, either sign.
+            flat.view(ints)[i] += 1 if _JITTER_CALLS[0] % 2 else 2
+        return grad
+
+
+def jitter_ring_attention(q, k, v, *, causal=True, softmax_scale=None, group=None, kernel="auto",
+                          cu_seqlens=None):
+    """The ring, whose dq moves by a rounding or two in one element at every backward, as an
+    atomic-add backward's can (test fixture: within tolerance, never bitwise repeatable)."""
+    from .ring import ring_attention
+
+    return ring_attention(_JitterGrad.apply(q), k, v, causal=causal, softmax_scale=softmax_scale, group=group,
+                          kernel=kernel)
