@@ -103,6 +103,7 @@ def test_run_table_says_not_counted_where_bytes_are_not_counted():
 
 # --------------------------------------------------------------------------- under torchrun
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_cli_verify_records_why_cp_active_cannot_be_checked(tmp_path):
     """One launch at world size 2: uncounted_peer (its communication proven, as verify proves
@@ -121,6 +122,7 @@ def test_cli_verify_records_why_cp_active_cannot_be_checked(tmp_path):
     assert "crosses a" in result.stdout and result.stdout.count("cp-active") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_cli_run_says_not_counted_for_uncounted_peer(tmp_path):
     result = ringbench("run", "--variant", "uncounted_peer", "--variant", "ring", "--device", "cpu",

@@ -205,6 +205,7 @@ def test_verify_table_says_a_model_check_ran_once():
 
 # --------------------------------------------------------------------------- under torchrun
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_cli_verify_repeat_llama3_varlen_is_deterministic(tmp_path):
     result = ringbench("verify", "--repeat", "2", "--variant", "llama3_varlen", "--world-size", "4",
@@ -218,6 +219,7 @@ def test_cli_verify_repeat_llama3_varlen_is_deterministic(tmp_path):
     assert re.search(r"\brepeats\b[\s│-]*PASS\b.*\bdetermin", result.stdout), result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_cli_verify_fails_the_nondeterministic_variant(tmp_path):
     """One launch, two cases: jitter_ring with --repeat 2, and with --require-deterministic alone
