@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from . import layouts
 from . import comm
+from . import observe
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .merge import merge_
 
@@ -115,11 +116,14 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout):
     acc = accumulation_dtype(q.dtype)
     out = torch.zeros(B, S_local, H, D, dtype=acc, device=q.device)
     lse = torch.full((B, H, S_local), float("-inf"), dtype=acc, device=q.device)
+    seen = observe.current()
     saved = []
     for hs, kg, vg in _gathered_kv(k, v, group, world_size, stride, layout):
         qh = slice(hs.start * G, hs.stop * G)
         for rows, keys, c in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1]):
             b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale)
+            if seen is not None:
+                seen.forward_block(rows, qh, b_out, b_lse)
             merge_(out[:, rows, qh], lse[:, qh, rows], b_out, b_lse)
         saved.append((kg, vg))
     return out.to(q.dtype), lse, saved
@@ -132,6 +136,7 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.empty(k.shape, dtype=acc, device=k.device)
     dv = torch.empty(v.shape, dtype=acc, device=v.device)
+    seen = observe.current()
     for hs, (kg, vg) in zip(_head_groups(k.shape[2], stride), saved):
         qh = slice(hs.start * G, hs.stop * G)
         dkg = torch.zeros(kg.shape, dtype=acc, device=k.device)
@@ -139,6 +144,9 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
         for rows, keys, c in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1]):
             g = kernel.backward(dout[:, rows, qh], q[:, rows, qh], kg[:, keys], vg[:, keys],
                                 out[:, rows, qh], lse[:, qh, rows], c, scale)
+            if seen is not None:
+                seen.dq_block(rows, qh, g[0])
+                seen.gathered_dkv(layout, keys, hs, g[1], g[2], kg.shape[1], world_size)
             dq[:, rows, qh] += g[0]
             dkg[:, keys] += g[1]
             dvg[:, keys] += g[2]

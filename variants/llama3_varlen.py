@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from . import observe
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .llama3 import GatheredAttention, _gathered_kv, _head_groups, head_group_stride, reduce_scatter_shards
 from .varlen import check_cu_seqlens
@@ -84,11 +85,14 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, pieces: Pieces):
     out = torch.empty_like(q)
     lse = torch.empty(1, q.shape[2], q.shape[1], dtype=accumulation_dtype(q.dtype),
                       device=q.device)
+    seen = observe.current()
     saved = []
     for hs, kg, vg in _gathered_kv(k, v, group, world_size, stride, "contiguous"):
         qh = slice(hs.start * G, hs.stop * G)
         b_out, b_lse = kernel.forward_varlen(q[:, :, qh], kg[:, pieces.keys], vg[:, pieces.keys], pieces.cu_q,
                                              pieces.cu_k, pieces.max_q, pieces.max_k, causal, scale)
+        if seen is not None:
+            seen.forward_block(slice(None), qh, b_out, b_lse)
         out[:, :, qh] = b_out
         lse[:, qh] = b_lse
         saved.append((kg, vg))
@@ -100,11 +104,15 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
     acc = accumulation_dtype(q.dtype)
     dq = torch.empty_like(q)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
+    seen = observe.current()
     for hs, (kg, vg) in zip(_head_groups(k.shape[2], stride), saved):
         qh = slice(hs.start * G, hs.stop * G)
         g = kernel.backward_varlen(dout[:, :, qh], q[:, :, qh], kg[:, pieces.keys], vg[:, pieces.keys],
                                    out[:, :, qh], lse[:, qh], pieces.cu_q, pieces.cu_k, pieces.max_q,
                                    pieces.max_k, causal, scale)
+        if seen is not None:
+            seen.dq_block(slice(None), qh, g[0])
+            seen.gathered_dkv("contiguous", pieces.keys, hs, g[1], g[2], kg.shape[1], dist.get_world_size(group))
         dq[:, :, qh] = g[0]
         for grad, local in ((g[1], dk), (g[2], dv)):
             # Reduce-scatter in float32: every rank's share of the key gradients to its owner.

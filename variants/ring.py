@@ -4,6 +4,9 @@ The engine here serves every ring-shaped variant; a variant only says, through i
 which part of its queries meets which part of the visiting K/V block at each step, and with
 what mask. ``ring`` is the plain contiguous layout.
 
+While an observation is held (``observe.observing``, verify's variant run), the engine reports
+every kernel call's block with its rows; otherwise it reports nothing.
+
 Packed documents (the varlen variants) use the same plans: every document is sharded in the
 layout on its own, so the plan is applied to each document's local piece, and the pieces it
 selects are gathered into one varlen kernel call per step (:class:`VarlenSteps`).
@@ -19,6 +22,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
+from . import observe
 from .comm import RingComm
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .merge import merge_
@@ -203,12 +207,18 @@ def _dense(t: Tensor, dtype: torch.dtype) -> Tensor:
     return t.to(dtype).contiguous()
 
 
+def _round_(acc: Tensor, dtype: torch.dtype) -> None:
+    # Test fixtures only (``lossy``): the accumulator keeps its storage but holds input-dtype values.
+    acc.copy_(acc.to(dtype))
+
+
 def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
-                  group, kernel: Kernel, steps: Steps) -> tuple[Tensor, Tensor]:
+                  group, kernel: Kernel, steps: Steps, lossy: frozenset = frozenset()) -> tuple[Tensor, Tensor]:
     comm = RingComm(group)
     rank, world_size = comm.rank, comm.world_size
     B, S, H, D = q.shape
     acc = accumulation_dtype(q.dtype)
+    seen = observe.current()
     out = lse = None
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
     kv = (k, v)
@@ -222,6 +232,8 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
         if block is not None:
             b_out, b_lse = _attend(kernel, _rows(q, block.q), _rows(kv[0], block.kv), _rows(kv[1], block.kv),
                                    block, scale)
+            if seen is not None:
+                seen.forward_block(block.q, _ALL, b_out, b_lse)
             if out is None and _is_all(block.q):
                 # The first block that covers every query is the accumulator: no merge needed.
                 out, lse = _dense(b_out, acc), _dense(b_lse, acc)
@@ -230,6 +242,8 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
                     out = torch.zeros(B, S, H, D, dtype=acc, device=q.device)
                     lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
                 _merge_rows(out, lse, block.q, b_out, b_lse)
+                if "out" in lossy:
+                    _round_(out, q.dtype)
         if step + 1 < world_size:
             comm.wait()
             kv = nxt
@@ -241,10 +255,11 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
 
 def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                    causal: bool, scale: float, group, kernel: Kernel,
-                   steps: Steps) -> tuple[Tensor, Tensor, Tensor]:
+                   steps: Steps, lossy: frozenset = frozenset()) -> tuple[Tensor, Tensor, Tensor]:
     kv_comm, dkv_comm = RingComm(group), RingComm(group)
     rank, world_size = kv_comm.rank, kv_comm.world_size
     acc = accumulation_dtype(q.dtype)
+    seen = observe.current()
     dq = None
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
     kv = (k, v)
@@ -256,18 +271,24 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
             kv_comm.send_recv(kv[0], nxt[0])
             kv_comm.send_recv(kv[1], nxt[1])
             kv_comm.commit()
-        block = steps(step, (rank - step) % world_size)
+        source = (rank - step) % world_size
+        block = steps(step, source)
         grads = None
         if block is not None:
             grads = _attend_backward(kernel, _rows(dout, block.q), _rows(q, block.q), _rows(kv[0], block.kv),
                                      _rows(kv[1], block.kv), _rows(out, block.q), _rows(lse, block.q, 2),
                                      block, scale)
+            if seen is not None:
+                seen.dq_block(block.q, _ALL, grads[0])
+                seen.dkv_block(source, block.kv, _ALL, grads[1], grads[2])
             if dq is None and _is_all(block.q):
                 dq = _dense(grads[0], acc)
             else:
                 if dq is None:
                     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
                 _add_rows(dq, block.q, grads[0])
+                if "dq" in lossy:
+                    _round_(dq, q.dtype)
         # dK/dV of the visiting block travel with it, in float32, and reach their owner after
         # W hops; the buffer arriving now holds the earlier ranks' share for this block.
         if step == 0:
@@ -285,6 +306,9 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
             if grads is not None:
                 _add_rows(cur[0], block.kv, grads[1])
                 _add_rows(cur[1], block.kv, grads[2])
+                if "dkv" in lossy:
+                    _round_(cur[0], k.dtype)
+                    _round_(cur[1], v.dtype)
         if world_size > 1:
             if last:
                 # The sum is complete: the owner only casts it, so it can travel in the input
@@ -315,10 +339,10 @@ class RingAttention(torch.autograd.Function):
     """Autograd wrapper around the ring engine; see :func:`ring_attention`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, kernel, steps):
-        out, lse = _ring_forward(q, k, v, causal, scale, group, kernel, steps)
+    def forward(ctx, q, k, v, causal, scale, group, kernel, steps, lossy):
+        out, lse = _ring_forward(q, k, v, causal, scale, group, kernel, steps, lossy)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (causal, scale, group, kernel, steps)
+        ctx.args = (causal, scale, group, kernel, steps, lossy)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -326,17 +350,22 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: float | None,
              group: dist.ProcessGroup | None, kernel: Kernel | str, plan: Plan,
-             doc_lengths: list[int] | None = None) -> tuple[Tensor, Tensor]:
+             doc_lengths: list[int] | None = None, lossy: tuple[str, ...] = ()) -> tuple[Tensor, Tensor]:
     """Run the ring engine with ``plan``; shared by the ring-shaped variants.
 
     With ``doc_lengths`` (the local tokens of every document, document-wise sharding), q, k
     and v are packed rows ``[1, S/W, H, D]`` and every step is one varlen kernel call over the
     documents' pieces (:class:`VarlenSteps`).
+
+    ``lossy`` is for test fixtures only (``testing.py``), never correct: the accumulators it
+    names (``out``, the running output; ``dq``; ``dkv``, the dK/dV travelling the ring) are
+    rounded to the input dtype after every update, the low-precision accumulation verify's
+    block-decomposition check must catch.
 
     Raises:
         ValueError: a kernel the call cannot run with (``kernels.as_kernel``): with
@@ -353,7 +382,7 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
             raise ValueError(f"[rank {rank}/{world_size}] {exc}") from None
         steps = VarlenSteps(plan, doc_lengths, rank, world_size, causal, q.device)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return RingAttention.apply(q, k, v, causal, scale, group, kernel, steps)
+    return RingAttention.apply(q, k, v, causal, scale, group, kernel, steps, frozenset(lossy))
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
