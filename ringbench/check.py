@@ -15,6 +15,13 @@ NaN or Inf fails, and so does a dtype or shape that differs from the input's.
 Comparing against the fp64 reference, not only against the same kernel without context
 parallelism, keeps a kernel bug from cancelling itself out (the measurement rules in README.md).
 
+The max rule hides systematic drift (an accumulation in the input dtype passes it), so each
+tensor is also held to its block-decomposition reference (:func:`shadow_check`): while the
+variant runs, its engine reports every kernel call (``variants/observe.py``), and
+:func:`_shadow` rebuilds out, lse, dq, dk and dv from those blocks in float64. A correct
+variant is one rounding away from it; a check passes only when both rules do. Variants whose
+engine reports nothing (peers) keep the max rule alone, their shadow fields null.
+
 A case with packed documents (a varlen variant, ``docs`` in the spec) builds the global
 ``cu_seqlens``, shards the row as the variant does (document by document, or by row), passes
 ``cu_seqlens=`` to the variant, and takes both references from the kernels' varlen form over
@@ -36,11 +43,19 @@ import torch.distributed as dist
 from ringbench.case_setup import CaseSetup, case_setup
 from ringbench.fields import plural
 from ringbench.spec import CaseSpec
-from ringbench.variants import layouts
-from ringbench.variants.kernels import KERNELS
+from ringbench.variants import layouts, observe
+from ringbench.variants.kernels import KERNELS, accumulation_dtype
+from ringbench.variants.merge import merge_
 
 TENSORS = ("out", "lse", "dq", "dk", "dv")
 ERR_FACTOR = 2.0
+#: The block-decomposition rule (:func:`shadow_check`): ulps of the tensor's dtype at each element,
+#: and eps of the accumulation dtype per partial result at the largest magnitude.
+SHADOW_ULPS = 1.0
+SHADOW_EPS_PER_TERM = 4.0
+#: The shadow fields of a check entry, null where the block-decomposition check does not apply.
+SHADOW_FIELDS = ("shadow_err", "shadow_allowed", "shadow_ratio", "shadow_mean_ratio", "shadow_terms",
+                 "shadow_passed")
 
 
 def floor_for(dtype: torch.dtype, ref_max: float) -> float:
@@ -91,6 +106,151 @@ def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: tor
         "passed": bool(ok_err and finite and dtype_ok and shape_ok),
         "dtype": str(got.dtype).replace("torch.", ""),
     }
+
+
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype``'s numbers at each |x| (a float64 tensor of x's shape).
+
+    ``eps(dtype) * 2**floor(log2|x|)`` for a normal |x|; below the smallest normal number, the
+    subnormal spacing ``eps * tiny``. Rounding x to ``dtype`` moves it by at most half of this.
+    """
+    info = torch.finfo(dtype)
+    _, exponent = torch.frexp(x.double().abs().clamp_min(info.tiny))  # |x| = m * 2**e, m in [0.5, 1)
+    return torch.ldexp(torch.full_like(x, info.eps / 2, dtype=torch.float64), exponent)
+
+
+def _max_rule_passed(check: dict) -> bool:
+    """Whether a check entry passed the max rule (and was well formed), whatever its shadow says."""
+    return bool(check["err"] <= check["allowed"] and check["finite"] and check["dtype_ok"] and check["shape_ok"])
+
+
+def _no_shadow(reason: str) -> dict:
+    return {**dict.fromkeys(SHADOW_FIELDS), "shadow_reason": reason}
+
+
+def shadow_check(got: torch.Tensor, shadow: torch.Tensor, dtype: torch.dtype, *, terms: int,
+                 scale: float) -> dict:
+    """Judge one tensor against its block-decomposition reference and return the shadow fields.
+
+    ``shadow`` is the float64 result rebuilt from the variant's own kernel calls (each block's
+    out and lse as the kernel returned them, merged in float64; partial gradients summed in
+    float64 at their owner). A correct variant differs from it by its float32 merge or sum and
+    one rounding to ``dtype``, so for every element::
+
+        |T - T_shadow| <= SHADOW_ULPS * ulp_dtype(T_shadow) + SHADOW_EPS_PER_TERM * terms * eps_acc * scale
+
+    with ``eps_acc`` the eps of the accumulation dtype (float32; float64 for float64 inputs),
+    ``terms`` the most partial results that met in one element, and ``scale`` the largest
+    magnitude among the shadow and its partial results. Where the shadow is not finite (the lse
+    of a row that sees no key) the variant must match it exactly.
+
+    Args:
+        got: the variant's gathered tensor.
+        shadow: the float64 reference of the same shape.
+        dtype: the dtype whose ulp applies (the input dtype; lse: its own, float32 or float64).
+        terms: the most partial results of one element, over every rank.
+        scale: the largest magnitude among the shadow and its partial results.
+
+    Returns:
+        ``shadow_err`` (max |T - T_shadow|), ``shadow_ratio`` (max over elements of the
+        difference over its allowance; pass needs <= 1), ``shadow_allowed`` (the allowance at
+        that element), ``shadow_mean_ratio`` (the mean of that ratio over the elements),
+        ``shadow_terms``, ``shadow_passed`` and ``shadow_reason`` (null).
+    """
+    if tuple(got.shape) != tuple(shadow.shape):
+        inf = float("inf")
+        return {"shadow_err": inf, "shadow_allowed": 0.0, "shadow_ratio": inf, "shadow_mean_ratio": inf,
+                "shadow_terms": terms, "shadow_passed": False, "shadow_reason": None}
+    got_d = got.double()
+    finite = torch.isfinite(shadow)
+    exact = bool((got_d[~finite] == shadow[~finite]).all())
+    diff = (got_d - shadow)[finite].abs()
+    eps_acc = torch.finfo(accumulation_dtype(dtype)).eps
+    allowed = SHADOW_ULPS * ulp(shadow[finite], dtype) + SHADOW_EPS_PER_TERM * terms * eps_acc * scale
+    if not diff.numel():
+        ratio, mean_ratio, err, at = 0.0, 0.0, 0.0, 0.0
+    else:
+        ratios = diff / allowed
+        worst = int(torch.argmax(torch.nan_to_num(ratios, nan=float("inf"))))
+        ratio, mean_ratio = float(ratios[worst]), float(ratios.mean())
+        err, at = float(diff.max()), float(allowed[worst])
+    if not exact:
+        ratio = float("inf")
+    return {"shadow_err": err, "shadow_allowed": at, "shadow_ratio": ratio, "shadow_mean_ratio": mean_ratio,
+            "shadow_terms": terms, "shadow_passed": bool(ratio <= 1.0), "shadow_reason": None}
+
+
+def _index(sel, n: int, device) -> torch.Tensor:
+    """Rows (or heads) ``sel`` of a dimension of ``n``, a slice or int64 indices, as int64 indices."""
+    if isinstance(sel, slice):
+        return torch.arange(n, device=device)[sel]
+    return sel.to(device=device, dtype=torch.int64)
+
+
+def _shadow(seen: "observe.Observation", out_shape, k_shape, device, group) -> tuple[list, list, list] | None:
+    """This rank's float64 out, lse, dq, dk, dv rebuilt from the variant's observed kernel calls.
+
+    Forward blocks are merged in float64 in the order they came; dq partials are summed at their
+    rows; dK/dV partials are summed in a float64 buffer per owner on every rank, then over the
+    ranks (``all_reduce``), and each rank keeps its own rows. Every rank calls it.
+
+    Returns:
+        ``(tensors, terms, scales)``: the five local tensors (lse ``[B, H, S/W]``, the others in
+        their variant's shape), the most partial results of one element and the largest
+        magnitude among the partial results and the result, per tensor, over every rank; or
+        ``None`` when no rank observed a kernel call (a variant whose engine reports nothing).
+    """
+    f64 = torch.float64
+    seen_any = torch.tensor([float(len(seen))], dtype=f64, device=device)
+    dist.all_reduce(seen_any, group=group)
+    if seen_any.item() == 0:
+        return None
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    B, S, H, D = out_shape
+    Hkv = k_shape[2]
+    out = torch.zeros(out_shape, dtype=f64, device=device)
+    lse = torch.full((B, H, S), float("-inf"), dtype=f64, device=device)
+    dq = torch.zeros(out_shape, dtype=f64, device=device)
+    dkv = torch.zeros((2, world_size, *k_shape), dtype=f64, device=device)
+    n_q = torch.zeros((2, S, H), dtype=f64, device=device)  # partial results per (row, head): forward, dq
+    n_kv = torch.zeros((world_size, S, Hkv), dtype=f64, device=device)
+    big = torch.zeros(5, dtype=f64, device=device)  # largest |partial result| of out, lse, dq, dk, dv
+
+    def grow(i, t):
+        t = t.double()
+        t = t[torch.isfinite(t)]
+        if t.numel():
+            big[i] = torch.maximum(big[i], t.abs().max())
+
+    for b in seen.forward:
+        r, h = _index(b.rows, S, device)[:, None], _index(b.heads, H, device)
+        o, l = out[:, r, h], lse[:, h[:, None], r.T]
+        merge_(o, l, b.out.to(device, f64), b.lse.to(device, f64))
+        out[:, r, h], lse[:, h[:, None], r.T] = o, l
+        n_q[0, r, h] += 1
+        grow(0, b.out)
+        grow(1, b.lse)
+    for b in seen.dq:
+        r, h = _index(b.rows, S, device)[:, None], _index(b.heads, H, device)
+        dq[:, r, h] += b.dq.to(device, f64)
+        n_q[1, r, h] += 1
+        grow(2, b.dq)
+    for b in seen.dkv:
+        r, h = _index(b.rows, S, device)[:, None], _index(b.heads, Hkv, device)
+        dkv[0, b.owner][:, r, h] += b.dk.to(device, f64)
+        dkv[1, b.owner][:, r, h] += b.dv.to(device, f64)
+        n_kv[b.owner, r, h] += 1
+        grow(3, b.dk)
+        grow(4, b.dv)
+    dist.all_reduce(dkv, group=group)
+    dist.all_reduce(n_kv, group=group)
+    dk, dv = dkv[0, rank], dkv[1, rank]
+    for i, t in enumerate((out, lse, dq, dk, dv)):
+        grow(i, t)
+    terms = torch.stack([n_q[0].max(), n_q[0].max(), n_q[1].max(), n_kv.max(), n_kv.max()])
+    top = torch.cat([terms, big])
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    return [out, lse, dq, dk, dv], [int(t) for t in top[:5].tolist()], top[5:].tolist()
 
 
 class Placement:
@@ -322,9 +482,14 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     placement = Placement(case, device)
     kwargs = dict(rank=rank, world_size=world_size, causal=causal, scale=scale, group=group, kernel=kernel,
                   options=case.options)
-    local = _run_variant(variant.attention, placement, inputs, **kwargs)
+    with observe.observing() as seen:
+        local = _run_variant(variant.attention, placement, inputs, **kwargs)
     dims = (1, 2, 1, 1, 1)
     gathered = [_gather(t, placement, d, group) for t, d in zip(local, dims)]
+    shadow = _shadow(seen, local[0].shape, local[3].shape, device, group)
+    del seen
+    if shadow is not None:
+        shadow = ([_gather(t, placement, d, group) for t, d in zip(shadow[0], dims)], *shadow[1:])
     repeats = max(spec.repeat, 2) if spec.require_deterministic else spec.repeat
     repeated = repeat_variant(variant.attention, placement, inputs, local, repeats, **kwargs)
     if world_size == 1:
@@ -343,14 +508,26 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
                                        (q.shape[0], q.shape[2], q.shape[1])),
                     (dtype, q.shape), (dtype, k.shape), (dtype, v.shape))
         checks = [tolerance_check(n, g, s, r, *e) for n, g, s, r, e in zip(TENSORS, gathered, single, ref, expected)]
+        for i, c in enumerate(checks):
+            if shadow is None:
+                c.update(_no_shadow(f"{variant.name} does not report its kernel calls (a peer's own engine), so "
+                                    "only the max rule applies"))
+                continue
+            c.update(shadow_check(gathered[i], shadow[0][i], expected[i][0], terms=shadow[1][i],
+                                  scale=shadow[2][i]))
+            c["passed"] = c["passed"] and c["shadow_passed"]
     box = [checks]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0,
                                group=group)
     checks = box[0]
-    failed = [c["tensor"] for c in checks if not c["passed"]]
+    failed = [c["tensor"] for c in checks if not _max_rule_passed(c)]
+    drifted = [f"{c['tensor']} ({c['shadow_ratio']:.2f}x its allowance)" for c in checks
+               if c.get("shadow_passed") is False]
     reasons = []
     if failed:
         reasons.append("over the tolerance or malformed: " + ", ".join(failed))
+    if drifted:
+        reasons.append("off the variant's own block decomposition (merged in float64): " + ", ".join(drifted))
     if active is False:
         reasons.append(f"changing one rank's K/V left the other rank's output unchanged, so "
                        f"context parallelism was not active at world size {world_size}")

@@ -268,6 +268,12 @@ TESTING_VARIANTS: dict[str, Variant] = {
     for v in (
         Variant("broken_merge", "contiguous", "testing:broken_merge_attention",
                 "test only: a ring whose merge drops the last block"),
+        Variant("drift_out", "contiguous", "testing:drift_out_attention",
+                "test only: a ring that rounds the running output to the input dtype after every merge"),
+        Variant("drift_dq", "contiguous", "testing:drift_dq_attention",
+                "test only: a ring that accumulates dq in the input dtype"),
+        Variant("drift_dkv", "contiguous", "testing:drift_dkv_attention",
+                "test only: a ring whose dK/dV accumulate in the input dtype on their way to their owner"),
         Variant("fault_hang", "contiguous", "testing:fault_hang_attention",
                 "test only: rank W-1 sleeps forever inside attention"),
         Variant("fault_raise", "contiguous", "testing:fault_raise_attention",

@@ -24,6 +24,35 @@ def broken_merge_attention(q, k, v, *, causal=True, softmax_scale=None, group=No
 
 
 # --------------------------------------------------------------------------------------
+# Low-precision accumulation: rings that round an accumulator to the input dtype after every
+# update (the bug class of ring-flash-attn#42 and #22). Their max error against float64 looks
+# like a correct ring's; verify's block-decomposition check must catch them. A row (or key)
+# that meets at most two partial results is rounded once either way, so at world size 2 they
+# compute what the correct ring computes.
+
+
+def _lossy_ring(accumulator: str):
+    def attention(q, k, v, *, causal=True, softmax_scale=None, group=None, kernel="auto", cu_seqlens=None):
+        if cu_seqlens is not None:
+            raise ValueError(f"drift_{accumulator} is a batch variant and takes no cu_seqlens")
+        return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
+                        plan=contiguous_plan, lossy=(accumulator,))
+
+    attention.__name__ = f"drift_{accumulator}_attention"
+    attention.__doc__ = (f"The plain ring with its {accumulator} accumulator rounded to the input dtype after "
+                         "every update (test fixture, never correct).")
+    return attention
+
+
+#: The running output rounded to the input dtype after every merge.
+drift_out_attention = _lossy_ring("out")
+#: dq accumulated in the input dtype.
+drift_dq_attention = _lossy_ring("dq")
+#: dK/dV accumulated in the input dtype while they travel the ring to their owner.
+drift_dkv_attention = _lossy_ring("dkv")
+
+
+# --------------------------------------------------------------------------------------
 # Fault injection: variants that hang, raise, run out of memory or never communicate, so the
 # harness's watchdog, crash report, OOM status and refusals can be provoked on CPU.
 

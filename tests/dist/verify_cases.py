@@ -1,0 +1,47 @@
+"""Run a batch of verify cases through the harness's own ``verify_case`` on every rank of a real
+torchrun job (gloo, CPU).
+
+    python -m torch.distributed.run --nproc-per-node W tests/dist/verify_cases.py \
+        --cases CASES.json --results RESULTS.jsonl
+
+``CASES.json`` is a JSON list of ``{"name": str, "spec": CaseSpec.to_dict()}``, every spec at
+the launch's world size. Each case goes through ``ringbench.check.verify_case``: the max rule
+against the float64 math kernel and the single-device kernel, and the block-decomposition
+check against the variant's own kernel calls merged in float64. Rank 0 appends one JSON line
+per case (``status``, ``reason``, ``checks``, ``cp_active``) as soon as it ends; a case that
+raises is recorded with ``status: "error"`` and the next case runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from cases import drive  # tests/dist is the script's folder, so first on sys.path under torchrun
+from ringbench.check import verify_case
+from ringbench.spec import CaseSpec
+
+
+def _verify(case: dict) -> dict:
+    fields = verify_case(CaseSpec.from_dict(case["spec"]), device=torch.device("cpu"))
+    return {"verdict": fields.pop("status"), **fields}
+
+
+def _start(case: dict, world_size: int) -> dict:
+    return {"name": case["name"], "world_size": world_size, "status": "ok", "error": None}
+
+
+def _describe(record: dict) -> str:
+    worst = max((c.get("shadow_ratio") or 0.0 for c in record.get("checks") or []), default=float("nan"))
+    return (f"case {record['name']} W={record['world_size']} status={record['status']} "
+            f"verdict={record.get('verdict')} worst shadow ratio {worst:.3f} {record['case_time_s']}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Rank 0 computes the references while the others wait, so it gets two threads.
+    return drive(__doc__, _verify, _start, _describe, argv, rank0_threads=2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
