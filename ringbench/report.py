@@ -427,11 +427,19 @@ def print_growth_table(records: list[dict], console: Console | None = None) -> N
     err at W=1: the growth a longer ring brings (``-`` without a W=1 record, below 1 when
     the ring was more accurate). Nothing is printed when no group qualifies.
 
+    Where the records carry the block-decomposition check (``shadow_ratio``), a second section
+    follows: one ``<tensor> shadow`` row per tensor whose cells read ``max/mean``, the largest
+    |T - T_shadow| over its allowance (the judged statistic, pass <= 1; red where it failed)
+    and the mean of that ratio over the elements; ``-`` where the check does not apply (a
+    peer). A correct variant's max stays at or below 0.5 at every world size (one rounding);
+    accumulation in the input dtype makes it grow with W. A line after the tables says so.
+
     Args:
         records: verify record dicts as ``results.read_records`` returns them.
         console: where to print; a new ``rich.console.Console`` when None.
     """
     console = console or Console()
+    shown_shadow = False
     for first, by_world in growth_groups(records):
         # The title on its own line: a table title would wrap at the (narrow) table's width.
         console.print(Text(f"error growth: {_label(first, world_size=False)}", style="italic"))
@@ -442,6 +450,8 @@ def print_growth_table(records: list[dict], console: Console | None = None) -> N
         table.add_column("max/W=1", justify="right", no_wrap=True)
         checks = {w: {c.get("tensor"): c for c in r["checks"]} for w, r in by_world.items()}
         tensors = list(dict.fromkeys(t for by_tensor in checks.values() for t in by_tensor))
+        shadowed = [t for t in tensors
+                    if any((by_tensor.get(t) or {}).get("shadow_ratio") is not None for by_tensor in checks.values())]
         for tensor in tensors:
             cells: list[Any] = [text(tensor)]
             errs: dict[int, Any] = {}
@@ -455,7 +465,22 @@ def print_growth_table(records: list[dict], console: Console | None = None) -> N
                                   style="" if _check_passed(check) else "bold red"))
             cells.append(_growth(errs))
             table.add_row(*cells)
+        for tensor in shadowed:
+            row: list[Any] = [f"{text(tensor)} shadow"]
+            for by_tensor in checks.values():
+                check = by_tensor.get(tensor) or {}
+                if check.get("shadow_ratio") is None:
+                    row.append(MISSING)
+                    continue
+                cell = f"{number(check.get('shadow_ratio'), '.2f')}/{number(check.get('shadow_mean_ratio'), '.2f')}"
+                row.append(Text(cell, style="bold red" if check.get("shadow_passed") is False else ""))
+            table.add_row(*row, "")
+        shown_shadow = shown_shadow or bool(shadowed)
         console.print(table)
+    if shown_shadow:
+        console.print(Text("shadow: max/mean over the elements of |T - T_shadow| over its allowance, T_shadow the "
+                           "variant's own blocks merged in float64; pass <= 1, one rounding gives <= 0.5",
+                           style="dim"))
 
 
 def _case_reason(record: dict) -> str:
