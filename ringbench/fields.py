@@ -371,9 +371,10 @@ BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
 #: Fields passed to the variant's ``attention`` as keywords when set.
 VARIANT_OPTIONS: tuple[str, ...] = tuple(f.name for f in FIELDS if f.variant_option)
-#: Fields that make two verify records one problem at several world sizes: every case field
-#: but the world size (and the task, and iters and warmup, which verify does not use).
-GROWTH_KEY: tuple[str, ...] = tuple(f.name for f in FIELDS if f.name not in ("task", "world_size", "iters", "warmup"))
+#: Fields that make two verify records one problem at several world sizes: every field of
+#: ``case_id`` but the world size, and the seed (the same problem on other numbers is another one).
+GROWTH_KEY: tuple[str, ...] = tuple(f.name for f in FIELDS if (f.in_case_id or f.name == "seed")
+                                    and f.name not in ("task", "world_size"))
 #: Fields left out of ``case_id``.
 NOT_IN_CASE_ID: tuple[str, ...] = tuple(f.name for f in FIELDS if not f.in_case_id)
 #: Optional fields and the default that records written before them hold.

@@ -36,7 +36,7 @@ from ringbench.fields import plural
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_RUN = 0, 1, 2, 3
 #: Options that, given to verify without a scenario, still check the smoke scenario (they
 #: filter or override its cases); any other case option makes verify check that one shape.
-SMOKE_FILTERS = ("variant", "world_size", "kernel", "device")
+SMOKE_FILTERS = ("variant", "world_size", "kernel", "device", "repeat", "require_deterministic")
 
 
 # --------------------------------------------------------------------------- case building
@@ -134,8 +134,9 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
     for case in resolved:
         other = seen.setdefault(case.case_id(), case)
         if other is not case:
-            raise SpecError(f"two cases share case_id {case.case_id()} because they differ only in iters, warmup "
-                            "or seed, so their records could not be told apart; sweep other fields")
+            raise SpecError(f"two cases share case_id {case.case_id()} because they differ only in "
+                            f"{', '.join(fields.NOT_IN_CASE_ID)}, so their records could not be told apart; "
+                            "sweep other fields")
     return resolved, skipped
 
 
@@ -187,7 +188,8 @@ def build_model_cases(model: str, scenario: Optional[str], given: dict[str, Any]
 def _no_variant_message(task: str) -> str:
     from ringbench.variants import list_variants
 
-    extra = ("; verify with no case option but --world-size, --kernel or --device checks the smoke scenario"
+    extra = ("; verify with no case option but --world-size, --kernel, --device, --repeat or "
+             "--require-deterministic checks the smoke scenario"
              if task == "verify" else "")
     return (f"no variant was given; pass --variant with one of {', '.join(list_variants())}, "
             f"or --scenario{extra}")
@@ -362,7 +364,7 @@ def default_timeout_s(cases: list) -> float:
     """The watchdog's default for one launch of ``cases``, in seconds (see ``--timeout``'s help).
 
     120 s of start-up, plus per case twice its FLOPs per GPU times (iters + warmup) for run
-    (the variant and its reference), or four times the whole sequence's FLOPs for verify, at
+    (the variant and its reference), or four times the whole sequence's FLOPs per repeat for verify, at
     a conservative 50 TFLOP/s on cuda and 5 GFLOP/s on cpu. A model check (``hf_model``) adds
     60 s and its three passes' FLOPs at a tenth of that rate (float64 among them).
     """
@@ -373,7 +375,10 @@ def default_timeout_s(cases: list) -> float:
     for case in cases:
         flops = attention_flops(batch=case.batch, seqlen=case.seqlen, heads=case.heads, head_dim=case.head_dim,
                                 causal=case.causal, mode=case.mode, docs=spec_docs(case) if case.docs else None)
-        work = flops / case.world_size * (case.iters + case.warmup) * 2 if case.task == "run" else 4 * flops
+        if case.task == "run":
+            work = flops / case.world_size * (case.iters + case.warmup) * 2
+        else:
+            work = 4 * flops * max(1, case.repeat)
         total_s += work / (50e12 if case.device == "cuda" else 5e9)
         if case.hf_model:
             # Importing transformers and building three models, then float64 work at a tenth of the rate.

@@ -111,7 +111,8 @@ def harness(monkeypatch, tmp_path):
                                           r"on CPU; on a GPU machine pass --scenario ci-nightly --variant torch_cp$"),
     (["verify", "--variant", "zigzag", "--rotate", "alltoall"], r"^zigzag takes no rotate; it is an option of torch_cp"),
     (["verify", "--seqlen", "1k"], r"^no variant was given; pass --variant with one of .*, or --scenario; verify with "
-                                   r"no case option but --world-size, --kernel or --device checks the smoke scenario$"),
+                                   r"no case option but --world-size, --kernel, --device, --repeat or --require-deterministic checks "
+                                   r"the smoke scenario$"),
     (["verify", "--variant", "zigzag", "--seqlen", "3004", "--world-size", "2", "--world-size", "4"],
      r"^seqlen 3004 is not a multiple of 2 \* world_size = 8, which zigzag needs; use 3008$"),
     (["run", "--variant", "torch_cp", "--device", "cpu"],
@@ -203,9 +204,10 @@ def test_cli_run_and_verify_take_the_same_case_options():
         given = {opt for p in commands[command].params for opt in p.opts}
         return {f.option.split("/")[0] for f in FIELDS if f.option.split("/")[0] in given}
 
-    run_only = {"--mode", "--iters", "--warmup"}
-    assert flags("run") - run_only == flags("verify") - {"--model"}
-    assert run_only <= flags("run") and "--model" in flags("verify")
+    only = {c: {f.option.split("/")[0] for f in FIELDS if f.commands == (c,)} for c in ("run", "verify")}
+    assert {"--mode", "--iters", "--warmup"} <= only["run"] and {"--model", "--repeat"} <= only["verify"]
+    assert flags("run") - only["run"] == flags("verify") - only["verify"]
+    assert only["run"] <= flags("run") and only["verify"] <= flags("verify")
 
 
 def test_cli_run_json_prints_only_records(harness, tmp_path):

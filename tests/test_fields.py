@@ -40,8 +40,9 @@ def test_fields_defaults_come_from_the_table_per_device():
             assert cuda[f.name] == f.cuda
 
 
-def test_fields_growth_key_is_every_case_field_but_the_world_size():
-    assert set(fields.GROWTH_KEY) == set(fields.NAMES) - {"task", "world_size", "iters", "warmup"}
+def test_fields_growth_key_is_every_case_id_field_but_the_world_size_and_the_seed():
+    assert set(fields.GROWTH_KEY) == {f.name for f in fields.FIELDS if f.in_case_id} - {"task", "world_size"} | {"seed"}
+    assert "repeat" not in fields.GROWTH_KEY  # how often a problem is checked does not make it another
     for name in ("layout", "heads_k_stride", "rotate", "docs", "doc_dist", "hf_model", "seed"):
         assert name in fields.GROWTH_KEY
 
