@@ -221,6 +221,9 @@ def _check_notes(check: dict) -> str:
         notes.append("wrong dtype")
     if check.get("shape_ok") is False:
         notes.append("wrong shape")
+    if check.get("shadow_passed") is False:
+        notes.append(f"block-decomposition ratio {ratio_text(check.get('shadow_ratio'))} over 1: precision lost "
+                     "in a merge or a sum")
     return ", ".join(notes)
 
 
@@ -505,8 +508,9 @@ def _failure_message(record: dict) -> str:
         return text(record.get("reason")) if record.get("reason") else "status fail"
     parts = []
     for c in bad:
+        over_max = not (isinstance(c.get("ratio"), (int, float)) and c["ratio"] <= 1)
         part = (f"{text(c.get('tensor'))}: err {number(c.get('err'), '.3e')} > allowed "
-                f"{number(c.get('allowed'), '.3e')}")
+                f"{number(c.get('allowed'), '.3e')}" if over_max else f"{text(c.get('tensor'))}: within the max rule")
         notes = _check_notes(c)
         parts.append(f"{part} ({notes})" if notes else part)
     return f"{len(bad)} of {len(record.get('checks') or [])} tensors over allowance: " + \
