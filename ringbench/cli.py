@@ -121,8 +121,11 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
         model = case.pop("hf_model", None)
         cases, skipped = sweep.cases_for(task, case, scenario=scenario, model=model, nnodes=nodes[0])
         options.check_out(out, junit_xml)
-    outcome = sweep.run_sweep(cases, task=task, out=out, timeout_s=timeout, resume=resume, nodes=node_args,
-                              skipped=skipped, launcher=launcher, yes=yes)
+    from ringbench.results import warnings_on_stderr
+
+    with warnings_on_stderr():  # a damaged line of the results file: one sentence, no Python source
+        outcome = sweep.run_sweep(cases, task=task, out=out, timeout_s=timeout, resume=resume, nodes=node_args,
+                                  skipped=skipped, launcher=launcher, yes=yes)
     if outcome.records:
         _report(task, outcome.records, json_out=json_out, junit_xml=junit_xml)
         reused = f"; {len(outcome.records) - outcome.written} reused (--resume)" if resume else ""

@@ -307,3 +307,12 @@ def test_cli_timeout_default_is_scaled_to_the_launch(harness, tmp_path):
     first, second = harness.launches
     assert first["timeout_s"] == default_timeout_s([CaseSpec.from_dict(c) for c in first["cases"]]) >= 120
     assert second["timeout_s"] == 45
+
+
+def test_cli_resume_over_a_damaged_results_file_warns_in_one_sentence(harness, tmp_path):
+    (tmp_path / "runs.jsonl").write_text('{"status": "ok"\n')  # a torn line
+    result = invoke(["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path), "--resume"], harness)
+    assert result.exit_code == 0, result.output
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warned and "line 1" in warned[0] and "runs.jsonl" in warned[0], result.stderr
+    assert "Warning:" not in result.stderr and "warnings.warn" not in result.stderr
