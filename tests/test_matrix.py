@@ -3,8 +3,8 @@
 The unit tests build the grid (no process starts) and classify hand-made records. The ``dist``
 test runs the matrix command in-process with real torchrun and gloo on a small grid (the mask
 axis of ring, broken_merge and the fault variants at world size 2: every class CPU can give,
-about 40 s on two loaded CPU cores) and then resumes it, which must launch nothing. The slow one
-runs the default grid with the test variants.
+20 to 45 s on two shared CPU cores) and then resumes it, which must launch nothing. The slow one
+runs the default grid with the test variants (2 to 5 minutes).
 """
 
 from __future__ import annotations
@@ -124,6 +124,17 @@ def _record(status, *, variant="ring", reason=None, ratios=None):
     checks = [{"tensor": t, "ratio": r, "finite": r == r, "passed": r <= 1}
               for t, r in (ratios or {}).items()]
     return {"status": status, "reason": reason, "checks": checks, "spec": {"variant": variant}}
+
+
+def test_the_picture_names_what_a_refusal_is_about():
+    assert mx.refusal_topic(mx.NO_WINDOW) == "no field"
+    assert mx.refusal_topic("seqlen 510 is not a multiple of 2 * world_size = 4, which zigzag needs; use 512") == "length"
+    assert mx.refusal_topic("document 0 has 129 tokens, not a multiple of world_size = 2, which ring_varlen "
+                            "needs; make it 130") == "doc length"
+    assert mx.refusal_topic("kernel auto found no kernel on cuda for head_dim 128 and dtype fp32 (dtype fp32 is not "
+                            "supported by the torch-flash kernel, which takes bf16 and fp16)") == "dtype"
+    assert mx.refusal_topic("head_dim 256 exceeds 128, the largest the cudnn kernel takes") == "head dim"
+    assert mx.refusal_topic("RuntimeError: something a peer said") == "n/a"
 
 
 def test_classify_every_status():
@@ -248,7 +259,7 @@ def test_cpu_matrix_gives_every_class_writes_its_files_and_resumes_without_launc
 @pytest.mark.dist
 @pytest.mark.slow
 def test_default_cpu_matrix_with_the_test_variants(tmp_path):
-    """The default grid as a user runs it (about 4 minutes on two CPU cores under load)."""
+    """The default grid as a user runs it, with the test variants (2 to 5 minutes on two shared CPU cores)."""
     import os
 
     env = {**os.environ, **CLI_ENV, "RINGBENCH_TEST_VARIANTS": "1"}
