@@ -445,18 +445,30 @@ def run(grid: Grid, *, out: Path, timeout_s: Optional[float] = None, resume: boo
 _RANK_PREFIX = re.compile(r"^\[rank \d+/\d+\] (?:out of memory: [^;]*; )?")
 
 
-def _worst(checks: list[dict]) -> Optional[dict]:
-    """The check with the largest error over allowance (not finite, or NaN, counts as inf)."""
-    def ratio(c: dict) -> float:
-        r = c.get("ratio")
-        if not isinstance(r, (int, float)) or r != r or c.get("finite") is False:
-            return math.inf
-        return float(r)
+def _ratio(value: Any, finite: Any = True) -> float:
+    """A check's ratio as a float: not a number, NaN or a non-finite tensor count as inf."""
+    if not isinstance(value, (int, float)) or value != value or finite is False:
+        return math.inf
+    return float(value)
+
+
+def _worst(checks: list[dict], *, failing: bool = False) -> Optional[dict]:
+    """The check with the largest error over its allowance: ``{"tensor", "ratio", "rule"}``.
+
+    ``rule`` is ``max`` (verify's max rule, ``ratio``) or, among ``failing`` checks, ``blocks``
+    where the block-decomposition rule (``shadow_ratio``) is the one the check failed by more.
+    """
+    def excess(c: dict) -> tuple[float, str]:
+        top = (_ratio(c.get("ratio"), c.get("finite", True)), "max")
+        if failing and c.get("shadow_passed") is False:
+            top = max(top, (_ratio(c.get("shadow_ratio")), "blocks"))
+        return top
 
     if not checks:
         return None
-    top = max(checks, key=ratio)
-    return {"tensor": top.get("tensor"), "ratio": ratio(top)}
+    best = max(checks, key=excess)
+    ratio, rule = excess(best)
+    return {"tensor": best.get("tensor"), "ratio": ratio, "rule": rule}
 
 
 def classify(record: dict) -> tuple[str, Optional[str], Optional[dict]]:
@@ -492,7 +504,7 @@ def classify(record: dict) -> tuple[str, Optional[str], Optional[dict]]:
         return "error", "the verify record holds no checks", None
     failing = [c for c in checks if not records.check_passed(c)]
     if failing:
-        worst = _worst(failing)
+        worst = _worst(failing, failing=True)
         return "mismatch", reason or f"{worst['tensor']} failed", worst
     return "mismatch", reason or "verify failed with every tensor within tolerance", _worst(checks)
 
@@ -511,6 +523,7 @@ def cell_object(cell: Cell) -> dict[str, Any]:
         "reason": cell.reason,
         "worst_tensor": (cell.worst or {}).get("tensor"),
         "worst_ratio": _json_number((cell.worst or {}).get("ratio")),
+        "worst_rule": (cell.worst or {}).get("rule"),
         "status": record.get("status"),
         "kernel": record.get("kernel"),
         "notes": record.get("notes") or [],
@@ -571,6 +584,8 @@ def cell_text(cell: Optional[Cell], *, short: bool = False) -> str:
     if cell.klass == "mismatch":
         ratio = (cell.worst or {}).get("ratio")
         what = f"{cell.worst['tensor']} ×{_times(ratio)}" if ratio is not None and ratio > 1 else "failed"
+        if ratio is not None and ratio > 1 and cell.worst.get("rule") == "blocks":
+            what += " blocks"  # over the block-decomposition rule's allowance, not the max rule's
         return what if short else f"mismatch {what}"
     if short:
         return refusal_topic(cell.reason) if cell.klass == "unsupported" else cell.klass

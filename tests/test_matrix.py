@@ -139,10 +139,16 @@ def test_the_picture_names_what_a_refusal_is_about():
 
 def test_classify_every_status():
     ok = mx.classify(_record("ok", ratios={"out": 0.3, "lse": 0.5, "dq": 0.4}))
-    assert ok == ("correct", None, {"tensor": "lse", "ratio": 0.5})
+    assert ok == ("correct", None, {"tensor": "lse", "ratio": 0.5, "rule": "max"})
     klass, reason, worst = mx.classify(_record("fail", reason="over the tolerance or malformed: dq, dk",
                                                ratios={"out": 0.5, "dq": 12.5, "dk": 3.0}))
-    assert (klass, worst) == ("mismatch", {"tensor": "dq", "ratio": 12.5}) and "dq" in reason
+    assert (klass, worst) == ("mismatch", {"tensor": "dq", "ratio": 12.5, "rule": "max"}) and "dq" in reason
+    # A tensor within the max rule that fails the block-decomposition rule: its ratio is that rule's.
+    drift = _record("fail", reason="drifted", ratios={"out": 0.4, "dq": 0.9})
+    drift["checks"][1].update(passed=False, shadow_passed=False, shadow_ratio=28.0)
+    assert mx.classify(drift)[2] == {"tensor": "dq", "ratio": 28.0, "rule": "blocks"}
+    cell = mx.Cell("ring", 2, ["fp16"], klass="mismatch", worst=mx.classify(drift)[2])
+    assert mx.cell_text(cell) == "mismatch dq ×28.0 blocks" and mx.cell_text(cell, short=True) == "dq ×28.0 blocks"
     assert mx.classify(_record("fail", ratios={"out": float("nan")}))[2]["ratio"] == float("inf")
     cp = mx.classify(_record("fail", reason="context parallelism was not active", ratios={"out": 0.5}))
     assert cp[:2] == ("mismatch", "context parallelism was not active")
