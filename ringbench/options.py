@@ -9,6 +9,7 @@ import functools
 import hashlib
 import inspect
 import itertools
+import math
 import os
 import re
 import shlex
@@ -106,12 +107,33 @@ def check_given(given: dict[str, Any], timeout: float) -> None:
     for key, value in given.items():
         for item in value if isinstance(value, list) else [value]:
             check_fields({key: item})
+    for key, value in list(given.items()):
+        if isinstance(value, list):  # the same value twice is one case, not two
+            given[key] = list(dict.fromkeys(value))
+    _check_seqlen_fits_every_world_size(given)
     lists = {k: v for k, v in given.items() if isinstance(v, list)}
     for combo in itertools.product(*lists.values()):  # the variant's seqlen rule, at every world size
         check_fields({**given, **dict(zip(lists, combo))})
     if timeout is not None and not 0 < timeout < 7 * 24 * 3600:
         raise SpecError(f"timeout {timeout:g} must be positive and under a week (604800 s); pass --timeout with a "
                         "number of seconds, such as 600")
+
+
+def _check_seqlen_fits_every_world_size(given: dict[str, Any]) -> None:
+    """Refuse a seqlen that some of several world sizes cannot cut, naming one that fits them all."""
+    from ringbench.variants import get_variant
+
+    sizes = given.get("world_size") or []
+    if "seqlen" not in given or len(sizes) < 2:
+        return
+    for name in given.get("variant") or []:
+        variant = get_variant(name)
+        layout = given.get("layout") or None
+        need = math.lcm(*(variant.seqlen_multiple(w, layout) for w in sizes))
+        if given["seqlen"] % need:
+            up = (given["seqlen"] // need + 1) * need
+            raise SpecError(f"seqlen {given['seqlen']} is not a multiple of {need}, which {name} needs to cut it at "
+                            f"every world size given ({', '.join(map(str, sizes))}); use {up}")
 
 
 _HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")

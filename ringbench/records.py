@@ -24,6 +24,8 @@ RUN_FIELDS = ("time_ms", "per_rank_time_ms", "imbalance", "flops_per_gpu", "tflo
 #: The name of the exception class that means out of memory (torch.cuda.OutOfMemoryError is
 #: torch.OutOfMemoryError); torchelastic's error files and tracebacks name it too.
 OOM_ERROR = "OutOfMemoryError"
+#: What PyTorch's CPU allocator says when host memory runs out (a plain RuntimeError).
+CPU_OOM_TEXT = "can't allocate memory"
 
 
 def build(case, *, run_id: str, status: str, reason: str | None = None, fields: dict[str, Any] | None = None,
@@ -73,8 +75,11 @@ def build(case, *, run_id: str, status: str, reason: str | None = None, fields: 
 
 
 def status_of_exception(exc: BaseException) -> str:
-    """``oom`` for an out-of-memory error (any class named :data:`OOM_ERROR` in its MRO), else ``error``."""
-    return "oom" if any(c.__name__ == OOM_ERROR for c in type(exc).__mro__) else "error"
+    """``oom`` for an out-of-memory error (any class named :data:`OOM_ERROR` in its MRO, or the CPU
+    allocator's :data:`CPU_OOM_TEXT`), else ``error``."""
+    if any(c.__name__ == OOM_ERROR for c in type(exc).__mro__) or CPU_OOM_TEXT in str(exc):
+        return "oom"
+    return "error"
 
 
 def status_of_failure(timed_out: bool, failure: str | None) -> str:
@@ -82,7 +87,7 @@ def status_of_failure(timed_out: bool, failure: str | None) -> str:
     failure text names :data:`OOM_ERROR`) or ``error``."""
     if timed_out:
         return "timeout"
-    return "oom" if failure and OOM_ERROR in failure else "error"
+    return "oom" if failure and (OOM_ERROR in failure or CPU_OOM_TEXT in failure) else "error"
 
 
 def check_passed(check: dict) -> bool:

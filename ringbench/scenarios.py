@@ -64,8 +64,8 @@ SHAPE_PRESETS: dict[str, dict[str, int]] = {
 RENAMED_KEYS: dict[str, str] = {
     "documents": "is not a case field; packed documents are docs (lengths, such as \"3000,500,12k\") or doc_dist "
                  "(such as \"lognormal:mean=4k,sigma=1\")",
-    "model": "is now preset (an attention-shape preset such as \"llama3-8b\"), so that it is not taken for "
-             "verify --model, a whole model",
+    "model": "is not a key: an attention-shape preset (such as \"llama3-8b\") is the top-level key preset, and "
+             "a whole model (such as \"llama-tiny\") is the case field hf_model, as verify --model sets it",
 }
 
 

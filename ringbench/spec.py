@@ -169,6 +169,9 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
         from ringbench.models import check_case
 
         check_case(spec)
+        reason = variant.model_refusal()  # a peer whose model adapter cannot run here
+        if reason:
+            raise SpecError(reason)
     if spec.kv_heads != spec.heads and not variant.gqa:
         raise SpecError(f"kv_heads {spec.kv_heads} differs from heads {spec.heads}, but {spec.variant} "
                         f"does not support GQA; pass --kv-heads {spec.heads}")

@@ -34,6 +34,8 @@ from ringbench.errors import SpecError, Unavailable
 from ringbench.fields import plural
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_RUN = 0, 1, 2, 3
+#: The longest watchdog a launch gets by default, in seconds (a week, as --timeout's own limit).
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 #: Options that, given to verify without a scenario, still check the smoke scenario (they
 #: filter or override its cases); any other case option makes verify check that one shape.
 SMOKE_FILTERS = ("variant", "world_size", "kernel", "device", "repeat", "require_deterministic")
@@ -385,7 +387,7 @@ def default_timeout_s(cases: list) -> float:
             from ringbench.models import estimated_check_flops
 
             total_s += 60 + estimated_check_flops(case) / (5e12 if case.device == "cuda" else 5e8)
-    return total_s
+    return min(total_s, MAX_TIMEOUT_S)
 
 
 def _reached_a_case(log_dir: Optional[Path]) -> bool:

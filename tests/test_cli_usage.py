@@ -114,7 +114,11 @@ def harness(monkeypatch, tmp_path):
                                    r"no case option but --world-size, --kernel, --device, --repeat or --require-deterministic checks "
                                    r"the smoke scenario$"),
     (["verify", "--variant", "zigzag", "--seqlen", "3004", "--world-size", "2", "--world-size", "4"],
-     r"^seqlen 3004 is not a multiple of 2 \* world_size = 8, which zigzag needs; use 3008$"),
+     r"^seqlen 3004 is not a multiple of 8, which zigzag needs to cut it at every world size given \(2, 4\); "
+     r"use 3008$"),
+    (["run", "--variant", "zigzag", "--world-size", "3", "--world-size", "4", "--seqlen", "4k"],
+     r"^seqlen 4096 is not a multiple of 24, which zigzag needs to cut it at every world size given \(3, 4\); "
+     r"use 4104$"),
     (["run", "--variant", "torch_cp", "--device", "cpu"],
      r"^torch_cp cannot run on cpu: PyTorch's context parallel dispatches only its CUDA SDPA backends "
      r"\(flash, efficient, cuDNN\); run it on a machine with a CUDA GPU with --device cuda$"),
@@ -316,3 +320,10 @@ def test_cli_resume_over_a_damaged_results_file_warns_in_one_sentence(harness, t
     warned = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert warned and "line 1" in warned[0] and "runs.jsonl" in warned[0], result.stderr
     assert "Warning:" not in result.stderr and "warnings.warn" not in result.stderr
+
+
+def test_cli_the_same_value_twice_is_one_case(harness, tmp_path):
+    result = invoke(["run", "--variant", "zigzag", "--variant", "zigzag", "--world-size", "2", "--world-size", "2",
+                     "--seqlen", "1k", "--device", "cpu", "--out", str(tmp_path), "--json"], harness)
+    assert result.exit_code == 0, result.output
+    assert [len(g["cases"]) for g in harness.launches] == [1]

@@ -84,6 +84,8 @@ def test_records_out_of_memory_is_classified_once_by_type_and_by_text():
 
     assert records.status_of_exception(OutOfMemoryError("no room")) == "oom"
     assert records.status_of_exception(RuntimeError("no room")) == "error"
+    assert records.status_of_exception(RuntimeError("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: "
+                                                    "can't allocate memory: you tried to allocate 8 GB")) == "oom"
     assert records.status_of_failure(False, "[rank 1/2] torch.OutOfMemoryError: CUDA out of memory") == "oom"
     assert records.status_of_failure(False, "[rank 1/2] RuntimeError: boom") == "error"
     assert records.status_of_failure(True, None) == "timeout"

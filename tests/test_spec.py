@@ -333,7 +333,7 @@ def test_scenario_overrides_replace_axes_and_filter_explicit_cases(tmp_path):
     ('preset = "llama3-9b"\n[sweep]\nvariant = ["ring"]\n', r"s\.toml, line 1: preset 'llama3-9b' is not a shape preset; "
      r"use one of llama3-8b, llama3-70b, qwen2\.5-7b, mha-d64"),
     ('preset = 8\n[sweep]\nvariant = ["ring"]\n', r"line 1: preset 8 is not a shape preset"),
-    ('model = "llama3-8b"\n[sweep]\nvariant = ["ring"]\n', r"line 1: 'model' is now preset \(an attention-shape preset"),
+    ('model = "llama3-8b"\n[sweep]\nvariant = ["ring"]\n', r"line 1: 'model' is not a key: an attention-shape preset .* is the top-level key preset"),
     ('preset = "llama3-8b"\n[defaults]\nkv_heads = 4\n[sweep]\nvariant = ["ring"]\n',
      r"line 3: \[defaults\] key 'kv_heads' clashes with preset 'llama3-8b'"),
     ('[sweep]\nvariant = ["ring"]\ndocuments = ["lognormal"]\n',

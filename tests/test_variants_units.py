@@ -568,3 +568,13 @@ def test_torch_cp_session_lays_out_zigzag_and_pytorch_has_no_cpu_context_paralle
         with pytest.raises(NotImplementedError, match="_scaled_dot_product_flash_attention_for_cpu"):
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, True)
     assert torch_cp._mesh is None
+
+
+def test_tolerance_floor_in_float64_admits_the_variants_own_roundings():
+    """In float64 the single-device math kernel is the reference itself (no error), and the variant
+    accumulates in float64: the floor allows two roundings of the output's precision per block."""
+    from ringbench.check import floor_for
+
+    eps64 = torch.finfo(torch.float64).eps
+    assert floor_for(torch.float64, 2.0, 4) == 4 * 4 * eps64 * 2.0
+    assert floor_for(torch.float32, 2.0, 4) == 0.5 * torch.finfo(torch.float32).eps * 2.0
