@@ -292,6 +292,22 @@ class Field:
             return f"Default: {show(self.cuda)}."
         return f"Default: cuda {self.cuda if self.cuda == VISIBLE_GPUS else show(self.cuda)}, cpu {show(self.cpu)}."
 
+    def from_text(self, text: str) -> Any:
+        """The value of an option given as text: the row's parser, or a whole number for an int field.
+
+        Raises:
+            SpecError: text that is not a value of this field, naming the option.
+        """
+        if self.parse is not None:
+            return self.parse(text)
+        if self.type is int:
+            try:
+                return int(str(text).strip())
+            except ValueError:
+                raise SpecError(f"{self.name} {text!r} is not a whole number; pass {self.option} with an integer, "
+                                f"such as {self.cpu if isinstance(self.cpu, int) else 1}") from None
+        return text
+
     def text(self, value: Any) -> str:
         """The value as a label names it: ``W=2``, ``16k``, ``non-causal``."""
         if self.name == "seqlen" and isinstance(value, int):

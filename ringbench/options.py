@@ -63,7 +63,9 @@ def _case_parameters(command: str) -> list[inspect.Parameter]:
     """One typer option per field that ``command`` takes, in table order."""
     params = []
     for f in fields.fields_of(command):
-        kind = str if f.parse is not None else f.type
+        # Numbers come in as text and are read by the row (fields.Field.from_text), so a bad one
+        # gets ringbench's one sentence, not the parser's box.
+        kind = str if f.parse is not None or f.type is int else f.type
         annotation = Optional[List[kind]] if f.repeatable else Optional[kind]
         option = typer.Option(None, *f.option.split(" "), help=_option_help(f), show_default=False)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
@@ -102,8 +104,11 @@ def check_given(given: dict[str, Any], timeout: float) -> None:
     """Refuse bad option values before the (slow, torch-importing) device detection."""
     from ringbench.spec import check_fields
 
-    if "seqlen" in given:
-        given["seqlen"] = fields.parse_size(given["seqlen"])
+    for key, value in list(given.items()):
+        field = fields.BY_NAME[key]
+        if field.type is not str:
+            given[key] = ([field.from_text(v) if isinstance(v, str) else v for v in value] if isinstance(value, list)
+                          else field.from_text(value) if isinstance(value, str) else value)
     for key, value in given.items():
         for item in value if isinstance(value, list) else [value]:
             check_fields({key: item})

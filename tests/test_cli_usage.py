@@ -116,6 +116,9 @@ def harness(monkeypatch, tmp_path):
     (["verify", "--variant", "zigzag", "--seqlen", "3004", "--world-size", "2", "--world-size", "4"],
      r"^seqlen 3004 is not a multiple of 8, which zigzag needs to cut it at every world size given \(2, 4\); "
      r"use 3008$"),
+    (["run", "--variant", "zigzag", "--batch", "two"], r"^batch 'two' is not a whole number; pass --batch with an "
+                                                       r"integer, such as 1$"),
+    (["verify", "--variant", "zigzag", "--world-size", "x"], r"^world_size 'x' is not a whole number"),
     (["run", "--variant", "zigzag", "--world-size", "3", "--world-size", "4", "--seqlen", "4k"],
      r"^seqlen 4096 is not a multiple of 24, which zigzag needs to cut it at every world size given \(3, 4\); "
      r"use 4104$"),
