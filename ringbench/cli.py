@@ -1,4 +1,4 @@
-"""The ``ringbench`` command line: ``run``, ``verify``, ``compare`` and ``variants``.
+"""The ``ringbench`` command line: ``run``, ``verify``, ``compare``, ``matrix`` and ``variants``.
 
 The commands only: their case options come from the field table (``ringbench.options``),
 case building and the sweep from ``ringbench.sweep``, tables from ``ringbench.report`` and
