@@ -282,6 +282,11 @@ def variants_command(
     console.print(table)
     for reason, i in reasons.items():
         console.print(Text(f"[{i}] {reason}", style="yellow"))
+    if any(r["peer"] and r["kernels"] for r in rows):
+        console.print(Text("A peer's kernels are those that can serve its own attention calls (ring-flash-attn's "
+                           "flash-attn calls: the flash-attn package where it imports, else ringbench's kernel); "
+                           "auto takes the first one available here, and every record names the one that served.",
+                           style="dim"))
     raise typer.Exit(EXIT_OK)
 
 
