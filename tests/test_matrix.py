@@ -218,6 +218,7 @@ class CountingLauncher:
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # 10 s on two cores; CI's whole run still has it
 def test_cpu_matrix_gives_every_class_writes_its_files_and_resumes_without_launching(tmp_path, monkeypatch):
     monkeypatch.setenv("RINGBENCH_FAULT_WAIT_S", "3")  # fault_raise's rank gives up sooner
     out = tmp_path / "matrix"

@@ -186,6 +186,7 @@ def test_run_records_null_bytes_for_a_variant_whose_traffic_cannot_be_seen(tmp_p
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # 5 s; the byte rules are unit-tested at world size 1 in the quick run
 def test_run_counts_llama3_by_its_gather_and_reduce_scatter(tmp_path):
     """Per iteration llama3 gathers the K and V shards to the other rank in forward and
     reduce-scatters their fp32 gradients in backward, through comm's counted helpers."""
