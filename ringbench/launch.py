@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ringbench.lease import proc_stat
+
 #: Seconds between SIGTERM and SIGKILL when a job is stopped.
 TERM_GRACE_S = 10.0
 #: Seconds torchrun waits for its workers after SIGTERM before it kills them itself; kept
@@ -288,20 +290,6 @@ def _child_env(world_size: int, progress_dir: Path, extra: dict[str, str] | None
 # Stopping a job without orphans
 
 
-def _proc_stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time in clock ticks) of a live process, from /proc; None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name may hold spaces and parens; the fields after its last ')' do not.
-    fields = stat[stat.rfind(b")") + 2:].split()
-    if fields[0] == b"Z":
-        return None
-    return int(fields[1]), int(fields[19])
-
-
 def _descendants(root: int) -> dict[int, int]:
     """Every live descendant of ``root`` as {pid: start time}; empty where /proc is missing."""
     try:
@@ -310,7 +298,7 @@ def _descendants(root: int) -> dict[int, int]:
         return {}
     children: dict[int, list[tuple[int, int]]] = {}
     for pid in pids:
-        stat = _proc_stat(pid)
+        stat = proc_stat(pid)
         if stat:
             children.setdefault(stat[0], []).append((pid, stat[1]))
     found: dict[int, int] = {}
@@ -335,7 +323,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 def _kill_known(procs: dict[int, int]) -> None:
     """SIGKILL each remembered process, and its group, if it is still the same process."""
     for pid, start in procs.items():
-        stat = _proc_stat(pid)
+        stat = proc_stat(pid)
         if stat is None or stat[1] != start:
             continue  # gone, or the pid now belongs to someone else
         try:
@@ -360,7 +348,7 @@ def _stop(proc: subprocess.Popen) -> int:
     _kill_known(known)
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline and any(
-            (s := _proc_stat(pid)) is not None and s[1] == start for pid, start in known.items()):
+            (s := proc_stat(pid)) is not None and s[1] == start for pid, start in known.items()):
         time.sleep(0.05)
     return proc.returncode
 

@@ -62,15 +62,24 @@ def held_fds() -> tuple[int, ...]:
     return tuple(sorted(_HELD))
 
 
-def _start_ticks(pid: int) -> int | None:
-    """A live process's start time in clock ticks (tells a pid from its reuse); None if gone."""
+def proc_stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of a live process, from /proc; None if gone (or a zombie).
+
+    The start time tells a pid from its reuse.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
+    # The command name may hold spaces and parens; the fields after its last ')' do not.
     fields = stat[stat.rfind(b")") + 2:].split()
-    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+    return None if fields[0] in (b"Z", b"X") else (int(fields[1]), int(fields[19]))
+
+
+def _start_ticks(pid: int) -> int | None:
+    stat = proc_stat(pid)
+    return None if stat is None else stat[1]
 
 
 def _alive(holder: dict) -> bool:

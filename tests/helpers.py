@@ -65,3 +65,38 @@ def live_cmdlines_with(needle: str) -> list[str]:
 def slow_when(value, condition: bool):
     """``value`` as a ``parametrize`` entry, marked ``slow`` when ``condition`` holds (same test id)."""
     return pytest.param(value, marks=pytest.mark.slow) if condition else value
+
+
+def torchrun_cases(script: Path, cases: list[dict], world_size: int, folder: Path, stem: str,
+                   timeout_s: float) -> dict:
+    """Run a case script of ``tests/dist/`` over ``cases`` in one torchrun launch of ``world_size`` ranks.
+
+    Returns:
+        ``{"records": {name: record}, "returncode", "timed_out", "log_tail", "expected": [names]}``;
+        each case dict has a ``name``, and the script writes one record per case with it.
+    """
+    from ringbench.launch import free_port
+
+    cases_file, results_file = folder / f"{stem}.json", folder / f"{stem}.jsonl"
+    cases_file.write_text(json.dumps(cases))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world_size),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           str(script), "--cases", str(cases_file), "--results", str(results_file)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", CASES_PG_TIMEOUT=str(timeout_s))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's own session: torchrun and its workers
+        log, _ = proc.communicate()
+        timed_out = True
+    records = {}
+    if results_file.exists():
+        for line in results_file.read_text().splitlines():
+            rec = json.loads(line)
+            records[rec["name"]] = rec
+    print(log[-4000:])
+    return {"records": records, "returncode": proc.returncode, "timed_out": timed_out, "log_tail": log[-3000:],
+            "expected": [c["name"] for c in cases]}

@@ -15,21 +15,16 @@ Unit tests need no process group or a world-size-1 one; the distributed ones run
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from ringbench import check, report
-from ringbench.launch import free_port
 from ringbench.spec import CaseSpec, default_fields, resolve_docs, validate
 from ringbench.variants import observe
 
-from helpers import slow_when
+from helpers import torchrun_cases
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
 LAUNCH_TIMEOUT_S = {1: 200, 2: 200, 4: 300, 8: 500}
@@ -96,30 +91,8 @@ def _launch(batch: str, world_size: int, folder: Path) -> dict:
     """Run every case of (batch, world_size) in one torchrun launch; return its records and log."""
     cases = [{"name": c["name"], "spec": c["spec"]} for c in CASES
              if c["batch"] == batch and c["world_size"] == world_size]
-    cases_file = folder / f"{batch}_w{world_size}.json"
-    results_file = folder / f"{batch}_w{world_size}.jsonl"
-    cases_file.write_text(json.dumps(cases))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world_size),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-           str(CASES_SCRIPT), "--cases", str(cases_file), "--results", str(results_file)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", CASES_PG_TIMEOUT=str(LAUNCH_TIMEOUT_S[world_size]))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S[world_size])
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's own session: torchrun and its workers
-        log, _ = proc.communicate()
-        timed_out = True
-    records = {}
-    if results_file.exists():
-        for line in results_file.read_text().splitlines():
-            rec = json.loads(line)
-            records[rec["name"]] = rec
-    print(log[-4000:])
-    return {"records": records, "returncode": proc.returncode, "timed_out": timed_out, "log_tail": log[-3000:],
-            "expected": [c["name"] for c in cases]}
+    return torchrun_cases(CASES_SCRIPT, cases, world_size, folder, f"{batch}_w{world_size}",
+                          LAUNCH_TIMEOUT_S[world_size])
 
 
 @pytest.fixture(scope="module")
