@@ -380,7 +380,7 @@ FIELDS: tuple[Field, ...] = (
     Field("require_deterministic", bool, "fail a case whose repeats differ at all, also where its kernel's "
           "backward is documented as nondeterministic (flash-attn, torch-flash, cudnn, torch-efficient); runs at "
           "least 2 repeats", False, False, default_text="off", in_case_id=False, optional=True,
-          commands=("verify",), flag="--require-deterministic/--no-require-deterministic", check=None),
+          commands=("verify",), flag="--require-deterministic", check=None),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
