@@ -202,3 +202,32 @@ def test_cuda_kernel_varlen_matches_math_fp64(name, dtype, docs, causal, heads):
     ref_out, ref_lse = MATH.forward_varlen(q64, k64, v64, cu_q, cu_k, mq, mk, causal, scale)
     ref_grads = MATH.backward_varlen(dout64, q64, k64, v64, ref_out, ref_lse, cu_q, cu_k, mq, mk, causal, scale)
     _assert_rule(name, (out, lse, *grads), (low_out, low_lse, *low_grads), (ref_out, ref_lse, *ref_grads))
+
+
+@pytest.mark.parametrize("name, dtype", _kernel_dtype_params(varlen=False))
+def test_cuda_kernel_takes_head_slices_as_the_all_gather_variants_pass_them(name, dtype):
+    """llama3 with heads_k_stride hands the kernel head-group views (``q[:, rows, qh]``, ``out[:, rows, qh]``,
+    ``lse[:, qh, rows]``) that are not contiguous; the results must be those of the same values contiguous."""
+    kern = KERNELS[name]
+    hq, hkv, sq = 4, 2, 257
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q_all = _randn(BATCH, sq, 2 * hq, HEAD_DIM, dtype=dtype, gen=gen)
+    k_all = _randn(BATCH, sq, 2 * hkv, HEAD_DIM, dtype=dtype, gen=gen)
+    v_all = _randn(BATCH, sq, 2 * hkv, HEAD_DIM, dtype=dtype, gen=gen)
+    dout_all = _randn(BATCH, sq, 2 * hq, HEAD_DIM, dtype=dtype, gen=gen)
+    q, k, v, dout = q_all[:, :, hq:], k_all[:, :, hkv:], v_all[:, :, hkv:], dout_all[:, :, hq:]
+    assert not q.is_contiguous()
+    scale = 1 / math.sqrt(HEAD_DIM)
+    out_c, lse_c = kern.forward(q.contiguous(), k.contiguous(), v.contiguous(), True, scale)
+    out_all = torch.zeros_like(q_all)
+    out_all[:, :, hq:] = out_c
+    lse_all = torch.zeros(BATCH, 2 * hq, sq, dtype=lse_c.dtype, device="cuda")
+    lse_all[:, hq:] = lse_c
+    out, lse = kern.forward(q, k, v, True, scale)
+    grads = kern.backward(dout, q, k, v, out_all[:, :, hq:], lse_all[:, hq:], True, scale)
+    q64, k64, v64, dout64 = (t.double() for t in (q, k, v, dout))
+    ref_out, ref_lse = MATH.forward(q64, k64, v64, True, scale)
+    ref_grads = MATH.backward(dout64, q64, k64, v64, ref_out, ref_lse, True, scale)
+    low_out, low_lse = MATH.forward(q, k, v, True, scale)
+    low_grads = MATH.backward(dout, q, k, v, low_out, low_lse, True, scale)
+    _assert_rule(name, (out, lse, *grads), (low_out, low_lse, *low_grads), (ref_out, ref_lse, *ref_grads))

@@ -303,6 +303,9 @@ def _cudnn_backward(dout, q, k, v, out, lse, causal, softmax_scale):
 
 def _efficient_forward(q, k, v, causal, softmax_scale):
     _check_shapes(q, k, v, causal)
+    # The op misreads head-group views that are not contiguous (llama3 with heads_k_stride): dq and dk
+    # came out 170x over the allowance on an H200 (tests/test_kernels_gpu.py, head slices).
+    q, k, v = (t.contiguous() for t in (q, k, v))
     groups = q.shape[2] // k.shape[2]
     # The memory-efficient SDPA op takes [B, H, S, D] views and no GQA: K/V go in expanded.
     out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
@@ -314,6 +317,7 @@ def _efficient_forward(q, k, v, causal, softmax_scale):
 
 def _efficient_backward(dout, q, k, v, out, lse, causal, softmax_scale):
     _check_shapes(q, k, v, causal)
+    dout, q, k, v, out = (t.contiguous() for t in (dout, q, k, v, out))
     groups = q.shape[2] // k.shape[2]
     B, Sq, Hq, _ = q.shape
     seed, offset = _unused_rng_state(q.device)
