@@ -67,23 +67,38 @@ def slow_when(value, condition: bool):
     return pytest.param(value, marks=pytest.mark.slow) if condition else value
 
 
-def torchrun_cases(script: Path, cases: list[dict], world_size: int, folder: Path, stem: str,
-                   timeout_s: float) -> dict:
-    """Run a case script of ``tests/dist/`` over ``cases`` in one torchrun launch of ``world_size`` ranks.
+#: A sweep of six small CPU cases that runs long enough to be interrupted in the middle (two
+#: variants, three seqlens, at world size 2), for the kill and resume tests.
+SLOW_SWEEP = """
+[defaults]
+device = "cpu"
+kernel = "cpu"
+world_size = 2
+heads = 4
+kv_heads = 2
+head_dim = 32
+mode = "fwd_bwd"
+iters = 3
+warmup = 1
+[sweep]
+variant = ["ring", "zigzag"]
+seqlen = [1024, 2048, 3072]
+"""
+
+
+def run_torchrun(world_size: int, args: list[str], *, timeout_s: float, env: dict | None = None,
+                 cwd: Path | None = None) -> tuple[int, bool, str]:
+    """Run ``torchrun`` over ``args`` with ``world_size`` ranks on a free local port, in its own session.
 
     Returns:
-        ``{"records": {name: record}, "returncode", "timed_out", "log_tail", "expected": [names]}``;
-        each case dict has a ``name``, and the script writes one record per case with it.
+        (return code, whether it passed ``timeout_s`` and was killed with its workers, its output).
     """
     from ringbench.launch import free_port
 
-    cases_file, results_file = folder / f"{stem}.json", folder / f"{stem}.jsonl"
-    cases_file.write_text(json.dumps(cases))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world_size),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-           str(script), "--cases", str(cases_file), "--results", str(results_file)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", CASES_PG_TIMEOUT=str(timeout_s))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CASES_PG_TIMEOUT": str(timeout_s), **(env or {})}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
                             start_new_session=True)
     try:
         log, _ = proc.communicate(timeout=timeout_s)
@@ -92,11 +107,26 @@ def torchrun_cases(script: Path, cases: list[dict], world_size: int, folder: Pat
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher's own session: torchrun and its workers
         log, _ = proc.communicate()
         timed_out = True
+    print(log[-4000:])
+    return proc.returncode, timed_out, log
+
+
+def torchrun_cases(script: Path, cases: list[dict], world_size: int, folder: Path, stem: str,
+                   timeout_s: float) -> dict:
+    """Run a case script of ``tests/dist/`` over ``cases`` in one torchrun launch of ``world_size`` ranks.
+
+    Returns:
+        ``{"records": {name: record}, "returncode", "timed_out", "log_tail", "expected": [names]}``;
+        each case dict has a ``name``, and the script writes one record per case with it.
+    """
+    cases_file, results_file = folder / f"{stem}.json", folder / f"{stem}.jsonl"
+    cases_file.write_text(json.dumps(cases))
+    returncode, timed_out, log = run_torchrun(
+        world_size, [str(script), "--cases", str(cases_file), "--results", str(results_file)], timeout_s=timeout_s)
     records = {}
     if results_file.exists():
         for line in results_file.read_text().splitlines():
             rec = json.loads(line)
             records[rec["name"]] = rec
-    print(log[-4000:])
-    return {"records": records, "returncode": proc.returncode, "timed_out": timed_out, "log_tail": log[-3000:],
+    return {"records": records, "returncode": returncode, "timed_out": timed_out, "log_tail": log[-3000:],
             "expected": [c["name"] for c in cases]}

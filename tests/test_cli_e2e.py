@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from helpers import COMMAND_TIMEOUT_S, read_jsonl, ringbench
+from helpers import SLOW_SWEEP, COMMAND_TIMEOUT_S, read_jsonl, ringbench
 from helpers import live_cmdlines_with as _live_cmdlines_with
 from ringbench.variants import list_variants
 
@@ -98,21 +98,6 @@ def test_cli_e2e_refused_case_starts_nothing(tmp_path, args, message):
     assert not out.exists()
 
 
-KILL_SWEEP = """
-[defaults]
-device = "cpu"
-kernel = "cpu"
-world_size = 2
-heads = 4
-kv_heads = 2
-head_dim = 32
-mode = "fwd_bwd"
-iters = 3
-warmup = 1
-[sweep]
-variant = ["ring", "zigzag"]
-seqlen = [1024, 2048, 3072]
-"""
 
 
 @pytest.mark.dist
@@ -120,7 +105,7 @@ def test_cli_e2e_sweep_killed_then_resumed_keeps_one_ok_record_per_case(tmp_path
     from ringbench.scenarios import load_scenario
 
     scenario = tmp_path / "kill.toml"
-    scenario.write_text(KILL_SWEEP)
+    scenario.write_text(SLOW_SWEEP)
     ids = {c.case_id() for c in load_scenario(str(scenario)).cases("run", "cpu")}
     assert len(ids) == 6
     out = tmp_path / "out"

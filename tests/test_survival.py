@@ -21,28 +21,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers import COMMAND_TIMEOUT_S, CLI_ENV, read_jsonl, ringbench
+from helpers import SLOW_SWEEP, COMMAND_TIMEOUT_S, CLI_ENV, read_jsonl, ringbench
 from helpers import live_cmdlines_with
 from ringbench import lease
 from ringbench.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
 
-SWEEP = """
-[defaults]
-device = "cpu"
-kernel = "cpu"
-world_size = 2
-heads = 4
-kv_heads = 2
-head_dim = 32
-mode = "fwd_bwd"
-iters = 3
-warmup = 1
-[sweep]
-variant = ["ring", "zigzag"]
-seqlen = [1024, 2048, 3072]
-"""
 
 SMALL = ["--variant", "ring", "--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "2",
          "--kv-heads", "1", "--head-dim", "16", "--iters", "2", "--warmup", "1"]
@@ -68,7 +53,7 @@ def test_survival_cli_killed_takes_the_sweep_with_it_and_resume_writes_no_duplic
     from ringbench.scenarios import load_scenario
 
     scenario = tmp_path / "sweep.toml"
-    scenario.write_text(SWEEP)
+    scenario.write_text(SLOW_SWEEP)
     ids = {c.case_id() for c in load_scenario(str(scenario)).cases("run", "cpu")}
     out = tmp_path / "out"
     runs = out / "runs.jsonl"

@@ -18,15 +18,11 @@ on two CPU cores, most of it the float64 references of the 4240-token cases.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from ringbench.launch import free_port
+from helpers import run_torchrun
 from ringbench.spec import CaseSpec, default_fields, resolve_docs, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,22 +104,11 @@ WORKER_CASES = _worker_cases()
 
 
 def _torchrun(world_size: int, args: list[str]) -> tuple[int, bool, str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world_size),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *args]
     # A collective that never completes raises (with its traceback in the log) before the launch is killed.
-    env = dict(os.environ, OMP_NUM_THREADS="1", CASES_PG_TIMEOUT=str(PG_TIMEOUT_S),
-               RINGBENCH_PG_TIMEOUT=str(PG_TIMEOUT_S))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's own session: torchrun and its workers
-        log, _ = proc.communicate()
-        timed_out = True
-    print(log[-4000:])
-    return proc.returncode, timed_out, log[-3000:]
+    returncode, timed_out, log = run_torchrun(world_size, args, timeout_s=LAUNCH_TIMEOUT_S, cwd=ROOT,
+                                              env={"CASES_PG_TIMEOUT": str(PG_TIMEOUT_S),
+                                                   "RINGBENCH_PG_TIMEOUT": str(PG_TIMEOUT_S)})
+    return returncode, timed_out, log[-3000:]
 
 
 @pytest.fixture(scope="module")
