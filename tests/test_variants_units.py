@@ -338,20 +338,27 @@ def test_kernels_auto_for_a_varlen_call_picks_only_a_kernel_with_a_varlen_form(d
             assert kern.varlen and dtype in kern.dtypes and kern.check_head_dim(head_dim) is None
             assert kern.device_type in (device, "any")
     if device == "cuda":
-        # flash-attn comes first for a batch call, never for a varlen one.
-        assert resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=128, kernels=kernels).name == "flash-attn"
+        # flash-attn-4 comes first for batch and varlen calls; without it, flash-attn, then torch-flash.
+        for varlen in (False, True):
+            assert resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=128, varlen=varlen,
+                                  kernels=kernels).name == "flash-attn-4"
+        without = {n: k for n, k in kernels.items() if n != "flash-attn-4"}
         assert resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=128, varlen=True,
-                              kernels=kernels).name == "torch-flash"
+                              kernels=without).name == "flash-attn"
+        # A value head dim apart from the query/key one: only the kernels that take it.
+        assert resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=192, head_dim_v=128,
+                              kernels=kernels).name == "flash-attn-4"
+        assert resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=192, head_dim_v=128,
+                              kernels=without).name == "math"
 
 
 def test_kernels_auto_says_why_no_kernel_fits():
     kernels = _available_everywhere()
     # A peer's own kernels (among) and none of them has a varlen form: each refusal is named.
     with pytest.raises(ValueError, match=r"^kernel auto found no kernel on cuda for packed documents, head_dim 128 "
-                                         r"and dtype bf16 \(the flash-attn kernel has no varlen form in ringbench "
-                                         r"\(.+\); the cudnn kernel has no varlen form in ringbench \(.+\)\); "
+                                         r"and dtype bf16 \(the cudnn kernel has no varlen form in ringbench \(.+\)\); "
                                          r"change --dtype or --head-dim$"):
-        resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=128, varlen=True, among=("flash-attn", "cudnn"),
+        resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=128, varlen=True, among=("cudnn",),
                        kernels=kernels)
     with pytest.raises(ValueError, match=r"^kernel auto found no kernel on cuda for dtype fp32 \(dtype fp32 is not "
                                          r"supported by the flash-attn kernel, which takes bf16 and fp16\)"):

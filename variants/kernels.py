@@ -30,10 +30,12 @@ from typing import Callable, Mapping
 
 import torch
 
+from . import fa4
+
 Tensor = torch.Tensor
 
 #: Order in which ``auto`` picks a kernel on each device type.
-AUTO_ORDER = {"cuda": ("flash-attn", "torch-flash", "cudnn", "math"), "cpu": ("cpu", "math")}
+AUTO_ORDER = {"cuda": ("flash-attn-4", "flash-attn", "torch-flash", "cudnn", "math"), "cpu": ("cpu", "math")}
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,12 @@ class Kernel:
         backward_varlen: ``(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             max_seqlen_k, causal, softmax_scale) -> (dq, dk, dv)``, or ``None``.
         no_varlen: why there is no varlen form, when there is none.
+        head_dim_v: whether it takes a value head dim apart from the query/key one (v
+            ``[..., Dv]``, out ``[..., Hq, Dv]``: MLA shapes such as 192/128).
+        version: a function naming what serves the calls and its version, for the records
+            (``"flash-attn-4 4.0.0b36"``); ``None`` where unknown.
+        notes: a function returning what records should say about how the kernel ran the
+            calls of this process (cudnn: K/V expanded because the op refused native GQA).
         nondeterministic_backward: why the backward pass, as ringbench calls it, is not bitwise
             repeatable, with the source that documents it; empty where it is (``cpu``, ``math``).
             ``verify --repeat`` records it and does not fail gradients (dq, dk, dv) that differ
@@ -74,6 +82,9 @@ class Kernel:
     backward_varlen: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = field(repr=False, default=None)
     no_varlen: str = ""
     nondeterministic_backward: str = ""
+    head_dim_v: bool = False
+    version: Callable[[], str | None] = field(repr=False, default=lambda: f"torch {torch.__version__}")
+    notes: Callable[[], list[str]] = field(repr=False, default=lambda: [])
 
     @property
     def varlen(self) -> bool:
@@ -88,8 +99,17 @@ class Kernel:
         return (f"the {self.name} kernel has no varlen form in ringbench ({self.no_varlen}); "
                 f"pass --kernel with one of {names} or auto")
 
-    def check_head_dim(self, head_dim: int) -> str | None:
-        """Return why ``head_dim`` is refused by this kernel, or ``None`` when it is fine."""
+    def check_head_dim(self, head_dim: int, head_dim_v: int | None = None) -> str | None:
+        """Return why ``head_dim`` (and the value head dim ``head_dim_v``, when given) is refused by
+        this kernel, or ``None`` when it is fine."""
+        if head_dim_v is not None and head_dim_v != head_dim:
+            if not self.head_dim_v:
+                takers = ", ".join(n for n, k in KERNELS.items() if k.head_dim_v)
+                return (f"head_dim_v {head_dim_v} differs from head_dim {head_dim}, which the {self.name} kernel "
+                        f"cannot take (it needs one head dim for q, k and v); kernels that can: {takers}")
+            reason = self.check_head_dim(head_dim_v)
+            if reason:
+                return reason.replace("head_dim", "head_dim_v", 1)
         if head_dim <= 0:
             return f"head_dim {head_dim} must be positive"
         if self.max_head_dim is not None and head_dim > self.max_head_dim:
@@ -106,9 +126,9 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
-    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be "
-                         "[B, S, H, D] with k and v alike")
+                         "[B, S, H, D] with k and v alike but for v's head dim (head_dim_v)")
     if q.shape[1] == 0 or k.shape[1] == 0:
         raise ValueError("attention over an empty sequence is undefined; give at least one token")
     if q.shape[2] % k.shape[2]:
@@ -134,14 +154,14 @@ def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_sc
                        chunk: int = 1024, causal_offset: int = 0) -> tuple[Tensor, Tensor]:
     # causal: query row i sees key j iff j <= i + causal_offset (0: the square mask).
     B, Sq, Hq, D = q.shape
-    Hkv = k.shape[2]
+    Hkv, Dv = k.shape[2], v.shape[3]
     G = Hq // Hkv
     acc = accumulation_dtype(q.dtype)
     # [B, Hkv, G, S, D]: GQA without repeating K/V.
     qg = q.to(acc).reshape(B, Sq, Hkv, G, D).permute(0, 2, 3, 1, 4)
     kf = k.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
     vf = v.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
-    out = torch.empty(B, Hkv, G, Sq, D, dtype=acc, device=q.device)
+    out = torch.empty(B, Hkv, G, Sq, Dv, dtype=acc, device=q.device)
     lse = torch.empty(B, Hkv, G, Sq, dtype=acc, device=q.device)
     keys = torch.arange(k.shape[1], device=q.device)
     for s in range(0, Sq, chunk):
@@ -156,7 +176,7 @@ def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_sc
         p = torch.exp(scores - lse_c.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
         out[:, :, :, s:e] = p @ vf[:, :, :, :n]
         lse[:, :, :, s:e] = lse_c
-    out = out.permute(0, 3, 1, 2, 4).reshape(B, Sq, Hq, D).to(q.dtype)
+    out = out.permute(0, 3, 1, 2, 4).reshape(B, Sq, Hq, Dv).to(q.dtype)
     return out, lse.reshape(B, Hq, Sq)
 
 
@@ -170,12 +190,12 @@ def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                         causal: bool, softmax_scale: float, chunk: int = 1024,
                         causal_offset: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     B, Sq, Hq, D = q.shape
-    Hkv = k.shape[2]
+    Hkv, Dv = k.shape[2], v.shape[3]
     G = Hq // Hkv
     acc = accumulation_dtype(q.dtype)
 
     def grouped(x: Tensor) -> Tensor:
-        return x.to(acc).reshape(B, x.shape[1], Hkv, G, D).permute(0, 2, 3, 1, 4)
+        return x.to(acc).reshape(B, x.shape[1], Hkv, G, x.shape[3]).permute(0, 2, 3, 1, 4)
 
     qg, dog, og = grouped(q), grouped(dout), grouped(out)
     lseg = lse.to(acc).reshape(B, Hkv, G, Sq)
@@ -184,7 +204,7 @@ def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     delta = (dog * og).sum(-1)  # [B, Hkv, G, Sq]
     dq = torch.empty_like(qg)
     dk = torch.zeros(B, Hkv, k.shape[1], D, dtype=acc, device=q.device)
-    dv = torch.zeros_like(dk)
+    dv = torch.zeros(B, Hkv, k.shape[1], Dv, dtype=acc, device=q.device)
     keys = torch.arange(k.shape[1], device=q.device)
     for s in range(0, Sq, chunk):
         e = min(s + chunk, Sq)
@@ -272,13 +292,39 @@ def _reduce_kv(dx: Tensor, groups: int) -> Tensor:
     return dx.view(B, S, H // groups, groups, D).sum(3)
 
 
+#: Why PyTorch's cuDNN op refused native GQA (Hkv < Hq) in this process, by pass ("forward",
+#: "backward"); such calls then go through expanded K/V, and the records say so (``_cudnn_notes``).
+_CUDNN_GQA_REFUSED: dict[str, str] = {}
+
+
+def _cudnn_gqa(pass_: str, groups: int, native: Callable, expanded: Callable):
+    """Run ``native()`` (K/V as they are) unless the op refused it once; else ``expanded()``."""
+    if groups == 1 or pass_ in _CUDNN_GQA_REFUSED:
+        return expanded() if groups > 1 else native()
+    try:
+        return native()
+    except RuntimeError as exc:  # this PyTorch/cuDNN pair has no native GQA: expand from now on
+        _CUDNN_GQA_REFUSED[pass_] = str(exc).splitlines()[0][:200]
+        return expanded()
+
+
+def _cudnn_notes() -> list[str]:
+    return [f"cudnn {p}: K/V expanded to the query heads, since PyTorch's cuDNN op refused GQA ({why})"
+            for p, why in _CUDNN_GQA_REFUSED.items()]
+
+
 def _cudnn_forward(q, k, v, causal, softmax_scale):
     _check_shapes(q, k, v, causal)
     groups = q.shape[2] // k.shape[2]
-    # cuDNN's SDPA op takes [B, H, S, D] views; GQA goes through expanded K/V.
-    res = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        q.transpose(1, 2), _expand_kv(k, groups).transpose(1, 2), _expand_kv(v, groups).transpose(1, 2),
-        None, True, 0.0, causal, False, scale=softmax_scale)
+
+    def call(kk, vv):
+        # cuDNN's SDPA op takes [B, H, S, D] views; GQA natively where the op accepts Hkv < Hq.
+        return torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), None, True, 0.0, causal, False,
+            scale=softmax_scale)
+
+    res = _cudnn_gqa("forward", groups, lambda: call(k, v),
+                     lambda: call(_expand_kv(k, groups), _expand_kv(v, groups)))
     out, lse = res[0], res[1]
     B, Sq, Hq, _ = q.shape
     return out.transpose(1, 2), _empty_rows_to_neg_inf(lse.reshape(B, Hq, Sq).float())
@@ -291,12 +337,19 @@ def _cudnn_backward(dout, q, k, v, out, lse, causal, softmax_scale):
     seed, offset = _unused_rng_state(q.device)
     # cuDNN wants dout laid out like out.
     dout = dout.contiguous() if dout.stride() != out.stride() else dout
-    ke, ve = _expand_kv(k, groups), _expand_kv(v, groups)
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-        dout.transpose(1, 2), q.transpose(1, 2), ke.transpose(1, 2), ve.transpose(1, 2),
-        out.transpose(1, 2), lse.reshape(B, Hq, Sq, 1).contiguous(), seed, offset, None, None, None,
-        Sq, k.shape[1], 0.0, causal, scale=softmax_scale)
-    return dq.transpose(1, 2), _reduce_kv(dk.transpose(1, 2), groups), _reduce_kv(dv.transpose(1, 2), groups)
+
+    def call(kk, vv):
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            dout.transpose(1, 2), q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2),
+            out.transpose(1, 2), lse.reshape(B, Hq, Sq, 1).contiguous(), seed, offset, None, None, None,
+            Sq, k.shape[1], 0.0, causal, scale=softmax_scale)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+    def expanded():
+        dq, dk, dv = call(_expand_kv(k, groups), _expand_kv(v, groups))
+        return dq, _reduce_kv(dk, groups), _reduce_kv(dv, groups)
+
+    return _cudnn_gqa("backward", groups, lambda: call(k, v), expanded)
 
 
 # --------------------------------------------------------------------------- torch-efficient
@@ -376,13 +429,76 @@ def _flash_attn_backward(dout, q, k, v, out, lse, causal, softmax_scale):
     return dq, dk, dv
 
 
+def _flash_attn_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                               softmax_scale):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    out, lse, _ = _flash_attn_module().flash_attn_varlen_func(
+        q[0], k[0], v[0], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
+        causal=causal, return_attn_probs=True)
+    # flash-attn 2.x gives the packed lse [Hq, total_q] (>= 2.4); older builds padded it.
+    return out.unsqueeze(0), _empty_rows_to_neg_inf(lse.float()).unsqueeze(0)
+
+
+def _flash_attn_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                causal, softmax_scale):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    fai = _flash_attn_module()
+    dq, dk, dv = torch.empty_like(q[0]), torch.empty_like(k[0]), torch.empty_like(v[0])
+    # Its backward reads +inf, not -inf, as "this row saw no key" (as torch-flash's does).
+    lse = lse[0].float().masked_fill(lse[0] == -math.inf, math.inf).contiguous()
+    # flash-attn >= 2.6 signature, as the batch backward above.
+    fai._flash_attn_varlen_backward(dout[0].contiguous(), q[0], k[0], v[0], out[0], lse, dq, dk, dv,
+                                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
+                                    causal, -1, -1, 0.0, None, False)
+    return dq.unsqueeze(0), dk.unsqueeze(0), dv.unsqueeze(0)
+
+
+def _flash_attn_version() -> str | None:
+    try:
+        import flash_attn
+
+        return f"flash-attn {flash_attn.__version__}"
+    except Exception:  # absent or broken
+        return None
+
+
+# --------------------------------------------------------------------------- flash-attn-4
+
+def _fa4_forward(q, k, v, causal, softmax_scale):
+    _check_shapes(q, k, v, causal)
+    return fa4.forward(q, k, v, causal, softmax_scale)
+
+
+def _fa4_backward(dout, q, k, v, out, lse, causal, softmax_scale):
+    _check_shapes(q, k, v, causal)
+    return fa4.backward(dout, q, k, v, out, lse, causal, softmax_scale)
+
+
+def _fa4_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return fa4.forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                              softmax_scale)
+
+
+def _fa4_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                         softmax_scale):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return fa4.backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               causal, softmax_scale)
+
+
+def _fa4_version() -> str | None:
+    found = fa4.version()
+    return f"flash-attn-4 {found}" if found else None
+
+
 # --------------------------------------------------------------------------- varlen
 
 def _check_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor) -> None:
     # Shapes and dtypes only: reading the offsets would synchronise a GPU.
-    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be "
-                         "[1, S, H, D] packed rows with k and v alike")
+                         "[1, S, H, D] packed rows with k and v alike but for v's head dim (head_dim_v)")
     if q.shape[0] != 1 or k.shape[0] != 1:
         raise ValueError(f"packed documents come as one row, but q {tuple(q.shape)} and k {tuple(k.shape)} "
                          "have batch > 1; pack the sequences into one row and pass their cu_seqlens")
@@ -415,7 +531,7 @@ def _documents(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqlen_q: int,
 def _math_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                          softmax_scale):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    out = torch.zeros_like(q)
+    out = q.new_zeros(*q.shape[:3], v.shape[3])
     lse = torch.full((1, q.shape[2], q.shape[1]), -math.inf, dtype=accumulation_dtype(q.dtype), device=q.device)
     for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
         if qe > qs and ke > ks:
@@ -560,6 +676,9 @@ _NONDET_FLASH_ATTN = ("flash-attn's backward is deterministic only when called w
                       "ringbench does not pass (flash_attn_interface.py: 'deterministic: bool. Whether to use the "
                       "deterministic implementation of the backward pass ... The forward pass is always "
                       "deterministic.')")
+_NONDET_FA4 = ("flash-attn-4's backward accumulates dq with atomic adds unless called with deterministic=True, "
+               "which ringbench does not pass (flash_attn/cute/interface.py, _flash_attn_bwd's deterministic "
+               "argument, default False)")
 _NONDET_TORCH = ("PyTorch's {op} warns that '{name} defaults to a non-deterministic algorithm' "
                  "(aten/src/ATen/native/transformers/cuda/attention_backward.cu); ringbench does not call "
                  "torch.use_deterministic_algorithms(True)")
@@ -567,16 +686,20 @@ _NONDET_TORCH = ("PyTorch's {op} warns that '{name} defaults to a non-determinis
 KERNELS: dict[str, Kernel] = {
     k.name: k
     for k in (
+        Kernel("flash-attn-4", "cuda", _HALF, 256, 8, _fa4_forward, _fa4_backward, fa4.unavailable,
+               _fa4_forward_varlen, _fa4_backward_varlen, nondeterministic_backward=_NONDET_FA4, head_dim_v=True,
+               version=_fa4_version),
         Kernel("flash-attn", "cuda", _HALF, 256, 8, _flash_attn_forward, _flash_attn_backward,
-               _flash_attn_unavailable,
-               no_varlen="flash_attn_varlen_func is not wired up: no flash-attn build to verify it against",
-               nondeterministic_backward=_NONDET_FLASH_ATTN),
+               _flash_attn_unavailable, _flash_attn_forward_varlen, _flash_attn_backward_varlen,
+               nondeterministic_backward=_NONDET_FLASH_ATTN, version=_flash_attn_version),
         Kernel("torch-flash", "cuda", _HALF, 256, 8, _torch_flash_forward, _torch_flash_backward,
                _torch_flash_unavailable, _torch_flash_forward_varlen, _torch_flash_backward_varlen,
                nondeterministic_backward=_NONDET_TORCH.format(name="Flash Attention", op="_flash_attention_backward")),
         Kernel("cudnn", "cuda", _HALF, 128, 8, _cudnn_forward, _cudnn_backward, _cudnn_unavailable,
                no_varlen="cuDNN's ragged-offset attention is not wired up or verified",
-               nondeterministic_backward=_NONDET_TORCH.format(name="cuDNN Attention", op="_cudnn_attention_backward")),
+               nondeterministic_backward=_NONDET_TORCH.format(name="cuDNN Attention", op="_cudnn_attention_backward"),
+               version=lambda: f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}",
+               notes=_cudnn_notes),
         Kernel("torch-efficient", "cuda", (*_HALF, torch.float32), 128, 8, _efficient_forward, _efficient_backward,
                _cuda_unavailable, no_varlen="the memory-efficient op's varlen form is not wired up or verified",
                nondeterministic_backward=_NONDET_TORCH.format(name="Memory Efficient attention",
@@ -586,7 +709,7 @@ KERNELS: dict[str, Kernel] = {
                backward_varlen=_cpu_backward_varlen),
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
                _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
-               backward_varlen=_math_backward_varlen),
+               backward_varlen=_math_backward_varlen, head_dim_v=True),
     )
 }
 
@@ -614,13 +737,14 @@ def kernels_for(device_type: str, kernels: Mapping[str, Kernel] | None = None) -
 
 
 def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None = None,
-                 head_dim: int | None = None, varlen: bool = False,
+                 head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None,
                  kernels: Mapping[str, Kernel] | None = None) -> str | None:
     """Why ``kernel`` cannot take a call on ``device_type``, or ``None`` when it can.
 
     The rules, in order: a varlen call (packed documents) needs a kernel with a varlen form;
     the kernel must run on ``device_type``; it must take ``head_dim`` and ``dtype`` (each
-    checked when given). Availability on this machine is :func:`resolve_kernel`'s last rule.
+    checked when given; ``head_dim_v``, the value head dim, with it). Availability on this
+    machine is :func:`resolve_kernel`'s last rule.
     The reason is one sentence naming the value, the rule and the fix.
 
     Args:
@@ -635,9 +759,9 @@ def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None 
         return (f"kernel {kernel.name!r} runs on {kernel.device_type}, not {device_type}; "
                 f"pass --kernel with one of {', '.join(kernels_for(device_type, registry))} or auto")
     if head_dim is not None:
-        reason = kernel.check_head_dim(head_dim)
+        reason = kernel.check_head_dim(head_dim, head_dim_v)
         if reason:
-            return f"{reason}; pass another --head-dim or --kernel"
+            return f"{reason}; pass another --head-dim{'-v' if 'head_dim_v' in reason else ''} or --kernel"
     if dtype is not None and dtype not in kernel.dtypes:
         taken = [short for d, short in DTYPE_NAMES.items() if d in kernel.dtypes]
         return (f"dtype {DTYPE_NAMES.get(dtype, dtype)} is not supported by the {kernel.name} kernel, which takes "
@@ -651,7 +775,7 @@ def _unavailable(kernel: Kernel) -> str | None:
 
 
 def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = None, head_dim: int | None = None,
-                   varlen: bool = False, among: tuple[str, ...] = (),
+                   varlen: bool = False, among: tuple[str, ...] = (), head_dim_v: int | None = None,
                    kernels: Mapping[str, Kernel] | None = None) -> Kernel:
     """The kernel a call on ``device_type`` runs with: the one named, or for ``auto`` the first of
     ``AUTO_ORDER[device_type]`` that passes every rule of :func:`check_kernel` for ``dtype``,
@@ -664,6 +788,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
         name: a kernel name or ``auto``.
         device_type: ``cpu`` or ``cuda``.
         dtype, head_dim: the call's input dtype and head dim; ``None``: not checked.
+        head_dim_v: the value head dim where it differs (``None``: the same as ``head_dim``).
         varlen: the call takes packed documents, so the kernel needs a varlen form.
         among: for ``auto``, the only kernels it may pick (a peer's own); empty: any.
         kernels: the registry to resolve in (default :data:`KERNELS`); a test passes stand-ins.
@@ -673,7 +798,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
             or no kernel for ``auto``: one sentence with the value, the rule and the fix.
     """
     registry = KERNELS if kernels is None else kernels
-    rules = dict(dtype=dtype, head_dim=head_dim, varlen=varlen, kernels=registry)
+    rules = dict(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, varlen=varlen, kernels=registry)
     if name != "auto":
         if name not in registry:
             raise ValueError(f"kernel {name!r} is unknown; choose one of {', '.join(registry)} or auto")
@@ -696,14 +821,15 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
         refusals.append(reason.split(";")[0])
     wanted = [w for w in ("packed documents" if varlen else "",
                           f"head_dim {head_dim}" if head_dim is not None else "",
+                          f"head_dim_v {head_dim_v}" if head_dim_v not in (None, head_dim) else "",
                           f"dtype {DTYPE_NAMES.get(dtype, dtype)}" if dtype is not None else "") if w]
     what = f" for {', '.join(wanted[:-1])} and {wanted[-1]}" if len(wanted) > 1 else "".join(f" for {w}" for w in wanted)
     raise ValueError(f"kernel auto found no kernel on {device_type}{what} ({'; '.join(refusals)}); "
-                     "change --dtype or --head-dim")
+                     f"change --dtype or --head-dim{'-v' if head_dim_v not in (None, head_dim) else ''}")
 
 
 def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | None = None, *,
-              head_dim: int | None = None, varlen: bool = False) -> Kernel:
+              head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None) -> Kernel:
     """The kernel object a variant calls: a name (or ``auto``) resolved by :func:`resolve_kernel`
     for the call's device type, dtype, head dim and form; a :class:`Kernel` checked by the same
     rules (:func:`check_kernel`) but for availability, which its caller has settled.
@@ -712,8 +838,9 @@ def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | Non
         ValueError: as :func:`resolve_kernel`.
     """
     if isinstance(kernel, Kernel):
-        reason = check_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen)
+        reason = check_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen,
+                              head_dim_v=head_dim_v)
         if reason:
             raise ValueError(reason)
         return kernel
-    return resolve_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen)
+    return resolve_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen, head_dim_v=head_dim_v)
