@@ -22,17 +22,20 @@ GIB = 1024 ** 3
 
 
 def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causal: bool,
-                    mode: str, docs: list[int] | None = None) -> float:
+                    mode: str, docs: list[int] | None = None, head_dim_v: int = 0) -> float:
     """FLOPs of one attention over the whole sequence, in the flash-attn convention.
 
     Forward is ``4 * B * S^2 * Hq * D``, halved when causal; forward + backward is 3.5 times
     forward. With packed documents (``docs``, their lengths), it is the sum of each document's
     own figure, ``4 * L^2 * Hq * D`` (so ``2 * L^2 * Hq * D`` causal), times B. GQA and the
-    layout change nothing. Divide by the world size for per-GPU figures.
+    layout change nothing. Divide by the world size for per-GPU figures. A value head dim
+    ``head_dim_v`` apart from D (0: the same) makes ``D`` the mean of the two: ``Q K^T`` costs
+    ``2 S^2 D`` and ``P V`` ``2 S^2 Dv``.
 
     Raises:
         ValueError: an unknown mode, or ``docs`` that do not sum to ``seqlen``.
     """
+    head_dim = (head_dim + (head_dim_v or head_dim)) / 2
     if docs is None:
         fwd = 4.0 * batch * seqlen * seqlen * heads * head_dim
     else:
@@ -110,13 +113,13 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     """
     case = case_setup(spec, group)
     rank, world_size, variant, kernel, dtype = case.rank, case.world_size, case.variant, case.kernel, case.dtype
-    B, S, H, Hkv, D = spec.batch, spec.seqlen, spec.heads, spec.kv_heads, spec.head_dim
+    B, S, H, Hkv, D, Dv = spec.batch, spec.seqlen, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim()
     local = S // world_size
     gen = torch.Generator(device=device).manual_seed(spec.seed * 100003 + rank)
     q = _random((B, local, H, D), dtype, device, gen)
     k = _random((B, local, Hkv, D), dtype, device, gen)
-    v = _random((B, local, Hkv, D), dtype, device, gen)
-    dout = _random((B, local, H, D), dtype, device, gen)
+    v = _random((B, local, Hkv, Dv), dtype, device, gen)
+    dout = _random((B, local, H, Dv), dtype, device, gen)
     causal, scale, backward = case.causal, case.scale, spec.mode == "fwd_bwd"
     attention, options, docs = variant.attention, case.options, case.docs
     ref_docs = None
@@ -174,7 +177,7 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     ref_times = time_iterations(reference, iters=iters, warmup=warmup, device=device, group=group)
 
     ref_flops = attention_flops(batch=B, seqlen=local, heads=H, head_dim=D, causal=causal,
-                                mode=spec.mode, docs=ref_docs)
+                                mode=spec.mode, docs=ref_docs, head_dim_v=Dv)
     mine = (statistics.median(times), statistics.median(ref_times), sent, received,
             peak_alloc, peak_reserved, ref_flops)
     gathered: list = [None] * world_size
@@ -184,7 +187,7 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     slowest_ref = max(gathered, key=lambda g: g[1])
     ref_ms, ref_flops = slowest_ref[1], slowest_ref[6]
     flops_per_gpu = attention_flops(batch=B, seqlen=S, heads=H, head_dim=D, causal=causal,
-                                    mode=spec.mode, docs=docs) / world_size
+                                    mode=spec.mode, docs=docs, head_dim_v=Dv) / world_size
     tflops = flops_per_gpu / (time_ms * 1e-3) / 1e12
     ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
     # None: the variant's bytes go where the counters cannot see them (Variant.traffic_counted).

@@ -194,7 +194,8 @@ def _index(sel, n: int, device) -> torch.Tensor:
     return sel.to(device=device, dtype=torch.int64)
 
 
-def _shadow(seen: "observe.Observation", out_shape, k_shape, device, group) -> tuple[list, list, list] | None:
+def _shadow(seen: "observe.Observation", out_shape, q_shape, k_shape, v_shape, device,
+            group) -> tuple[list, list, list] | None:
     """This rank's float64 out, lse, dq, dk, dv rebuilt from the variant's observed kernel calls.
 
     Forward blocks are merged in float64 in the order they came; dq partials are summed at their
@@ -217,8 +218,10 @@ def _shadow(seen: "observe.Observation", out_shape, k_shape, device, group) -> t
     Hkv = k_shape[2]
     out = torch.zeros(out_shape, dtype=f64, device=device)
     lse = torch.full((B, H, S), float("-inf"), dtype=f64, device=device)
-    dq = torch.zeros(out_shape, dtype=f64, device=device)
-    dkv = torch.zeros((2, world_size, *k_shape), dtype=f64, device=device)
+    dq = torch.zeros(q_shape, dtype=f64, device=device)
+    # dK and dV of every owner (v may have its own head dim: head_dim_v), summed over the ranks.
+    dks = torch.zeros((world_size, *k_shape), dtype=f64, device=device)
+    dvs = torch.zeros((world_size, *v_shape), dtype=f64, device=device)
     n_q = torch.zeros((2, S, H), dtype=f64, device=device)  # partial results per (row, head): forward, dq
     n_kv = torch.zeros((world_size, S, Hkv), dtype=f64, device=device)
     big = torch.zeros(5, dtype=f64, device=device)  # largest |partial result| of out, lse, dq, dk, dv
@@ -244,14 +247,14 @@ def _shadow(seen: "observe.Observation", out_shape, k_shape, device, group) -> t
         grow(2, b.dq)
     for b in seen.dkv:
         r, h = _index(b.rows, S, device)[:, None], _index(b.heads, Hkv, device)
-        dkv[0, b.owner][:, r, h] += b.dk.to(device, f64)
-        dkv[1, b.owner][:, r, h] += b.dv.to(device, f64)
+        dks[b.owner][:, r, h] += b.dk.to(device, f64)
+        dvs[b.owner][:, r, h] += b.dv.to(device, f64)
         n_kv[b.owner, r, h] += 1
         grow(3, b.dk)
         grow(4, b.dv)
-    dist.all_reduce(dkv, group=group)
-    dist.all_reduce(n_kv, group=group)
-    dk, dv = dkv[0, rank], dkv[1, rank]
+    for t in (dks, dvs, n_kv):
+        dist.all_reduce(t, group=group)
+    dk, dv = dks[rank], dvs[rank]
     for i, t in enumerate((out, lse, dq, dk, dv)):
         grow(i, t)
     terms = torch.stack([n_q[0].max(), n_q[0].max(), n_q[1].max(), n_kv.max(), n_kv.max()])
@@ -319,9 +322,9 @@ def _gather(t: torch.Tensor, placement: Placement, dim: int, group) -> torch.Ten
 
 def global_inputs(spec: CaseSpec, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
     """The whole-sequence q, k, v, dout of a verify case, identical on every rank (CPU seed)."""
-    B, S, H, Hkv, D = spec.batch, spec.seqlen, spec.heads, spec.kv_heads, spec.head_dim
+    B, S, H, Hkv, D, Dv = spec.batch, spec.seqlen, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim()
     gen = torch.Generator().manual_seed(spec.seed)
-    shapes = ((B, S, H, D), (B, S, Hkv, D), (B, S, Hkv, D), (B, S, H, D))
+    shapes = ((B, S, H, D), (B, S, Hkv, D), (B, S, Hkv, Dv), (B, S, H, Dv))
     return tuple(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).to(device) for s in shapes)
 
 
@@ -493,7 +496,7 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         local = _run_variant(variant.attention, placement, inputs, **kwargs)
     dims = (1, 2, 1, 1, 1)
     gathered = [_gather(t, placement, d, group) for t, d in zip(local, dims)]
-    shadow = _shadow(seen, local[0].shape, local[3].shape, device, group)
+    shadow = _shadow(seen, local[0].shape, local[2].shape, local[3].shape, local[4].shape, device, group)
     del seen
     if shadow is not None:
         shadow = ([_gather(t, placement, d, group) for t, d in zip(shadow[0], dims)], *shadow[1:])
@@ -511,7 +514,7 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         single = _whole_row(kernel, inputs, placement, causal, scale)
         ref = _whole_row(KERNELS["math"], [x.double() for x in inputs], placement, causal, scale)
         q, k, v = inputs[:3]
-        expected = ((dtype, q.shape), (torch.float32 if dtype != torch.float64 else dtype,
+        expected = ((dtype, (*q.shape[:3], v.shape[3])), (torch.float32 if dtype != torch.float64 else dtype,
                                        (q.shape[0], q.shape[2], q.shape[1])),
                     (dtype, q.shape), (dtype, k.shape), (dtype, v.shape))
         checks = [tolerance_check(n, g, s, r, *e, world_size=world_size)

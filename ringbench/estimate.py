@@ -112,7 +112,8 @@ def _flops(case) -> float:
     from ringbench.spec import spec_docs
 
     return attention_flops(batch=case.batch, seqlen=case.seqlen, heads=case.heads, head_dim=case.head_dim,
-                           causal=case.causal, mode=case.mode, docs=spec_docs(case) if case.docs else None)
+                           causal=case.causal, mode=case.mode, docs=spec_docs(case) if case.docs else None,
+                           head_dim_v=case.head_dim_v)
 
 
 def rate(case) -> float:

@@ -324,9 +324,9 @@ FIELDS: tuple[Field, ...] = (
           commands=(), check=_one_of(lambda: TASKS)),
     Field("variant", str, "the context-parallel variant, a registry name (`ringbench variants` lists them "
           "and says which can run here)", repeatable=True, check=_check_variant),
-    Field("kernel", str, "the local attention kernel: flash-attn, torch-flash, cudnn, torch-efficient (cuda), "
-          "cpu, math (any device), or auto: the first one available here that takes the dtype, head dim and "
-          "form (never auto once launched)", "auto", "auto", check=_check_kernel_name),
+    Field("kernel", str, "the local attention kernel: flash-attn-4, flash-attn, torch-flash, cudnn, "
+          "torch-efficient (cuda), cpu, math (any device), or auto: the first one available here that takes the "
+          "dtype, head dims and form, flash-attn-4 first on CUDA (never auto once launched)", "auto", "auto", check=_check_kernel_name),
     Field("device", str, "run on cuda (NCCL, one GPU per rank) or cpu (gloo)",
           default_text="cuda when a GPU is visible, else cpu; a scenario that names its device (smoke says "
                        "cpu) keeps it unless this is given", check=_one_of(lambda: DEVICES)),
@@ -349,6 +349,10 @@ FIELDS: tuple[Field, ...] = (
     Field("warmup", int, "untimed warm-up iterations before timing (0 allowed)", 5, 3, in_case_id=False,
           commands=("run",), check=_ZERO_OR_MORE),
     Field("seed", int, "seed of the random inputs (0 or more)", 0, 0, in_case_id=False, check=_ZERO_OR_MORE),
+    Field("head_dim_v", int, "channels per value head (Dv) where they differ from head_dim, as in MLA "
+          "(192/128); out has Dv channels; 0: the same as head_dim. Only some kernels take it "
+          "(flash-attn-4, math)", 0, 0, default_text="head_dim", label="Dv={}", optional=True,
+          check=_ZERO_OR_MORE),
     Field("layout", str, "the layout of the sequence over the ranks, for variants that take several (llama3: "
           "zigzag, balanced under a causal mask, or contiguous)", "", "",
           default_text="the variant's own", optional=True, variant_option=True),

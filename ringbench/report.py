@@ -66,7 +66,7 @@ def _label(record: dict, *, world_size: bool = True) -> str:
     parts += [
         f"S={_size(record)}",
         f"H={_heads(record)}",
-        f"D={text(record_field(record, 'head_dim'))}",
+        f"D={_head_dims(record)}",
         text(record_field(record, "dtype")),
         _causal(record),
         text(kernel_ran(record)),
@@ -74,6 +74,12 @@ def _label(record: dict, *, world_size: bool = True) -> str:
     if record_field(record, "mode") == "fwd":
         parts.append("fwd")
     return " ".join(parts + _options(record))
+
+
+def _head_dims(record: dict) -> str:
+    """``128``, or ``192/128`` where the value head dim differs (head_dim_v, MLA shapes)."""
+    d, dv = record_field(record, "head_dim"), record_field(record, "head_dim_v")
+    return text(d) if not dv or dv == d else f"{text(d)}/{text(dv)}"
 
 
 def _options(record: dict) -> list[str]:
@@ -102,7 +108,7 @@ def _shape_cell(record: dict) -> str:
     sizes = [f"W{text(record_field(record, 'world_size'))}"]
     if _batch(record) is not None:
         sizes.append(f"B{_batch(record)}")
-    sizes += [_size(record), f"{_heads(record)}×{text(record_field(record, 'head_dim'))}"]
+    sizes += [_size(record), f"{_heads(record)}×{_head_dims(record)}"]
     kind = [text(record_field(record, "dtype")), _causal(record), text(record_field(record, "mode")),
             *_options(record)]
     return " ".join(sizes) + "\n" + " ".join(kind)

@@ -61,6 +61,10 @@ class _CaseMethods:
         blob = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
+    def value_head_dim(self) -> int:
+        """The value head dim Dv: ``head_dim_v``, or ``head_dim`` where it is 0."""
+        return self.head_dim_v or self.head_dim
+
     def replace(self, **changes: Any) -> "CaseSpec":
         """A copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)
@@ -172,6 +176,10 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
         reason = variant.model_refusal()  # a peer whose model adapter cannot run here
         if reason:
             raise SpecError(reason)
+    if spec.value_head_dim() != spec.head_dim and not variant.head_dim_v:
+        raise SpecError(f"head_dim_v {spec.head_dim_v} differs from head_dim {spec.head_dim}, but {spec.variant} "
+                        "assumes one head dim for q, k and v; drop --head-dim-v or use one of ringbench's own "
+                        "variants")
     if spec.kv_heads != spec.heads and not variant.gqa:
         raise SpecError(f"kv_heads {spec.kv_heads} differs from heads {spec.heads}, but {spec.variant} "
                         f"does not support GQA; pass --kv-heads {spec.heads}")
@@ -204,14 +212,15 @@ def _check_kernel(spec: CaseSpec, kernel) -> None:
     from ringbench.variants.kernels import check_kernel
 
     reason = check_kernel(kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]), head_dim=spec.head_dim,
-                          varlen=get_variant(spec.variant).varlen)
+                          head_dim_v=spec.value_head_dim(), varlen=get_variant(spec.variant).varlen)
     if reason:
         raise SpecError(reason)
 
 
 def canonical(spec: CaseSpec) -> CaseSpec:
     """``spec`` with options that restate a default written as the default (``layout`` equal
-    to the variant's own, ``heads_k_stride`` equal to kv_heads, ``rotate`` allgather), so one computation has one
+    to the variant's own, ``heads_k_stride`` equal to kv_heads, ``rotate`` allgather, ``head_dim_v`` equal to
+    head_dim), so one computation has one
     case_id."""
     from ringbench.variants import ROTATE, get_variant
 
@@ -222,6 +231,8 @@ def canonical(spec: CaseSpec) -> CaseSpec:
         changes["heads_k_stride"] = 0
     if spec.rotate == ROTATE[0]:
         changes["rotate"] = ""
+    if spec.head_dim_v == spec.head_dim:
+        changes["head_dim_v"] = 0
     return spec.replace(**changes) if changes else spec
 
 
@@ -251,7 +262,8 @@ def resolve(spec: CaseSpec) -> CaseSpec:
         raise Unavailable(f"variant {spec.variant} is unavailable here: {reason}")
     try:
         kernel = resolve_kernel(spec.kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]),
-                                head_dim=spec.head_dim, varlen=variant.varlen, among=variant.kernels)
+                                head_dim=spec.head_dim, head_dim_v=spec.value_head_dim(), varlen=variant.varlen,
+                                among=variant.kernels)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     return spec if kernel.name == spec.kernel else spec.replace(kernel=kernel.name)

@@ -376,7 +376,8 @@ def default_timeout_s(cases: list) -> float:
     total_s = 120.0
     for case in cases:
         flops = attention_flops(batch=case.batch, seqlen=case.seqlen, heads=case.heads, head_dim=case.head_dim,
-                                causal=case.causal, mode=case.mode, docs=spec_docs(case) if case.docs else None)
+                                causal=case.causal, mode=case.mode, docs=spec_docs(case) if case.docs else None,
+                                head_dim_v=case.head_dim_v)
         if case.task == "run":
             work = flops / case.world_size * (case.iters + case.warmup) * 2
         else:

@@ -26,6 +26,7 @@ from ringbench.check import verify_case
 from ringbench.launch import die_with_torchrun
 from ringbench.spec import CaseSpec
 from ringbench.variants import get_variant
+from ringbench.variants.kernels import get_kernel
 
 #: Seconds a rank whose case raised waits for the other ranks' statuses. When they do not all
 #: come (the others are stuck in a transfer with it), it re-raises, so the process ends, its
@@ -91,7 +92,9 @@ def run_one(spec: CaseSpec, device: torch.device) -> tuple[dict, BaseException |
                 fields = verify_case(spec, device=device)
             else:
                 fields = {"status": "ok", "reason": None, **bench_case(spec, device=device)}
-        notes = variant.notes(heads=spec.heads, kv_heads=spec.kv_heads)
+        kernel = get_kernel(spec.kernel)
+        fields["kernel_version"] = kernel.version()
+        notes = variant.notes(heads=spec.heads, kv_heads=spec.kv_heads) + kernel.notes()
         if notes:
             fields["notes"] = notes
     except Exception as exc:  # a fault in one case is recorded, and the sweep goes on

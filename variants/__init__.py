@@ -84,6 +84,8 @@ class Variant:
             variant here (rfa_*: the package's own Hugging Face adapter), or ``None``; empty:
             ringbench's adapter (``adapters.hf``) checks it. See :meth:`model_refusal`.
         expands_kv: it runs GQA by repeating K/V heads to the query heads; records say so.
+        head_dim_v: it takes a value head dim apart from the query/key one (``head_dim_v``;
+            then its kernel must too); False for peers whose code assumes one head dim.
         peer: it runs another project's implementation, not ringbench's.
         traffic_counted: its bytes go through ringbench's counted communicators
             (``comm``), directly or under a counting ``session``; False where they cannot be
@@ -110,6 +112,7 @@ class Variant:
     case_notes: str = ""
     model_check: str = ""
     expands_kv: bool = False
+    head_dim_v: bool = True
     peer: bool = False
     traffic_counted: bool = True
 
@@ -243,14 +246,14 @@ VARIANTS: dict[str, Variant] = {
                 devices_reason="PyTorch's context parallel dispatches only its CUDA SDPA backends "
                                "(flash, efficient, cuDNN)",
                 kernels=("torch-flash", "cudnn", "torch-efficient"), availability="torch_cp:unavailable_reason",
-                session="torch_cp:session", expands_kv=True, peer=True, traffic_counted=False),
+                session="torch_cp:session", expands_kv=True, peer=True, traffic_counted=False, head_dim_v=False),
         *(Variant(f"rfa_{name}", layout, f"rfa:rfa_{name}_attention",
                   f"peer: ring-flash-attn's {func}; its flash-attn calls are served by the flash-attn package "
                   "where it is installed, else by ringbench's kernel (torch-flash on CUDA, cpu or math)",
                   varlen=varlen, non_causal=non_causal, kernels=("flash-attn", "torch-flash", "cpu", "math"),
                   availability="rfa:varlen_unavailable_reason" if varlen else "rfa:unavailable_reason", peer=True,
                   options=("heads_k_stride",) if varlen else (), session="rfa:session", case_notes="rfa:served_notes",
-                  model_check="rfa:hf_adapter_unavailable_reason")
+                  model_check="rfa:hf_adapter_unavailable_reason", head_dim_v=False)
           for name, layout, func, varlen, non_causal in (
               ("ring", "contiguous", "ring_flash_attn_func", False, True),
               ("zigzag", "zigzag", "zigzag_ring_flash_attn_func", False, False),

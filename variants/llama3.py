@@ -111,10 +111,10 @@ def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local:
 
 def _forward(q, k, v, causal, scale, group, kernel, stride, layout):
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-    B, S_local, H, D = q.shape
+    B, S_local, H = q.shape[:3]
     G = H // k.shape[2]
     acc = accumulation_dtype(q.dtype)
-    out = torch.zeros(B, S_local, H, D, dtype=acc, device=q.device)
+    out = torch.zeros(B, S_local, H, v.shape[3], dtype=acc, device=q.device)  # v's head dim (head_dim_v)
     lse = torch.full((B, H, S_local), float("-inf"), dtype=acc, device=q.device)
     seen = observe.current()
     saved = []
@@ -189,7 +189,8 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     Args:
         q: ``[B, S/W, Hq, D]`` in ``layout`` (``layouts.shard(x, layout, rank, W)``): zigzag
             needs ``S % (2W) == 0``, contiguous ``S % W == 0``.
-        k, v: ``[B, S/W, Hkv, D]`` in the same layout, ``Hq % Hkv == 0``.
+        k, v: ``[B, S/W, Hkv, D]`` in the same layout, ``Hq % Hkv == 0``; v may have its own
+            head dim Dv (``head_dim_v``) where the kernel takes it.
         causal, softmax_scale, group, kernel: as in :func:`ring.ring_attention`.
         cu_seqlens: not taken by this batch form; must be ``None``.
         heads_k_stride: K/V heads gathered at a time (default: all of them in one gather);
@@ -197,7 +198,7 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         layout: ``zigzag`` (default, balanced under a causal mask) or ``contiguous``.
 
     Returns:
-        ``out`` ``[B, S/W, Hq, D]`` in q's dtype; ``lse`` float32 ``[B, Hq, S/W]``.
+        ``out`` ``[B, S/W, Hq, Dv]`` in q's dtype; ``lse`` float32 ``[B, Hq, S/W]``.
 
     Raises:
         ValueError: ``cu_seqlens`` given, an unknown layout, an odd local length under zigzag,
@@ -211,6 +212,6 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         raise ValueError(f"local seqlen {q.shape[1]} is odd; the zigzag layout gives every rank two "
                          "equal chunks, so seqlen must be a multiple of 2 * world_size")
     stride = head_group_stride(heads_k_stride, k.shape[2])
-    kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1])
+    kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1])
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return GatheredAttention.apply(q, k, v, _forward, _backward, causal, scale, group, kernel, stride, layout)

@@ -82,7 +82,7 @@ def local_pieces(offsets: list[int], rank: int, seqlen_local: int, causal: bool,
 def _forward(q, k, v, causal, scale, group, kernel, stride, pieces: Pieces):
     world_size = dist.get_world_size(group)
     G = q.shape[2] // k.shape[2]
-    out = torch.empty_like(q)
+    out = q.new_empty(*q.shape[:3], v.shape[3])  # v's head dim (head_dim_v)
     lse = torch.empty(1, q.shape[2], q.shape[1], dtype=accumulation_dtype(q.dtype),
                       device=q.device)
     seen = observe.current()
@@ -160,7 +160,8 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
                          "pass [1, S/W, H, D] shards and the documents' cu_seqlens")
     stride = head_group_stride(heads_k_stride, k.shape[2], prefix=f"{prefix} ")
     try:
-        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], varlen=True)
+        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
+                           varlen=True)
     except ValueError as exc:
         raise ValueError(f"{prefix} {exc}") from None
     offsets = check_cu_seqlens(cu_seqlens, q.shape[1], group)

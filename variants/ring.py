@@ -216,7 +216,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
                   group, kernel: Kernel, steps: Steps, lossy: frozenset = frozenset()) -> tuple[Tensor, Tensor]:
     comm = RingComm(group)
     rank, world_size = comm.rank, comm.world_size
-    B, S, H, D = q.shape
+    B, S, H, D = (*q.shape[:3], v.shape[3])  # out has v's head dim
     acc = accumulation_dtype(q.dtype)
     seen = observe.current()
     out = lse = None
@@ -373,11 +373,12 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     """
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     if doc_lengths is None:
-        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1])
+        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1])
         steps = batch_steps(plan, rank, world_size, q.shape[1], causal)
     else:
         try:
-            kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], varlen=True)
+            kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
+                               varlen=True)
         except ValueError as exc:
             raise ValueError(f"[rank {rank}/{world_size}] {exc}") from None
         steps = VarlenSteps(plan, doc_lengths, rank, world_size, causal, q.device)

@@ -1,0 +1,67 @@
+"""A value head dim apart from the query/key one (``--head-dim-v``, MLA shapes such as 192/128).
+
+ringbench's own variants carry v's head dim through the engine (out ``[..., Hq, Dv]``), checked
+by ``ringbench verify`` against the float64 math kernel under real torchrun and gloo; kernels and
+peers that assume one head dim refuse it before any process starts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import read_jsonl, ringbench, slow_when
+
+from ringbench.errors import SpecError
+from ringbench.spec import CaseSpec, validate
+
+BATCH = ("ring", "zigzag", "stripe", "llama3")
+VARLEN = ("ring_varlen", "zigzag_varlen", "llama3_varlen")
+
+
+def _scenario(world_size: int) -> str:
+    lines = ['description = "head_dim_v through every variant"',
+             "[defaults]", 'device = "cpu"', 'kernel = "math"', "heads = 4", "kv_heads = 2", "head_dim = 48",
+             "head_dim_v = 32", "seqlen = 256", 'dtype = "fp32"', f"world_size = {world_size}"]
+    for variant in BATCH + VARLEN:
+        for causal in ("true", "false"):
+            lines += ["[[case]]", f'variant = "{variant}"', f"causal = {causal}"]
+            if variant in VARLEN:
+                lines.append('docs = "96,160"')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size", [2, slow_when(4, True)])
+def test_every_variant_passes_verify_with_a_value_head_dim_of_its_own(tmp_path, world_size):
+    (tmp_path / "mla.toml").write_text(_scenario(world_size))
+    proc = ringbench("verify", "--scenario", str(tmp_path / "mla.toml"), "--out", str(tmp_path / "out"),
+                     cwd=tmp_path)
+    print(proc.stdout[-3000:], proc.stderr[-2000:])
+    assert proc.returncode == 0
+    records = read_jsonl(tmp_path / "out" / "verify.jsonl")
+    assert len(records) == 2 * len(BATCH + VARLEN)
+    for rec in records:
+        assert rec["spec"]["head_dim_v"] == 32 and rec["status"] == "ok", rec["reason"]
+        assert [c["tensor"] for c in rec["checks"]] == ["out", "lse", "dq", "dk", "dv"]
+        assert all(c["passed"] and c["shape_ok"] for c in rec["checks"]), rec["spec"]["variant"]
+
+
+def test_a_kernel_that_takes_one_head_dim_refuses_head_dim_v_before_any_process_starts(tmp_path):
+    proc = ringbench("verify", "--variant", "ring", "--kernel", "cpu", "--world-size", "2", "--seqlen", "256",
+                     "--head-dim", "48", "--head-dim-v", "32", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert " ".join(proc.stderr.split()) == (
+        "head_dim_v 32 differs from head_dim 48, which the cpu kernel cannot take (it needs one head dim for q, k "
+        "and v); kernels that can: flash-attn-4, math; pass another --head-dim-v or --kernel")
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("variant", ["rfa_ring", "rfa_llama3_varlen", "torch_cp"])
+def test_a_peer_that_assumes_one_head_dim_refuses_head_dim_v(variant):
+    device = "cuda" if variant == "torch_cp" else "cpu"  # torch_cp runs on CUDA only
+    spec = CaseSpec("verify", variant, "auto", device, 2, 1, 256, 4, 2, 48, "bf16", True, "fwd_bwd", 3, 1, 0,
+                    head_dim_v=32, docs="96,160" if "varlen" in variant else "")
+    with pytest.raises(SpecError, match=rf"^head_dim_v 32 differs from head_dim 48, but {variant} assumes one head "
+                                        r"dim for q, k and v; drop --head-dim-v or use one of ringbench's own "
+                                        r"variants$"):
+        validate(spec, visible_gpus=2)
