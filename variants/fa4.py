@@ -75,12 +75,37 @@ def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float)
     return out, _neg_inf_rows(lse)
 
 
+#: What records should say about how this process's calls ran (:func:`notes`).
+_NOTES: set[str] = set()
+
+
+def notes() -> list[str]:
+    """Notes for the records of the calls this process made (K/V expanded, and why)."""
+    return sorted(_NOTES)
+
+
+def _expanded_backward(call, q: Tensor, k: Tensor, v: Tensor):
+    """``call(k, v)`` natively; on Hopper, whose FlashAttention-4 backward takes GQA only with one
+    head dim for q, k and v (``flash_bwd_sm90.py``), with K/V expanded to the query heads where
+    ``head_dim_v`` differs, the dK/dV summed back over each group."""
+    groups = q.shape[-2] // k.shape[-2]
+    if groups == 1 or v.shape[-1] == q.shape[-1] or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return call(k, v)
+    _NOTES.add("flash-attn-4 backward: K/V expanded to the query heads, since its Hopper backward takes GQA "
+               "only where head_dim_v equals head_dim")
+    dq, dk, dv = call(k.repeat_interleave(groups, dim=-2), v.repeat_interleave(groups, dim=-2))
+    return (dq, dk.unflatten(-2, (k.shape[-2], groups)).sum(-2).to(k.dtype),
+            dv.unflatten(-2, (v.shape[-2], groups)).sum(-2).to(v.dtype))
+
+
 def backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
              softmax_scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` in the input dtype, shaped like q, k and v (GQA native)."""
-    dq, dk, dv, *_ = _interface()._flash_attn_bwd(q, k, v, out, dout.contiguous(), lse.contiguous(),
-                                                  softmax_scale=softmax_scale, causal=causal)
-    return dq, dk, dv
+    def call(kk, vv):
+        return _interface()._flash_attn_bwd(q, kk, vv, out, dout.contiguous(), lse.contiguous(),
+                                            softmax_scale=softmax_scale, causal=causal)[:3]
+
+    return _expanded_backward(call, q, k, v)
 
 
 def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale):
@@ -95,8 +120,11 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                     softmax_scale):
     """Gradients of :func:`forward_varlen`, ``[1, S, H, ...]`` like q, k and v."""
-    dq, dk, dv, *_ = _interface()._flash_attn_bwd(
-        q[0], k[0], v[0], out[0], dout[0].contiguous(), lse[0].contiguous(), softmax_scale=softmax_scale,
-        causal=causal, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k)
+    def call(kk, vv):
+        return _interface()._flash_attn_bwd(
+            q[0], kk, vv, out[0], dout[0].contiguous(), lse[0].contiguous(), softmax_scale=softmax_scale,
+            causal=causal, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k)[:3]
+
+    dq, dk, dv = _expanded_backward(call, q[0], k[0], v[0])
     return dq.unsqueeze(0), dk.unsqueeze(0), dv.unsqueeze(0)
