@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ringbench.case_setup import case_setup
 from ringbench.peaks import Peak, case_peak
-from ringbench.spec import CaseSpec
+from ringbench.spec import CaseSpec, spec_docs
 from ringbench.variants import layouts
 from ringbench.variants.comm import TRAFFIC, reset_traffic
 
@@ -87,6 +87,42 @@ def _random(shape, dtype, device, gen) -> torch.Tensor:
     return torch.randn(shape, generator=gen, dtype=torch.float32, device=device).to(dtype)
 
 
+def rank_inputs(spec: CaseSpec, rank: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Rank ``rank``'s shards of a ``run`` case, drawn from ``(seed, rank)``: the same on any process.
+
+    Returns:
+        ``(q, k, v, dout)``: q ``[B, S/W, Hq, D]``, k ``[B, S/W, Hkv, D]``, v ``[B, S/W, Hkv, Dv]``
+        and dout ``[B, S/W, Hq, Dv]`` (Dv: ``spec.value_head_dim()``), in ``dtype``
+        on ``device`` (an emulated run, ``ringbench/emulation.py``, draws every rank's this way).
+    """
+    B, H, Hkv, D, Dv = spec.batch, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim()
+    local = spec.seqlen // spec.world_size
+    gen = torch.Generator(device=device).manual_seed(spec.seed * 100003 + rank)
+    q = _random((B, local, H, D), dtype, device, gen)
+    k = _random((B, local, Hkv, D), dtype, device, gen)
+    v = _random((B, local, Hkv, Dv), dtype, device, gen)
+    dout = _random((B, local, H, Dv), dtype, device, gen)
+    return q, k, v, dout
+
+
+def iteration(attention: Callable, q, k, v, dout, *, backward: bool, **call) -> Callable[[], None]:
+    """One timed iteration of the variant: forward (under no_grad), or forward and backward with
+    the grads set to None first; ``call`` holds the variant's keywords (causal, group, kernel...)."""
+
+    def step() -> None:
+        if not backward:
+            with torch.no_grad():
+                attention(q, k, v, **call)
+            return
+        for t in (q, k, v):
+            t.requires_grad_(True)
+            t.grad = None
+        out, _ = attention(q, k, v, **call)
+        out.backward(dout)
+
+    return step
+
+
 def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     """Measure one ``run`` case on this rank and return the record fields rank 0 will write.
 
@@ -99,6 +135,9 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     rank when documents are sharded by document; by row (llama3_varlen) they differ, and
     ``ref_tflops`` is that of the rank whose reference took longest (its FLOPs over its time),
     which is the batch formula when the shares are equal.
+
+    With ``spec.profile``, a second pass of ``iters`` iterations records the spans
+    (``ringbench/profile.py``) after the timed ones, so the timing itself carries no marks.
 
     Args:
         spec: the case, its kernel resolved.
@@ -113,13 +152,8 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     """
     case = case_setup(spec, group)
     rank, world_size, variant, kernel, dtype = case.rank, case.world_size, case.variant, case.kernel, case.dtype
-    B, S, H, Hkv, D, Dv = spec.batch, spec.seqlen, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim()
-    local = S // world_size
-    gen = torch.Generator(device=device).manual_seed(spec.seed * 100003 + rank)
-    q = _random((B, local, H, D), dtype, device, gen)
-    k = _random((B, local, Hkv, D), dtype, device, gen)
-    v = _random((B, local, Hkv, Dv), dtype, device, gen)
-    dout = _random((B, local, H, Dv), dtype, device, gen)
+    local = spec.seqlen // world_size
+    q, k, v, dout = rank_inputs(spec, rank, dtype, device)
     causal, scale, backward = case.causal, case.scale, spec.mode == "fwd_bwd"
     attention, options, docs = variant.attention, case.options, case.docs
     ref_docs = None
@@ -132,18 +166,8 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         ref_docs = [b - a for a, b in zip(ref_offsets, ref_offsets[1:])]
         ref_max = max(ref_docs)
 
-    def step() -> None:
-        if not backward:
-            with torch.no_grad():
-                attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
-                          **options)
-            return
-        for t in (q, k, v):
-            t.requires_grad_(True)
-            t.grad = None
-        out, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
-                           **options)
-        out.backward(dout)
+    step = iteration(attention, q, k, v, dout, backward=backward, causal=causal, softmax_scale=scale, group=group,
+                     kernel=kernel, **options)
 
     def reference() -> None:
         with torch.no_grad():
@@ -156,6 +180,26 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
             out, lse = kernel.forward(q, k, v, causal, scale)
             if backward:
                 kernel.backward(dout, q, k, v, out, lse, causal, scale)
+
+    mine = measure_rank(spec, step, reference, inputs=(q, k, v), device=device, group=group, ref_docs=ref_docs,
+                        local=local)
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, mine, group=group)
+    return run_fields(spec, variant, gathered, device=device, group=group)
+
+
+def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[], None], *, inputs: tuple,
+                 device: torch.device, group, ref_docs: list[int] | None, local: int) -> tuple:
+    """Time one rank's iterations, its reference and (``spec.profile``) its spans.
+
+    ``inputs`` (q, k, v) lose their grads before the reference runs.
+
+    Returns:
+        ``(median ms, reference median ms, bytes sent and received per iteration, peak allocated
+        and reserved GiB or None, reference FLOPs, profile breakdown or None)``, the tuple
+        :func:`run_fields` takes one of per rank.
+    """
+    from ringbench import profile
 
     iters, warmup = spec.iters, spec.warmup
     cuda = device.type == "cuda"
@@ -171,23 +215,37 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     sent, received = TRAFFIC.bytes_sent / iters, TRAFFIC.bytes_received / iters
     peak_alloc = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
     peak_reserved = torch.cuda.max_memory_reserved(device) / GIB if cuda else None
-    for t in (q, k, v):
+    spans = profile.measure(step, iters=iters, device=device, group=group) if spec.profile else None
+    for t in inputs:
         t.grad = None
         t.requires_grad_(False)
     ref_times = time_iterations(reference, iters=iters, warmup=warmup, device=device, group=group)
+    ref_flops = attention_flops(batch=spec.batch, seqlen=local, heads=spec.heads, head_dim=spec.head_dim,
+                                causal=spec.causal, mode=spec.mode, docs=ref_docs, head_dim_v=spec.value_head_dim())
+    return (statistics.median(times), statistics.median(ref_times), sent, received,
+            peak_alloc, peak_reserved, ref_flops, spans)
 
-    ref_flops = attention_flops(batch=B, seqlen=local, heads=H, head_dim=D, causal=causal,
-                                mode=spec.mode, docs=ref_docs, head_dim_v=Dv)
-    mine = (statistics.median(times), statistics.median(ref_times), sent, received,
-            peak_alloc, peak_reserved, ref_flops)
-    gathered: list = [None] * world_size
-    dist.all_gather_object(gathered, mine, group=group)
+
+def run_fields(spec: CaseSpec, variant, gathered: list, *, device: torch.device, group=None,
+               emulated: bool = False) -> dict:
+    """The run fields of a record from every rank's :func:`measure_rank` tuple (rank order).
+
+    ``emulated``: the ranks ran in turn in one process (``ringbench/emulation.py``); no byte
+    crossed a link, so ``bus_gib_s`` is null.
+
+    Raises:
+        RuntimeError: a TFLOP/s above the device's peak, or a multi-rank run that sent nothing.
+    """
+    from ringbench import profile
+
+    world_size, cuda = spec.world_size, device.type == "cuda"
     per_rank = [g[0] for g in gathered]
     time_ms = max(per_rank)
     slowest_ref = max(gathered, key=lambda g: g[1])
     ref_ms, ref_flops = slowest_ref[1], slowest_ref[6]
-    flops_per_gpu = attention_flops(batch=B, seqlen=S, heads=H, head_dim=D, causal=causal,
-                                    mode=spec.mode, docs=docs, head_dim_v=Dv) / world_size
+    flops_per_gpu = attention_flops(batch=spec.batch, seqlen=spec.seqlen, heads=spec.heads, head_dim=spec.head_dim,
+                                    causal=spec.causal, mode=spec.mode, docs=spec_docs(spec) if variant.varlen
+                                    else None, head_dim_v=spec.value_head_dim()) / world_size
     tflops = flops_per_gpu / (time_ms * 1e-3) / 1e12
     ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
     # None: the variant's bytes go where the counters cannot see them (Variant.traffic_counted).
@@ -206,9 +264,11 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         "peak_reserved_gib": max(g[5] for g in gathered) if cuda else None,
         "bytes_sent": int(max_sent) if max_sent is not None else None,
         "bytes_received": int(max(g[3] for g in gathered)) if max_sent is not None else None,
-        "bus_gib_s": max_sent / GIB / (time_ms * 1e-3) if world_size > 1 and max_sent is not None else None,
+        "bus_gib_s": max_sent / GIB / (time_ms * 1e-3) if world_size > 1 and max_sent is not None and not emulated
+        else None,
         # False: bytes_sent is null because it is not counted, not because nothing was sent.
         "bytes_counted": variant.traffic_counted,
+        **profile.record_fields([g[7] for g in gathered]),
     }
     # The datasheet's peak, else one measured in this launch (again before it refuses a result).
     peak = case_peak(device, spec.dtype, group=group, tflops=tflops)

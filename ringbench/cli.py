@@ -128,9 +128,23 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
                                   skipped=skipped, launcher=launcher, yes=yes)
     if outcome.records:
         _report(task, outcome.records, json_out=json_out, junit_xml=junit_xml)
+        _profiles(outcome.records, out, json_out=json_out)
         reused = f"; {len(outcome.records) - outcome.written} reused (--resume)" if resume else ""
         _note(f"{plural(outcome.written, 'record')} appended to {sweep.results_file(out, task)}{reused}")
     raise typer.Exit(outcome.exit_code)
+
+
+def _profiles(found: list[dict], out: Path, *, json_out: bool) -> None:
+    """After a ``run --profile``: the breakdown tables (not with --json, whose records hold them) and a
+    stacked-bar plot per profiled case next to the results (ringbench/profile.py)."""
+    from ringbench import profile
+
+    if not profile.profiled(found):
+        return
+    if not json_out:
+        profile.print_tables(found, Console())
+    for path in profile.write_plots(found, out):
+        _note(f"profile plot written to {path}")
 
 
 def _report(task: str, found: list[dict], *, json_out: bool, junit_xml: Optional[Path]) -> None:

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from ringbench.emulation import launch_world_size
 from ringbench.errors import SpecError
 from ringbench.fields import plural
 
@@ -131,7 +132,8 @@ def case_seconds(case) -> float:
     if case.device == "cuda":
         per_gpu = flops / w  # every rank on its own GPU
         if case.task == "run":
-            return CASE_OVERHEAD_S + (case.iters + case.warmup) * (per_gpu + flops / w ** 2) / r
+            turns = w // launch_world_size(case)  # emulated: one GPU runs every rank in turn
+            return CASE_OVERHEAD_S + (case.iters + case.warmup) * turns * (per_gpu + flops / w ** 2) / r
         seconds = CASE_OVERHEAD_S + 2 * per_gpu / r + 3 * flops / r * (2 if case.dtype == "fp64" else 1)
     elif case.task == "run":
         seconds = CASE_OVERHEAD_S + (case.iters + case.warmup) * flops * (1 + 1 / w) / r
@@ -247,7 +249,7 @@ def check(cases: list, est: Estimate, *, yes: bool) -> None:
     for world_size in sorted({cases[i].world_size for i in cpu}, reverse=True):
         group = [cases[i] for i in cpu if cases[i].world_size == world_size]
         why = []
-        if world_size > RANKS_PER_CORE * cores:
+        if max(launch_world_size(c) for c in group) > RANKS_PER_CORE * cores:
             why.append(f"{world_size} ranks on {plural(cores, 'core')} are more than the {RANKS_PER_CORE * cores} "
                        f"({RANKS_PER_CORE} per core) that ringbench starts without asking")
         need = max(world_size * rank_bytes(c) + verify_extra_bytes(c) for c in group)

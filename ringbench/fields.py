@@ -385,6 +385,17 @@ FIELDS: tuple[Field, ...] = (
           "backward is documented as nondeterministic (flash-attn, torch-flash, cudnn, torch-efficient); runs at "
           "least 2 repeats", False, False, default_text="off", in_case_id=False, optional=True,
           commands=("verify",), flag="--require-deterministic", check=None),
+    Field("profile", bool, "after the timed iterations, run as many again with a span around every kernel call, "
+          "merge and communication wait, per rank and per step (CUDA events, read after the iterations; "
+          "perf_counter on cpu): records gain profile, per_rank_busy_ms and busy_imbalance, the command prints a "
+          "breakdown per rank (kernel, merge, exposed communication, other) and writes OUT/profile-<case_id>.png",
+          False, False, default_text="off", in_case_id=False, optional=True, commands=("run",), flag="--profile",
+          check=None),
+    Field("emulate", bool, "one process on one device plays every rank in turn, the ring's transfers replaced "
+          "by device copies of the K/V blocks each rank would receive (drawn from the same seeds): compute-only "
+          "time per rank and the efficiency bound at world_size, in records that say emulated: true; ring, "
+          "zigzag and stripe only, no process group of world_size ranks needed", False, False, default_text="off",
+          optional=True, commands=("run",), flag="--emulate", check=None),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

@@ -250,6 +250,8 @@ def _check_args(cases: list[dict], *, world_size: int, device: str, timeout_s: f
         raise ValueError(f"timeout_s ({timeout_s!r}) must be > 0 seconds")
     for i, case in enumerate(cases):
         for key, want in (("world_size", world_size), ("device", device)):
+            if key == "world_size" and case.get("emulate"):
+                want = case["world_size"] if world_size == 1 else 1  # one process plays every rank
             if key in case and case[key] != want:
                 raise ValueError(
                     f"case {i} has {key} {case[key]!r} but this launch uses {want!r}; one "

@@ -20,7 +20,8 @@ PASSING = ("ok", "skipped")
 #: The measurement fields of a run record (units in their names: ms, GiB, GiB/s).
 RUN_FIELDS = ("time_ms", "per_rank_time_ms", "imbalance", "flops_per_gpu", "tflops_per_gpu", "ref_time_ms",
               "ref_tflops", "efficiency", "peak_allocated_gib", "peak_reserved_gib", "bytes_sent",
-              "bytes_received", "bus_gib_s", "peak_tflops", "peak_source")
+              "bytes_received", "bus_gib_s", "peak_tflops", "peak_source", "per_rank_busy_ms", "busy_imbalance",
+              "profile")
 #: The name of the exception class that means out of memory (torch.cuda.OutOfMemoryError is
 #: torch.OutOfMemoryError); torchelastic's error files and tracebacks name it too.
 OOM_ERROR = "OutOfMemoryError"
@@ -68,6 +69,8 @@ def build(case, *, run_id: str, status: str, reason: str | None = None, fields: 
     else:
         record.update(fields)
         record["status"], record["reason"] = status, reason
+    if case.task == "run":  # one process played every rank (ringbench/emulation.py)
+        record["emulated"] = bool(getattr(case, "emulate", False))
     if elapsed_s is not None:
         record["elapsed_s"] = elapsed_s
     record["env"] = None if env is None else {**env, "kernel": case.kernel}

@@ -169,6 +169,10 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
         if reason:
             raise SpecError(reason)
     _check_docs(spec, variant)
+    from ringbench.emulation import refusal as emulation_refusal
+
+    if emulation_refusal(spec):
+        raise SpecError(emulation_refusal(spec))
     if spec.hf_model:
         from ringbench.models import check_case
 
@@ -187,7 +191,7 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
         if visible_gpus < 1:
             raise SpecError("device cuda needs a visible GPU and none is visible; run on a GPU "
                             "machine or pass --device cpu")
-        if spec.world_size > visible_gpus:
+        if spec.world_size > visible_gpus and not spec.emulate:  # emulated: one GPU plays every rank
             raise SpecError(f"world_size {spec.world_size} exceeds the {visible_gpus} visible GPUs; "
                             f"pass --world-size {visible_gpus} or fewer")
     if spec.kernel != "auto":

@@ -30,6 +30,7 @@ from rich.progress import ProgressColumn
 from rich.text import Text
 
 from ringbench import fields, records, results
+from ringbench.emulation import launch_world_size
 from ringbench.errors import SpecError, Unavailable
 from ringbench.fields import plural
 
@@ -378,8 +379,8 @@ def default_timeout_s(cases: list) -> float:
         flops = attention_flops(batch=case.batch, seqlen=case.seqlen, heads=case.heads, head_dim=case.head_dim,
                                 causal=case.causal, mode=case.mode, docs=spec_docs(case) if case.docs else None,
                                 head_dim_v=case.head_dim_v)
-        if case.task == "run":
-            work = flops / case.world_size * (case.iters + case.warmup) * 2
+        if case.task == "run":  # an emulated case runs every rank in one process
+            work = flops / launch_world_size(case) * (case.iters + case.warmup) * (3 if case.profile else 2)
         else:
             work = 4 * flops * max(1, case.repeat)
         total_s += work / (50e12 if case.device == "cuda" else 5e9)
@@ -412,7 +413,7 @@ def _follow_node(cases: list, launcher, results_path: Path, run_id: str, timeout
     """
     groups: dict[tuple[int, str], list] = {}
     for case in cases:
-        groups.setdefault((case.world_size, case.device), []).append(case)
+        groups.setdefault((launch_world_size(case), case.device), []).append(case)
     code = EXIT_OK
     for (world_size, device), group in groups.items():
         result = launcher.launch([c.to_dict() for c in group], world_size=world_size, device=device,
@@ -499,7 +500,7 @@ def _launch_all(todo: list, launcher, results_path: Path, run_id: str, timeout_s
 
     groups: dict[tuple[int, str], list] = {}
     for case in todo:
-        groups.setdefault((case.world_size, case.device), []).append(case)
+        groups.setdefault((launch_world_size(case), case.device), []).append(case)
     varying = _varying_fields(todo)
     env: list[dict | None] = []  # collected once, on the first unreported case
     written, not_run = 0, False
@@ -539,7 +540,7 @@ def _launch_one(pending: list, launcher, results_path: Path, run_id: str, timeou
         (the records of its cases by case_id, whether a case went unreported, the cases
         left for a fresh launch: those after the one a failed launch was running).
     """
-    world_size, device = pending[0].world_size, pending[0].device
+    world_size, device = launch_world_size(pending[0]), pending[0].device
     ids = {c.case_id() for c in pending}
     found: dict[str, dict] = {}
     offset = [results_path.stat().st_size if results_path.exists() else 0]

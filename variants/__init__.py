@@ -87,6 +87,9 @@ class Variant:
         head_dim_v: it takes a value head dim apart from the query/key one (``head_dim_v``;
             then its kernel must too); False for peers whose code assumes one head dim.
         peer: it runs another project's implementation, not ringbench's.
+        emulates: one process can play each of its ranks in turn (``run --emulate``,
+            ``emulation.py``): its only communication is the ring engine's point-to-point
+            exchange, which emulation replaces by device copies.
         traffic_counted: its bytes go through ringbench's counted communicators
             (``comm``), directly or under a counting ``session``; False where they cannot be
             seen (torch_cp: DTensor and functional collectives): records then say
@@ -115,6 +118,7 @@ class Variant:
     head_dim_v: bool = True
     peer: bool = False
     traffic_counted: bool = True
+    emulates: bool = False
 
     def seqlen_multiple(self, world_size: int, layout: str | None = None) -> int:
         """The number the global seqlen must be a multiple of at ``world_size``."""
@@ -224,11 +228,12 @@ VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("ring", "contiguous", "ring:ring_attention",
-                "basic ring: contiguous chunks, K/V passed around the ring"),
+                "basic ring: contiguous chunks, K/V passed around the ring", emulates=True),
         Variant("zigzag", "zigzag", "zigzag:zigzag_attention",
-                "ring over the zigzag layout, balanced under a causal mask"),
+                "ring over the zigzag layout, balanced under a causal mask", emulates=True),
         Variant("stripe", "stripe", "stripe:stripe_attention",
-                "ring over the stripe layout (token t on rank t mod W), balanced under a causal mask"),
+                "ring over the stripe layout (token t on rank t mod W), balanced under a causal mask",
+                emulates=True),
         Variant("llama3", "zigzag", "llama3:llama3_attention",
                 "all-gather K/V (in head groups), zigzag layout for causal balance",
                 layouts=("contiguous",), options=("heads_k_stride",)),

@@ -40,6 +40,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
+from . import emulation, timeline
+
 Tensor = torch.Tensor
 
 
@@ -237,7 +239,8 @@ class RingComm:
     separately issued isend/irecv pairs can. ``wait`` only orders the
     current stream after the transfers; it never synchronises the device, so compute issued
     between commit and wait overlaps the transfer. The bytes are counted when the batch is
-    committed (:func:`batch_isend_irecv`).
+    committed (:func:`batch_isend_irecv`). While an emulation is held (``emulation.py``), the
+    transfers are device copies made at commit, counted the same way, and wait has nothing to do.
 
     Raises:
         RuntimeError: on misuse (commit with nothing queued, commit while a batch is in
@@ -246,12 +249,12 @@ class RingComm:
 
     def __init__(self, group: dist.ProcessGroup | None = None):
         self.group = group
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
-        self.next_rank = dist.get_global_rank(group, (self.rank + 1) % self.world_size) \
-            if group is not None else (self.rank + 1) % self.world_size
-        self.prev_rank = dist.get_global_rank(group, (self.rank - 1) % self.world_size) \
-            if group is not None else (self.rank - 1) % self.world_size
+        self.rank, self.world_size = emulation.rank_and_size(group)
+        self._emulation = emulation.current()  # emulated: transfers are device copies (emulation.py)
+        nxt, prev = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
+        real = group is not None and self._emulation is None
+        self.next_rank = dist.get_global_rank(group, nxt) if real else nxt
+        self.prev_rank = dist.get_global_rank(group, prev) if real else prev
         self._ops: list[dist.P2POp] = []
         self._requests: list | None = None
 
@@ -260,6 +263,9 @@ class RingComm:
         if send.shape != recv.shape or send.dtype != recv.dtype:
             raise RuntimeError(f"send {tuple(send.shape)} {send.dtype} and recv {tuple(recv.shape)} "
                                f"{recv.dtype} must match")
+        if self._emulation is not None:
+            self._ops.append((send, recv))
+            return
         self._ops.append(_c10d.P2POp(_c10d.isend, send, self.next_rank, self.group))
         self._ops.append(_c10d.P2POp(_c10d.irecv, recv, self.prev_rank, self.group))
 
@@ -269,9 +275,14 @@ class RingComm:
             raise RuntimeError("commit() called while a batch is in flight; call wait() first")
         if not self._ops:
             raise RuntimeError("commit() called with nothing queued; call send_recv() first")
-        self._requests = batch_isend_irecv(self._ops)
+        if self._emulation is not None:
+            with _counted(sum(_nbytes(s) for s, _ in self._ops), sum(_nbytes(r) for _, r in self._ops)):
+                self._requests = self._emulation.transfer(self._ops, self.prev_rank - self.rank)
+        else:
+            self._requests = batch_isend_irecv(self._ops)
         self._ops = []
 
+    @timeline.timed("comm")
     def wait(self) -> None:
         """Make the current stream wait for the batch in flight."""
         if self._requests is None:

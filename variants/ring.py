@@ -22,7 +22,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import observe
+from . import emulation, observe, timeline
 from .comm import RingComm
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .merge import merge_
@@ -162,12 +162,14 @@ def _rows(x: Tensor, sel, dim: int = 1) -> Tensor:
     return x.index_select(dim, sel)
 
 
+@timeline.timed("kernel")
 def _attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, st: Step, scale: float) -> tuple[Tensor, Tensor]:
     if st.cu_q is None:
         return kernel.forward(q, k, v, st.causal, scale)
     return kernel.forward_varlen(q, k, v, st.cu_q, st.cu_k, st.max_q, st.max_k, st.causal, scale)
 
 
+@timeline.timed("kernel")
 def _attend_backward(kernel: Kernel, dout, q, k, v, out, lse, st: Step, scale: float):
     if st.cu_q is None:
         return kernel.backward(dout, q, k, v, out, lse, st.causal, scale)
@@ -175,6 +177,7 @@ def _attend_backward(kernel: Kernel, dout, q, k, v, out, lse, st: Step, scale: f
                                   scale)
 
 
+@timeline.timed("merge")
 def _merge_rows(out: Tensor, lse: Tensor, sel, b_out: Tensor, b_lse: Tensor) -> None:
     if isinstance(sel, slice):
         merge_(out[:, sel], lse[:, :, sel], b_out, b_lse)
@@ -185,6 +188,7 @@ def _merge_rows(out: Tensor, lse: Tensor, sel, b_out: Tensor, b_lse: Tensor) -> 
     lse.index_copy_(2, sel, l)
 
 
+@timeline.timed("merge")
 def _add_rows(acc: Tensor, sel, grad: Tensor) -> None:
     if isinstance(sel, slice):
         acc[:, sel] += grad
@@ -202,6 +206,7 @@ def contiguous_plan(step: int, source: int, rank: int, world_size: int, seqlen_l
     return Block(_ALL, _ALL, False) if source < rank else None
 
 
+@timeline.timed("merge")
 def _dense(t: Tensor, dtype: torch.dtype) -> Tensor:
     # Accumulators are updated in place and sent as they are: contiguous, in the accumulation dtype.
     return t.to(dtype).contiguous()
@@ -223,6 +228,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
     kv = (k, v)
     for step in range(world_size):
+        timeline.step("fwd", step)
         if step + 1 < world_size:
             nxt = spare[step % 2]
             comm.send_recv(kv[0], nxt[0])
@@ -265,6 +271,7 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     kv = (k, v)
     cur = in_flight = None
     for step in range(world_size):
+        timeline.step("bwd", step)
         last = step == world_size - 1
         if not last:
             nxt = spare[step % 2]
@@ -371,7 +378,7 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
         ValueError: a kernel the call cannot run with (``kernels.as_kernel``): with
             ``doc_lengths`` one without a varlen form, the message starting ``[rank r/W]``.
     """
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    rank, world_size = emulation.rank_and_size(group)
     if doc_lengths is None:
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1])
         steps = batch_steps(plan, rank, world_size, q.shape[1], causal)

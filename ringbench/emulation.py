@@ -1,0 +1,100 @@
+"""``run --emulate``: every rank of a ring of any size, played in turn by one process on one device.
+
+The sweep launches an emulated case as a single-rank job (:func:`launch_world_size`), and its
+worker calls :func:`emulate_case`: it draws every rank's shards from the seed exactly as the W
+ranks of a real run would (``bench.rank_inputs``), then, rank by rank, runs that rank's
+schedule under ``variants.emulation.emulating``, where the ring's transfers are device copies
+of the K/V blocks the rank would receive. Each rank is warmed up and timed like a real one
+(``bench.measure_rank``), so its time is its compute alone: kernels, merges, copies and the
+host's launches, with no link and no waiting for a slower rank.
+
+The record is a run record built by ``bench.run_fields`` with ``emulated: true``:
+``per_rank_time_ms`` and ``per_rank_compute_ms`` are each rank's compute-only median,
+``time_ms`` the slowest of them, and ``efficiency`` (repeated as ``efficiency_bound``) is the
+efficiency of MEASUREMENT.md over that time: the same kernel on one rank's share, divided into
+the TFLOP/s per GPU the ring would reach with free, fully hidden communication. A real run at
+that world size can only be slower. ``bytes_sent`` is what a rank would send per iteration;
+``bus_gib_s`` is null.
+
+Source: issue 15, item 8.
+"""
+
+from __future__ import annotations
+
+from ringbench.spec import CaseSpec
+
+
+def launch_world_size(case) -> int:
+    """The processes a case's launch starts: 1 for an emulated case, else its world size."""
+    return 1 if getattr(case, "emulate", False) else case.world_size
+
+
+def refusal(spec: CaseSpec) -> str | None:
+    """Why ``spec`` cannot be emulated, in one sentence with the fix, or ``None`` (also when not emulated)."""
+    if not spec.emulate:
+        return None
+    from ringbench.variants import get_variant
+
+    if spec.task != "run":
+        return ("emulate is a run measurement and verify checks a real distributed run; drop emulate from the "
+                "verify case")
+    variant = get_variant(spec.variant)
+    if variant.emulates:
+        return None
+    if variant.peer:
+        why = "it is a peer whose own code drives torch.distributed, which one process cannot play"
+    elif variant.varlen:
+        why = "its packed documents are checked with an all-gather, and collectives are not emulated"
+    else:
+        why = "its collectives (all-gather) are not emulated, only the ring's point-to-point transfers"
+    from ringbench.variants import VARIANTS
+
+    able = ", ".join(name for name, v in VARIANTS.items() if v.emulates)
+    return f"{spec.variant} cannot run with --emulate: {why}; emulate {able}, or run {spec.variant} without --emulate"
+
+
+def emulate_case(spec: CaseSpec, *, device) -> dict:
+    """Measure every rank of ``spec`` in turn on ``device`` and return the run fields of its record.
+
+    Args:
+        spec: a ``run`` case with ``emulate`` set, its kernel resolved, of a variant with
+            ``Variant.emulates`` (the spec checks refuse the others).
+        device: the one device every rank runs on.
+
+    Returns:
+        The fields of ``bench.run_fields`` plus ``emulated``, ``per_rank_compute_ms`` and
+        ``efficiency_bound`` (module docstring).
+
+    Raises:
+        RuntimeError: a TFLOP/s above the device's peak.
+    """
+    import torch
+
+    from ringbench import bench
+    from ringbench.fields import DTYPES, variant_options
+    from ringbench.variants import emulation, get_variant
+    from ringbench.variants.kernels import get_kernel
+
+    variant, kernel = get_variant(spec.variant), get_kernel(spec.kernel)
+    dtype, world_size = getattr(torch, DTYPES[spec.dtype]), spec.world_size
+    scale, backward, local = spec.head_dim ** -0.5, spec.mode == "fwd_bwd", spec.seqlen // world_size
+    inputs = [bench.rank_inputs(spec, r, dtype, device) for r in range(world_size)]
+    shards = [(k, v) for _, k, v, _ in inputs]
+    gathered = []
+    for rank, (q, k, v, dout) in enumerate(inputs):
+        step = bench.iteration(variant.attention, q, k, v, dout, backward=backward, causal=spec.causal,
+                               softmax_scale=scale, group=None, kernel=kernel, **variant_options(spec))
+
+        def reference(q=q, k=k, v=v, dout=dout) -> None:
+            with torch.no_grad():
+                out, lse = kernel.forward(q, k, v, spec.causal, scale)
+                if backward:
+                    kernel.backward(dout, q, k, v, out, lse, spec.causal, scale)
+
+        with emulation.emulating(rank, world_size, shards):
+            gathered.append(bench.measure_rank(spec, step, reference, inputs=(q, k, v), device=device, group=None,
+                                               ref_docs=None, local=local))
+    fields = bench.run_fields(spec, variant, gathered, device=device, emulated=True)
+    fields.update(emulated=True, per_rank_compute_ms=fields["per_rank_time_ms"],
+                  efficiency_bound=fields["efficiency"])
+    return fields

@@ -1,0 +1,179 @@
+"""``run --profile``: where each rank's time goes, from the spans of ``variants/timeline.py``.
+
+Per rank, one extra pass of ``iters`` iterations after the timed ones records a span around
+every kernel call, merge and communication wait of ringbench's ring engine. One rank's
+breakdown (:func:`breakdown`) is the mean over those iterations of:
+
+- ``wall_ms``: the iteration, first mark to last;
+- ``kernel_ms``, ``merge_ms``, ``comm_ms``: the sums of the spans of each kind;
+- ``other_ms``: the rest, ``wall_ms`` minus the three: launch gaps, host work between calls,
+  casts outside the merges, the autograd machinery. Spans never overlap on one stream, so it
+  is not negative beyond clock resolution;
+- ``busy_ms``: ``kernel_ms + merge_ms``, the rank's own work. Coupled ranks wait for each other,
+  so their wall times agree even when their work does not; ``busy_imbalance`` (max / min of
+  ``busy_ms``) shows the work imbalance that ``imbalance`` (of wall times) hides;
+- ``steps``: per phase (``fwd``, ``bwd``) and ring step, the kernel, merge and comm means.
+
+Means, not medians, so the parts add up to ``wall_ms``. A variant whose code reports no spans
+(the peers, the all-gather variants) gets ``spans_per_iteration`` 0: only its wall time.
+
+The CLI prints :func:`print_tables` after a profiled run and writes :func:`write_plots` (a
+stacked bar per rank, matplotlib) next to the results.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Iterable
+
+PARTS = ("kernel", "merge", "comm", "other")
+
+
+def measure(step: Callable[[], None], *, iters: int, device, group=None) -> dict:
+    """Run ``step`` ``iters`` times while spans are recorded and return this rank's breakdown.
+
+    Every iteration starts after a barrier (when a process group exists), as timed ones do.
+    On CUDA nothing waits for the device until the iterations are done.
+    """
+    import torch.distributed as dist
+
+    from ringbench.variants import timeline
+
+    with timeline.recording(device) as tl:
+        for _ in range(iters):
+            if dist.is_initialized():
+                dist.barrier(group=group)
+            tl.begin_iteration()
+            step()
+            tl.end_iteration()
+        iterations = tl.resolve()
+    out = breakdown(iterations)
+    out["clock"] = "cuda events" if tl.cuda else "perf_counter"
+    return out
+
+
+def breakdown(iterations: list[dict]) -> dict:
+    """One rank's breakdown (module docstring) from ``Timeline.resolve()``'s iterations.
+
+    Raises:
+        ValueError: no iteration.
+    """
+    if not iterations:
+        raise ValueError("a profile needs at least one iteration; pass --iters 1 or more")
+    n = len(iterations)
+    totals = dict.fromkeys(("wall", "kernel", "merge", "comm"), 0.0)
+    steps: dict[tuple[str, int], dict[str, float]] = defaultdict(lambda: dict.fromkeys(("kernel", "merge", "comm"),
+                                                                                      0.0))
+    spans = 0
+    for it in iterations:
+        totals["wall"] += it["wall_ms"]
+        spans += len(it["spans"])
+        for kind, phase, index, ms in it["spans"]:
+            totals[kind] += ms
+            steps[(phase, index)][kind] += ms
+    mean = {k: v / n for k, v in totals.items()}
+    out = {f"{k}_ms": mean[k] for k in ("wall", "kernel", "merge", "comm")}
+    out["other_ms"] = mean["wall"] - mean["kernel"] - mean["merge"] - mean["comm"]
+    out["busy_ms"] = mean["kernel"] + mean["merge"]
+    out["iters"] = n
+    out["spans_per_iteration"] = spans / n
+    order = {"fwd": 0, "bwd": 1}
+    out["steps"] = [{"phase": phase, "step": index, **{f"{k}_ms": v / n for k, v in parts.items()}}
+                    for (phase, index), parts in sorted(steps.items(), key=lambda kv: (order.get(kv[0][0], 2),
+                                                                                        kv[0][1]))]
+    return out
+
+
+def record_fields(per_rank: list[dict | None]) -> dict:
+    """The record's ``profile``, ``per_rank_busy_ms`` and ``busy_imbalance`` from every rank's
+    :func:`measure` (rank order); all null when the run was not profiled."""
+    if not per_rank or any(p is None for p in per_rank):
+        return {"profile": None, "per_rank_busy_ms": None, "busy_imbalance": None}
+    busy = [p["busy_ms"] for p in per_rank]
+    reported = all(p["spans_per_iteration"] > 0 for p in per_rank)
+    return {
+        "profile": {"clock": per_rank[0]["clock"], "iters": per_rank[0]["iters"],
+                    "per_rank": [{"rank": r, **{k: v for k, v in p.items() if k != "clock"}}
+                                 for r, p in enumerate(per_rank)]},
+        "per_rank_busy_ms": busy if reported else None,
+        "busy_imbalance": max(busy) / min(busy) if reported and min(busy) > 0 else None,
+    }
+
+
+def profiled(records: Iterable[dict]) -> list[dict]:
+    """The ok run records that carry a profile."""
+    return [r for r in records if r.get("status") == "ok" and r.get("profile")]
+
+
+def print_tables(records: list[dict], console=None) -> None:
+    """Print one breakdown table per profiled record: a row per rank, ms per iteration.
+
+    Columns: rank, wall, kernel, merge, comm (exposed communication; the device copies of an
+    emulated run), other (launch gaps and the rest), busy (kernel + merge) and the share of
+    the wall time the kernels fill. It fits 80 columns.
+    """
+    from rich.console import Console
+    from rich.text import Text
+
+    from ringbench.formatting import compact_table, number
+    from ringbench.report import case_label
+
+    console = console or Console()
+    for r in profiled(records):
+        prof = r["profile"]
+        what = "emulated, " if r.get("emulated") else ""
+        table = compact_table(f"profile: {case_label(r)} ({what}ms per iteration, mean of {prof['iters']}, "
+                              f"{prof['clock']})")
+        for header in ("rank", "wall", "kernel", "merge", "comm", "other", "busy", "kernel\n% wall"):
+            table.add_column(header, justify="right", no_wrap=True)
+        for p in prof["per_rank"]:
+            share = 100 * p["kernel_ms"] / p["wall_ms"] if p["wall_ms"] > 0 else None
+            table.add_row(str(p["rank"]), *(number(p[f"{k}_ms"], ".3f") for k in ("wall", *PARTS, "busy")),
+                          number(share, ".1f"))
+        console.print(table)
+        if not all(p["spans_per_iteration"] for p in prof["per_rank"]):
+            console.print(Text(f"note: {r['spec']['variant']} reports no spans (only ringbench's ring engine does), "
+                               "so its profile holds wall times alone", style="dim"))
+        elif r.get("busy_imbalance") is not None:
+            console.print(Text(f"work imbalance (busy max/min) {r['busy_imbalance']:.3f}; wall imbalance "
+                               f"{r.get('imbalance') or float('nan'):.3f}", style="dim"))
+
+
+def plot_path(out: Path, record: dict) -> Path:
+    """Where :func:`write_plots` puts a record's picture: ``OUT/profile-<case_id>.png``."""
+    return Path(out) / f"profile-{record['case_id']}.png"
+
+
+def write_plots(records: list[dict], out: Path) -> list[Path]:
+    """Draw a stacked bar per rank (kernel, merge, comm, other; ms per iteration) for every
+    profiled record, one PNG each (:func:`plot_path`); returns the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ringbench.report import case_label
+
+    written = []
+    colours = {"kernel": "tab:blue", "merge": "tab:orange", "comm": "tab:red", "other": "tab:gray"}
+    for r in profiled(records):
+        ranks = r["profile"]["per_rank"]
+        fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(ranks) + 2), 3.6))
+        bottom = [0.0] * len(ranks)
+        for part in PARTS:
+            heights = [max(0.0, p[f"{part}_ms"]) for p in ranks]
+            ax.bar([p["rank"] for p in ranks], heights, bottom=bottom, color=colours[part], label=part)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        ax.set_xlabel("rank")
+        ax.set_ylabel("ms per iteration")
+        ax.set_xticks([p["rank"] for p in ranks])
+        ax.set_title(("emulated: " if r.get("emulated") else "") + case_label(r), fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        fig.tight_layout()
+        path = plot_path(out, r)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,138 @@
+"""Time spans of a ring's kernel calls, merges and communication waits, per step (``run --profile``).
+
+While :func:`recording` is held, the functions the ring engine (``ring.py``) and its
+communicator (``comm.py``) wrap with :func:`timed` record one span each: its kind, the phase
+(``fwd`` or ``bwd``) and ring step the engine last announced with :func:`step`, and its start
+and end marks. On CUDA a mark is a CUDA event recorded on the current stream, so nothing waits
+for the device while the iterations run; the spans are read after them (:meth:`Timeline.resolve`,
+one synchronise). On CPU a mark is ``time.perf_counter()``.
+
+The kinds:
+
+- ``kernel``: a local attention call (forward or backward);
+- ``merge``: folding a block's out/lse into the running result, adding a block's gradient to
+  an accumulator, and the accumulator casts;
+- ``comm``: waiting for a transfer (``RingComm.wait``). On CUDA that is the time the compute
+  stream stalls for the transfer, the exposed communication; on CPU the time the host blocks.
+  Under emulation (``emulation.py``) it is the device copies that stand in for the transfers.
+
+Spans do not nest: a span opened inside another is not recorded, so the parts of one
+iteration never overlap on one stream and their sum stays within its wall time. When nothing
+is recorded, :func:`timed` costs one module-level read per call; :func:`step` too.
+Recordings do not nest and are not thread-safe (one per process).
+
+Source: issue 15, item 7 (where each rank's time goes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from typing import Callable, Iterator
+
+import torch
+
+#: Span kinds, in the order tables and plots show them.
+KINDS = ("kernel", "merge", "comm")
+
+
+class Timeline:
+    """The marks of every iteration recorded while :func:`recording` was held.
+
+    Args:
+        device: where the timed work runs; CUDA events on ``cuda``, ``perf_counter`` otherwise.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.phase, self.step = "fwd", 0
+        self._iterations: list[tuple[object, object, list]] = []
+        self._spans: list | None = None
+        self._begin = None
+        self._open = False
+
+    def mark(self):
+        """A point in time on this device: a recorded CUDA event, or seconds from ``perf_counter``."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def begin_iteration(self) -> None:
+        """Start one iteration: spans recorded from now on belong to it."""
+        self.phase, self.step = "fwd", 0
+        self._spans, self._begin = [], self.mark()
+
+    def end_iteration(self) -> None:
+        """End the iteration :meth:`begin_iteration` started."""
+        self._iterations.append((self._begin, self.mark(), self._spans))
+        self._spans = None
+
+    def _elapsed_ms(self, start, end) -> float:
+        return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+
+    def resolve(self) -> list[dict]:
+        """Every recorded iteration: ``{"wall_ms", "spans": [(kind, phase, step, ms), ...]}``.
+
+        On CUDA it synchronises the device once, after the iterations.
+        """
+        if self.cuda:
+            torch.cuda.synchronize()
+        return [{"wall_ms": self._elapsed_ms(begin, end),
+                 "spans": [(kind, phase, step, self._elapsed_ms(s, e)) for kind, phase, step, s, e in spans]}
+                for begin, end, spans in self._iterations]
+
+
+_current: Timeline | None = None
+
+
+def current() -> Timeline | None:
+    """The timeline being recorded, or ``None``."""
+    return _current
+
+
+def step(phase: str, index: int) -> None:
+    """Announce the ring step the engine starts now (``phase`` ``fwd`` or ``bwd``); the spans
+    that follow carry it. Nothing happens unless a timeline is recorded."""
+    if _current is not None:
+        _current.phase, _current.step = phase, index
+
+
+def timed(kind: str) -> Callable[[Callable], Callable]:
+    """Decorate a function so that each call is one span of ``kind`` while a timeline is recorded
+    inside an iteration; otherwise the call goes straight through."""
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            tl = _current
+            if tl is None or tl._spans is None or tl._open:
+                return fn(*args, **kwargs)
+            tl._open = True
+            start = tl.mark()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                tl._spans.append((kind, tl.phase, tl.step, start, tl.mark()))
+                tl._open = False
+        return run
+    return wrap
+
+
+@contextlib.contextmanager
+def recording(device: torch.device) -> Iterator[Timeline]:
+    """Hold a :class:`Timeline` for ``device`` while the body runs.
+
+    Raises:
+        RuntimeError: another timeline is already being recorded in this process.
+    """
+    global _current
+    if _current is not None:
+        raise RuntimeError("a timeline is already being recorded; recordings do not nest, so end the first "
+                           "before starting another")
+    _current = Timeline(device)
+    try:
+        yield _current
+    finally:
+        _current = None
