@@ -1,0 +1,206 @@
+"""run --profile (spans per rank and step, the breakdown table and plot) and run --emulate (one
+process playing every rank of a ring, its transfers as device copies).
+
+The emulated forward output and dq are the ring's own, so they are held to float64 attention;
+the gloo launch checks the breakdown of a real world-size-2 run and of an emulated one.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+
+import pytest
+import torch
+
+from ringbench import profile
+from ringbench.errors import SpecError
+from ringbench.spec import CaseSpec, default_fields, validate
+from ringbench.variants import emulation, get_variant, layouts, timeline
+from ringbench.variants.comm import TRAFFIC, reset_traffic
+
+
+def _spec(**changes) -> CaseSpec:
+    return CaseSpec.from_dict({"task": "run", "variant": "zigzag", **default_fields("cpu", 0), "kernel": "cpu",
+                               **changes})
+
+
+def _attention_fp64(q, k, v):
+    """Causal softmax attention in float64; q ``[B, S, Hq, D]``, k, v ``[B, S, Hkv, D]`` (GQA by repeat)."""
+    groups = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    n = q.shape[1]
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v)
+
+
+@pytest.mark.parametrize("name", ["ring", "zigzag", "stripe"])
+def test_emulation_out_and_dq_equal_fp64_attention(name):
+    world_size, seqlen = 4, 64
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, dout = (torch.randn(1, seqlen, h, 8, generator=gen, dtype=torch.float64) for h in (2, 1, 1, 2))
+    q.requires_grad_(True)
+    want = _attention_fp64(q, k, v)
+    want.backward(dout)
+    layout = get_variant(name).layout
+    shard = [[layouts.shard(t, layout, r, world_size).detach().contiguous() for t in (q, k, v, dout)]
+             for r in range(world_size)]
+    outs, dqs = [], []
+    reset_traffic()
+    for rank, (qr, kr, vr, dr) in enumerate(shard):
+        qr.requires_grad_(True)
+        with emulation.emulating(rank, world_size, [(s[1], s[2]) for s in shard]):
+            out, _ = get_variant(name).attention(qr, kr, vr, causal=True, kernel="math")
+            out.backward(dr)
+        outs.append(out.detach())
+        dqs.append(qr.grad)
+    got_out, got_dq = layouts.unshard(outs, layout), layouts.unshard(dqs, layout)
+    err_out, err_dq = (got_out - want).abs().max().item(), (got_dq - q.grad).abs().max().item()
+    print(f"{name}: max |out - fp64| {err_out:.2e}, max |dq - fp64| {err_dq:.2e}")
+    assert err_out < 1e-12 and err_dq < 1e-12
+    # Each rank would send its K/V W-1 times forward and backward, and dK/dV W times.
+    assert TRAFFIC.bytes_sent > 0 and TRAFFIC.bytes_sent == TRAFFIC.bytes_received
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"variant": "llama3"}, r"^llama3 cannot run with --emulate: its collectives \(all-gather\) are not emulated"),
+    ({"variant": "rfa_zigzag"}, r"^rfa_zigzag cannot run with --emulate: it is a peer"),
+    ({"variant": "zigzag_varlen", "docs": "2048,2048"}, r"^zigzag_varlen cannot run with --emulate: its packed"),
+    ({"task": "verify"}, r"^emulate is a run measurement"),
+])
+def test_emulation_refuses_what_one_process_cannot_play(changes, message):
+    with pytest.raises(SpecError, match=message) as info:
+        validate(_spec(emulate=True, **changes), visible_gpus=0)
+    assert "\n" not in str(info.value) and "; " in str(info.value)  # one sentence, then the fix
+
+
+def test_emulation_takes_more_ranks_than_gpus():
+    validate(_spec(emulate=True, world_size=8, device="cuda", kernel="auto"), visible_gpus=1)
+    with pytest.raises(SpecError, match="exceeds the 1 visible GPUs"):
+        validate(_spec(world_size=8, device="cuda", kernel="auto"), visible_gpus=1)
+
+
+def test_timeline_records_one_span_per_outer_call_inside_iterations_only():
+    calls = []
+
+    @timeline.timed("merge")
+    def inner():
+        calls.append("inner")
+
+    @timeline.timed("kernel")
+    def outer():
+        inner()
+
+    outer()  # nothing recorded, nothing raised
+    with timeline.recording(torch.device("cpu")) as tl:
+        outer()  # outside an iteration
+        tl.begin_iteration()
+        timeline.step("bwd", 3)
+        outer()
+        inner()
+        tl.end_iteration()
+        (it,) = tl.resolve()
+    assert [s[:3] for s in it["spans"]] == [("kernel", "bwd", 3), ("merge", "bwd", 3)]
+    assert all(ms >= 0 for *_, ms in it["spans"]) and sum(s[3] for s in it["spans"]) <= it["wall_ms"]
+    assert calls == ["inner"] * 4 and timeline.current() is None
+
+
+def test_profile_breakdown_means_add_up_to_the_wall_time():
+    its = [{"wall_ms": 10.0, "spans": [("kernel", "fwd", 0, 4.0), ("merge", "fwd", 0, 1.0), ("comm", "fwd", 0, 2.0),
+                                       ("kernel", "fwd", 1, 1.0)]},
+           {"wall_ms": 12.0, "spans": [("kernel", "fwd", 0, 6.0), ("comm", "fwd", 0, 1.0)]}]
+    b = profile.breakdown(its)
+    assert (b["wall_ms"], b["kernel_ms"], b["merge_ms"], b["comm_ms"], b["other_ms"], b["busy_ms"]) == \
+        (11.0, 5.5, 0.5, 1.5, 3.5, 6.0)
+    assert b["steps"] == [{"phase": "fwd", "step": 0, "kernel_ms": 5.0, "merge_ms": 0.5, "comm_ms": 1.5},
+                          {"phase": "fwd", "step": 1, "kernel_ms": 0.5, "merge_ms": 0.0, "comm_ms": 0.0}]
+    fields = profile.record_fields([{**b, "clock": "perf_counter"}, {**b, "busy_ms": 2.0, "clock": "perf_counter"}])
+    assert fields["per_rank_busy_ms"] == [6.0, 2.0] and fields["busy_imbalance"] == 3.0
+    assert profile.record_fields([None, None]) == {"profile": None, "per_rank_busy_ms": None, "busy_imbalance": None}
+
+
+def _profiled_record(world_size: int) -> dict:
+    b = profile.breakdown([{"wall_ms": 123.456, "spans": [("kernel", "fwd", 0, 100.0), ("comm", "fwd", 1, 3.0)]}])
+    spec = _spec(world_size=world_size, profile=True)
+    return {"status": "ok", "case_id": spec.case_id(), "spec": spec.to_dict(), "kernel": "cpu", "imbalance": 1.0,
+            **profile.record_fields([{**b, "clock": "perf_counter"}] * world_size)}
+
+
+def test_profile_table_has_a_row_per_rank_within_80_columns(tmp_path):
+    from rich.console import Console
+
+    buf = io.StringIO()
+    profile.print_tables([_profiled_record(8)], Console(file=buf, width=80, no_color=True))
+    lines = buf.getvalue().splitlines()
+    print(buf.getvalue())
+    assert max(len(line) for line in lines) <= 80
+    rows = [line for line in lines if re.match(r"^\s+\d+\s+123\.456\s+100\.000", line)]
+    assert len(rows) == 8
+    (path,) = profile.write_plots([_profiled_record(2)], tmp_path)
+    assert path.name.startswith("profile-") and path.stat().st_size > 1000
+
+
+def test_emulate_case_gives_compute_time_per_rank_and_its_bound(solo_group):
+    from ringbench.emulation import emulate_case
+
+    spec = _spec(world_size=4, seqlen=256, heads=2, kv_heads=1, head_dim=16, iters=2, warmup=1, emulate=True,
+                 profile=True)
+    fields = emulate_case(spec, device=torch.device("cpu"))
+    assert fields["emulated"] is True and len(fields["per_rank_compute_ms"]) == 4
+    assert fields["time_ms"] == max(fields["per_rank_compute_ms"])
+    assert fields["efficiency_bound"] == fields["efficiency"] > 0
+    assert fields["bytes_sent"] > 0 and fields["bus_gib_s"] is None
+    ranks = fields["profile"]["per_rank"]
+    assert [p["rank"] for p in ranks] == [0, 1, 2, 3]
+    for p in ranks:
+        assert [(s["phase"], s["step"]) for s in p["steps"]] == [(ph, i) for ph in ("fwd", "bwd") for i in range(4)]
+        assert p["kernel_ms"] > 0 and p["comm_ms"] > 0 and p["other_ms"] >= -1e-6
+    assert len(fields["per_rank_busy_ms"]) == 4
+
+
+PROFILE_SCENARIO = """
+[defaults]
+device = "cpu"
+kernel = "cpu"
+variant = "zigzag"
+seqlen = 512
+heads = 4
+kv_heads = 2
+head_dim = 32
+iters = 3
+warmup = 1
+profile = true
+[[case]]
+world_size = 2
+[[case]]
+world_size = 4
+emulate = true
+"""
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_profile_gloo_breakdown_per_rank_adds_up(tmp_path):
+    from helpers import read_jsonl, ringbench
+
+    (tmp_path / "p.toml").write_text(PROFILE_SCENARIO)
+    proc = ringbench("run", "--scenario", str(tmp_path / "p.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    real, emulated = read_jsonl(tmp_path / "out" / "runs.jsonl")
+    assert (real["emulated"], emulated["emulated"]) == (False, True)
+    for record, world_size in ((real, 2), (emulated, 4)):
+        ranks = record["profile"]["per_rank"]
+        assert len(ranks) == world_size and len(record["per_rank_busy_ms"]) == world_size
+        for p in ranks:
+            parts = [p[f"{k}_ms"] for k in profile.PARTS]
+            # other_ms is what the spans leave of the wall time: never negative beyond the clock's
+            # resolution, and the four parts give the wall time back to rounding.
+            assert min(parts) >= -1e-6 and p["kernel_ms"] > 0 and p["comm_ms"] > 0
+            assert abs(sum(parts) - p["wall_ms"]) <= 1e-9 * p["wall_ms"]
+        assert (tmp_path / "out" / f"profile-{record['case_id']}.png").exists()
+    assert real["bus_gib_s"] > 0 and emulated["bus_gib_s"] is None
+    tables = proc.stdout[proc.stdout.index("profile:"):]
+    assert len(re.findall(r"^\s+[0-3]\s+\d+\.\d{3}\s", tables, flags=re.M)) == 2 + 4
+    assert all(len(line) <= 80 for line in proc.stdout.splitlines())
