@@ -204,3 +204,18 @@ def test_profile_gloo_breakdown_per_rank_adds_up(tmp_path):
     tables = proc.stdout[proc.stdout.index("profile:"):]
     assert len(re.findall(r"^\s+[0-3]\s+\d+\.\d{3}\s", tables, flags=re.M)) == 2 + 4
     assert all(len(line) <= 80 for line in proc.stdout.splitlines())
+
+
+@pytest.mark.gpu
+def test_profile_cuda_events_of_an_emulated_zigzag(solo_group):
+    from ringbench.emulation import emulate_case
+
+    spec = _spec(device="cuda", kernel="torch-flash", dtype="bf16", world_size=4, seqlen=8192, heads=8, kv_heads=2,
+                 head_dim=128, iters=5, warmup=2, emulate=True, profile=True)
+    fields = emulate_case(spec, device=torch.device("cuda"))
+    assert fields["profile"]["clock"] == "cuda events"
+    for p in fields["profile"]["per_rank"]:
+        print(p["rank"], {k: round(p[f"{k}_ms"], 4) for k in ("wall", *profile.PARTS)})
+        assert p["kernel_ms"] > 0 and p["comm_ms"] > 0 and p["other_ms"] >= -1e-3
+        assert p["kernel_ms"] + p["merge_ms"] + p["comm_ms"] <= p["wall_ms"] * (1 + 1e-6)
+    assert 0 < fields["efficiency_bound"] <= 1.2 and fields["peak_allocated_gib"] > 0
