@@ -335,7 +335,7 @@ FIELDS: tuple[Field, ...] = (
     Field("batch", int, "sequences per batch (B)", 1, 1, label="B={}", check=_POSITIVE),
     Field("seqlen", int, "global tokens per sequence (S), split across the ranks; a whole number with an "
           "optional k (x1024) or M (x1024^2) suffix, such as 4096, 128k or 1M", 16 * 1024, 4 * 1024,
-          parse=parse_size, check=_check_seqlen),
+          parse=parse_size, repeatable=True, check=_check_seqlen),
     Field("heads", int, "query heads (Hq)", 32, 4, label="H={}", check=_POSITIVE),
     Field("kv_heads", int, "key/value heads (Hkv); divides heads, fewer than heads is GQA", 8, 2, label="KV={}",
           check=_POSITIVE),

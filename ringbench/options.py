@@ -47,7 +47,7 @@ RDZV_ID_HELP = ("Rendezvous id, the same on every node. Default: derived from --
                 "line, which every node shares.")
 
 SCENARIO_HELP = ("Sweep a scenario instead of one shape: a built-in name (smoke, ci-nightly, llama3-8b, peers) or a "
-                 ".toml file; the case options then override its fields, and a repeated --variant or --world-size "
+                 ".toml file; the case options then override its fields, and a repeated --variant, --world-size or --seqlen "
                  "replaces its axis. verify's default: the smoke scenario (CPU), unless a shape option is given.")
 JUNIT_HELP = "Also write the results as JUnit XML to this file, one test case per case. Default: no file."
 
@@ -131,14 +131,16 @@ def _check_seqlen_fits_every_world_size(given: dict[str, Any]) -> None:
     sizes = given.get("world_size") or []
     if "seqlen" not in given or len(sizes) < 2:
         return
+    seqlens = given["seqlen"] if isinstance(given["seqlen"], list) else [given["seqlen"]]
     for name in given.get("variant") or []:
         variant = get_variant(name)
         layout = given.get("layout") or None
         need = math.lcm(*(variant.seqlen_multiple(w, layout) for w in sizes))
-        if given["seqlen"] % need:
-            up = (given["seqlen"] // need + 1) * need
-            raise SpecError(f"seqlen {given['seqlen']} is not a multiple of {need}, which {name} needs to cut it at "
-                            f"every world size given ({', '.join(map(str, sizes))}); use {up}")
+        for seqlen in seqlens:
+            if seqlen % need:
+                up = (seqlen // need + 1) * need
+                raise SpecError(f"seqlen {seqlen} is not a multiple of {need}, which {name} needs to cut it at "
+                                f"every world size given ({', '.join(map(str, sizes))}); use {up}")
 
 
 _HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
