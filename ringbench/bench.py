@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ringbench.case_setup import case_setup
+from ringbench.case_setup import case_setup, sink_logits
 from ringbench.peaks import Peak, case_peak
 from ringbench.spec import CaseSpec, spec_docs
 from ringbench.variants import layouts
@@ -30,17 +30,18 @@ def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causa
     own figure, ``4 * L^2 * Hq * D`` (so ``2 * L^2 * Hq * D`` causal), times B. GQA and the
     layout change nothing. Divide by the world size for per-GPU figures. A value head dim
     ``head_dim_v`` apart from D (0: the same) makes ``D`` the mean of the two: ``Q K^T`` costs
-    ``2 S^2 D`` and ``P V`` ``2 S^2 Dv``.
+    ``2 S^2 D`` and ``P V`` ``2 S^2 Dv``. Padded documents (``doc_pad``) count their real
+    lengths only: pass those and their sum as ``seqlen``.
 
     Raises:
-        ValueError: an unknown mode, or ``docs`` that do not sum to ``seqlen``.
+        ValueError: an unknown mode, or ``docs`` that sum to more than ``seqlen``.
     """
     head_dim = (head_dim + (head_dim_v or head_dim)) / 2
     if docs is None:
         fwd = 4.0 * batch * seqlen * seqlen * heads * head_dim
     else:
-        if sum(docs) != seqlen:
-            raise ValueError(f"documents sum to {sum(docs)} but seqlen is {seqlen}; pass documents that fill "
+        if sum(docs) > seqlen:
+            raise ValueError(f"documents sum to {sum(docs)} but seqlen is {seqlen}; pass documents that fit "
                              "the sequence")
         fwd = 4.0 * batch * sum(float(L) * L for L in docs) * heads * head_dim
     if causal:
@@ -165,6 +166,9 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         ref_offsets = local_cu.tolist()
         ref_docs = [b - a for a, b in zip(ref_offsets, ref_offsets[1:])]
         ref_max = max(ref_docs)
+    sink = sink_logits(spec, dtype, device)
+    if sink is not None:
+        options = {**options, "sink": sink}
 
     step = iteration(attention, q, k, v, dout, backward=backward, causal=causal, softmax_scale=scale, group=group,
                      kernel=kernel, **options)
@@ -243,9 +247,10 @@ def run_fields(spec: CaseSpec, variant, gathered: list, *, device: torch.device,
     time_ms = max(per_rank)
     slowest_ref = max(gathered, key=lambda g: g[1])
     ref_ms, ref_flops = slowest_ref[1], slowest_ref[6]
-    flops_per_gpu = attention_flops(batch=spec.batch, seqlen=spec.seqlen, heads=spec.heads, head_dim=spec.head_dim,
-                                    causal=spec.causal, mode=spec.mode, docs=spec_docs(spec) if variant.varlen
-                                    else None, head_dim_v=spec.value_head_dim()) / world_size
+    real = case.real_docs  # padded documents count their real tokens only
+    flops_per_gpu = attention_flops(batch=spec.batch, seqlen=sum(real) if real else spec.seqlen, heads=spec.heads,
+                                    head_dim=spec.head_dim, causal=spec.causal, mode=spec.mode, docs=real,
+                                    head_dim_v=spec.value_head_dim()) / world_size
     tflops = flops_per_gpu / (time_ms * 1e-3) / 1e12
     ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
     # None: the variant's bytes go where the counters cannot see them (Variant.traffic_counted).

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ringbench.fields import DTYPES, variant_options
-from ringbench.spec import CaseSpec, layout_of, spec_docs
+from ringbench.spec import CaseSpec, layout_of, padded_docs, spec_docs
 from ringbench.variants import Variant, get_variant
 from ringbench.variants.kernels import Kernel, get_kernel
 
@@ -27,7 +27,9 @@ class CaseSetup:
         scale: the softmax scale, ``head_dim ** -0.5``.
         options: the variant's keyword options the case sets (``layout``, ``heads_k_stride``...).
         layout: the layout the tensors are sharded in.
-        docs: the packed documents' lengths in tokens, or ``None`` (batch form).
+        docs: the packed documents' lengths in tokens as the layout cuts them (padded to
+            ``doc_pad``), or ``None`` (batch form).
+        real_docs: their real lengths, before padding (``docs`` without ``doc_pad``).
     """
 
     spec: CaseSpec
@@ -41,6 +43,7 @@ class CaseSetup:
     options: dict[str, Any]
     layout: str
     docs: list[int] | None
+    real_docs: list[int] | None = None
 
 
 def case_setup(spec: CaseSpec, group=None) -> CaseSetup:
@@ -50,4 +53,20 @@ def case_setup(spec: CaseSpec, group=None) -> CaseSetup:
         spec=spec, rank=dist.get_rank(group), world_size=dist.get_world_size(group), variant=variant,
         kernel=get_kernel(spec.kernel), dtype=getattr(torch, DTYPES[spec.dtype]), causal=spec.causal,
         scale=spec.head_dim ** -0.5, options=variant_options(spec), layout=layout_of(spec, variant),
-        docs=spec_docs(spec) if variant.varlen else None)
+        docs=padded_docs(spec) if variant.varlen else None, real_docs=spec_docs(spec) if variant.varlen else None)
+
+
+def sink_logits(spec: CaseSpec, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """The case's sink logits ``[heads]``, the same on every rank, or ``None`` (``sink`` none).
+
+    ``learnable``: drawn from the case's seed, standard normal, a leaf that requires its
+    gradient; ``off-by-one``: zeros, fixed. float32, or float64 for float64 inputs (so the
+    gradient keeps the precision the case is checked in).
+    """
+    if spec.sink == "none":
+        return None
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if spec.sink == "off-by-one":
+        return torch.zeros(spec.heads, dtype=acc, device=device)
+    gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + 19)  # apart from the inputs' stream
+    return torch.randn(spec.heads, generator=gen, dtype=torch.float32).to(acc).to(device).requires_grad_(True)

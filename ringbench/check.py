@@ -40,7 +40,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ringbench.case_setup import CaseSetup, case_setup
+from ringbench import sink_pad_check as extras
+from ringbench.case_setup import CaseSetup, case_setup, sink_logits
 from ringbench.fields import plural
 from ringbench.spec import CaseSpec
 from ringbench.variants import layouts, observe
@@ -275,7 +276,11 @@ class Placement:
             some of the source's keys), or ``None`` when no rank sees another's keys.
         unwatched: why ``watch`` is ``None`` (one sentence, for the record's
             ``cp_active_reason``); empty when it is not.
+        keep: bool ``[S]``, False at padding tokens (``doc_pad``), or ``None``; verify zeroes
+            the variant's padding rows (``sink_pad_check``).
     """
+
+    keep: torch.Tensor | None = None
 
     def __init__(self, case: CaseSetup, device: torch.device):
         layout, docs, causal, world_size, variant = case.layout, case.docs, case.causal, case.world_size, case.variant
@@ -331,8 +336,12 @@ def global_inputs(spec: CaseSpec, dtype: torch.dtype, device: torch.device) -> t
 def _run_variant(attention, placement, inputs, *, rank, world_size, causal, scale, group, kernel, options):
     q, k, v, dout = (placement.shard(x, rank) for x in inputs)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    if placement.extra.get("sink") is not None:
+        placement.extra["sink"].grad = None  # its d sink is read after each run
     out, lse = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
                          **options, **placement.extra)
+    if placement.keep is not None:
+        out = extras.zero_padding(out, placement.shard(placement.keep, rank, dim=0))
     out.backward(dout)
     return out.detach(), lse, q.grad, k.grad, v.grad
 
@@ -490,10 +499,14 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     causal, scale = case.causal, case.scale
     inputs = global_inputs(spec, dtype, device)
     placement = Placement(case, device)
+    sink, placement.keep = sink_logits(spec, dtype, device), extras.keep_mask(case, device)
+    if sink is not None:
+        placement.extra["sink"] = sink
     kwargs = dict(rank=rank, world_size=world_size, causal=causal, scale=scale, group=group, kernel=kernel,
                   options=case.options)
     with observe.observing() as seen:
         local = _run_variant(variant.attention, placement, inputs, **kwargs)
+    dsink = None if sink is None or sink.grad is None else sink.grad.clone()
     dims = (1, 2, 1, 1, 1)
     gathered = [_gather(t, placement, d, group) for t, d in zip(local, dims)]
     shadow = _shadow(seen, local[0].shape, local[2].shape, local[3].shape, local[4].shape, device, group)
@@ -510,12 +523,16 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         active, inactive_reason = cp_active(variant.attention, placement, inputs, **kwargs), None
 
     checks = None
-    if rank == 0:
+    if rank == 0 and (sink is not None or placement.keep is not None):
+        single, ref, shadow = extras.references(kernel, inputs, case, placement.cu_seqlens, sink, placement.keep,
+                                                gathered, shadow)
+    elif rank == 0:
         single = _whole_row(kernel, inputs, placement, causal, scale)
         ref = _whole_row(KERNELS["math"], [x.double() for x in inputs], placement, causal, scale)
+    if rank == 0:
         q, k, v = inputs[:3]
         expected = ((dtype, (*q.shape[:3], v.shape[3])), (torch.float32 if dtype != torch.float64 else dtype,
-                                       (q.shape[0], q.shape[2], q.shape[1])),
+                                       (q.shape[0], q.shape[2], ref[1].shape[2])),
                     (dtype, q.shape), (dtype, k.shape), (dtype, v.shape))
         checks = [tolerance_check(n, g, s, r, *e, world_size=world_size)
                   for n, g, s, r, e in zip(TENSORS, gathered, single, ref, expected)]
@@ -527,6 +544,12 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
             c.update(shadow_check(gathered[i], shadow[0][i], expected[i][0], terms=shadow[1][i],
                                   scale=shadow[2][i]))
             c["passed"] = c["passed"] and c["shadow_passed"]
+        if sink is not None and sink.requires_grad:
+            got = dsink if dsink is not None else torch.full_like(sink.detach(), float("nan"))
+            checks.append({**tolerance_check("dsink", got, single[5], ref[5], sink.dtype, tuple(sink.shape),
+                                             world_size=world_size),
+                           **_no_shadow("d sink is summed by the engine from out and dout, not by a kernel call, "
+                                        "so only the max rule applies")})
     box = [checks]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0,
                                group=group)

@@ -33,6 +33,8 @@ TASKS = ("run", "verify")
 DEVICES = ("cuda", "cpu")
 #: The largest global seqlen accepted, in tokens (1024M).
 MAX_SEQLEN = 2**30
+#: ``sink``: a learnable logit per query head, the off-by-one softmax (0, fixed), or none.
+SINKS = ("none", "learnable", "off-by-one")
 #: The cuda default of ``world_size``: every visible GPU.
 VISIBLE_GPUS = "every visible GPU"
 
@@ -368,10 +370,20 @@ FIELDS: tuple[Field, ...] = (
           "(mean length in tokens, sigma of its log) or uniform:min=512,max=8k; lengths are rounded to the "
           "variant's multiple", "", "", default_text="none", optional=True,
           check=_if_set(lambda name, value: parse_doc_dist(value))),
+    Field("doc_pad", int, "pad every document given by --docs to a multiple of this many tokens, the padding at "
+          "the document's end (so under the causal mask no real token sees it); --docs gives the real lengths, "
+          "seqlen the padded row, FLOPs count real tokens; padding rows' out and gradients are zero and their lse "
+          "is not compared; 0: no padding", 0, 0, default_text="no padding", label="pad={}", optional=True,
+          check=_ZERO_OR_MORE),
     Field("rotate", str, "how torch_cp (PyTorch's context parallel) moves K/V: allgather (gather once) or "
           "alltoall (one block per step)", "", "",
           default_text="allgather, PyTorch's own", optional=True, variant_option=True,
           check=_if_set(_one_of(_rotations))),
+    Field("sink", str, "attention sink, one logit per query head joining every softmax row once: learnable "
+          "(float32 logits drawn from the seed; verify checks their gradient too) or off-by-one (0, fixed, no "
+          "gradient); ringbench's own variants only", "none", "none", default_text="none", label="sink={}",
+          optional=True,
+          check=_one_of(lambda: SINKS)),
     Field("hf_model", str, "check a whole model instead of attention alone: a random-initialised Llama "
           "(llama-tiny: 256 tokens, for CPU; llama-small: 16k tokens, for GPUs) through the Hugging Face "
           "adapter; it fixes seqlen, batch, heads, kv_heads and head_dim; needs the hf extra", "", "", default_text="the attention check", optional=True, commands=("verify",),

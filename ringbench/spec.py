@@ -137,7 +137,7 @@ def check_fields(given: Mapping[str, Any]) -> None:
             seqlen=fields.coerce("seqlen", given["seqlen"]), world_size=given["world_size"],
             causal=given.get("causal", True), layout=given.get("layout") or None,
             heads_k_stride=given.get("heads_k_stride", 0), kv_heads=given.get("kv_heads"),
-            rotate=given.get("rotate", ""))
+            rotate=given.get("rotate", ""), sink=given.get("sink", "none"))
         if reason:
             raise SpecError(reason)
 
@@ -173,6 +173,10 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
 
     if emulation_refusal(spec):
         raise SpecError(emulation_refusal(spec))
+    if spec.hf_model and (spec.sink != "none" or spec.doc_pad):
+        given = f"sink {spec.sink!r}" if spec.sink != "none" else f"doc_pad {spec.doc_pad}"
+        raise SpecError(f"{given} is not checked with --model, whose Llama has neither sinks nor padded documents; "
+                        "check the attention alone without --model")
     if spec.hf_model:
         from ringbench.models import check_case
 
@@ -364,9 +368,37 @@ def resolve_docs(spec: CaseSpec) -> CaseSpec:
     return spec.replace(docs=",".join(str(d) for d in drawn))
 
 
+def padded_docs(spec: CaseSpec) -> list[int] | None:
+    """The document lengths a case's layout cuts: each of :func:`spec_docs`'s real lengths
+    rounded up to a multiple of ``doc_pad`` (the lengths themselves when it is 0), or ``None``.
+
+    Raises:
+        SpecError: a malformed ``docs`` or ``doc_dist``.
+    """
+    docs = spec_docs(spec)
+    if docs is None or not spec.doc_pad:
+        return docs
+    return [-(-d // spec.doc_pad) * spec.doc_pad for d in docs]
+
+
+def _check_padding(spec: CaseSpec) -> None:
+    """Refuse ``doc_pad`` where it cannot apply: no ``docs`` to pad, or no causal mask to hide it."""
+    if not spec.doc_pad:
+        return
+    if not spec.docs:
+        given = ("--doc-dist draws documents that fill seqlen" if spec.doc_dist else "the case has none")
+        raise SpecError(f"doc_pad {spec.doc_pad} pads the documents --docs gives, but {given}; pass --docs with "
+                        "the real lengths, or drop --doc-pad")
+    if not spec.causal:
+        raise SpecError(f"doc_pad {spec.doc_pad} needs the causal mask, which keeps every real token from the "
+                        "padding at its document's end (ringbench's kernels take no key mask); pass --causal or "
+                        "drop --doc-pad")
+
+
 def _check_docs(spec: CaseSpec, variant) -> None:
     """Refuse documents a case's variant cannot take, or a varlen case without them."""
-    docs = spec_docs(spec)
+    _check_padding(spec)
+    docs = padded_docs(spec)
     if not variant.varlen:
         if docs is not None:
             given = "docs" if spec.docs else "doc_dist"
@@ -381,6 +413,10 @@ def _check_docs(spec: CaseSpec, variant) -> None:
         raise SpecError(f"batch {spec.batch} is not 1, but {spec.variant} packs the documents into one row; "
                         "pass --batch 1")
     total = sum(docs)
+    if total != spec.seqlen and spec.doc_pad:
+        raise SpecError(f"documents sum to {sum(spec_docs(spec))} tokens, {total} once each is padded to a "
+                        f"multiple of doc_pad {spec.doc_pad}, but seqlen is {spec.seqlen}; the padded documents "
+                        f"must fill the row, so pass --seqlen {total}")
     if total != spec.seqlen:
         raise SpecError(f"documents sum to {total} but seqlen is {spec.seqlen}; the documents must fill the row "
                         f"exactly, so pass --seqlen {total} or documents that sum to {spec.seqlen}")

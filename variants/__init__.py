@@ -90,6 +90,8 @@ class Variant:
         emulates: one process can play each of its ranks in turn (``run --emulate``,
             ``emulation.py``): its only communication is the ring engine's point-to-point
             exchange, which emulation replaces by device copies.
+        sink: its ``attention`` takes ``sink=``, a ``[Hq]`` tensor of sink logits, and applies
+            it once per row with its gradient (``sinks.py``); peers do not.
         traffic_counted: its bytes go through ringbench's counted communicators
             (``comm``), directly or under a counting ``session``; False where they cannot be
             seen (torch_cp: DTensor and functional collectives): records then say
@@ -119,14 +121,19 @@ class Variant:
     peer: bool = False
     traffic_counted: bool = True
     emulates: bool = False
+    sink: bool = False
 
     def seqlen_multiple(self, world_size: int, layout: str | None = None) -> int:
         """The number the global seqlen must be a multiple of at ``world_size``."""
         return LAYOUT_CHUNKS[layout or self.layout] * world_size
 
     def check(self, *, seqlen: int, world_size: int, causal: bool, layout: str | None = None,
-              heads_k_stride: int = 0, kv_heads: int | None = None, rotate: str = "") -> str | None:
+              heads_k_stride: int = 0, kv_heads: int | None = None, rotate: str = "",
+              sink: str = "none") -> str | None:
         """Return the one-sentence reason this variant refuses the case, or ``None``."""
+        if sink != "none" and not self.sink:
+            return (f"{self.name} takes no attention sink (sink {sink!r}), since only ringbench's own engines "
+                    "apply one once per row; pass --sink none or use a ringbench variant such as zigzag")
         allowed = (self.layout, *self.layouts)
         if layout and layout not in allowed:
             return (f"layout {layout!r} is not one {self.name} takes; choose "
@@ -228,23 +235,24 @@ VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("ring", "contiguous", "ring:ring_attention",
-                "basic ring: contiguous chunks, K/V passed around the ring", emulates=True),
+                "basic ring: contiguous chunks, K/V passed around the ring", emulates=True, sink=True),
         Variant("zigzag", "zigzag", "zigzag:zigzag_attention",
-                "ring over the zigzag layout, balanced under a causal mask", emulates=True),
+                "ring over the zigzag layout, balanced under a causal mask", emulates=True, sink=True),
         Variant("stripe", "stripe", "stripe:stripe_attention",
                 "ring over the stripe layout (token t on rank t mod W), balanced under a causal mask",
-                emulates=True),
+                emulates=True, sink=True),
         Variant("llama3", "zigzag", "llama3:llama3_attention",
                 "all-gather K/V (in head groups), zigzag layout for causal balance",
-                layouts=("contiguous",), options=("heads_k_stride",)),
+                layouts=("contiguous",), options=("heads_k_stride",), sink=True),
         Variant("ring_varlen", "contiguous", "ring_varlen:ring_varlen_attention",
-                "packed documents, each cut into W chunks, basic ring", varlen=True, shard_by_document=True),
+                "packed documents, each cut into W chunks, basic ring", varlen=True, shard_by_document=True,
+                sink=True),
         Variant("zigzag_varlen", "zigzag", "ring_varlen:zigzag_varlen_attention",
                 "packed documents, each in the zigzag layout, ring balanced under a causal mask",
-                varlen=True, shard_by_document=True),
+                varlen=True, shard_by_document=True, sink=True),
         Variant("llama3_varlen", "contiguous", "llama3_varlen:llama3_varlen_attention",
                 "packed documents, contiguous row, all-gather K/V; any document boundaries",
-                varlen=True, options=("heads_k_stride",)),
+                varlen=True, options=("heads_k_stride",), sink=True),
         Variant("torch_cp", "zigzag", "torch_cp:torch_cp_attention",
                 "peer: PyTorch's context_parallel around SDPA (head-tail balancing, all-gather or all-to-all "
                 "rotation)", non_causal=False, options=("rotate",), devices=("cuda",),
@@ -276,6 +284,8 @@ TESTING_VARIANTS: dict[str, Variant] = {
     for v in (
         Variant("broken_merge", "contiguous", "testing:broken_merge_attention",
                 "test only: a ring whose merge drops the last block"),
+        Variant("sink_every_block", "contiguous", "testing:sink_every_block_attention",
+                "test only: a ring that adds the sink to every block instead of once per row", sink=True),
         Variant("drift_out", "contiguous", "testing:drift_out_attention",
                 "test only: a ring that rounds the running output to the input dtype after every merge"),
         Variant("drift_dq", "contiguous", "testing:drift_dq_attention",

@@ -231,6 +231,12 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, group=None, async_op: b
     return _call_counted("reduce_scatter_tensor", output, input, group=group, async_op=async_op)
 
 
+def all_reduce(tensor: Tensor, group=None, async_op: bool = False):
+    """``torch.distributed.all_reduce`` (sum), counted as a ring all-reduce: ``2 (W - 1) / W``
+    times the tensor, sent and received."""
+    return _call_counted("all_reduce", tensor, group=group, async_op=async_op)
+
+
 class RingComm:
     """Send to the next rank and receive from the previous one, in batches.
 

@@ -23,6 +23,7 @@ from . import comm
 from . import observe
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .merge import merge_
+from .sinks import apply_sink, check_sink, sink_grad
 
 Tensor = torch.Tensor
 
@@ -126,7 +127,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout):
                 seen.forward_block(rows, qh, b_out, b_lse)
             merge_(out[:, rows, qh], lse[:, qh, rows], b_out, b_lse)
         saved.append((kg, vg))
-    return out.to(q.dtype), lse, saved
+    return out, lse, saved
 
 
 def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, layout):
@@ -160,13 +161,18 @@ class GatheredAttention(torch.autograd.Function):
 
     ``forward_fn(q, k, v, *args) -> (out, lse, gathered K/V)`` and
     ``backward_fn(dout, q, k, v, out, lse, gathered K/V, *args) -> (dq, dk, dv)``; the gathered
-    K/V are kept from forward to backward instead of being gathered again.
+    K/V are kept from forward to backward instead of being gathered again. ``args`` start with
+    ``(causal, scale, group)``. ``forward_fn``'s out may be in the accumulation dtype: it is cast
+    to q's dtype here, after the ``sink`` (``[Hq]`` or ``None``, ``sinks.py``) joins each row once.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, forward_fn, backward_fn, *args):
+    def forward(ctx, q, k, v, sink, forward_fn, backward_fn, *args):
         out, lse, saved = forward_fn(q, k, v, *args)
-        ctx.save_for_backward(q, k, v, out, lse)
+        if sink is not None:
+            out, lse = apply_sink(out, lse, sink)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, sink)
         ctx.saved_kv = saved
         ctx.backward_fn, ctx.args = backward_fn, args
         ctx.mark_non_differentiable(lse)
@@ -174,16 +180,19 @@ class GatheredAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        grads = ctx.backward_fn(dout.contiguous(), q, k, v, out, lse, ctx.saved_kv, *ctx.args)
+        q, k, v, out, lse, sink = ctx.saved_tensors
+        dout = dout.contiguous()
+        grads = ctx.backward_fn(dout, q, k, v, out, lse, ctx.saved_kv, *ctx.args)
         ctx.saved_kv = None
-        return (*grads, None, None, *(None for _ in ctx.args))
+        dsink = sink_grad(dout, out, lse, sink, ctx.args[2]) if ctx.needs_input_grad[3] else None
+        return (*grads, dsink, None, None, *(None for _ in ctx.args))
 
 
 def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                     heads_k_stride: int | None = None, layout: str = "zigzag") -> tuple[Tensor, Tensor]:
+                     heads_k_stride: int | None = None, layout: str = "zigzag",
+                     sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by gathering K/V, each rank holding its shard.
 
     Args:
@@ -196,6 +205,7 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         heads_k_stride: K/V heads gathered at a time (default: all of them in one gather);
             while one group computes, the next group's gather is in flight.
         layout: ``zigzag`` (default, balanced under a causal mask) or ``contiguous``.
+        sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
 
     Returns:
         ``out`` ``[B, S/W, Hq, Dv]`` in q's dtype; ``lse`` float32 ``[B, Hq, S/W]``.
@@ -213,5 +223,8 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                          "equal chunks, so seqlen must be a multiple of 2 * world_size")
     stride = head_group_stride(heads_k_stride, k.shape[2])
     kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1])
+    if sink is not None:
+        check_sink(sink, q.shape[2])
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return GatheredAttention.apply(q, k, v, _forward, _backward, causal, scale, group, kernel, stride, layout)
+    return GatheredAttention.apply(q, k, v, sink, _forward, _backward, causal, scale, group, kernel, stride,
+                                   layout)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from . import observe
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .llama3 import GatheredAttention, _gathered_kv, _head_groups, head_group_stride, reduce_scatter_shards
+from .sinks import check_sink
 from .varlen import check_cu_seqlens
 
 Tensor = torch.Tensor
@@ -125,7 +126,7 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
 def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                             softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                             kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                            heads_k_stride: int | None = None) -> tuple[Tensor, Tensor]:
+                            heads_k_stride: int | None = None, sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document by gathering K/V, the row cut contiguously.
 
     Args:
@@ -140,6 +141,7 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets (0, ..., S), identical on
             every rank; any boundaries: documents may straddle ranks, be empty or one token.
         heads_k_stride: K/V heads gathered at a time (default: all of them in one gather).
+        sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
 
     Returns:
         ``out`` ``[1, S/W, Hq, D]`` in q's dtype; ``lse`` float32 ``[1, Hq, S/W]`` (float64 for
@@ -166,5 +168,8 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
         raise ValueError(f"{prefix} {exc}") from None
     offsets = check_cu_seqlens(cu_seqlens, q.shape[1], group)
     pieces = local_pieces(offsets, rank, q.shape[1], causal, device=q.device)
+    if sink is not None:
+        check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return GatheredAttention.apply(q, k, v, _forward, _backward, causal, scale, group, kernel, stride, pieces)
+    return GatheredAttention.apply(q, k, v, sink, _forward, _backward, causal, scale, group, kernel, stride,
+                                   pieces)

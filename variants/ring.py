@@ -26,6 +26,7 @@ from . import emulation, observe, timeline
 from .comm import RingComm
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .merge import merge_
+from .sinks import apply_sink, check_sink, sink_grad
 
 Tensor = torch.Tensor
 
@@ -218,7 +219,8 @@ def _round_(acc: Tensor, dtype: torch.dtype) -> None:
 
 
 def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
-                  group, kernel: Kernel, steps: Steps, lossy: frozenset = frozenset()) -> tuple[Tensor, Tensor]:
+                  group, kernel: Kernel, steps: Steps, lossy: frozenset = frozenset(),
+                  sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
     comm = RingComm(group)
     rank, world_size = comm.rank, comm.world_size
     B, S, H, D = (*q.shape[:3], v.shape[3])  # out has v's head dim
@@ -256,6 +258,8 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
     if out is None:  # no block at all: every query sees no key
         out = torch.zeros(B, S, H, D, dtype=acc, device=q.device)
         lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
+    if sink is not None:  # the row's sink joins after its last merge, once (sinks.py)
+        out, lse = apply_sink(out, lse, sink)
     return out.to(q.dtype), lse
 
 
@@ -346,24 +350,31 @@ class RingAttention(torch.autograd.Function):
     """Autograd wrapper around the ring engine; see :func:`ring_attention`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, kernel, steps, lossy):
-        out, lse = _ring_forward(q, k, v, causal, scale, group, kernel, steps, lossy)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, sink, causal, scale, group, kernel, steps, lossy):
+        out, lse = _ring_forward(q, k, v, causal, scale, group, kernel, steps, lossy, sink)
+        # With a sink these are (out_f, L), with which the kernels' backward gives exact dq, dk, dv.
+        ctx.save_for_backward(q, k, v, out, lse, sink)
         ctx.args = (causal, scale, group, kernel, steps, lossy)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None
+        q, k, v, out, lse, sink = ctx.saved_tensors
+        dout = dout.contiguous()
+        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, *ctx.args)
+        dsink = sink_grad(dout, out, lse, sink, ctx.args[2]) if ctx.needs_input_grad[3] else None
+        return dq, dk, dv, dsink, None, None, None, None, None, None
 
 
 def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: float | None,
              group: dist.ProcessGroup | None, kernel: Kernel | str, plan: Plan,
-             doc_lengths: list[int] | None = None, lossy: tuple[str, ...] = ()) -> tuple[Tensor, Tensor]:
+             doc_lengths: list[int] | None = None, lossy: tuple[str, ...] = (),
+             sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Run the ring engine with ``plan``; shared by the ring-shaped variants.
+
+    ``sink`` (``[Hq]``, see ``sinks.py``) joins every row once, after its last merge; its
+    gradient is summed over the group.
 
     With ``doc_lengths`` (the local tokens of every document, document-wise sharding), q, k
     and v are packed rows ``[1, S/W, H, D]`` and every step is one varlen kernel call over the
@@ -389,13 +400,16 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
         except ValueError as exc:
             raise ValueError(f"[rank {rank}/{world_size}] {exc}") from None
         steps = VarlenSteps(plan, doc_lengths, rank, world_size, causal, q.device)
+    if sink is not None:
+        check_sink(sink, q.shape[2], f"[rank {rank}/{world_size}] ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return RingAttention.apply(q, k, v, causal, scale, group, kernel, steps, frozenset(lossy))
+    return RingAttention.apply(q, k, v, sink, causal, scale, group, kernel, steps, frozenset(lossy))
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                    softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                   kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                   kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
+                   sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding one contiguous chunk of it.
 
     Args:
@@ -407,15 +421,17 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         kernel: a :class:`Kernel` or its name; ``auto`` (default) takes the best one available
             for the tensors' device and dtype.
         cu_seqlens: not taken by this batch form; must be ``None``.
+        sink: ``[Hq]`` float32 sink logits (``sinks.py``), or ``None``; differentiable.
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32
-        ``[B, Hq, S/W]`` (float64 for float64 inputs), not differentiable.
+        ``[B, Hq, S/W]`` (float64 for float64 inputs), not differentiable; with a sink, the
+        row's ``logaddexp(lse, s_h)``.
 
     Raises:
-        ValueError: ``cu_seqlens`` given, or shapes the kernel refuses.
+        ValueError: ``cu_seqlens`` given, a sink that is not ``[Hq]``, or shapes the kernel refuses.
     """
     if cu_seqlens is not None:
         raise ValueError("ring is the batch form and takes no cu_seqlens; use ring_varlen")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                    plan=contiguous_plan)
+                    plan=contiguous_plan, sink=sink)

@@ -255,3 +255,36 @@ def jitter_ring_attention(q, k, v, *, causal=True, softmax_scale=None, group=Non
 
     return ring_attention(_JitterGrad.apply(q), k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                           kernel=kernel)
+
+
+# --------------------------------------------------------------------------------------
+# Attention sinks: the sink belongs to the row, not to a block.
+
+
+def sink_every_block_attention(q, k, v, *, causal=True, softmax_scale=None, group=None, kernel="auto",
+                               cu_seqlens=None, sink=None):
+    """The plain ring whose kernel folds the sink into every block it returns, so a row that meets
+    n blocks counts the sink n times (test fixture, never correct at world size 2 or more).
+
+    Its sink gets no gradient; at world size 1 under a causal mask every row meets one block,
+    so its out and lse are right there.
+    """
+    import dataclasses
+
+    from .kernels import as_kernel
+    from .ring import ring_attention
+    from .sinks import apply_sink
+
+    if cu_seqlens is not None:
+        raise ValueError("sink_every_block is a batch variant and takes no cu_seqlens")
+    if sink is None:
+        return ring_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel)
+    base = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1])
+
+    def forward(qb, kb, vb, block_causal, scale):
+        out, lse = base.forward(qb, kb, vb, block_causal, scale)
+        out, lse = apply_sink(out, lse, sink.detach())
+        return out.to(qb.dtype), lse
+
+    return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
+                    kernel=dataclasses.replace(base, forward=forward), plan=contiguous_plan)
