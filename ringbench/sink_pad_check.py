@@ -167,12 +167,19 @@ def references(kernel, inputs, case: CaseSetup, cu_seqlens: Tensor | None, sink:
         shadow: ``check._shadow``'s ``(tensors, terms, scales)`` gathered, or ``None``.
 
     Returns:
-        ``(single, ref, shadow)``.
+        ``(single, ref, shadow, dsink_floor)``: ``dsink_floor`` is the error floor of ``d sink``,
+        a sum over every row that ranks split differently: ``eps`` of the accumulation dtype
+        times the largest over the heads of the sum of its terms' magnitudes
+        (``|exp(s_h - L) <dout, out_f>|``, from the reference); 0 without a learnable sink.
     """
     single = list(single_row(kernel, inputs, cu_seqlens, case.causal, case.scale, sink, keep))
     ref = list(reference_fp64(inputs, case.real_docs, case.causal, case.scale, sink, keep))
+    dsink_floor = 0.0
+    if ref[5] is not None:
+        terms = local_sink_grad(inputs[3].double().abs(), ref[0].abs(), ref[1], sink.detach().double()).abs()
+        dsink_floor = torch.finfo(sink.dtype).eps * float(terms.max())
     if shadow is not None:
         shadow = (*shadow_with_extras(shadow[0], shadow[1], sink, keep), shadow[2])
     for tensors in (gathered, single, ref, *((shadow[0],) if shadow is not None else ())):
         tensors[1] = real_rows(tensors[1], keep)
-    return single, ref, shadow
+    return single, ref, shadow, dsink_floor

@@ -385,7 +385,7 @@ def _check_padding(spec: CaseSpec) -> None:
     """Refuse ``doc_pad`` where it cannot apply: no ``docs`` to pad, or no causal mask to hide it."""
     if not spec.doc_pad:
         return
-    if not spec.docs:
+    if spec.doc_dist or not spec.docs:
         given = ("--doc-dist draws documents that fill seqlen" if spec.doc_dist else "the case has none")
         raise SpecError(f"doc_pad {spec.doc_pad} pads the documents --docs gives, but {given}; pass --docs with "
                         "the real lengths, or drop --doc-pad")

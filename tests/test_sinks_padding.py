@@ -1,0 +1,274 @@
+"""Attention sinks and padded packed documents through every ringbench variant (issue 19).
+
+Units (no process group, or a world-size-1 gloo one): the sink identities against autograd
+with an explicit sink logit, the spec's refusals, the padding mask, FLOPs of real tokens.
+Distributed: ``tests/dist/verify_cases.py`` under real torchrun (gloo, CPU), every case
+through the harness's own ``verify_case`` (float64 reference over the real tokens, the
+single-device kernel, the block-decomposition check, ``d sink``), one launch per world size:
+W = 2 in the quick run, 4 and 8 slow; world size 1 runs in-process on a gloo group of one.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from ringbench import bench, check, sink_pad_check
+from ringbench.case_setup import case_setup
+from ringbench.errors import SpecError
+from ringbench.spec import CaseSpec, default_fields, padded_docs, resolve_docs, validate
+from ringbench.sweep import default_timeout_s
+from ringbench.variants import get_variant
+from ringbench.variants.kernels import KERNELS
+from ringbench.variants.sinks import apply_sink, local_sink_grad
+
+from helpers import ringbench, torchrun_cases
+
+CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
+LAUNCH_TIMEOUT_S = {2: 200, 4: 300, 8: 500}
+SHAPE = dict(heads=4, kv_heads=2, head_dim=32, seqlen=256, seed=5, kernel="cpu")
+#: Documents every document-sharded variant takes at world size 8 (multiples of 16).
+DOCS = "48,80,128"
+#: ringbench's own variants, as (variant, extra fields); the varlen ones with DOCS.
+OURS = (("ring", {}), ("zigzag", {}), ("stripe", {}), ("llama3", {}), ("llama3", {"heads_k_stride": 1}),
+        ("ring_varlen", {"docs": DOCS}), ("zigzag_varlen", {"docs": DOCS}), ("llama3_varlen", {"docs": DOCS}))
+VARLEN = ("ring_varlen", "zigzag_varlen", "llama3_varlen")
+#: Real document lengths and the padding multiples the issue names.
+PADDED = (("438,300", 8), ("438,300", 64), ("100,900,3088", 8), ("100,900,3088", 64))
+#: The smaller padded problem that runs in the quick launch.
+QUICK_PADDED = (("438,300", 8), ("5,27,100", 8))
+PEERS = ("torch_cp", "rfa_ring", "rfa_zigzag", "rfa_stripe", "rfa_llama3_varlen")
+
+
+def spec(variant: str, world_size: int, **fields) -> CaseSpec:
+    """A resolved, validated CPU verify spec of the shared problem (raises SpecError when refused)."""
+    base = {"task": "verify", "variant": variant, **default_fields("cpu", 0), **SHAPE, "world_size": world_size,
+            "dtype": "fp32", **fields}
+    case = resolve_docs(CaseSpec(**base))
+    validate(case, visible_gpus=0)
+    return case
+
+
+def _padded_fields(docs: str, pad: int) -> dict:
+    padded = [-(-int(d) // pad) * pad for d in docs.split(",")]
+    # heads 2 over 1 K/V head, head dim 16: the 3088-token document keeps the float64 reference small.
+    return {"docs": docs, "doc_pad": pad, "seqlen": sum(padded), "heads": 2, "kv_heads": 1, "head_dim": 16}
+
+
+def _cases(world_size: int) -> tuple[list[dict], dict[str, str]]:
+    """Every case of one world size, and the refusals of those the rules refuse, by name."""
+    cases, refused = [], {}
+
+    def add(name: str, variant: str, **fields) -> None:
+        try:
+            cases.append({"name": name, "variant": variant, "spec": spec(variant, world_size, **fields).to_dict()})
+        except SpecError as exc:
+            refused[name] = str(exc)
+
+    for variant, extra in OURS:
+        tag = variant + "".join(f"_{k}={v}" for k, v in extra.items() if k != "docs")
+        for sink in ("learnable", "off-by-one"):
+            add(f"{tag}_{sink}", variant, sink=sink, **extra)
+        add(f"{tag}_learnable_bf16", variant, sink="learnable", dtype="bf16", **extra)
+    add("ring_learnable_full", "ring", sink="learnable", causal=False)
+    add("llama3_varlen_learnable_full", "llama3_varlen", sink="learnable", causal=False, docs=DOCS)
+    padded = QUICK_PADDED if world_size <= 2 else PADDED
+    for variant in VARLEN:
+        for docs, pad in padded:
+            add(f"{variant}_{docs}_pad{pad}", variant, **_padded_fields(docs, pad))
+        docs, pad = padded[0]
+        add(f"{variant}_{docs}_pad{pad}_learnable_bf16", variant, sink="learnable", dtype="bf16",
+            **_padded_fields(docs, pad))
+    for sink in ("learnable", "off-by-one"):
+        add(f"sink_every_block_{sink}", "sink_every_block", sink=sink)
+    return cases, refused
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """One torchrun launch per world size, run lazily and cached for the module."""
+    folder = tmp_path_factory.mktemp("sink_pad_cases")
+    done: dict[int, dict] = {}
+
+    def get(world_size: int) -> dict:
+        if world_size not in done:
+            cases, refused = _cases(world_size)
+            launch = torchrun_cases(CASES_SCRIPT, [{"name": c["name"], "spec": c["spec"]} for c in cases],
+                                    world_size, folder, f"w{world_size}", LAUNCH_TIMEOUT_S[world_size])
+            done[world_size] = {**launch, "cases": cases, "refused": refused}
+        return done[world_size]
+
+    return get
+
+
+def _print(name: str, rec: dict) -> None:
+    for c in rec.get("checks") or []:
+        print(f"{name} {c['tensor']:>5}: err {c['err']:.3g} allowed {c['allowed']:.3g} ratio {c['ratio']:.3f}; "
+              f"shadow {c['shadow_ratio']}; passed {c['passed']}")
+
+
+def _by_tensor(rec: dict) -> dict:
+    return {c["tensor"]: c for c in rec["checks"]}
+
+
+def _check_launch(launch: dict, world_size: int) -> None:
+    assert launch["cases"], "no case to check"
+    failures = []
+    for case in launch["cases"]:
+        name = case["name"]
+        rec = launch["records"].get(name)
+        assert rec is not None, (f"no result for {name} (W={world_size}, rc={launch['returncode']}, timed out: "
+                                 f"{launch['timed_out']}); log tail:\n{launch['log_tail']}")
+        _print(name, rec)
+        assert rec["status"] == "ok", f"{name} raised:\n{rec.get('error')}"
+        checks = _by_tensor(rec)
+        learnable = case["spec"]["sink"] == "learnable"
+        assert ("dsink" in checks) == learnable, f"{name}: d sink checked iff the sink is learnable"
+        if case["variant"] == "sink_every_block":
+            # Only the max rule: at W >= 2 a row meets several blocks, so the sink counts more than once.
+            assert not (check._max_rule_passed(checks["lse"]) and check._max_rule_passed(checks["out"])), name
+            assert rec["verdict"] == "fail", name
+        elif rec["verdict"] != "ok":
+            failures.append(f"{name}: {rec['reason']}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.dist
+def test_sinks_padding_every_variant_passes_and_the_broken_sink_fails_at_w2(launches):
+    launch = launches(2)
+    _check_launch(launch, 2)
+    assert not launch["refused"], launch["refused"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [4, 8])
+def test_sinks_padding_every_variant_passes_at_large_world_sizes(launches, world_size):
+    launch = launches(world_size)
+    _check_launch(launch, world_size)
+    # At W=8 zigzag_varlen needs every padded length a multiple of 16; 438 padded to 8 is 440.
+    expected = {"zigzag_varlen_438,300_pad8", "zigzag_varlen_438,300_pad8_learnable_bf16"} if world_size == 8 else set()
+    assert set(launch["refused"]) == expected, launch["refused"]
+    for reason in launch["refused"].values():
+        assert "document 1 has 440 tokens, not a multiple of 2 * world_size = 16" in reason
+
+
+@pytest.mark.dist
+def test_sinks_padding_world_size_1_in_process(solo_group):
+    cases = [spec(v, 1, sink=s, **extra) for v, extra in (OURS[1], OURS[3], OURS[7]) for s in ("learnable", "off-by-one")]
+    cases += [spec("zigzag_varlen", 1, sink="learnable", **_padded_fields("5,27,100", 8)),
+              spec("sink_every_block", 1, sink="off-by-one")]
+    for case in cases:
+        fields = check.verify_case(case, device=torch.device("cpu"))
+        _print(case.variant, fields)
+        checks = _by_tensor(fields)
+        if case.variant == "sink_every_block":
+            # One block per row at W=1: the per-block sink is counted once, so the max rule holds.
+            assert all(check._max_rule_passed(c) for c in fields["checks"]), fields["reason"]
+            continue
+        assert fields["status"] == "ok", f"{case.variant} {case.sink}: {fields['reason']}"
+        assert ("dsink" in checks) == (case.sink == "learnable")
+
+
+# --------------------------------------------------------------------------- units
+
+
+def _explicit_sink_attention(q, k, v, sink, scale):
+    """Plain float64 causal attention with the sink as an extra logit column of every row."""
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    scores = qt @ kt.transpose(-1, -2) * scale
+    n = scores.shape[-1]
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    col = sink[None, :, None, None].expand(*scores.shape[:-1], 1)
+    full = torch.cat([scores, col], dim=-1)
+    p = torch.softmax(full, dim=-1)[..., :-1]
+    return (p @ vt).transpose(1, 2), torch.logsumexp(full, dim=-1)
+
+
+def test_sinks_identities_give_autograd_gradients_of_an_explicit_sink_logit():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 37, 3, 8, generator=gen, dtype=torch.float64) for _ in range(4))
+    sink = torch.randn(3, generator=gen, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, sink)]
+    want_out, want_lse = _explicit_sink_attention(*leaves, 8 ** -0.5)
+    (want_out * dout).sum().backward()
+    math_k = KERNELS["math"]
+    out, lse = math_k.forward(q, k, v, True, 8 ** -0.5)
+    out_f, big = apply_sink(out, lse, sink)
+    torch.testing.assert_close(out_f, want_out.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(big, want_lse.detach(), rtol=0, atol=1e-12)
+    # The kernels' ordinary backward given (out_f, L) is the exact gradient with the sink.
+    grads = math_k.backward(dout, q, k, v, out_f, big, True, 8 ** -0.5)
+    for got, leaf in zip((*grads, local_sink_grad(dout, out_f, big, sink)), leaves):
+        torch.testing.assert_close(got, leaf.grad, rtol=0, atol=1e-11)
+
+
+def test_sinks_apply_sink_on_an_empty_row_gives_zero_and_the_sink():
+    out, lse = torch.zeros(1, 1, 2, 4), torch.full((1, 2, 1), -math.inf)
+    out_f, big = apply_sink(out, lse, torch.tensor([0.0, 1.5]))
+    assert torch.equal(out_f, torch.zeros_like(out)) and big.flatten().tolist() == [0.0, 1.5]
+
+
+@pytest.mark.parametrize("peer", PEERS)
+def test_sinks_peers_refuse_a_sink_before_any_process_starts(peer):
+    with pytest.raises(SpecError, match=rf"^{peer} takes no attention sink \(sink 'learnable'\), since only "
+                                        r"ringbench's own engines apply one once per row; pass --sink none"):
+        spec(peer, 2, sink="learnable", **({"docs": DOCS} if get_variant(peer).varlen else {}))
+
+
+def test_sinks_every_ringbench_variant_takes_a_sink():
+    from ringbench.variants import VARIANTS
+
+    ours = [name for name, v in VARIANTS.items() if not v.peer]
+    assert ours and all(VARIANTS[n].sink for n in ours) and not any(VARIANTS[n].sink for n in PEERS)
+
+
+def test_padding_issue_case_is_accepted_with_its_padded_lengths():
+    case = spec("zigzag_varlen", 4, seqlen=4096, docs="100,900,3088", doc_pad=8)
+    assert padded_docs(case) == [104, 904, 3088]
+    with pytest.raises(SpecError, match="document 1 has 100 tokens, not a multiple of 2 \\* world_size = 8"):
+        spec("zigzag_varlen", 4, seqlen=4088, docs="100,900,3088")
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(seqlen=4000, docs="100,900,3088", doc_pad=8),
+     r"^documents sum to 4088 tokens, 4096 once each is padded to a multiple of doc_pad 8, but seqlen is 4000; "
+     r"the padded documents must fill the row, so pass --seqlen 4096$"),
+    (dict(seqlen=4096, docs="100,900,3088", doc_pad=8, causal=False),
+     r"^doc_pad 8 needs the causal mask, which keeps every real token from the padding at its document's end"),
+    (dict(seqlen=4096, doc_dist="lognormal:mean=1k,sigma=1", doc_pad=8),
+     r"^doc_pad 8 pads the documents --docs gives, but --doc-dist draws documents that fill seqlen"),
+])
+def test_padding_refusals_name_the_value_and_the_rule(fields, message):
+    with pytest.raises(SpecError, match=message):
+        spec("llama3_varlen", 4, **fields)
+
+
+def test_padding_on_a_batch_variant_is_refused():
+    with pytest.raises(SpecError, match=r"^doc_pad 8 pads the documents --docs gives, but the case has none"):
+        spec("zigzag", 2, doc_pad=8)
+
+
+def test_padding_and_sinks_refused_on_the_command_line_with_exit_2(tmp_path):
+    for args, words in ((["--variant", "rfa_ring", "--sink", "off-by-one"], "rfa_ring takes no attention sink"),
+                        (["--variant", "llama3_varlen", "--docs", "438,300", "--doc-pad", "8"],
+                         "documents sum to 738 tokens, 744 once each is padded")):
+        proc = ringbench("verify", *args, "--seqlen", "256" if "--sink" in args else "738", "--device", "cpu",
+                         cwd=tmp_path)
+        assert proc.returncode == 2 and words in proc.stderr + proc.stdout
+        assert not (tmp_path / "results").exists()
+
+
+def test_padding_mask_and_flops_count_real_tokens(solo_group):
+    case = spec("llama3_varlen", 1, **_padded_fields("438,300", 64))
+    setup = case_setup(case)
+    assert setup.docs == [448, 320] and setup.real_docs == [438, 300]
+    keep = sink_pad_check.keep_mask(setup, torch.device("cpu"))
+    assert keep.sum() == 738 and keep[:438].all() and not keep[438:448].any() and keep[448:748].all()
+    flops = bench.attention_flops(batch=1, seqlen=768, heads=2, head_dim=16, causal=True, mode="fwd",
+                                  docs=setup.real_docs)
+    assert flops == 2.0 * (438 ** 2 + 300 ** 2) * 2 * 16
+    assert default_timeout_s([case]) > 120  # the watchdog's estimate takes the real documents too
