@@ -312,9 +312,10 @@ MATRIX_HELP = (
     "its error over the allowance), unsupported (the implementation's own reason; never launched), oom, timeout or "
     "error; written as OUT/matrix.md, OUT/matrix.png (one panel per world size) and OUT/matrix.jsonl. Exit 0 once "
     "they are written, whatever the classes.\n\n"
-    "The default grid: every implementation (ringbench's variants and the peers) against 15 columns around one base "
+    "The default grid: every implementation (ringbench's variants and the peers) against 18 columns around one base "
     "cell, each changing one thing. Mask: causal, full, sliding window, packed documents; dtype: bf16, fp16, fp32; "
-    "shape: head dim 64, 128, 256, MLA 192/128, MHA 8/8, GQA 8/2, MQA 8/1, an odd length (S/W odd). Base: causal, "
+    "shape: head dim 64, 128, 256, MLA 192/128, MHA 8/8, GQA 8/2, MQA 8/1, an odd length (S/W odd); sink: "
+    "learnable, off-by-one; padding: padded documents. Base: causal, "
     "bf16, 8 query heads over 2 K/V heads, head dim 128, 256 tokens on cpu or 4096 on cuda (packed into four "
     "documents for the varlen implementations); world sizes 2 and 4 on cpu. Sliding window and MLA stay "
     "unsupported until ringbench has their case fields (window, head_dim_v).")
@@ -331,8 +332,9 @@ def matrix_command(
     variant: Optional[List[str]] = typer.Option(None, "--variant", help="Keep only this implementation's row; "
                                                 "repeat for several. Default: every variant and peer.",
                                                 show_default=False),
-    axis: Optional[List[str]] = typer.Option(None, "--axis", help="Keep only this axis's columns: mask, dtype or "
-                                             "shape; repeat for several. Default: all three.", show_default=False),
+    axis: Optional[List[str]] = typer.Option(None, "--axis", help="Keep only this axis's columns: mask, dtype, "
+                                             "shape, sink or padding; repeat for several. Default: all five.",
+                                             show_default=False),
     out: Path = typer.Option(Path("results/matrix"), "--out", help="Folder for matrix.jsonl (one object per "
                              "cell), matrix.md, matrix.png and the verify records (verify.jsonl). Default: "
                              "results/matrix.", show_default=False),

@@ -1,10 +1,10 @@
-"""``ringbench matrix``: which implementation is right for which mask, dtype, shape and world size.
+"""``ringbench matrix``: which implementation is right for which mask, dtype, shape, sink, padding and world size.
 
 Modules: ``grid`` (the grid and each cell's fields), ``running`` (the cells through the sweep),
 ``classes`` (a cell's class from its record), ``render`` (JSON objects, Markdown, the picture).
 
 The grid (:func:`build_grid`): every implementation (ringbench's variants, then every peer)
-against fifteen columns around one base cell, each column changing one thing from it, at each
+against eighteen columns around one base cell, each column changing one thing from it, at each
 world size. The base: causal, bf16, batch 1, 8 query heads over 2 K/V heads (GQA 4:1), head dim
 128, :data:`BASE_SEQLEN` tokens (packed into four documents for a varlen implementation, whose
 base mask is packed documents). The columns (:data:`COLUMNS`):
@@ -13,7 +13,9 @@ base mask is packed documents). The columns (:data:`COLUMNS`):
 - dtype: bf16, fp16, fp32;
 - shape: head dim 64, 128, 256; MLA (query/key head dim 192, value head dim 128); MHA 8/8,
   GQA 8/2, MQA 8/1; an odd length (``S = W * c`` with ``c`` odd, so a contiguous share is an odd
-  number of tokens; a varlen implementation gets documents of odd lengths instead).
+  number of tokens; a varlen implementation gets documents of odd lengths instead);
+- sink: a learnable sink, the off-by-one softmax (``sink``);
+- padding: the base documents 3 tokens short each, padded to ``max(8, 2W)`` (``doc_pad``).
 
 The base cell shows under four columns (causal or packed, bf16, D=128, GQA 8/2): it is one case.
 A column whose option ringbench has no case field for yet (``window``, ``head_dim_v``) is

@@ -52,7 +52,7 @@ class Column:
     """One column of the matrix: the base cell with one thing changed.
 
     Attributes:
-        axis: ``mask``, ``dtype`` or ``shape``.
+        axis: ``mask``, ``dtype``, ``shape``, ``sink`` or ``padding``.
         key: its name in ``--json`` and ``matrix.jsonl`` (``causal``, ``fp16``, ``d256``, ``mqa``...).
         label: its header in the Markdown and the picture.
     """
@@ -78,8 +78,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("shape", "gqa", "GQA 8/2"),
     Column("shape", "mqa", "MQA 8/1"),
     Column("shape", "odd", "odd length"),
+    Column("sink", "learnable", "learnable sink"),
+    Column("sink", "off_by_one", "off-by-one"),
+    Column("padding", "padded", "padded docs"),
 )
-AXES = ("mask", "dtype", "shape")
+AXES = ("mask", "dtype", "shape", "sink", "padding")
 _BY_KEY = {c.key: c for c in COLUMNS}
 
 @dataclass
@@ -172,6 +175,12 @@ def odd_documents(seqlen: int) -> list[int]:
     return [*docs, seqlen - sum(docs)]
 
 
+def padded_documents(seqlen: int, world_size: int) -> tuple[list[int], int]:
+    """The padded column's real document lengths and ``doc_pad``: the base documents 3 tokens
+    short each, padded to ``max(8, 2W)`` (a multiple of 2W, so every varlen implementation takes it)."""
+    return [d - 3 for d in documents(seqlen, world_size)], max(8, 2 * world_size)
+
+
 def base_columns(varlen: bool) -> list[str]:
     """The keys of the columns the base cell fills."""
     return ["packed" if varlen else "causal", BASE["dtype"], f"d{BASE['head_dim']}", "gqa"]
@@ -209,6 +218,12 @@ def cell_fields(variant, column: str, world_size: int, device: str) -> dict[str,
     elif column == "odd":
         odd = True
         out["seqlen"] = odd_seqlen(seqlen, world_size)
+    elif column in ("learnable", "off_by_one"):
+        out["sink"] = column.replace("_", "-")
+    elif column == "padded":
+        real, pad = padded_documents(seqlen, world_size)
+        return {**out, "docs": ",".join(map(str, real)), "doc_pad": pad,
+                "seqlen": sum(-(-d // pad) * pad for d in real)}
     else:
         raise ValueError(f"column {column!r} is not one of {', '.join(_BY_KEY)}")
     if packed:
