@@ -4,8 +4,9 @@ Units (no process group, or a world-size-1 gloo one): the sink identities agains
 with an explicit sink logit, the spec's refusals, the padding mask, FLOPs of real tokens.
 Distributed: ``tests/dist/verify_cases.py`` under real torchrun (gloo, CPU), every case
 through the harness's own ``verify_case`` (float64 reference over the real tokens, the
-single-device kernel, the block-decomposition check, ``d sink``), one launch per world size:
-W = 2 in the quick run, 4 and 8 slow; world size 1 runs in-process on a gloo group of one.
+single-device kernel, the block-decomposition check, ``d sink``), one launch per world size
+(2, 4, 8; each 14 s or more on two cores, so slow); world size 1 runs in-process on a gloo
+group of one, in the quick run.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ VARLEN = ("ring_varlen", "zigzag_varlen", "llama3_varlen")
 PADDED = (("438,300", 8), ("438,300", 64), ("100,900,3088", 8), ("100,900,3088", 64))
 #: The padded problems of each launch: the issue's 100,900,3088 at W=4 (at W=8 it takes a minute
 #: on two cores), the smaller ones at W=2 and 8.
-PADDED_AT = {2: (("438,300", 8), ("5,27,100", 8)), 4: PADDED, 8: PADDED[:2]}
+PADDED_AT = {2: (("438,300", 8),), 4: PADDED, 8: PADDED[:2]}
 PEERS = ("torch_cp", "rfa_ring", "rfa_zigzag", "rfa_stripe", "rfa_llama3_varlen")
 
 
@@ -71,9 +72,11 @@ def _cases(world_size: int) -> tuple[list[dict], dict[str, str]]:
 
     for variant, extra in OURS:
         tag = variant + "".join(f"_{k}={v}" for k, v in extra.items() if k != "docs")
+        if world_size == 8 and "heads_k_stride" in extra:
+            continue  # the slow launches keep to one case per engine path
         for sink in ("learnable", "off-by-one"):
             add(f"{tag}_{sink}", variant, sink=sink, **extra)
-        if world_size < 8:
+        if world_size == 4 or (world_size == 2 and variant in ("zigzag", "llama3_varlen")):
             add(f"{tag}_learnable_bf16", variant, sink="learnable", dtype="bf16", **extra)
     add("ring_learnable_full", "ring", sink="learnable", causal=False)
     add("llama3_varlen_learnable_full", "llama3_varlen", sink="learnable", causal=False, docs=DOCS)
@@ -81,9 +84,10 @@ def _cases(world_size: int) -> tuple[list[dict], dict[str, str]]:
     for variant in VARLEN:
         for docs, pad in padded:
             add(f"{variant}_{docs}_pad{pad}", variant, **_padded_fields(docs, pad))
-        docs, pad = padded[0]
-        add(f"{variant}_{docs}_pad{pad}_learnable_bf16", variant, sink="learnable", dtype="bf16",
-            **_padded_fields(docs, pad))
+        if world_size > 2 or variant == "zigzag_varlen":
+            docs, pad = padded[0]
+            add(f"{variant}_{docs}_pad{pad}_learnable_bf16", variant, sink="learnable", dtype="bf16",
+                **_padded_fields(docs, pad))
     for sink in ("learnable", "off-by-one"):
         add(f"sink_every_block_{sink}", "sink_every_block", sink=sink)
     return cases, refused
@@ -139,6 +143,7 @@ def _check_launch(launch: dict, world_size: int) -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_sinks_padding_every_variant_passes_and_the_broken_sink_fails_at_w2(launches):
     launch = launches(2)
     _check_launch(launch, 2)
@@ -160,9 +165,9 @@ def test_sinks_padding_every_variant_passes_at_large_world_sizes(launches, world
 
 @pytest.mark.dist
 def test_sinks_padding_world_size_1_in_process(solo_group):
-    cases = [spec(v, 1, sink=s, **extra) for v, extra in (OURS[1], OURS[3], OURS[7]) for s in ("learnable", "off-by-one")]
-    cases += [spec("zigzag_varlen", 1, sink="learnable", **_padded_fields("5,27,100", 8)),
-              spec("sink_every_block", 1, sink="off-by-one")]
+    cases = [spec("zigzag", 1, sink="learnable"), spec("llama3_varlen", 1, sink="off-by-one", docs=DOCS),
+             spec("zigzag_varlen", 1, sink="learnable", **_padded_fields("5,27,100", 8)),
+             spec("sink_every_block", 1, sink="off-by-one")]
     for case in cases:
         fields = check.verify_case(case, device=torch.device("cpu"))
         _print(case.variant, fields)
@@ -255,13 +260,11 @@ def test_padding_on_a_batch_variant_is_refused():
 
 
 def test_padding_and_sinks_refused_on_the_command_line_with_exit_2(tmp_path):
-    for args, words in ((["--variant", "rfa_ring", "--sink", "off-by-one"], "rfa_ring takes no attention sink"),
-                        (["--variant", "llama3_varlen", "--docs", "438,300", "--doc-pad", "8"],
-                         "documents sum to 738 tokens, 744 once each is padded")):
-        proc = ringbench("verify", *args, "--seqlen", "256" if "--sink" in args else "738", "--device", "cpu",
-                         cwd=tmp_path)
-        assert proc.returncode == 2 and words in proc.stderr + proc.stdout
-        assert not (tmp_path / "results").exists()
+    # The spec's refusals above are the ones the CLI prints; this is the path to exit code 2.
+    proc = ringbench("verify", "--variant", "rfa_ring", "--sink", "off-by-one", "--seqlen", "256", "--device", "cpu",
+                     cwd=tmp_path)
+    assert proc.returncode == 2 and "rfa_ring takes no attention sink (sink 'off-by-one')" in proc.stderr
+    assert not (tmp_path / "results").exists()
 
 
 def test_padding_mask_and_flops_count_real_tokens(solo_group):
