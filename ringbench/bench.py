@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ringbench.case_setup import case_setup, sink_logits
 from ringbench.peaks import Peak, case_peak
-from ringbench.spec import CaseSpec, spec_docs
+from ringbench.spec import CaseSpec
 from ringbench.variants import layouts
 from ringbench.variants.comm import TRAFFIC, reset_traffic
 
@@ -34,14 +34,14 @@ def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causa
     lengths only: pass those and their sum as ``seqlen``.
 
     Raises:
-        ValueError: an unknown mode, or ``docs`` that sum to more than ``seqlen``.
+        ValueError: an unknown mode, or ``docs`` that do not sum to ``seqlen``.
     """
     head_dim = (head_dim + (head_dim_v or head_dim)) / 2
     if docs is None:
         fwd = 4.0 * batch * seqlen * seqlen * heads * head_dim
     else:
-        if sum(docs) > seqlen:
-            raise ValueError(f"documents sum to {sum(docs)} but seqlen is {seqlen}; pass documents that fit "
+        if sum(docs) != seqlen:
+            raise ValueError(f"documents sum to {sum(docs)} but seqlen is {seqlen}; pass documents that fill "
                              "the sequence")
         fwd = 4.0 * batch * sum(float(L) * L for L in docs) * heads * head_dim
     if causal:

@@ -112,8 +112,9 @@ def _flops(case) -> float:
     from ringbench.bench import attention_flops
     from ringbench.spec import spec_docs
 
-    return attention_flops(batch=case.batch, seqlen=case.seqlen, heads=case.heads, head_dim=case.head_dim,
-                           causal=case.causal, mode=case.mode, docs=spec_docs(case) if case.docs else None,
+    docs = spec_docs(case) if case.docs else None  # real lengths: padding is not counted
+    return attention_flops(batch=case.batch, seqlen=sum(docs) if docs else case.seqlen, heads=case.heads,
+                           head_dim=case.head_dim, causal=case.causal, mode=case.mode, docs=docs,
                            head_dim_v=case.head_dim_v)
 
 

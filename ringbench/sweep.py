@@ -376,8 +376,9 @@ def default_timeout_s(cases: list) -> float:
 
     total_s = 120.0
     for case in cases:
-        flops = attention_flops(batch=case.batch, seqlen=case.seqlen, heads=case.heads, head_dim=case.head_dim,
-                                causal=case.causal, mode=case.mode, docs=spec_docs(case) if case.docs else None,
+        docs = spec_docs(case) if case.docs else None  # real lengths: padding is not counted
+        flops = attention_flops(batch=case.batch, seqlen=sum(docs) if docs else case.seqlen, heads=case.heads,
+                                head_dim=case.head_dim, causal=case.causal, mode=case.mode, docs=docs,
                                 head_dim_v=case.head_dim_v)
         if case.task == "run":  # an emulated case runs every rank in one process
             work = flops / launch_world_size(case) * (case.iters + case.warmup) * (3 if case.profile else 2)
