@@ -118,6 +118,8 @@ def iteration(attention: Callable, q, k, v, dout, *, backward: bool, **call) -> 
         for t in (q, k, v):
             t.requires_grad_(True)
             t.grad = None
+        if call.get("sink") is not None:
+            call["sink"].grad = None  # a learnable sink's
         out, _ = attention(q, k, v, **call)
         out.backward(dout)
 

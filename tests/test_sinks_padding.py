@@ -329,3 +329,8 @@ def test_sinks_learnable_passes_verify_at_w1_on_each_cuda_kernel(tmp_path, kerne
     for rec in records:
         assert rec["status"] == "ok" and rec["kernel"] == kernel, rec["reason"]
         assert {c["tensor"] for c in rec["checks"]} == {"out", "lse", "dq", "dk", "dv", "dsink"}
+
+
+def test_sinks_refused_under_emulate():
+    with pytest.raises(SpecError, match=r"^sink 'learnable' is not emulated: its gradient is summed over the ranks"):
+        spec("zigzag", 2, task="run", sink="learnable", emulate=True)
