@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ringbench.case_setup import case_setup, sink_logits
 from ringbench.peaks import Peak, case_peak
-from ringbench.spec import CaseSpec
+from ringbench.spec import CaseSpec, spec_docs
 from ringbench.variants import layouts
 from ringbench.variants.comm import TRAFFIC, reset_traffic
 
@@ -249,7 +249,7 @@ def run_fields(spec: CaseSpec, variant, gathered: list, *, device: torch.device,
     time_ms = max(per_rank)
     slowest_ref = max(gathered, key=lambda g: g[1])
     ref_ms, ref_flops = slowest_ref[1], slowest_ref[6]
-    real = case.real_docs  # padded documents count their real tokens only
+    real = spec_docs(spec) if variant.varlen else None  # real lengths: padding is not counted
     flops_per_gpu = attention_flops(batch=spec.batch, seqlen=sum(real) if real else spec.seqlen, heads=spec.heads,
                                     head_dim=spec.head_dim, causal=spec.causal, mode=spec.mode, docs=real,
                                     head_dim_v=spec.value_head_dim()) / world_size

@@ -334,3 +334,17 @@ def test_sinks_learnable_passes_verify_at_w1_on_each_cuda_kernel(tmp_path, kerne
 def test_sinks_refused_under_emulate():
     with pytest.raises(SpecError, match=r"^sink 'learnable' is not emulated: its gradient is summed over the ranks"):
         spec("zigzag", 2, task="run", sink="learnable", emulate=True)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_padding_run_counts_real_tokens_and_times_the_sink(tmp_path):
+    proc = ringbench("run", "--variant", "llama3_varlen", "--world-size", "2", "--seqlen", "744", "--docs", "438,300",
+                     "--doc-pad", "8", "--sink", "learnable", "--iters", "2", "--warmup", "1", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+
+    (rec,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert rec["status"] == "ok" and rec["spec"]["sink"] == "learnable" and rec["spec"]["doc_pad"] == 8
+    # Causal fwd_bwd over the real documents only (4 heads, head dim 32), per GPU.
+    assert rec["flops_per_gpu"] == 3.5 * 2.0 * (438 ** 2 + 300 ** 2) * 4 * 32 / 2
