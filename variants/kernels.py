@@ -19,6 +19,13 @@ document: with ``lq`` queries and ``lk`` keys, query i sees key j iff ``j <= i +
 block of queries can be the last ``lq`` tokens of a document whose keys start earlier (the
 FlashAttention-2 varlen convention). Documents may be empty on either side; a query that sees
 no key gets out 0 and lse ``-inf``. lse comes back as ``[1, Hq, Sq]``, as in the batch form.
+
+A sliding window (``window=(left, right)``, on the kernels with ``Kernel.takes_window``) is
+flash-attn's convention, aligned bottom-right: with ``m`` queries and ``n`` keys (per document
+in the varlen form), query i sees key j iff ``i + (n - m) - left <= j <= i + (n - m) + right``;
+``None`` on a side is unbounded there. With ``causal`` the right side is 0 (flash-attn's rule),
+and a window call may be rectangular. ringbench's variants pass ``causal=False`` with both
+sides given. ``window=None`` (the default) is the mask of ``causal`` alone.
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ class Kernel:
         backward_varlen: ``(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             max_seqlen_k, causal, softmax_scale) -> (dq, dk, dv)``, or ``None``.
         no_varlen: why there is no varlen form, when there is none.
+        takes_window: forward and backward (both forms) take ``window=(left, right)`` (module
+            docstring); ``no_window`` says why a kernel does not.
         head_dim_v: whether it takes a value head dim apart from the query/key one (v
             ``[..., Dv]``, out ``[..., Hq, Dv]``: MLA shapes such as 192/128).
         version: a function naming what serves the calls and its version, for the records
@@ -85,6 +94,8 @@ class Kernel:
     head_dim_v: bool = False
     version: Callable[[], str | None] = field(repr=False, default=lambda: f"torch {torch.__version__}")
     notes: Callable[[], list[str]] = field(repr=False, default=lambda: [])
+    takes_window: bool = False
+    no_window: str = ""
 
     @property
     def varlen(self) -> bool:
@@ -142,17 +153,61 @@ def _empty_rows_to_neg_inf(lse: Tensor) -> Tensor:
     return lse.masked_fill(lse == math.inf, -math.inf)
 
 
+Window = tuple  # (left, right): ints >= 0 or None (unbounded on that side)
+
+
+def band_of(window, causal: bool) -> Window | None:
+    """The band a call attends, ``(left, right)``, or ``None`` for the plain mask of ``causal``.
+
+    Raises:
+        ValueError: a side that is negative (flash-attn's -1 is ``None`` here).
+    """
+    if window is None:
+        return None
+    left, right = window
+    for side, value in (("left", left), ("right", right)):
+        if value is not None and value < 0:
+            raise ValueError(f"window {side} {value} is negative; pass a width of 0 or more, or None for unbounded")
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
+def band_mask(sq: int, sk: int, band: Window, device=None, row0: int = 0) -> Tensor:
+    """bool ``[sq, sk]``: which keys each query row sees under ``band``; row i's diagonal key
+    is ``i + row0`` (``sk - sq`` for a whole call, bottom-right aligned; more for a later chunk)."""
+    rows = torch.arange(sq, device=device)[:, None] + row0
+    keys = torch.arange(sk, device=device)[None, :]
+    seen = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    left, right = band
+    if left is not None:
+        seen &= keys >= rows - left
+    if right is not None:
+        seen &= keys <= rows + right
+    return seen
+
+
+def _fa_window(band: Window | None) -> dict:
+    # FlashAttention's window sizes: -1 is unbounded.
+    if band is None:
+        return {}
+    return {"window_size_left": -1 if band[0] is None else band[0],
+            "window_size_right": -1 if band[1] is None else band[1]}
+
+
 # --------------------------------------------------------------------------- math
 
 def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
-                  chunk: int = 1024) -> tuple[Tensor, Tensor]:
-    _check_shapes(q, k, v, causal)
-    return _math_forward_core(q, k, v, causal, softmax_scale, chunk)
+                  chunk: int = 1024, *, window=None) -> tuple[Tensor, Tensor]:
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
+    return _math_forward_core(q, k, v, causal, softmax_scale, chunk, band=band)
 
 
 def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
-                       chunk: int = 1024, causal_offset: int = 0) -> tuple[Tensor, Tensor]:
+                       chunk: int = 1024, causal_offset: int = 0, band: Window | None = None) -> tuple[Tensor, Tensor]:
     # causal: query row i sees key j iff j <= i + causal_offset (0: the square mask).
+    # band (window): the mask is the band alone, aligned bottom-right (the module docstring).
     B, Sq, Hq, D = q.shape
     Hkv, Dv = k.shape[2], v.shape[3]
     G = Hq // Hkv
@@ -167,9 +222,12 @@ def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_sc
     for s in range(0, Sq, chunk):
         e = min(s + chunk, Sq)
         # Under the causal mask the chunk's rows see no key past e - 1 + causal_offset.
-        n = min(k.shape[1], max(0, e + causal_offset)) if causal else k.shape[1]
+        n = min(k.shape[1], max(0, e + causal_offset)) if causal and band is None else k.shape[1]
         scores = (qg[:, :, :, s:e] @ kf[:, :, :, :n].transpose(-1, -2)) * softmax_scale
-        if causal:
+        if band is not None:
+            seen = band_mask(e - s, n, band, q.device, row0=s + k.shape[1] - Sq)
+            scores = scores.masked_fill(~seen, -math.inf)
+        elif causal:
             rows = torch.arange(s, e, device=q.device) + causal_offset
             scores = scores.masked_fill(keys[None, :n] > rows[:, None], -math.inf)
         lse_c = torch.logsumexp(scores, dim=-1)
@@ -181,14 +239,16 @@ def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_sc
 
 
 def _math_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                   causal: bool, softmax_scale: float, chunk: int = 1024) -> tuple[Tensor, Tensor, Tensor]:
-    _check_shapes(q, k, v, causal)
-    return _math_backward_core(dout, q, k, v, out, lse, causal, softmax_scale, chunk)
+                   causal: bool, softmax_scale: float, chunk: int = 1024, *,
+                   window=None) -> tuple[Tensor, Tensor, Tensor]:
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
+    return _math_backward_core(dout, q, k, v, out, lse, causal, softmax_scale, chunk, band=band)
 
 
 def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                         causal: bool, softmax_scale: float, chunk: int = 1024,
-                        causal_offset: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+                        causal_offset: int = 0, band: Window | None = None) -> tuple[Tensor, Tensor, Tensor]:
     B, Sq, Hq, D = q.shape
     Hkv, Dv = k.shape[2], v.shape[3]
     G = Hq // Hkv
@@ -208,10 +268,13 @@ def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     keys = torch.arange(k.shape[1], device=q.device)
     for s in range(0, Sq, chunk):
         e = min(s + chunk, Sq)
-        n = min(k.shape[1], max(0, e + causal_offset)) if causal else k.shape[1]
+        n = min(k.shape[1], max(0, e + causal_offset)) if causal and band is None else k.shape[1]
         kn, vn = kf[:, :, :, :n], vf[:, :, :, :n]
         scores = (qg[:, :, :, s:e] @ kn.transpose(-1, -2)) * softmax_scale
-        if causal:
+        if band is not None:
+            seen = band_mask(e - s, n, band, q.device, row0=s + k.shape[1] - Sq)
+            scores = scores.masked_fill(~seen, -math.inf)
+        elif causal:
             rows = torch.arange(s, e, device=q.device) + causal_offset
             scores = scores.masked_fill(keys[None, :n] > rows[:, None], -math.inf)
         lse_c = lseg[:, :, :, s:e].unsqueeze(-1)
@@ -227,27 +290,49 @@ def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
 
 # --------------------------------------------------------------------------- cpu
 
-def _cpu_forward(q, k, v, causal, softmax_scale):
-    _check_shapes(q, k, v, causal)
+def _cpu_mask(q: Tensor, k: Tensor, band: Window) -> tuple[Tensor, Tensor]:
+    # The CPU op takes an additive mask in q's dtype; it gives a row that sees no key out 0
+    # and lse 0, so those rows are returned too, to be set to ringbench's -inf.
+    seen = band_mask(q.shape[1], k.shape[1], band, q.device, row0=k.shape[1] - q.shape[1])
+    mask = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill_(~seen, -math.inf)
+    return mask, ~seen.any(-1)
+
+
+def _cpu_forward(q, k, v, causal, softmax_scale, *, window=None):
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
+    mask, empty = _cpu_mask(q, k, band) if band is not None else (None, None)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal, scale=softmax_scale)
-    return out.transpose(1, 2), lse if q.dtype == torch.float64 else lse.float()
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal and band is None, attn_mask=mask,
+        scale=softmax_scale)
+    out, lse = out.transpose(1, 2), lse if q.dtype == torch.float64 else lse.float()
+    if empty is not None and empty.any():
+        out = out.masked_fill(empty[None, :, None, None], 0)
+        lse = lse.masked_fill(empty, -math.inf)
+    return out, lse
 
 
-def _cpu_backward(dout, q, k, v, out, lse, causal, softmax_scale):
-    _check_shapes(q, k, v, causal)
+def _cpu_backward(dout, q, k, v, out, lse, causal, softmax_scale, *, window=None):
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
+    mask = None
+    if band is not None:
+        mask, empty = _cpu_mask(q, k, band)
+        lse = lse.masked_fill(empty, math.inf)  # exp(-inf - inf) = 0 for the rows that see nothing
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        out.transpose(1, 2), lse.contiguous(), 0.0, causal, scale=softmax_scale)
+        out.transpose(1, 2), lse.contiguous(), 0.0, causal and band is None, attn_mask=mask, scale=softmax_scale)
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
 # --------------------------------------------------------------------------- torch-flash
 
-def _torch_flash_forward(q, k, v, causal, softmax_scale):
-    _check_shapes(q, k, v, causal)
+def _torch_flash_forward(q, k, v, causal, softmax_scale, *, window=None):
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
     out, lse, *_ = torch.ops.aten._flash_attention_forward(
-        q, k, v, None, None, q.shape[1], k.shape[1], 0.0, causal, False, scale=softmax_scale)
+        q, k, v, None, None, q.shape[1], k.shape[1], 0.0, causal and band is None, False, scale=softmax_scale,
+        **_fa_window(band))
     return out, _empty_rows_to_neg_inf(lse)
 
 
@@ -257,12 +342,15 @@ def _unused_rng_state(device: torch.device) -> tuple[Tensor, Tensor]:
     return torch.zeros(2, dtype=torch.int64, device=device), torch.zeros((), dtype=torch.int64, device=device)
 
 
-def _torch_flash_backward(dout, q, k, v, out, lse, causal, softmax_scale):
-    _check_shapes(q, k, v, causal)
+def _torch_flash_backward(dout, q, k, v, out, lse, causal, softmax_scale, *, window=None):
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
     seed, offset = _unused_rng_state(q.device)
+    if band is not None:  # FlashAttention's mark of a row that sees no key is +inf
+        lse = lse.masked_fill(lse == -math.inf, math.inf)
     dq, dk, dv = torch.ops.aten._flash_attention_backward(
-        dout, q, k, v, out, lse.contiguous(), None, None, q.shape[1], k.shape[1], 0.0, causal,
-        seed, offset, scale=softmax_scale)
+        dout, q, k, v, out, lse.contiguous(), None, None, q.shape[1], k.shape[1], 0.0, causal and band is None,
+        seed, offset, scale=softmax_scale, **_fa_window(band))
     return dq, dk, dv
 
 
@@ -411,37 +499,48 @@ def _flash_attn_unavailable() -> str | None:
     return None
 
 
-def _flash_attn_forward(q, k, v, causal, softmax_scale):
-    _check_shapes(q, k, v, causal)
-    # The public function's signature has been stable across flash-attn 2.x releases.
+def _flash_attn_window(band: Window | None) -> tuple[int, int]:
+    return (-1, -1) if band is None else tuple(-1 if s is None else s for s in band)
+
+
+def _flash_attn_forward(q, k, v, causal, softmax_scale, *, window=None):
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
+    # The public function's signature has been stable across flash-attn 2.x releases (window_size since 2.3).
     out, lse, _ = _flash_attn_module().flash_attn_func(q, k, v, softmax_scale=softmax_scale,
-                                                       causal=causal, return_attn_probs=True)
+                                                       causal=causal and band is None,
+                                                       window_size=_flash_attn_window(band), return_attn_probs=True)
     return out, _empty_rows_to_neg_inf(lse.float())
 
 
-def _flash_attn_backward(dout, q, k, v, out, lse, causal, softmax_scale):
-    _check_shapes(q, k, v, causal)
+def _flash_attn_backward(dout, q, k, v, out, lse, causal, softmax_scale, *, window=None):
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
     fai = _flash_attn_module()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if band is not None:
+        lse = lse.masked_fill(lse == -math.inf, math.inf)
     # flash-attn >= 2.6 signature; older releases take a window_size tuple instead.
     fai._flash_attn_backward(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, 0.0, softmax_scale,
-                             causal, -1, -1, 0.0, None, False)
+                             causal and band is None, *_flash_attn_window(band), 0.0, None, False)
     return dq, dk, dv
 
 
 def _flash_attn_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                               softmax_scale):
+                               softmax_scale, *, window=None):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
     out, lse, _ = _flash_attn_module().flash_attn_varlen_func(
         q[0], k[0], v[0], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
-        causal=causal, return_attn_probs=True)
+        causal=causal and band is None, window_size=_flash_attn_window(band), return_attn_probs=True)
     # flash-attn 2.x gives the packed lse [Hq, total_q] (>= 2.4); older builds padded it.
     return out.unsqueeze(0), _empty_rows_to_neg_inf(lse.float()).unsqueeze(0)
 
 
 def _flash_attn_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                causal, softmax_scale):
+                                causal, softmax_scale, *, window=None):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
     fai = _flash_attn_module()
     dq, dk, dv = torch.empty_like(q[0]), torch.empty_like(k[0]), torch.empty_like(v[0])
     # Its backward reads +inf, not -inf, as "this row saw no key" (as torch-flash's does).
@@ -449,7 +548,7 @@ def _flash_attn_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlen
     # flash-attn >= 2.6 signature, as the batch backward above.
     fai._flash_attn_varlen_backward(dout[0].contiguous(), q[0], k[0], v[0], out[0], lse, dq, dk, dv,
                                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
-                                    causal, -1, -1, 0.0, None, False)
+                                    causal and band is None, *_flash_attn_window(band), 0.0, None, False)
     return dq.unsqueeze(0), dk.unsqueeze(0), dv.unsqueeze(0)
 
 
@@ -464,27 +563,32 @@ def _flash_attn_version() -> str | None:
 
 # --------------------------------------------------------------------------- flash-attn-4
 
-def _fa4_forward(q, k, v, causal, softmax_scale):
-    _check_shapes(q, k, v, causal)
-    return fa4.forward(q, k, v, causal, softmax_scale)
+def _fa4_forward(q, k, v, causal, softmax_scale, *, window=None):
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
+    return fa4.forward(q, k, v, causal and band is None, softmax_scale, **_fa_window(band))
 
 
-def _fa4_backward(dout, q, k, v, out, lse, causal, softmax_scale):
-    _check_shapes(q, k, v, causal)
-    return fa4.backward(dout, q, k, v, out, lse, causal, softmax_scale)
+def _fa4_backward(dout, q, k, v, out, lse, causal, softmax_scale, *, window=None):
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
+    return fa4.backward(dout, q, k, v, out, lse, causal and band is None, softmax_scale, **_fa_window(band))
 
 
-def _fa4_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale):
+def _fa4_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, *,
+                        window=None):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    return fa4.forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                              softmax_scale)
+    band = band_of(window, causal)
+    return fa4.forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal and band is None,
+                              softmax_scale, **_fa_window(band))
 
 
 def _fa4_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                         softmax_scale):
+                         softmax_scale, *, window=None):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
     return fa4.backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               causal, softmax_scale)
+                               causal and band is None, softmax_scale, **_fa_window(band))
 
 
 def _fa4_version() -> str | None:
@@ -529,28 +633,30 @@ def _documents(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqlen_q: int,
 
 
 def _math_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                         softmax_scale):
+                         softmax_scale, *, window=None):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
     out = q.new_zeros(*q.shape[:3], v.shape[3])
     lse = torch.full((1, q.shape[2], q.shape[1]), -math.inf, dtype=accumulation_dtype(q.dtype), device=q.device)
     for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
         if qe > qs and ke > ks:
             o, l = _math_forward_core(q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], causal, softmax_scale,
-                                      causal_offset=(ke - ks) - (qe - qs))
+                                      causal_offset=(ke - ks) - (qe - qs), band=band)
             out[:, qs:qe] = o
             lse[:, :, qs:qe] = l
     return out, lse
 
 
 def _math_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          causal, softmax_scale):
+                          causal, softmax_scale, *, window=None):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
         if qe > qs and ke > ks:
             g = _math_backward_core(dout[:, qs:qe], q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], out[:, qs:qe],
                                     lse[:, :, qs:qe], causal, softmax_scale,
-                                    causal_offset=(ke - ks) - (qe - qs))
+                                    causal_offset=(ke - ks) - (qe - qs), band=band)
             dq[:, qs:qe], dk[:, ks:ke], dv[:, ks:ke] = g
     return dq, dk, dv
 
@@ -570,16 +676,21 @@ def _square_parts(lq: int, lk: int, causal: bool) -> list[tuple[slice, slice, bo
 
 
 def _cpu_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                        softmax_scale):
+                        softmax_scale, *, window=None):
     from .merge import merge_
 
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
     acc = accumulation_dtype(q.dtype)
     out = torch.zeros_like(q)
     lse = torch.full((1, q.shape[2], q.shape[1]), -math.inf, dtype=acc, device=q.device)
     for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
         lq, lk = qe - qs, ke - ks
         if not (lq and lk):
+            continue
+        if band is not None:  # the window's mask takes a rectangular document as it is
+            out[:, qs:qe], lse[:, :, qs:qe] = _cpu_forward(q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], False, softmax_scale,
+                                                           window=band)
             continue
         parts = _square_parts(lq, lk, causal)
         qd, kd, vd = q[:, qs:qe], k[:, ks:ke], v[:, ks:ke]
@@ -596,8 +707,9 @@ def _cpu_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
 
 
 def _cpu_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         causal, softmax_scale):
+                         causal, softmax_scale, *, window=None):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
     acc = accumulation_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
@@ -605,10 +717,13 @@ def _cpu_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, ma
     for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
         if not (qe > qs and ke > ks):
             continue
-        for rows, keys, c in _square_parts(qe - qs, ke - ks, causal):
+        parts = _square_parts(qe - qs, ke - ks, causal) if band is None else [(slice(0, qe - qs), slice(0, ke - ks),
+                                                                                False)]
+        for rows, keys, c in parts:
             r = slice(qs + rows.start, qs + rows.stop)
             kk = slice(ks + keys.start, ks + keys.stop)
-            g = _cpu_backward(dout[:, r], q[:, r], k[:, kk], v[:, kk], out[:, r], lse[:, :, r], c, softmax_scale)
+            g = _cpu_backward(dout[:, r], q[:, r], k[:, kk], v[:, kk], out[:, r], lse[:, :, r], c, softmax_scale,
+                              window=band)
             dq[:, r] += g[0]
             dk[:, kk] += g[1]
             dv[:, kk] += g[2]
@@ -650,22 +765,26 @@ def _fa_lse_from_packed(lse: Tensor, cu_seqlens_q: Tensor, max_seqlen_q: int) ->
 
 
 def _torch_flash_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                softmax_scale):
+                                softmax_scale, *, window=None):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
     cu_q, cu_k = cu_seqlens_q.to(q.device), cu_seqlens_k.to(q.device)
     out, lse, *_ = torch.ops.aten._flash_attention_forward(
-        q[0], k[0], v[0], cu_q, cu_k, max_seqlen_q, max_seqlen_k, 0.0, causal, False, scale=softmax_scale)
+        q[0], k[0], v[0], cu_q, cu_k, max_seqlen_q, max_seqlen_k, 0.0, causal and band is None, False,
+        scale=softmax_scale, **_fa_window(band))
     return out.unsqueeze(0), _empty_rows_to_neg_inf(_fa_lse_to_packed(lse, cu_q, q.shape[1]))
 
 
 def _torch_flash_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_k, causal, softmax_scale):
+                                 max_seqlen_k, causal, softmax_scale, *, window=None):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
     cu_q, cu_k = cu_seqlens_q.to(q.device), cu_seqlens_k.to(q.device)
     seed, offset = _unused_rng_state(q.device)
     dq, dk, dv = torch.ops.aten._flash_attention_backward(
         dout[0].contiguous(), q[0], k[0], v[0], out[0], _fa_lse_from_packed(lse, cu_q, max_seqlen_q), cu_q, cu_k,
-        max_seqlen_q, max_seqlen_k, 0.0, causal, seed, offset, scale=softmax_scale)
+        max_seqlen_q, max_seqlen_k, 0.0, causal and band is None, seed, offset, scale=softmax_scale,
+        **_fa_window(band))
     return dq.unsqueeze(0), dk.unsqueeze(0), dv.unsqueeze(0)
 
 
@@ -688,28 +807,31 @@ KERNELS: dict[str, Kernel] = {
     for k in (
         Kernel("flash-attn-4", "cuda", _HALF, 256, 8, _fa4_forward, _fa4_backward, fa4.unavailable,
                _fa4_forward_varlen, _fa4_backward_varlen, nondeterministic_backward=_NONDET_FA4, head_dim_v=True,
+               takes_window=True,
                version=_fa4_version, notes=fa4.notes),
         Kernel("flash-attn", "cuda", _HALF, 256, 8, _flash_attn_forward, _flash_attn_backward,
                _flash_attn_unavailable, _flash_attn_forward_varlen, _flash_attn_backward_varlen,
-               nondeterministic_backward=_NONDET_FLASH_ATTN, version=_flash_attn_version),
+               nondeterministic_backward=_NONDET_FLASH_ATTN, version=_flash_attn_version, takes_window=True),
         Kernel("torch-flash", "cuda", _HALF, 256, 8, _torch_flash_forward, _torch_flash_backward,
                _torch_flash_unavailable, _torch_flash_forward_varlen, _torch_flash_backward_varlen,
-               nondeterministic_backward=_NONDET_TORCH.format(name="Flash Attention", op="_flash_attention_backward")),
+               nondeterministic_backward=_NONDET_TORCH.format(name="Flash Attention", op="_flash_attention_backward"),
+               takes_window=True),
         Kernel("cudnn", "cuda", _HALF, 128, 8, _cudnn_forward, _cudnn_backward, _cudnn_unavailable,
                no_varlen="cuDNN's ragged-offset attention is not wired up or verified",
                nondeterministic_backward=_NONDET_TORCH.format(name="cuDNN Attention", op="_cudnn_attention_backward"),
                version=lambda: f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}",
-               notes=_cudnn_notes),
+               notes=_cudnn_notes, no_window="PyTorch's cuDNN attention op takes no window size"),
         Kernel("torch-efficient", "cuda", (*_HALF, torch.float32), 128, 8, _efficient_forward, _efficient_backward,
                _cuda_unavailable, no_varlen="the memory-efficient op's varlen form is not wired up or verified",
                nondeterministic_backward=_NONDET_TORCH.format(name="Memory Efficient attention",
-                                                              op="_efficient_attention_backward")),
+                                                              op="_efficient_attention_backward"),
+               no_window="PyTorch's memory-efficient attention op takes no window size"),
         Kernel("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16, torch.float16), None, 1,
                _cpu_forward, _cpu_backward, forward_varlen=_cpu_forward_varlen,
-               backward_varlen=_cpu_backward_varlen),
+               backward_varlen=_cpu_backward_varlen, takes_window=True),
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
                _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
-               backward_varlen=_math_backward_varlen, head_dim_v=True),
+               backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True),
     )
 }
 
@@ -738,11 +860,11 @@ def kernels_for(device_type: str, kernels: Mapping[str, Kernel] | None = None) -
 
 def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None = None,
                  head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None,
-                 kernels: Mapping[str, Kernel] | None = None) -> str | None:
+                 window: bool = False, kernels: Mapping[str, Kernel] | None = None) -> str | None:
     """Why ``kernel`` cannot take a call on ``device_type``, or ``None`` when it can.
 
     The rules, in order: a varlen call (packed documents) needs a kernel with a varlen form;
-    the kernel must run on ``device_type``; it must take ``head_dim`` and ``dtype`` (each
+    a sliding window (``window``) one that takes a window; the kernel must run on ``device_type``; it must take ``head_dim`` and ``dtype`` (each
     checked when given; ``head_dim_v``, the value head dim, with it). Availability on this
     machine is :func:`resolve_kernel`'s last rule.
     The reason is one sentence naming the value, the rule and the fix.
@@ -754,6 +876,10 @@ def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None 
     if varlen and not kernel.varlen:
         names = [n for n in kernels_for(device_type, registry) if registry[n].varlen]
         return (f"the {kernel.name} kernel has no varlen form in ringbench ({kernel.no_varlen}); "
+                f"pass --kernel with one of {', '.join(names)} or auto")
+    if window and not kernel.takes_window:
+        names = [n for n in kernels_for(device_type, registry) if registry[n].takes_window]
+        return (f"the {kernel.name} kernel cannot take a sliding window ({kernel.no_window}); "
                 f"pass --kernel with one of {', '.join(names)} or auto")
     if kernel.device_type not in (device_type, "any"):
         return (f"kernel {kernel.name!r} runs on {kernel.device_type}, not {device_type}; "
@@ -776,6 +902,7 @@ def _unavailable(kernel: Kernel) -> str | None:
 
 def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = None, head_dim: int | None = None,
                    varlen: bool = False, among: tuple[str, ...] = (), head_dim_v: int | None = None,
+                   window: bool = False,
                    kernels: Mapping[str, Kernel] | None = None) -> Kernel:
     """The kernel a call on ``device_type`` runs with: the one named, or for ``auto`` the first of
     ``AUTO_ORDER[device_type]`` that passes every rule of :func:`check_kernel` for ``dtype``,
@@ -790,6 +917,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
         dtype, head_dim: the call's input dtype and head dim; ``None``: not checked.
         head_dim_v: the value head dim where it differs (``None``: the same as ``head_dim``).
         varlen: the call takes packed documents, so the kernel needs a varlen form.
+        window: the call has a sliding window, so the kernel must take one.
         among: for ``auto``, the only kernels it may pick (a peer's own); empty: any.
         kernels: the registry to resolve in (default :data:`KERNELS`); a test passes stand-ins.
 
@@ -798,7 +926,8 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
             or no kernel for ``auto``: one sentence with the value, the rule and the fix.
     """
     registry = KERNELS if kernels is None else kernels
-    rules = dict(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, varlen=varlen, kernels=registry)
+    rules = dict(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, varlen=varlen, window=window,
+                 kernels=registry)
     if name != "auto":
         if name not in registry:
             raise ValueError(f"kernel {name!r} is unknown; choose one of {', '.join(registry)} or auto")
@@ -819,7 +948,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
         if reason is None:
             return kern
         refusals.append(reason.split(";")[0])
-    wanted = [w for w in ("packed documents" if varlen else "",
+    wanted = [w for w in ("packed documents" if varlen else "", "a sliding window" if window else "",
                           f"head_dim {head_dim}" if head_dim is not None else "",
                           f"head_dim_v {head_dim_v}" if head_dim_v not in (None, head_dim) else "",
                           f"dtype {DTYPE_NAMES.get(dtype, dtype)}" if dtype is not None else "") if w]
@@ -829,7 +958,8 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
 
 
 def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | None = None, *,
-              head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None) -> Kernel:
+              head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None,
+              window: bool = False) -> Kernel:
     """The kernel object a variant calls: a name (or ``auto``) resolved by :func:`resolve_kernel`
     for the call's device type, dtype, head dim and form; a :class:`Kernel` checked by the same
     rules (:func:`check_kernel`) but for availability, which its caller has settled.
@@ -839,8 +969,9 @@ def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | Non
     """
     if isinstance(kernel, Kernel):
         reason = check_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen,
-                              head_dim_v=head_dim_v)
+                              head_dim_v=head_dim_v, window=window)
         if reason:
             raise ValueError(reason)
         return kernel
-    return resolve_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen, head_dim_v=head_dim_v)
+    return resolve_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen, head_dim_v=head_dim_v,
+                          window=window)
