@@ -22,7 +22,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import emulation, observe, timeline
+from . import bands, emulation, observe, timeline, window as _window
 from .comm import RingComm
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .merge import merge_
@@ -52,6 +52,7 @@ class Step(NamedTuple):
     ``q`` and ``kv`` are local rows: a slice, or (varlen) int64 row indices. For packed
     documents, ``cu_q`` and ``cu_k`` are the int32 offsets of the documents within the taken
     rows, and ``max_q`` and ``max_k`` their longest lengths; ``None`` and 0 in the batch form.
+    Under a sliding window, ``parts`` are its kernel calls (``window.py``), q and kv all rows.
     """
 
     q: "slice | Tensor"
@@ -61,6 +62,7 @@ class Step(NamedTuple):
     cu_k: Tensor | None = None
     max_q: int = 0
     max_k: int = 0
+    parts: tuple = ()
 
 
 #: ``steps(step, source_rank) -> Step | None``: what this rank computes at each ring step.
@@ -165,6 +167,8 @@ def _rows(x: Tensor, sel, dim: int = 1) -> Tensor:
 
 @timeline.timed("kernel")
 def _attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, st: Step, scale: float) -> tuple[Tensor, Tensor]:
+    if st.parts:
+        return _window.attend(kernel, q, k, v, st.parts, scale)
     if st.cu_q is None:
         return kernel.forward(q, k, v, st.causal, scale)
     return kernel.forward_varlen(q, k, v, st.cu_q, st.cu_k, st.max_q, st.max_k, st.causal, scale)
@@ -172,6 +176,8 @@ def _attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, st: Step, scale: fl
 
 @timeline.timed("kernel")
 def _attend_backward(kernel: Kernel, dout, q, k, v, out, lse, st: Step, scale: float):
+    if st.parts:
+        return _window.attend_backward(kernel, dout, q, k, v, out, lse, st.parts, scale)
     if st.cu_q is None:
         return kernel.backward(dout, q, k, v, out, lse, st.causal, scale)
     return kernel.backward_varlen(dout, q, k, v, out, lse, st.cu_q, st.cu_k, st.max_q, st.max_k, st.causal,
@@ -229,9 +235,10 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
     out = lse = None
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
     kv = (k, v)
-    for step in range(world_size):
+    n_steps = getattr(steps, "n_steps", world_size)  # a window may end the ring early
+    for step in range(n_steps):
         timeline.step("fwd", step)
-        if step + 1 < world_size:
+        if step + 1 < n_steps:
             nxt = spare[step % 2]
             comm.send_recv(kv[0], nxt[0])
             comm.send_recv(kv[1], nxt[1])
@@ -252,7 +259,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
                 _merge_rows(out, lse, block.q, b_out, b_lse)
                 if "out" in lossy:
                     _round_(out, q.dtype)
-        if step + 1 < world_size:
+        if step + 1 < n_steps:
             comm.wait()
             kv = nxt
     if out is None:  # no block at all: every query sees no key
@@ -370,7 +377,8 @@ class RingAttention(torch.autograd.Function):
 def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: float | None,
              group: dist.ProcessGroup | None, kernel: Kernel | str, plan: Plan,
              doc_lengths: list[int] | None = None, lossy: tuple[str, ...] = (),
-             sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+             sink: Tensor | None = None, window: int | None = None,
+             layout: str = "contiguous") -> tuple[Tensor, Tensor]:
     """Run the ring engine with ``plan``; shared by the ring-shaped variants.
 
     ``sink`` (``[Hq]``, see ``sinks.py``) joins every row once, after its last merge; its
@@ -380,6 +388,10 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     and v are packed rows ``[1, S/W, H, D]`` and every step is one varlen kernel call over the
     documents' pieces (:class:`VarlenSteps`).
 
+    With ``window`` (keys each query sees, itself included; causal only), the steps come from
+    the global positions of ``layout`` (the variant's: contiguous, zigzag or stripe, by document
+    with ``doc_lengths``) instead of the plan: ``window.py``.
+
     ``lossy`` is for test fixtures only (``testing.py``), never correct: the accumulators it
     names (``out``, the running output; ``dq``; ``dkv``, the dK/dV travelling the ring) are
     rounded to the input dtype after every update, the low-precision accumulation verify's
@@ -387,18 +399,24 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
 
     Raises:
         ValueError: a kernel the call cannot run with (``kernels.as_kernel``): with
-            ``doc_lengths`` one without a varlen form, the message starting ``[rank r/W]``.
+            ``doc_lengths`` one without a varlen form, with ``window`` one that takes none, the
+            message starting ``[rank r/W]``; a window that is not positive, or without ``causal``.
     """
     rank, world_size = emulation.rank_and_size(group)
-    if doc_lengths is None:
-        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1])
+    prefix = f"[rank {rank}/{world_size}] "
+    _window.check_window(window, causal, prefix)
+    try:
+        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
+                           varlen=doc_lengths is not None, window=window is not None)
+    except ValueError as exc:
+        if doc_lengths is None and window is None:
+            raise
+        raise ValueError(f"{prefix}{exc}") from None
+    if window is not None:
+        steps = _window_steps(layout, q.shape[1], doc_lengths, rank, world_size, window)
+    elif doc_lengths is None:
         steps = batch_steps(plan, rank, world_size, q.shape[1], causal)
     else:
-        try:
-            kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
-                               varlen=True)
-        except ValueError as exc:
-            raise ValueError(f"[rank {rank}/{world_size}] {exc}") from None
         steps = VarlenSteps(plan, doc_lengths, rank, world_size, causal, q.device)
     if sink is not None:
         check_sink(sink, q.shape[2], f"[rank {rank}/{world_size}] ")
@@ -406,10 +424,29 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     return RingAttention.apply(q, k, v, sink, causal, scale, group, kernel, steps, frozenset(lossy))
 
 
+def _window_steps(layout: str, seqlen_local: int, doc_lengths: list[int] | None, rank: int, world_size: int,
+                  window: int) -> Steps:
+    """The steps of a windowed ring: each one's parts (``window.WindowParts``), q and kv all rows."""
+    if doc_lengths is None:
+        def runs_of(r):
+            return bands.layout_runs(layout, seqlen_local * world_size, r, world_size)
+    else:
+        def runs_of(r):
+            return bands.document_runs([n * world_size for n in doc_lengths], layout, r, world_size)
+    parts_of = _window.WindowParts(runs_of, rank, world_size, window)
+
+    def steps(step: int, source: int) -> Step | None:
+        parts = parts_of(step, source)
+        return None if parts is None else Step(_ALL, _ALL, False, parts=parts)
+
+    steps.n_steps = parts_of.n_steps
+    return steps
+
+
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                    softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                    kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                   sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                   sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding one contiguous chunk of it.
 
     Args:
@@ -422,6 +459,9 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
             for the tensors' device and dtype.
         cu_seqlens: not taken by this batch form; must be ``None``.
         sink: ``[Hq]`` float32 sink logits (``sinks.py``), or ``None``; differentiable.
+        window: a causal sliding window of this many keys (query p sees keys p - window + 1 .. p);
+            ``None``: none. Steps outside it make no kernel call, and the forward ring stops
+            after the last step any rank needs (``window.py``).
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32
@@ -429,9 +469,10 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         row's ``logaddexp(lse, s_h)``.
 
     Raises:
-        ValueError: ``cu_seqlens`` given, a sink that is not ``[Hq]``, or shapes the kernel refuses.
+        ValueError: ``cu_seqlens`` given, a sink that is not ``[Hq]``, shapes the kernel refuses, or a
+            window that is not positive, without ``causal``, or on a kernel that takes none.
     """
     if cu_seqlens is not None:
         raise ValueError("ring is the batch form and takes no cu_seqlens; use ring_varlen")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                    plan=contiguous_plan, sink=sink)
+                    plan=contiguous_plan, sink=sink, window=window, layout="contiguous")

@@ -32,7 +32,7 @@ Tensor = torch.Tensor
 
 def _run(name: str, layout: str, plan: Plan, q: Tensor, k: Tensor, v: Tensor, *, causal: bool,
          softmax_scale: float | None, group, kernel, cu_seqlens: Tensor | None,
-         sink: Tensor | None) -> tuple[Tensor, Tensor]:
+         sink: Tensor | None, window: int | None = None) -> tuple[Tensor, Tensor]:
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     prefix = f"[rank {rank}/{world_size}]"
     if cu_seqlens is None:
@@ -47,13 +47,13 @@ def _run(name: str, layout: str, plan: Plan, q: Tensor, k: Tensor, v: Tensor, *,
     if reason:
         raise ValueError(f"{prefix} {reason}")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                    plan=plan, doc_lengths=[d // world_size for d in docs], sink=sink)
+                    plan=plan, doc_lengths=[d // world_size for d in docs], sink=sink, window=window, layout=layout)
 
 
 def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                           softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                           kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                     sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                     sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document, each rank holding chunk ``rank`` of every document.
 
     Args:
@@ -68,6 +68,8 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tru
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets (0, ..., S), identical on
             every rank; every document length a multiple of W.
         sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
+        window: a causal sliding window of this many keys within each document, as in
+            :func:`ring.ring_attention`.
 
     Returns:
         ``out`` ``[1, S/W, Hq, D]`` in q's dtype and layout, differentiable; ``lse`` float32
@@ -79,13 +81,13 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tru
             W (the message names the first), or a kernel without a varlen form.
     """
     return _run("ring_varlen", "contiguous", contiguous_plan, q, k, v, causal=causal, softmax_scale=softmax_scale,
-                group=group, kernel=kernel, cu_seqlens=cu_seqlens, sink=sink)
+                group=group, kernel=kernel, cu_seqlens=cu_seqlens, sink=sink, window=window)
 
 
 def zigzag_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                             softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                             kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                     sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                     sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document, each document in the zigzag layout.
 
     Args:
@@ -104,4 +106,4 @@ def zigzag_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
         ValueError: as :func:`ring_varlen_attention`, with 2W in the document rule.
     """
     return _run("zigzag_varlen", "zigzag", zigzag_plan, q, k, v, causal=causal, softmax_scale=softmax_scale,
-                group=group, kernel=kernel, cu_seqlens=cu_seqlens, sink=sink)
+                group=group, kernel=kernel, cu_seqlens=cu_seqlens, sink=sink, window=window)
