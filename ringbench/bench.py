@@ -22,7 +22,8 @@ GIB = 1024 ** 3
 
 
 def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causal: bool,
-                    mode: str, docs: list[int] | None = None, head_dim_v: int = 0) -> float:
+                    mode: str, docs: list[int] | None = None, head_dim_v: int = 0,
+                    window: int | None = None) -> float:
     """FLOPs of one attention over the whole sequence, in the flash-attn convention.
 
     Forward is ``4 * B * S^2 * Hq * D``, halved when causal; forward + backward is 3.5 times
@@ -32,6 +33,10 @@ def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causa
     ``head_dim_v`` apart from D (0: the same) makes ``D`` the mean of the two: ``Q K^T`` costs
     ``2 S^2 D`` and ``P V`` ``2 S^2 Dv``. Padded documents (``doc_pad``) count their real
     lengths only: pass those and their sum as ``seqlen``.
+
+    A sliding window of ``w`` keys (causal) counts only the pairs inside it: a sequence or
+    document of length L gives ``4 * (L * w' - w'^2 / 2) * Hq * D`` with ``w' = min(w, L)``,
+    which is the causal figure when ``w >= L``.
 
     Raises:
         ValueError: an unknown mode, or ``docs`` that do not sum to ``seqlen``.
@@ -44,7 +49,10 @@ def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causa
             raise ValueError(f"documents sum to {sum(docs)} but seqlen is {seqlen}; pass documents that fill "
                              "the sequence")
         fwd = 4.0 * batch * sum(float(L) * L for L in docs) * heads * head_dim
-    if causal:
+    if window:
+        pairs = sum(float(L) * min(window, L) - min(window, L) ** 2 / 2 for L in (docs or [seqlen]))
+        fwd = 4.0 * batch * pairs * heads * head_dim
+    elif causal:
         fwd /= 2
     if mode == "fwd":
         return fwd
@@ -159,6 +167,8 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     q, k, v, dout = rank_inputs(spec, rank, dtype, device)
     causal, scale, backward = case.causal, case.scale, spec.mode == "fwd_bwd"
     attention, options, docs = variant.attention, case.options, case.docs
+    # The reference attends the rank's share under the same window (the band alone, not causal).
+    ref_kw, ref_causal = ({"window": (spec.window - 1, 0)}, False) if spec.window else ({}, causal)
     ref_docs = None
     if docs is not None:
         cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
@@ -178,14 +188,15 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     def reference() -> None:
         with torch.no_grad():
             if ref_docs is not None:
-                out, lse = kernel.forward_varlen(q, k, v, local_cu, local_cu, ref_max, ref_max, causal, scale)
+                out, lse = kernel.forward_varlen(q, k, v, local_cu, local_cu, ref_max, ref_max, ref_causal, scale,
+                                                 **ref_kw)
                 if backward:
-                    kernel.backward_varlen(dout, q, k, v, out, lse, local_cu, local_cu, ref_max, ref_max, causal,
-                                           scale)
+                    kernel.backward_varlen(dout, q, k, v, out, lse, local_cu, local_cu, ref_max, ref_max, ref_causal,
+                                           scale, **ref_kw)
                 return
-            out, lse = kernel.forward(q, k, v, causal, scale)
+            out, lse = kernel.forward(q, k, v, ref_causal, scale, **ref_kw)
             if backward:
-                kernel.backward(dout, q, k, v, out, lse, causal, scale)
+                kernel.backward(dout, q, k, v, out, lse, ref_causal, scale, **ref_kw)
 
     mine = measure_rank(spec, step, reference, inputs=(q, k, v), device=device, group=group, ref_docs=ref_docs,
                         local=local)
@@ -227,7 +238,8 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
         t.requires_grad_(False)
     ref_times = time_iterations(reference, iters=iters, warmup=warmup, device=device, group=group)
     ref_flops = attention_flops(batch=spec.batch, seqlen=local, heads=spec.heads, head_dim=spec.head_dim,
-                                causal=spec.causal, mode=spec.mode, docs=ref_docs, head_dim_v=spec.value_head_dim())
+                                causal=spec.causal, mode=spec.mode, docs=ref_docs, head_dim_v=spec.value_head_dim(),
+                                window=spec.window or None)
     return (statistics.median(times), statistics.median(ref_times), sent, received,
             peak_alloc, peak_reserved, ref_flops, spans)
 
@@ -252,7 +264,7 @@ def run_fields(spec: CaseSpec, variant, gathered: list, *, device: torch.device,
     real = spec_docs(spec) if variant.varlen else None  # real lengths: padding is not counted
     flops_per_gpu = attention_flops(batch=spec.batch, seqlen=sum(real) if real else spec.seqlen, heads=spec.heads,
                                     head_dim=spec.head_dim, causal=spec.causal, mode=spec.mode, docs=real,
-                                    head_dim_v=spec.value_head_dim()) / world_size
+                                    head_dim_v=spec.value_head_dim(), window=spec.window or None) / world_size
     tflops = flops_per_gpu / (time_ms * 1e-3) / 1e12
     ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
     # None: the variant's bytes go where the counters cannot see them (Variant.traffic_counted).

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ringbench import sink_pad_check as extras
+from ringbench import work
 from ringbench.case_setup import CaseSetup, case_setup, sink_logits
 from ringbench.fields import plural
 from ringbench.spec import CaseSpec
@@ -293,6 +294,8 @@ class Placement:
             self.cu_seqlens, self.extra = None, {}
             self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
             self.unwatched = ""
+            if case.spec.window:
+                self._watch_window(case.spec)
             return
         by_doc = variant.shard_by_document
         self.cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
@@ -306,6 +309,9 @@ class Placement:
         for r in range(world_size):
             owner[layouts.varlen_token_index(docs_cu, layout, r, world_size, by_document=by_doc)] = r
         self.watch = None
+        if case.spec.window:
+            self._watch_window(case.spec)
+            return
         # Any document whose first token (a key every query of the document sees) lives on
         # another rank than some of its queries gives a pair; prefer the widest one.
         for a, b in zip(docs_cu, docs_cu[1:]):
@@ -315,6 +321,12 @@ class Placement:
                 self.watch = (first, others[-1])
         self.unwatched = "" if self.watch is not None else (
             "no document crosses a rank boundary, so no rank needs another's K/V")
+
+    def _watch_window(self, spec) -> None:
+        # Under a sliding window a document's first token is out of reach of its later queries.
+        self.watch = work.sharing_pair(spec)
+        self.unwatched = "" if self.watch is not None else (
+            f"under window {spec.window} no query sees a key of another rank, so no rank needs another's K/V")
 
     def max_seqlen(self) -> int:
         offsets = self.cu_seqlens.tolist()
@@ -470,16 +482,18 @@ def determinism_verdict(repeated: dict, *, documented: str, require: bool) -> st
     return text
 
 
-def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float) -> tuple[torch.Tensor, ...]:
+def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float,
+               window: int | None = None) -> tuple[torch.Tensor, ...]:
     """out, lse, dq, dk, dv of ``kernel`` over the whole sequence on one device (varlen form
-    over the whole packed row when the case has documents)."""
+    over the whole packed row when the case has documents), under the case's sliding window."""
     q, k, v, dout = inputs
+    kw = {"window": (window - 1, 0)} if window else {}
     if placement.cu_seqlens is None:
-        out, lse = kernel.forward(q, k, v, causal, scale)
-        return (out, lse, *kernel.backward(dout, q, k, v, out, lse, causal, scale))
+        out, lse = kernel.forward(q, k, v, causal, scale, **kw)
+        return (out, lse, *kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw))
     cu, n = placement.cu_seqlens, placement.max_seqlen()
-    out, lse = kernel.forward_varlen(q, k, v, cu, cu, n, n, causal, scale)
-    return (out, lse, *kernel.backward_varlen(dout, q, k, v, out, lse, cu, cu, n, n, causal, scale))
+    out, lse = kernel.forward_varlen(q, k, v, cu, cu, n, n, causal, scale, **kw)
+    return (out, lse, *kernel.backward_varlen(dout, q, k, v, out, lse, cu, cu, n, n, causal, scale, **kw))
 
 
 def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
@@ -530,8 +544,8 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         single, ref, shadow, dsink_floor = extras.references(kernel, inputs, case, placement.cu_seqlens, sink,
                                                              placement.keep, gathered, shadow)
     elif rank == 0:
-        single = _whole_row(kernel, inputs, placement, causal, scale)
-        ref = _whole_row(KERNELS["math"], [x.double() for x in inputs], placement, causal, scale)
+        single = _whole_row(kernel, inputs, placement, causal, scale, spec.window)
+        ref = _whole_row(KERNELS["math"], [x.double() for x in inputs], placement, causal, scale, spec.window)
     if rank == 0:
         q, k, v = inputs[:3]
         expected = ((dtype, (*q.shape[:3], v.shape[3])), (torch.float32 if dtype != torch.float64 else dtype,

@@ -226,6 +226,16 @@ def _rotations() -> tuple[str, ...]:
     return ROTATE
 
 
+def _parse_window(text: str) -> int:
+    return parse_size(text, name="window")
+
+
+def _check_window(name: str, value: int) -> None:
+    if value < 0:
+        raise SpecError(f"window {value} must be positive: the keys each query sees, itself included; pass "
+                        "--window 4k, or leave it out for none")
+
+
 def _check_model(name: str, value: str) -> None:
     from ringbench.models import load_model
 
@@ -384,6 +394,11 @@ FIELDS: tuple[Field, ...] = (
           "gradient); ringbench's own variants only", "none", "none", default_text="none", label="sink={}",
           optional=True,
           check=_one_of(lambda: SINKS)),
+    Field("window", int, "a causal sliding window: each query sees this many most recent keys of its sequence or "
+          "document, itself included (query p sees keys p - L + 1 .. p); a size such as 4096 or 4k; taken by ring, "
+          "zigzag, stripe, llama3 and their varlen forms on the flash-attn-4, flash-attn, torch-flash, cpu and math kernels", 0, 0,
+          default_text="none", label="window={}", optional=True, variant_option=True, parse=_parse_window,
+          check=_check_window),
     Field("hf_model", str, "check a whole model instead of attention alone: a random-initialised Llama "
           "(llama-tiny: 256 tokens, for CPU; llama-small: 16k tokens, for GPUs) through the Hugging Face "
           "adapter; it fixes seqlen, batch, heads, kv_heads and head_dim; needs the hf extra", "", "", default_text="the attention check", optional=True, commands=("verify",),

@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
+from ringbench import work
+
 #: Version of the record layout in ringbench/CONTRACTS.md; bump it when a field changes meaning.
 SCHEMA_VERSION = 1
 #: Every status a record can hold.
@@ -59,6 +61,8 @@ def build(case, *, run_id: str, status: str, reason: str | None = None, fields: 
         "kernel": case.kernel,
         "status": status,
         "reason": reason,
+        # From the mask alone (ringbench/work.py), so every record has it, whatever its status.
+        **work.predicted_fields(case),
     }
     if fields is None:
         if case.task == "run":

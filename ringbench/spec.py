@@ -137,7 +137,7 @@ def check_fields(given: Mapping[str, Any]) -> None:
             seqlen=fields.coerce("seqlen", given["seqlen"]), world_size=given["world_size"],
             causal=given.get("causal", True), layout=given.get("layout") or None,
             heads_k_stride=given.get("heads_k_stride", 0), kv_heads=given.get("kv_heads"),
-            rotate=given.get("rotate", ""), sink=given.get("sink", "none"))
+            rotate=given.get("rotate", ""), sink=given.get("sink", "none"), window=given.get("window", 0))
         if reason:
             raise SpecError(reason)
 
@@ -223,7 +223,8 @@ def _check_kernel(spec: CaseSpec, kernel) -> None:
     from ringbench.variants.kernels import check_kernel
 
     reason = check_kernel(kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]), head_dim=spec.head_dim,
-                          head_dim_v=spec.value_head_dim(), varlen=get_variant(spec.variant).varlen)
+                          head_dim_v=spec.value_head_dim(), varlen=get_variant(spec.variant).varlen,
+                          window=bool(spec.window))
     if reason:
         raise SpecError(reason)
 
@@ -274,6 +275,7 @@ def resolve(spec: CaseSpec) -> CaseSpec:
     try:
         kernel = resolve_kernel(spec.kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]),
                                 head_dim=spec.head_dim, head_dim_v=spec.value_head_dim(), varlen=variant.varlen,
+                                window=bool(spec.window),
                                 among=variant.kernels)
     except ValueError as exc:
         raise SpecError(str(exc)) from None

@@ -94,6 +94,8 @@ class Variant:
             exchange, which emulation replaces by device copies.
         sink: its ``attention`` takes ``sink=``, a ``[Hq]`` tensor of sink logits, and applies
             it once per row with its gradient (``sinks.py``); peers do not.
+        takes_window: its ``attention`` takes ``window=L``, a causal sliding window of L keys;
+            the others refuse a case with one.
         traffic_counted: its bytes go through ringbench's counted communicators
             (``comm``), directly or under a counting ``session``; False where they cannot be
             seen (torch_cp: DTensor and functional collectives): records then say
@@ -124,14 +126,15 @@ class Variant:
     traffic_counted: bool = True
     emulates: bool = False
     sink: bool = False
+    takes_window: bool = False
 
     def seqlen_multiple(self, world_size: int, layout: str | None = None) -> int:
-        """The number the global seqlen must be a multiple of at ``world_size``."""
-        return LAYOUT_CHUNKS[layout or self.layout] * world_size
+        """The number the global seqlen must be a multiple of at ``world_size`` (``balanced``: W)."""
+        return LAYOUT_CHUNKS.get(layout or self.layout, 1) * world_size
 
     def check(self, *, seqlen: int, world_size: int, causal: bool, layout: str | None = None,
               heads_k_stride: int = 0, kv_heads: int | None = None, rotate: str = "",
-              sink: str = "none") -> str | None:
+              sink: str = "none", window: int = 0) -> str | None:
         """Return the one-sentence reason this variant refuses the case, or ``None``."""
         if sink != "none" and not self.sink:
             return (f"{self.name} takes no attention sink (sink {sink!r}), since only ringbench's own engines "
@@ -147,6 +150,15 @@ class Variant:
         if heads_k_stride and kv_heads is not None and not 1 <= heads_k_stride <= kv_heads:
             return (f"heads_k_stride {heads_k_stride} must be between 1 and kv_heads = {kv_heads}; "
                     f"pass --heads-k-stride {kv_heads} or fewer")
+        if window and not self.takes_window:
+            takers = ", ".join(n for n, v in VARIANTS.items() if v.takes_window)
+            return f"{self.name} cannot take a sliding window (--window {window}); use one of {takers}"
+        if window and not causal:
+            return (f"a sliding window is causal (query p sees keys p - window + 1 .. p), so --window {window} "
+                    "needs --causal; drop --no-causal or --window")
+        if window and sink != "none":
+            return (f"--window {window} with --sink {sink} has no reference in verify yet (the sink's reference "
+                    "takes no window); drop --window or --sink")
         layout = layout or self.layout
         if causal and not self.causal:
             return f"{self.name} does not support causal attention; pass --no-causal"
@@ -154,7 +166,7 @@ class Variant:
             return f"{self.name} does not support non-causal attention; pass --causal"
         n = self.seqlen_multiple(world_size, layout)
         if seqlen % n:
-            rule = f"2 * world_size = {n}" if LAYOUT_CHUNKS[layout] == 2 else f"world_size = {n}"
+            rule = f"2 * world_size = {n}" if LAYOUT_CHUNKS.get(layout, 1) == 2 else f"world_size = {n}"
             up = (seqlen // n + 1) * n
             which = self.name if layout == self.layout else f"{self.name} over the {layout} layout"
             return f"seqlen {seqlen} is not a multiple of {rule}, which {which} needs; use {up}"
@@ -237,24 +249,27 @@ VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("ring", "contiguous", "ring:ring_attention",
-                "basic ring: contiguous chunks, K/V passed around the ring", emulates=True, sink=True),
+                "basic ring: contiguous chunks, K/V passed around the ring", emulates=True, sink=True,
+                takes_window=True),
         Variant("zigzag", "zigzag", "zigzag:zigzag_attention",
-                "ring over the zigzag layout, balanced under a causal mask", emulates=True, sink=True),
+                "ring over the zigzag layout, balanced under a causal mask", emulates=True, sink=True,
+                takes_window=True),
         Variant("stripe", "stripe", "stripe:stripe_attention",
                 "ring over the stripe layout (token t on rank t mod W), balanced under a causal mask",
-                emulates=True, sink=True),
+                emulates=True, sink=True, takes_window=True),
         Variant("llama3", "zigzag", "llama3:llama3_attention",
                 "all-gather K/V (in head groups), zigzag layout for causal balance",
-                layouts=("contiguous",), options=("heads_k_stride",), sink=True),
+                layouts=("contiguous",), options=("heads_k_stride",), sink=True, takes_window=True),
         Variant("ring_varlen", "contiguous", "ring_varlen:ring_varlen_attention",
                 "packed documents, each cut into W chunks, basic ring", varlen=True, shard_by_document=True,
-                sink=True),
+                sink=True, takes_window=True),
         Variant("zigzag_varlen", "zigzag", "ring_varlen:zigzag_varlen_attention",
                 "packed documents, each in the zigzag layout, ring balanced under a causal mask",
-                varlen=True, shard_by_document=True, sink=True),
+                varlen=True, shard_by_document=True, sink=True, takes_window=True),
         Variant("llama3_varlen", "contiguous", "llama3_varlen:llama3_varlen_attention",
-                "packed documents, contiguous row, all-gather K/V; any document boundaries",
-                varlen=True, options=("heads_k_stride",), sink=True),
+                "packed documents, contiguous row (or balanced: each document cut head-tail), all-gather K/V; "
+                "any document boundaries", varlen=True, layouts=("balanced",), options=("heads_k_stride",),
+                sink=True, takes_window=True),
         Variant("torch_cp", "zigzag", "torch_cp:torch_cp_attention",
                 "peer: PyTorch's context_parallel around SDPA (head-tail balancing, all-gather or all-to-all "
                 "rotation)", non_causal=False, options=("rotate",), devices=("cuda",),

@@ -14,6 +14,8 @@ Packed documents (varlen) are sharded one of two ways, given the global int32 ``
   documents, each ``1/W`` of the global one.
 - *by row*: the packed row is cut in the layout as if it were one sequence (``llama3_varlen``,
   contiguous), so documents may straddle ranks and may have any length, zero included.
+- *balanced* (``llama3_varlen --layout balanced``): every document cut head-tail into 2W
+  chunks of any length (``balanced.py``), which equalises the causal work per rank.
 
 Source: the document-wise sharding of ring-flash-attn's varlen functions
 (zhuzilin/ring-flash-attention, ``ring_flash_attn_varlen`` and ``zigzag_ring_flash_attn_varlen``).
@@ -25,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-from . import LAYOUT_CHUNKS, document_rule
+from . import LAYOUT_CHUNKS, balanced, document_rule
 
 Tensor = torch.Tensor
 
@@ -45,6 +47,8 @@ def chunk_ids(layout: str, rank: int, world_size: int) -> list[int]:
         return [rank, 2 * world_size - 1 - rank]
     if layout == "stripe":
         raise ValueError("the stripe layout holds single tokens, not chunks; use token_index")
+    if layout == balanced.NAME:
+        raise ValueError("the balanced layout cuts packed documents, not one sequence; use varlen_token_index")
     raise ValueError(f"layout {layout!r} is unknown; choose one of {', '.join(LAYOUTS)}")
 
 
@@ -118,6 +122,8 @@ def varlen_token_index(cu_seqlens: Tensor | Sequence[int], layout: str, rank: in
             ``required_multiple(layout, W)``; by row, S not a multiple of it.
     """
     offsets = offsets_of(cu_seqlens)
+    if layout == balanced.NAME:
+        return torch.tensor(balanced.token_index(offsets, rank, world_size), dtype=torch.int64, device=device)
     if not by_document:
         return token_index(layout, offsets[-1], rank, world_size, device=device)
     reason = document_rule([b - a for a, b in zip(offsets, offsets[1:])], world_size, layout,
@@ -135,13 +141,16 @@ def varlen_local_cu_seqlens(cu_seqlens: Tensor | Sequence[int], layout: str, ran
     By document, every rank holds ``L / W`` tokens of every document of length ``L`` (empty
     documents included), the same offsets on every rank. By row (contiguous layout only), the
     pieces are the non-empty intersections of the documents with the rank's rows, so a
-    document that straddles ranks gives a piece on each.
+    document that straddles ranks gives a piece on each. Balanced: the rank's pieces, a head and
+    a tail chunk of every document (``balanced.py``).
 
     Raises:
         ValueError: as :func:`varlen_token_index`; a by-row layout other than contiguous.
     """
     offsets = offsets_of(cu_seqlens)
-    if by_document:
+    if layout == balanced.NAME:
+        lengths = balanced.piece_lengths(offsets, rank, world_size)
+    elif by_document:
         varlen_token_index(offsets, layout, rank, world_size, by_document=True)  # the rule
         lengths = [(b - a) // world_size for a, b in zip(offsets, offsets[1:])]
     else:

@@ -24,6 +24,7 @@ from . import observe
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .merge import merge_
 from .sinks import apply_sink, check_sink, sink_grad
+from .window import check_window
 
 Tensor = torch.Tensor
 
@@ -98,19 +99,27 @@ def _gathered_kv(k: Tensor, v: Tensor, group, world_size: int, stride: int, layo
                _to_global(vb.unflatten(0, (world_size, -1)), layout))
 
 
-def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local: int, seqlen: int):
-    """(local query rows, key range, causal) of every kernel call this rank makes."""
+def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local: int, seqlen: int,
+            window: int | None = None):
+    """(local query rows, key range, causal, kernel keywords) of every kernel call this rank makes.
+
+    Under a sliding window each local chunk makes one call: its keys from ``window - 1`` before
+    its first token to its last, with the flash-attn window ``(window - 1, 0)``.
+    """
     if not causal:
-        return [(slice(None), slice(0, seqlen), False)]
+        return [(slice(None), slice(0, seqlen), False, {})]
     out = []
     for rows, start, length in _chunks(layout, rank, world_size, seqlen_local):
+        if window is not None:
+            out.append((rows, slice(max(0, start - window + 1), start + length), False, {"window": (window - 1, 0)}))
+            continue
         if start > 0:
-            out.append((rows, slice(0, start), False))
-        out.append((rows, slice(start, start + length), True))
+            out.append((rows, slice(0, start), False, {}))
+        out.append((rows, slice(start, start + length), True, {}))
     return out
 
 
-def _forward(q, k, v, causal, scale, group, kernel, stride, layout):
+def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None):
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     B, S_local, H = q.shape[:3]
     G = H // k.shape[2]
@@ -121,8 +130,8 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout):
     saved = []
     for hs, kg, vg in _gathered_kv(k, v, group, world_size, stride, layout):
         qh = slice(hs.start * G, hs.stop * G)
-        for rows, keys, c in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1]):
-            b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale)
+        for rows, keys, c, kw in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1], window):
+            b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale, **kw)
             if seen is not None:
                 seen.forward_block(rows, qh, b_out, b_lse)
             merge_(out[:, rows, qh], lse[:, qh, rows], b_out, b_lse)
@@ -130,7 +139,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout):
     return out, lse, saved
 
 
-def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, layout):
+def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, layout, window=None):
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     S_local, G = q.shape[1], q.shape[2] // k.shape[2]
     acc = accumulation_dtype(q.dtype)
@@ -142,9 +151,9 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
         qh = slice(hs.start * G, hs.stop * G)
         dkg = torch.zeros(kg.shape, dtype=acc, device=k.device)
         dvg = torch.zeros(vg.shape, dtype=acc, device=v.device)
-        for rows, keys, c in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1]):
+        for rows, keys, c, kw in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1], window):
             g = kernel.backward(dout[:, rows, qh], q[:, rows, qh], kg[:, keys], vg[:, keys],
-                                out[:, rows, qh], lse[:, qh, rows], c, scale)
+                                out[:, rows, qh], lse[:, qh, rows], c, scale, **kw)
             if seen is not None:
                 seen.dq_block(rows, qh, g[0])
                 seen.gathered_dkv(layout, keys, hs, g[1], g[2], kg.shape[1], world_size)
@@ -192,7 +201,7 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                      heads_k_stride: int | None = None, layout: str = "zigzag",
-                     sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                     sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by gathering K/V, each rank holding its shard.
 
     Args:
@@ -206,25 +215,30 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
             while one group computes, the next group's gather is in flight.
         layout: ``zigzag`` (default, balanced under a causal mask) or ``contiguous``.
         sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
+        window: a causal sliding window of this many keys (query p sees keys p - window + 1 ..
+            p); each local chunk then attends only the gathered keys its window reaches.
 
     Returns:
         ``out`` ``[B, S/W, Hq, Dv]`` in q's dtype; ``lse`` float32 ``[B, Hq, S/W]``.
 
     Raises:
         ValueError: ``cu_seqlens`` given, an unknown layout, an odd local length under zigzag,
-            or a ``heads_k_stride`` outside 1..Hkv.
+            or a ``heads_k_stride`` outside 1..Hkv; a window that is not positive, without
+            ``causal``, or on a kernel that takes none.
     """
     if cu_seqlens is not None:
         raise ValueError("llama3 is the batch form and takes no cu_seqlens; use llama3_varlen")
+    check_window(window, causal)
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r} is not one llama3 takes; choose one of {', '.join(LAYOUTS)}")
     if layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"local seqlen {q.shape[1]} is odd; the zigzag layout gives every rank two "
                          "equal chunks, so seqlen must be a multiple of 2 * world_size")
     stride = head_group_stride(heads_k_stride, k.shape[2])
-    kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1])
+    kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
+                       window=window is not None)
     if sink is not None:
         check_sink(sink, q.shape[2])
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return GatheredAttention.apply(q, k, v, sink, _forward, _backward, causal, scale, group, kernel, stride,
-                                   layout)
+                                   layout, window)

@@ -1,0 +1,131 @@
+"""The attention work per rank, predicted from the mask alone: layout, documents, window, causal.
+
+Every query row is computed on the rank that holds it, in every ringbench variant (the ring
+brings it keys, the all-gather variants gather them), so a rank's work is the number of
+(query, key) pairs its own queries attend: with causal masking a query at position p of its
+sequence or document sees ``min(window, p + 1)`` keys (``p + 1`` without a window), without it
+every key of its document. Counted exactly, per rank and times the batch, with no kernel and no
+process: the records carry it for every case and status, on CPU too (issue 15, item 7), and
+``max / mean`` says how far the slowest rank's share is above the ideal.
+
+The rows of each rank come from ``variants.bands`` (contiguous, zigzag, stripe; by document for
+ring_varlen and zigzag_varlen), the contiguous row cut (llama3_varlen) or ``variants.balanced``.
+A layout it does not know gives ``None``. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ringbench.variants import VARIANTS, balanced, bands
+
+#: The record fields this module fills.
+FIELDS = ("predicted_pairs_per_rank", "predicted_max_over_mean")
+
+
+def _run_pairs(run: bands.Run, length: int, causal: bool, window: int | None) -> int:
+    """Pairs the queries of ``run`` attend in a sequence or document of ``length`` tokens."""
+    if not causal:
+        return run.count * length
+    if window is None:
+        window = length
+    # Query i at p = start + stride * i sees min(window, p + 1) keys: p + 1 while p < window.
+    below = 0 if run.start >= window else min(run.count, (window - 1 - run.start) // run.stride + 1)
+    first = run.start + 1
+    return below * first + run.stride * below * (below - 1) // 2 + (run.count - below) * window
+
+
+def _row_runs(docs: list[int], rank: int, world_size: int) -> list[bands.Run]:
+    """The runs of the packed row cut contiguously (llama3_varlen): each document's piece on the rank."""
+    local = sum(docs) // world_size
+    start, end = rank * local, (rank + 1) * local
+    runs, a = [], 0
+    for d, n in enumerate(docs):
+        lo, hi = max(a, start), min(a + n, end)
+        if hi > lo:
+            runs.append(bands.Run(lo - start, lo - a, 1, hi - lo, d))
+        a += n
+    return runs
+
+
+def _balanced_runs(docs: list[int], rank: int, world_size: int) -> list[bands.Run]:
+    offsets = [0]
+    for n in docs:
+        offsets.append(offsets[-1] + n)
+    runs, local = [], 0
+    for p in balanced.pieces(offsets, world_size)[rank]:
+        runs.append(bands.Run(local, p.start, 1, p.end - p.start, p.doc))
+        local += p.end - p.start
+    return runs
+
+
+def rank_runs(variant_name: str, layout: str, seqlen: int, world_size: int,
+              docs: list[int] | None) -> list[list[bands.Run]] | None:
+    """Every rank's query rows as runs of positions within their sequence (doc 0) or document,
+    or ``None`` for a layout this module does not know."""
+    variant = VARIANTS.get(variant_name)
+    if variant is None:
+        return None
+    try:
+        if docs is None:
+            return [bands.layout_runs(layout, seqlen, r, world_size) for r in range(world_size)]
+        if layout == balanced.NAME:
+            return [_balanced_runs(docs, r, world_size) for r in range(world_size)]
+        if variant.shard_by_document:
+            return [bands.document_runs(docs, layout, r, world_size) for r in range(world_size)]
+        if layout == "contiguous":
+            return [_row_runs(docs, r, world_size) for r in range(world_size)]
+    except ValueError:
+        return None
+    return None
+
+
+def pairs_per_rank(spec) -> list[int] | None:
+    """Attention pairs of each rank's queries for a case (``CaseSpec``), times the batch; ``None``
+    when its layout is not known here or its documents cannot be read."""
+    from ringbench.spec import layout_of, spec_docs
+
+    variant = VARIANTS.get(spec.variant)
+    if variant is None:
+        return None
+    try:
+        docs = spec_docs(spec) if variant.varlen else None
+    except ValueError:
+        return None
+    if variant.varlen and docs is None:
+        return None
+    runs = rank_runs(spec.variant, layout_of(spec, variant), spec.seqlen, spec.world_size, docs)
+    if runs is None:
+        return None
+    lengths = docs or [spec.seqlen]
+    window = spec.window or None
+    return [spec.batch * sum(_run_pairs(run, lengths[run.doc], spec.causal, window) for run in mine)
+            for mine in runs]
+
+
+def predicted_fields(spec) -> dict[str, Any]:
+    """The record's ``predicted_pairs_per_rank`` and ``predicted_max_over_mean`` (``None`` both when
+    :func:`pairs_per_rank` has none, and the ratio ``None`` when no rank has work)."""
+    pairs = pairs_per_rank(spec)
+    if pairs is None:
+        return dict.fromkeys(FIELDS)
+    mean = sum(pairs) / len(pairs)
+    return {"predicted_pairs_per_rank": pairs, "predicted_max_over_mean": max(pairs) / mean if mean else None}
+
+
+def sharing_pair(spec) -> tuple[int, int] | None:
+    """A pair ``(source, watcher)`` of different ranks where some query of the watcher sees a key of
+    the source under the case's causal sliding window, or ``None`` when no rank needs another's keys
+    (a window of one key, say). Only for a case with a window."""
+    from ringbench.spec import layout_of, spec_docs
+
+    variant = VARIANTS[spec.variant]
+    docs = spec_docs(spec) if variant.varlen else None
+    runs = rank_runs(spec.variant, layout_of(spec, variant), spec.seqlen, spec.world_size, docs)
+    if runs is None:
+        return None
+    for watcher in reversed(range(spec.world_size)):
+        for source in range(spec.world_size):
+            if source != watcher and bands.block_parts(runs[watcher], runs[source], spec.window):
+                return source, watcher
+    return None
