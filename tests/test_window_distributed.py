@@ -1,0 +1,100 @@
+"""Sliding windows and the balanced layout under real torchrun (gloo, CPU), through the harness's own
+``ringbench.check.verify_case``: every variant that takes a window, batch and varlen, against the
+float64 math kernel under the same window (the max rule, the block-decomposition check and the
+cp-active check), one launch per world size (``tests/dist/verify_cases.py``).
+
+The windows are chosen against each layout's blocks: smaller than a chunk, larger than one, and
+spanning several ring steps; the balanced layout gets documents whose lengths 2W does not divide.
+World size 2 is quick (a few cases); 1, 4 and 8 are slow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import ringbench, slow_when, torchrun_cases
+from ringbench.spec import CaseSpec, default_fields, resolve_docs, validate
+
+CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
+LAUNCH_TIMEOUT_S = {1: 120, 2: 150, 4: 240, 8: 300}
+
+
+def _spec(variant: str, world_size: int, window: int = 0, docs: str = "", **fields) -> dict:
+    base = {**default_fields("cpu", 0), "task": "verify", "variant": variant, "kernel": "cpu", "world_size": world_size,
+            "heads": 2, "kv_heads": 1, "head_dim": 16, "dtype": "bf16", "seed": 3, "window": window, "docs": docs,
+            "seqlen": sum(int(d) for d in docs.split(",")) if docs else 32 * world_size}
+    base.update(fields)
+    case = resolve_docs(CaseSpec(**base))
+    validate(case, visible_gpus=0)
+    return case.to_dict()
+
+
+def _cases(world_size: int) -> list[dict]:
+    """Cases at ``world_size``: S = 32W batch (a rank's block is 32 tokens, a zigzag chunk 16)."""
+    W = world_size
+    few = (5, 40, 32 * W - 7) if W > 1 else (5,)  # inside a chunk, across one block, across most of the ring
+    docs = ",".join(str(n) for n in (8 * W + 3, 0, 16 * W - 1, 1, 7 * W - 3, W))  # not multiples of 2W; sum 32W
+    per_doc = ",".join(str(n * 2 * W) for n in (3, 8, 5))
+    out = []
+    for variant in ("ring", "zigzag", "stripe", "llama3"):
+        out += [(f"{variant}_window{w}", _spec(variant, W, w)) for w in few]
+    out += [("stripe_window1", _spec("stripe", W, 1)), ("llama3_contiguous_window40",
+                                                       _spec("llama3", W, 40, layout="contiguous"))]
+    out += [(f"{v}_window{w}", _spec(v, W, w, docs=per_doc)) for v in ("ring_varlen", "zigzag_varlen") for w in few]
+    out += [(f"llama3_varlen_window{w}", _spec("llama3_varlen", W, w, docs=docs)) for w in few]
+    out += [("llama3_varlen_balanced", _spec("llama3_varlen", W, docs=docs, layout="balanced")),
+            ("llama3_varlen_balanced_full", _spec("llama3_varlen", W, docs=docs, layout="balanced", causal=False))]
+    out += [(f"llama3_varlen_balanced_window{w}", _spec("llama3_varlen", W, w, docs=docs, layout="balanced"))
+            for w in few]
+    if W == 2:  # the quick launch keeps one case of each form
+        keep = {"zigzag_window40", "stripe_window5", "llama3_window40", "ring_varlen_window40",
+                "llama3_varlen_balanced", "llama3_varlen_balanced_window5"}
+        out = [c for c in out if c[0] in keep]
+    return [{"name": name, "spec": spec} for name, spec in out]
+
+
+@pytest.fixture(scope="module", params=[slow_when(1, True), 2, slow_when(4, True), slow_when(8, True)], ids=lambda w: f"w{w}")
+def launch(request, tmp_path_factory) -> dict:
+    world_size = request.param
+    cases = _cases(world_size)
+    got = torchrun_cases(CASES_SCRIPT, cases, world_size, tmp_path_factory.mktemp(f"window_w{world_size}"),
+                         f"window_w{world_size}", LAUNCH_TIMEOUT_S[world_size])
+    got["world_size"], got["cases"] = world_size, {c["name"]: c["spec"] for c in cases}
+    return got
+
+
+def test_window_verify_passes_every_case(launch):
+    """Every windowed and balanced case passes verify's rule at this world size, with context
+    parallelism proven active wherever a rank needs another's keys."""
+    records = launch["records"]
+    assert not launch["timed_out"] and set(records) == set(launch["expected"]), launch["log_tail"]
+    failed = {n: (r.get("error") or r.get("reason")) for n, r in records.items()
+              if r["status"] != "ok" or r.get("verdict") != "ok"}
+    assert not failed, failed
+    for name, rec in records.items():
+        assert all(c["passed"] and c["shadow_passed"] for c in rec["checks"]), name
+        if launch["world_size"] > 1 and name != "stripe_window1":
+            assert rec["cp_active"] is True, (name, rec["cp_active_reason"])
+    if "stripe_window1" in records and launch["world_size"] > 1:  # each query sees itself alone: no K/V moves
+        assert records["stripe_window1"]["cp_active"] is None
+        assert "no query sees a key of another rank" in records["stripe_window1"]["cp_active_reason"]
+    assert launch["returncode"] == 0, launch["log_tail"]
+
+
+@pytest.mark.slow
+def test_window_ring_stops_early_in_forward(tmp_path):
+    """ring at W=4 with a window shorter than a rank's block needs one step of K/V from its left
+    neighbour: its forward sends one block of K/V per rank instead of three, and the FLOPs count
+    only the pairs inside the window."""
+    common = ["run", "--variant", "ring", "--device", "cpu", "--kernel", "cpu", "--world-size", "4", "--seqlen", "256",
+              "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--mode", "fwd", "--iters", "2", "--warmup", "1",
+              "--json", "--out", str(tmp_path)]
+    full, windowed = (json.loads(ringbench(*common, *extra, cwd=tmp_path).stdout)[0] for extra in ([], ["--window", "8"]))
+    assert full["status"] == windowed["status"] == "ok"
+    kv_block = 2 * 64 * 1 * 16 * 4  # K and V, 64 tokens, 1 head, dim 16, fp32
+    assert (full["bytes_sent"], windowed["bytes_sent"]) == (3 * kv_block, kv_block)
+    assert windowed["flops_per_gpu"] == pytest.approx(4 * (256 * 8 - 32) * 2 * 16 / 4)
+    assert windowed["predicted_pairs_per_rank"] == [36 + 56 * 8, 64 * 8, 64 * 8, 64 * 8]
