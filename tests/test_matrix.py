@@ -236,7 +236,8 @@ def test_cpu_matrix_gives_every_class_writes_its_files_and_resumes_without_launc
     assert mismatch["class"] == "mismatch" and mismatch["worst_ratio"] > 1 and mismatch["worst_tensor"]
     packed = cells["ring", "packed"]
     assert packed["class"] == "unsupported" and "ring is a batch variant and takes no documents" in packed["reason"]
-    assert cells["ring", "window"]["class"] == "unsupported"
+    assert cells["ring", "window"]["class"] == "correct"  # ring takes a sliding window (window = S / 4)
+    assert "broken_merge cannot take a sliding window" in cells["broken_merge", "window"]["reason"]
     assert cells["fault_oom", "causal"]["class"] == "oom"
     assert cells["fault_raise", "causal"]["class"] == "error"
     assert "injected fault" in cells["fault_raise", "causal"]["reason"]

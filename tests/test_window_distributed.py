@@ -49,10 +49,19 @@ def _cases(world_size: int) -> list[dict]:
             ("llama3_varlen_balanced_full", _spec("llama3_varlen", W, docs=docs, layout="balanced", causal=False))]
     out += [(f"llama3_varlen_balanced_window{w}", _spec("llama3_varlen", W, w, docs=docs, layout="balanced"))
             for w in few]
-    if W == 2:  # the quick launch keeps one case of each form
-        keep = {"zigzag_window40", "stripe_window5", "llama3_window40", "ring_varlen_window40",
-                "llama3_varlen_balanced", "llama3_varlen_balanced_window5"}
-        out = [c for c in out if c[0] in keep]
+    far = f"window{32 * W - 7}"
+    keep = {  # a few of each form per launch, so the slow launches stay near 15 s each on two cores
+        1: {"zigzag_window5", "llama3_varlen_balanced_window5"},
+        2: {"zigzag_window40", "stripe_window5", "llama3_window40", "ring_varlen_window40",
+            "llama3_varlen_balanced", "llama3_varlen_balanced_window5"},
+        4: {"ring_window5", f"ring_{far}", "zigzag_window40", "stripe_window5", "stripe_window1",
+            "llama3_contiguous_window40", "zigzag_varlen_window40", f"llama3_varlen_{far}", "llama3_varlen_balanced",
+            "llama3_varlen_balanced_full", "llama3_varlen_balanced_window40"},
+        8: {"ring_window40", f"zigzag_{far}", "stripe_window5", "llama3_window40", "ring_varlen_window5",
+            "llama3_varlen_balanced", "llama3_varlen_balanced_window40"},
+    }[W]
+    out = [c for c in out if c[0] in keep]
+    assert len(out) == len(keep), "every kept case must exist"
     return [{"name": name, "spec": spec} for name, spec in out]
 
 
@@ -84,15 +93,34 @@ def test_window_verify_passes_every_case(launch):
     assert launch["returncode"] == 0, launch["log_tail"]
 
 
+#: Two run cases of one launch: ring at W=4, forward only, without and with a window of 8 keys.
+EARLY_STOP = """
+[defaults]
+variant = "ring"
+device = "cpu"
+kernel = "cpu"
+world_size = 4
+seqlen = 256
+heads = 2
+kv_heads = 1
+head_dim = 16
+mode = "fwd"
+iters = 2
+warmup = 1
+[sweep]
+window = [0, 8]
+"""
+
+
 @pytest.mark.slow
 def test_window_ring_stops_early_in_forward(tmp_path):
     """ring at W=4 with a window shorter than a rank's block needs one step of K/V from its left
     neighbour: its forward sends one block of K/V per rank instead of three, and the FLOPs count
     only the pairs inside the window."""
-    common = ["run", "--variant", "ring", "--device", "cpu", "--kernel", "cpu", "--world-size", "4", "--seqlen", "256",
-              "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--mode", "fwd", "--iters", "2", "--warmup", "1",
-              "--json", "--out", str(tmp_path)]
-    full, windowed = (json.loads(ringbench(*common, *extra, cwd=tmp_path).stdout)[0] for extra in ([], ["--window", "8"]))
+    (tmp_path / "early.toml").write_text(EARLY_STOP)
+    done = ringbench("run", "--scenario", str(tmp_path / "early.toml"), "--json", "--out", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0
+    full, windowed = sorted((json.loads(line) for line in done.stdout.splitlines()), key=lambda r: r["spec"]["window"])
     assert full["status"] == windowed["status"] == "ok"
     kv_block = 2 * 64 * 1 * 16 * 4  # K and V, 64 tokens, 1 head, dim 16, fp32
     assert (full["bytes_sent"], windowed["bytes_sent"]) == (3 * kv_block, kv_block)
