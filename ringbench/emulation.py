@@ -81,15 +81,17 @@ def emulate_case(spec: CaseSpec, *, device) -> dict:
     inputs = [bench.rank_inputs(spec, r, dtype, device) for r in range(world_size)]
     shards = [(k, v) for _, k, v, _ in inputs]
     gathered = []
+    # Under a sliding window the reference attends the rank's share with the same window.
+    ref_kw, ref_causal = ({"window": (spec.window - 1, 0)}, False) if spec.window else ({}, spec.causal)
     for rank, (q, k, v, dout) in enumerate(inputs):
         step = bench.iteration(variant.attention, q, k, v, dout, backward=backward, causal=spec.causal,
                                softmax_scale=scale, group=None, kernel=kernel, **variant_options(spec))
 
         def reference(q=q, k=k, v=v, dout=dout) -> None:
             with torch.no_grad():
-                out, lse = kernel.forward(q, k, v, spec.causal, scale)
+                out, lse = kernel.forward(q, k, v, ref_causal, scale, **ref_kw)
                 if backward:
-                    kernel.backward(dout, q, k, v, out, lse, spec.causal, scale)
+                    kernel.backward(dout, q, k, v, out, lse, ref_causal, scale, **ref_kw)
 
         with emulation.emulating(rank, world_size, shards):
             gathered.append(bench.measure_rank(spec, step, reference, inputs=(q, k, v), device=device, group=None,

@@ -74,7 +74,7 @@ def test_window_kernels_that_take_none_say_why():
     one; auto skips them; a negative side is refused."""
     reason = check_kernel(KERNELS["cudnn"], "cuda", window=True)
     assert reason == ("the cudnn kernel cannot take a sliding window (PyTorch's cuDNN attention op takes no "
-                      "window size); pass --kernel with one of flash-attn, torch-flash, math or auto")
+                      "window size); pass --kernel with one of flash-attn-4, flash-attn, torch-flash, math or auto")
     assert "memory-efficient" in check_kernel(KERNELS["torch-efficient"], "cuda", window=True)
     assert check_kernel(KERNELS["cpu"], "cpu", window=True) is None
     assert resolve_kernel("auto", "cpu", dtype=torch.float32, window=True).name == "cpu"

@@ -67,11 +67,12 @@ def _neg_inf_rows(lse: Tensor) -> Tensor:
     return lse.masked_fill(lse == math.inf, -math.inf)
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float) -> tuple[Tensor, Tensor]:
+def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, **window) -> tuple[Tensor, Tensor]:
     """``q [B, Sq, Hq, D]``, ``k [B, Sk, Hkv, D]``, ``v [B, Sk, Hkv, Dv]`` (fp16/bf16) →
-    ``out [B, Sq, Hq, Dv]`` in q's dtype and ``lse`` float32 ``[B, Hq, Sq]``."""
+    ``out [B, Sq, Hq, Dv]`` in q's dtype and ``lse`` float32 ``[B, Hq, Sq]``; ``window``: the
+    package's ``window_size_left`` and ``window_size_right`` (-1: unbounded), when given."""
     out, lse, *_ = _interface()._flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                                                return_lse=True)
+                                                return_lse=True, **window)
     return out, _neg_inf_rows(lse)
 
 
@@ -99,32 +100,32 @@ def _expanded_backward(call, q: Tensor, k: Tensor, v: Tensor):
 
 
 def backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
-             softmax_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+             softmax_scale: float, **window) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` in the input dtype, shaped like q, k and v (GQA native)."""
     def call(kk, vv):
         return _interface()._flash_attn_bwd(q, kk, vv, out, dout.contiguous(), lse.contiguous(),
-                                            softmax_scale=softmax_scale, causal=causal)[:3]
+                                            softmax_scale=softmax_scale, causal=causal, **window)[:3]
 
     return _expanded_backward(call, q, k, v)
 
 
-def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale):
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, **window):
     """The packed form: ``q [1, Sq, Hq, D]`` and k, v ``[1, Sk, Hkv, ...]`` with int32 offsets
     (:mod:`kernels` docstring) → ``out [1, Sq, Hq, Dv]``, ``lse`` float32 ``[1, Hq, Sq]``."""
     out, lse, *_ = _interface()._flash_attn_fwd(
         q[0], k[0], v[0], cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, return_lse=True)
+        max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, return_lse=True, **window)
     return out.unsqueeze(0), _neg_inf_rows(lse).unsqueeze(0)
 
 
 def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                    softmax_scale):
+                    softmax_scale, **window):
     """Gradients of :func:`forward_varlen`, ``[1, S, H, ...]`` like q, k and v."""
     def call(kk, vv):
         return _interface()._flash_attn_bwd(
             q[0], kk, vv, out[0], dout[0].contiguous(), lse[0].contiguous(), softmax_scale=softmax_scale,
             causal=causal, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k)[:3]
+            max_seqlen_k=max_seqlen_k, **window)[:3]
 
     dq, dk, dv = _expanded_backward(call, q[0], k[0], v[0])
     return dq.unsqueeze(0), dk.unsqueeze(0), dv.unsqueeze(0)
