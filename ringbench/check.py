@@ -294,7 +294,7 @@ class Placement:
             self.cu_seqlens, self.extra = None, {}
             self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
             self.unwatched = ""
-            if case.spec.window:
+            if getattr(getattr(case, "spec", None), "window", 0):
                 self._watch_window(case.spec)
             return
         by_doc = variant.shard_by_document
@@ -309,7 +309,7 @@ class Placement:
         for r in range(world_size):
             owner[layouts.varlen_token_index(docs_cu, layout, r, world_size, by_document=by_doc)] = r
         self.watch = None
-        if case.spec.window:
+        if getattr(getattr(case, "spec", None), "window", 0):
             self._watch_window(case.spec)
             return
         # Any document whose first token (a key every query of the document sees) lives on

@@ -58,7 +58,20 @@ def layout_runs(layout: str, seqlen: int, rank: int, world_size: int, doc: int =
         c = seqlen // (chunks * world_size)
         ids = [rank] if layout == "contiguous" else [rank, 2 * world_size - 1 - rank]
         runs = [Run(local + i * c, cid * c, 1, c, doc) for i, cid in enumerate(ids)]
-    return [r for r in runs if r.count]
+    return _joined([r for r in runs if r.count])
+
+
+def _joined(runs: list[Run]) -> list[Run]:
+    # Runs that continue each other (zigzag's two chunks on rank W-1, or at W=1) make one run, so one call.
+    out: list[Run] = []
+    for r in runs:
+        last = out[-1] if out else None
+        if (last is not None and last.doc == r.doc and last.stride == r.stride
+                and r.local == last.local + last.count and r.start == last.start + last.stride * last.count):
+            out[-1] = last._replace(count=last.count + r.count)
+        else:
+            out.append(r)
+    return out
 
 
 def document_runs(docs: Sequence[int], layout: str, rank: int, world_size: int) -> list[Run]:
