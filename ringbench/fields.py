@@ -396,7 +396,8 @@ FIELDS: tuple[Field, ...] = (
           check=_one_of(lambda: SINKS)),
     Field("window", int, "a causal sliding window: each query sees this many most recent keys of its sequence or "
           "document, itself included (query p sees keys p - L + 1 .. p); a size such as 4096 or 4k; taken by ring, "
-          "zigzag, stripe, llama3 and their varlen forms on the flash-attn-4, flash-attn, torch-flash, cpu and math kernels", 0, 0,
+          "zigzag, stripe, llama3 and their varlen forms on the flash-attn-4, flash-attn, torch-flash, cpu and math "
+          "kernels", 0, 0,
           default_text="none", label="window={}", optional=True, variant_option=True, parse=_parse_window,
           check=_check_window),
     Field("hf_model", str, "check a whole model instead of attention alone: a random-initialised Llama "
