@@ -174,7 +174,8 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
         options = {**options, "cu_seqlens": cu_seqlens}
         local_cu = layouts.varlen_local_cu_seqlens(cu_seqlens, case.layout, rank, world_size,
-                                                   by_document=variant.shard_by_document, device=device)
+                                                   by_document=variant.shard_by_document, device=device,
+                                                   ulysses_degree=case.ulysses_degree)
         ref_offsets = local_cu.tolist()
         ref_docs = [b - a for a, b in zip(ref_offsets, ref_offsets[1:])]
         ref_max = max(ref_docs)

@@ -288,9 +288,10 @@ class Placement:
 
     def __init__(self, case: CaseSetup, device: torch.device):
         layout, docs, causal, world_size, variant = case.layout, case.docs, case.causal, case.world_size, case.variant
+        u = case.ulysses_degree
         if docs is None:
-            self.shard = lambda x, rank, dim=1: layouts.shard(x, layout, rank, world_size, dim=dim)
-            self.unshard = lambda parts, dim=1: layouts.unshard(parts, layout, dim=dim)
+            self.shard = lambda x, rank, dim=1: layouts.shard(x, layout, rank, world_size, dim=dim, ulysses_degree=u)
+            self.unshard = lambda parts, dim=1: layouts.unshard(parts, layout, dim=dim, ulysses_degree=u)
             self.cu_seqlens, self.extra = None, {}
             self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
             self.unwatched = ""
@@ -302,12 +303,13 @@ class Placement:
         self.extra = {"cu_seqlens": self.cu_seqlens}
         docs_cu = self.cu_seqlens.tolist()
         self.shard = lambda x, rank, dim=1: layouts.shard_varlen(x, docs_cu, layout, rank, world_size,
-                                                                 by_document=by_doc, dim=dim)
+                                                                 by_document=by_doc, dim=dim, ulysses_degree=u)
         self.unshard = lambda parts, dim=1: layouts.unshard_varlen(parts, docs_cu, layout, by_document=by_doc,
-                                                                   dim=dim)
+                                                                   dim=dim, ulysses_degree=u)
         owner = torch.empty(docs_cu[-1], dtype=torch.int64)
         for r in range(world_size):
-            owner[layouts.varlen_token_index(docs_cu, layout, r, world_size, by_document=by_doc)] = r
+            owner[layouts.varlen_token_index(docs_cu, layout, r, world_size, by_document=by_doc,
+                                             ulysses_degree=u)] = r
         self.watch = None
         if getattr(getattr(case, "spec", None), "window", 0):
             self._watch_window(case.spec)

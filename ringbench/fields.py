@@ -171,6 +171,31 @@ def parse_doc_dist(text: str) -> tuple[str, dict[str, float]]:
     return kind, params
 
 
+#: ``ulysses_degree`` auto: one case per factorization of the world size (``sweep`` expands it).
+AUTO_DEGREE = -1
+
+
+def parse_ulysses_degree(text: str) -> int:
+    """Parse ``--ulysses-degree``: a whole number, or ``auto`` (:data:`AUTO_DEGREE`).
+
+    Raises:
+        SpecError: neither.
+    """
+    raw = str(text).strip().lower()
+    if raw == "auto":
+        return AUTO_DEGREE
+    try:
+        return int(raw)
+    except ValueError:
+        raise SpecError(f"ulysses_degree {text!r} is neither a whole number nor auto; pass --ulysses-degree 2 "
+                        "or --ulysses-degree auto") from None
+
+
+def _check_ulysses_degree(name: str, value: int) -> None:
+    if value < AUTO_DEGREE:
+        raise SpecError(f"ulysses_degree {value} must be positive; pass --ulysses-degree 1 or more, or auto")
+
+
 # --------------------------------------------------------------------------- checks of one value
 
 def _flag(name: str) -> str:
@@ -400,6 +425,11 @@ FIELDS: tuple[Field, ...] = (
           "kernels", 0, 0,
           default_text="none", label="window={}", optional=True, variant_option=True, parse=_parse_window,
           check=_check_window),
+    Field("ulysses_degree", int, "ranks in each Ulysses group of the Ulysses-ring hybrids (usp, usp_varlen, "
+          "yc_usp), which run a ring of world_size / ulysses_degree groups; a divisor of the world size that "
+          "divides heads (and divides kv_heads or is a multiple of it), or auto: one case per factorization of "
+          "the world size", 0, 0, default_text="the largest the heads allow; 0 for the other variants",
+          label="U={}", optional=True, variant_option=True, parse=parse_ulysses_degree, check=_check_ulysses_degree),
     Field("hf_model", str, "check a whole model instead of attention alone: a random-initialised Llama "
           "(llama-tiny: 256 tokens, for CPU; llama-small: 16k tokens, for GPUs) through the Hugging Face "
           "adapter; it fixes seqlen, batch, heads, kv_heads and head_dim; needs the hf extra", "", "", default_text="the attention check", optional=True, commands=("verify",),

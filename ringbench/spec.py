@@ -94,6 +94,28 @@ def layout_of(spec, variant) -> str:
     return spec.layout or variant.layout
 
 
+def ulysses_degree_of(spec, variant) -> int:
+    """The Ulysses degree composed into a case's layout (``layouts``' ``ulysses_degree``): the
+    case's own for the Ulysses-ring hybrids (usp), 1 for every other variant."""
+    return variant.layout_degree(spec.world_size, spec.ulysses_degree, spec.heads, spec.kv_heads)
+
+
+def expand_ulysses_degree(spec: "CaseSpec") -> list["CaseSpec"]:
+    """The cases ``spec`` stands for: ``ulysses_degree`` auto becomes one case per factorization
+    U x R of the world size whose U the heads allow (``variants.ulysses_rule``), ascending; unset
+    (0) becomes the variant's default, so records name the degree that ran. Other variants'
+    cases are returned as they are (``validate`` refuses a degree they do not take)."""
+    from ringbench.variants import VARIANTS, factorizations, ulysses_rule
+
+    variant = VARIANTS.get(spec.variant)
+    if variant is None or "ulysses_degree" not in variant.options or spec.ulysses_degree > 0:
+        return [spec]
+    if spec.ulysses_degree == fields.AUTO_DEGREE:
+        return [spec.replace(ulysses_degree=u) for u in factorizations(spec.world_size)
+                if ulysses_rule(spec.heads, spec.kv_heads, u, spec.variant) is None]
+    return [spec.replace(ulysses_degree=variant.ulysses_degree(spec.world_size, 0, spec.heads, spec.kv_heads))]
+
+
 def default_fields(device: str, visible_gpus: int) -> dict[str, Any]:
     """Every field but ``task`` and ``variant`` at its default for ``device`` (the table's
     ``cuda`` and ``cpu`` columns; on cuda the world size is the visible GPUs, at least 1).
@@ -137,7 +159,8 @@ def check_fields(given: Mapping[str, Any]) -> None:
             seqlen=fields.coerce("seqlen", given["seqlen"]), world_size=given["world_size"],
             causal=given.get("causal", True), layout=given.get("layout") or None,
             heads_k_stride=given.get("heads_k_stride", 0), kv_heads=given.get("kv_heads"),
-            rotate=given.get("rotate", ""), sink=given.get("sink", "none"), window=given.get("window", 0))
+            rotate=given.get("rotate", ""), sink=given.get("sink", "none"), window=given.get("window", 0),
+            ulysses_degree=given.get("ulysses_degree", 0), heads=given.get("heads"))
         if reason:
             raise SpecError(reason)
 

@@ -93,7 +93,8 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
         skipped. A variant named with ``--variant`` must be available.
     """
     from ringbench.scenarios import load_scenario
-    from ringbench.spec import CaseSpec, canonical, default_fields, detect_device, resolve, resolve_docs, validate
+    from ringbench.spec import (CaseSpec, canonical, default_fields, detect_device, expand_ulysses_degree, resolve,
+                                resolve_docs, validate)
     from ringbench.variants import get_variant
 
     scen = load_scenario(scenario) if scenario is not None else None
@@ -112,6 +113,7 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
         if not cases:
             raise SpecError(f"scenario {scen.source} has no case left after the --variant and --world-size "
                             "filters; pass values that its cases use")
+    cases = [c for case in cases for c in expand_ulysses_degree(case)]  # --ulysses-degree auto
     resolved, skipped = [], {}
     for i, case in enumerate(cases):
         try:

@@ -97,7 +97,9 @@ def run_one(spec: CaseSpec, device: torch.device) -> tuple[dict, BaseException |
                 fields = {"status": "ok", "reason": None, **bench_case(spec, device=device)}
         kernel = get_kernel(spec.kernel)
         fields["kernel_version"] = kernel.version()
-        notes = variant.notes(heads=spec.heads, kv_heads=spec.kv_heads) + kernel.notes()
+        notes = variant.notes(heads=spec.heads, kv_heads=spec.kv_heads,
+                              ulysses_degree=variant.ulysses_degree(spec.world_size, spec.ulysses_degree, spec.heads,
+                                                                    spec.kv_heads)) + kernel.notes()
         if notes:
             fields["notes"] = notes
     except Exception as exc:  # a fault in one case is recorded, and the sweep goes on

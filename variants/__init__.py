@@ -55,6 +55,40 @@ def document_rule(docs, world_size: int, layout: str, who: str) -> str | None:
     return None
 
 
+def ulysses_rule(heads: int, kv_heads: int | None, degree: int, who: str) -> str | None:
+    """Why a Ulysses degree ``degree`` cannot split ``heads`` query and ``kv_heads`` K/V heads, or ``None``.
+
+    The all-to-all gives every rank of the Ulysses group ``heads / degree`` query heads, so the
+    degree must divide the query heads. K/V heads are split the same way when the degree divides
+    them; when the degree exceeds them and is a multiple of them, each K/V head is replicated
+    ``degree / kv_heads`` times first (as DeepSpeed-Ulysses does), so every rank still gets the
+    one K/V head its query heads use. Any other pair has no head split. Source: DeepSpeed-Ulysses
+    (arXiv 2309.14509), issue 16.
+    """
+    if heads % degree:
+        fits = [d for d in range(1, degree) if heads % d == 0]
+        return (f"Ulysses degree {degree} does not divide heads {heads}, and {who} gives every rank of the "
+                f"Ulysses group heads / degree query heads; use a degree that divides {heads}, such as {fits[-1]}")
+    if kv_heads and kv_heads % degree and degree % kv_heads:
+        return (f"Ulysses degree {degree} neither divides kv_heads {kv_heads} nor is a multiple of it, so {who} "
+                f"can neither split the K/V heads nor replicate them evenly; use a degree that divides "
+                f"{kv_heads} or a multiple of it that divides heads {heads}")
+    return None
+
+
+def default_ulysses_degree(world_size: int, heads: int, kv_heads: int | None = None) -> int:
+    """The Ulysses degree usp takes when none is given: the largest divisor of ``world_size``
+    that :func:`ulysses_rule` accepts for these heads (Ulysses as wide as the heads allow, the
+    ring over the rest, as the USP paper, arXiv 2405.07719, advises)."""
+    return max(d for d in range(1, world_size + 1)
+               if world_size % d == 0 and ulysses_rule(heads, kv_heads, d, "usp") is None)
+
+
+def factorizations(world_size: int) -> list[int]:
+    """The Ulysses degrees U of every factorization ``U x R = world_size``, ascending."""
+    return [d for d in range(1, world_size + 1) if world_size % d == 0]
+
+
 @dataclass(frozen=True)
 class Variant:
     """A registered context-parallel attention variant.
@@ -88,6 +122,10 @@ class Variant:
         expands_kv: it runs GQA by repeating K/V heads to the query heads; records say so.
         head_dim_v: it takes a value head dim apart from the query/key one (``head_dim_v``;
             then its kernel must too); False for peers whose code assumes one head dim.
+        ulysses: ``""`` (no all-to-all), ``"world"`` (Ulysses over the whole group: ulysses,
+            yc_ulysses) or ``"option"`` (Ulysses inside groups of ``ulysses_degree`` ranks, a
+            ring across them: usp, yc_usp; the degree composes into the layout, see
+            ``layouts``). Both refuse heads the degree cannot split (:func:`ulysses_rule`).
         peer: it runs another project's implementation, not ringbench's.
         emulates: one process can play each of its ranks in turn (``run --emulate``,
             ``emulation.py``): its only communication is the ring engine's point-to-point
@@ -127,6 +165,21 @@ class Variant:
     emulates: bool = False
     sink: bool = False
     takes_window: bool = False
+    ulysses: str = ""
+
+    def ulysses_degree(self, world_size: int, option: int = 0, heads: int = 1, kv_heads: int | None = None) -> int:
+        """The Ulysses degree this variant runs a case with: W (``ulysses="world"``), ``option``
+        or its default (``"option"``), else 1 (no all-to-all)."""
+        if self.ulysses == "world":
+            return world_size
+        if self.ulysses == "option":
+            return option if option > 0 else default_ulysses_degree(world_size, heads, kv_heads)
+        return 1
+
+    def layout_degree(self, world_size: int, option: int = 0, heads: int = 1, kv_heads: int | None = None) -> int:
+        """The Ulysses degree composed into this variant's layout (``layouts``' ``ulysses_degree``):
+        that of an ``"option"`` variant, else 1 (a whole-group Ulysses shards contiguously)."""
+        return self.ulysses_degree(world_size, option, heads, kv_heads) if self.ulysses == "option" else 1
 
     def seqlen_multiple(self, world_size: int, layout: str | None = None) -> int:
         """The number the global seqlen must be a multiple of at ``world_size`` (``balanced``: W)."""
@@ -134,8 +187,11 @@ class Variant:
 
     def check(self, *, seqlen: int, world_size: int, causal: bool, layout: str | None = None,
               heads_k_stride: int = 0, kv_heads: int | None = None, rotate: str = "",
-              sink: str = "none", window: int = 0) -> str | None:
-        """Return the one-sentence reason this variant refuses the case, or ``None``."""
+              sink: str = "none", window: int = 0, ulysses_degree: int = 0,
+              heads: int | None = None) -> str | None:
+        """Return the one-sentence reason this variant refuses the case, or ``None``.
+
+        ``ulysses_degree`` -1 is ``auto`` (one case per factorization, expanded by the harness)."""
         if sink != "none" and not self.sink:
             return (f"{self.name} takes no attention sink (sink {sink!r}), since only ringbench's own engines "
                     "apply one once per row; pass --sink none or use a ringbench variant such as zigzag")
@@ -147,6 +203,18 @@ class Variant:
             return f"{self.name} takes no heads_k_stride; it is an option of all-gather variants such as llama3"
         if rotate and "rotate" not in self.options:
             return f"{self.name} takes no rotate; it is an option of torch_cp (PyTorch's context parallel)"
+        if ulysses_degree and "ulysses_degree" not in self.options:
+            return (f"{self.name} takes no ulysses_degree; it is an option of the Ulysses-ring hybrids "
+                    "(usp, yc_usp), so drop --ulysses-degree or use one of them")
+        if ulysses_degree > 0 and world_size % ulysses_degree:
+            return (f"ulysses_degree {ulysses_degree} does not divide world_size {world_size}, and {self.name} "
+                    f"runs a ring of world_size / ulysses_degree groups; pass one of "
+                    f"{', '.join(map(str, factorizations(world_size)))} or auto")
+        if self.ulysses and heads is not None and ulysses_degree >= 0:
+            degree = (world_size if self.ulysses == "world" else ulysses_degree) or None
+            reason = ulysses_rule(heads, kv_heads, degree, self.name) if degree else None
+            if reason:
+                return reason
         if heads_k_stride and kv_heads is not None and not 1 <= heads_k_stride <= kv_heads:
             return (f"heads_k_stride {heads_k_stride} must be between 1 and kv_heads = {kv_heads}; "
                     f"pass --heads-k-stride {kv_heads} or fewer")
@@ -197,11 +265,16 @@ class Variant:
         module, func = self.availability.split(":")
         return getattr(importlib.import_module(f"{__name__}.{module}"), func)()
 
-    def notes(self, *, heads: int, kv_heads: int) -> list[str]:
-        """What a record of this variant should say about how it ran the case."""
+    def notes(self, *, heads: int, kv_heads: int, ulysses_degree: int = 1) -> list[str]:
+        """What a record of this variant should say about how it ran the case (``ulysses_degree``:
+        the degree it ran with, :meth:`ulysses_degree`)."""
         notes = []
         if self.expands_kv and kv_heads != heads:
             notes.append(f"K/V expanded from {kv_heads} to {heads} heads before {self.name}, which has no native GQA")
+        if self.ulysses and ulysses_degree > kv_heads:
+            notes.append(f"K/V heads replicated {ulysses_degree // kv_heads} times, from {kv_heads} to "
+                         f"{ulysses_degree}, since the Ulysses degree {ulysses_degree} exceeds kv_heads (as DeepSpeed "
+                         "does)")
         if self.case_notes:
             notes.extend(self._load(self.case_notes)())
         return notes
@@ -270,6 +343,19 @@ VARIANTS: dict[str, Variant] = {
                 "packed documents, contiguous row (or balanced: each document cut head-tail), all-gather K/V; "
                 "any document boundaries", varlen=True, layouts=("balanced",), options=("heads_k_stride",),
                 sink=True, takes_window=True),
+        Variant("ulysses", "contiguous", "ulysses:ulysses_attention",
+                "DeepSpeed-Ulysses: all-to-all from sequence to head sharding, the kernel over the whole "
+                "sequence for H/W heads, all-to-all back", ulysses="world"),
+        Variant("ulysses_varlen", "contiguous", "ulysses:ulysses_varlen_attention",
+                "packed documents, contiguous row, Ulysses all-to-all; the kernel takes the global "
+                "cu_seqlens, any document boundaries", varlen=True, ulysses="world"),
+        Variant("usp", "zigzag", "usp:usp_attention",
+                "USP: Ulysses inside groups of --ulysses-degree ranks, a zigzag ring across the groups",
+                options=("ulysses_degree",), ulysses="option"),
+        Variant("usp_varlen", "zigzag", "usp:usp_varlen_attention",
+                "packed documents, each in the zigzag layout over the ring, Ulysses inside groups of "
+                "--ulysses-degree ranks", varlen=True, shard_by_document=True, options=("ulysses_degree",),
+                ulysses="option"),
         Variant("torch_cp", "zigzag", "torch_cp:torch_cp_attention",
                 "peer: PyTorch's context_parallel around SDPA (head-tail balancing, all-gather or all-to-all "
                 "rotation)", non_causal=False, options=("rotate",), devices=("cuda",),

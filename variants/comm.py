@@ -1,8 +1,9 @@
 """Where the variants move bytes, each byte counted where it is sent.
 
 ringbench's own variants communicate only through the helpers here, which count what they
-move: :class:`RingComm` (the ring's batched point-to-point exchange) and
-:func:`all_gather_into_tensor` / :func:`reduce_scatter_tensor` (the all-gather variants). A
+move: :class:`RingComm` (the ring's batched point-to-point exchange),
+:func:`all_gather_into_tensor` / :func:`reduce_scatter_tensor` (the all-gather variants) and
+:func:`all_to_all_single` (the Ulysses variants). A
 peer that moves its bytes through its own ``torch.distributed`` calls runs under
 :func:`counting_dist`, which, while held, counts the public point-to-point and collective
 functions of ``torch.distributed`` (the real call still happens). Both follow one set of
@@ -235,6 +236,13 @@ def all_reduce(tensor: Tensor, group=None, async_op: bool = False):
     """``torch.distributed.all_reduce`` (sum), counted as a ring all-reduce: ``2 (W - 1) / W``
     times the tensor, sent and received."""
     return _call_counted("all_reduce", tensor, group=group, async_op=async_op)
+
+
+def all_to_all_single(output: Tensor, input: Tensor, group=None, async_op: bool = False):
+    """``torch.distributed.all_to_all_single`` in equal splits along dim 0, counted: every part
+    of ``input`` but this rank's own is sent, and every part of ``output`` but its own received
+    (``(W - 1) / W`` of the tensor each way)."""
+    return _call_counted("all_to_all_single", output, input, group=group, async_op=async_op)
 
 
 class RingComm:

@@ -126,3 +126,19 @@ def observing() -> Iterator[Observation]:
         yield _current
     finally:
         _current = None
+
+
+@contextlib.contextmanager
+def hidden() -> Iterator[None]:
+    """Hide the observation being held while the body runs, so the engines report nothing.
+
+    For an engine that runs another engine on re-sharded tensors (ulysses and usp run the ring
+    engine on head-sharded rows after an all-to-all): the inner engine's rows and heads are not
+    the variant's own, so its reports would mislead the block-decomposition reference.
+    """
+    global _current
+    held, _current = _current, None
+    try:
+        yield
+    finally:
+        _current = held
