@@ -1,0 +1,166 @@
+"""Ulysses and USP (issue 16): the composed layout, the head rules, --ulysses-degree, and verify under torchrun.
+
+The distributed tests run ``ringbench verify --scenario`` (real torchrun, gloo, one launch per
+world size) over ulysses, ulysses_varlen, usp and usp_varlen: causal and not, GQA with K/V heads
+split and replicated, batch and packed documents, every factorization U x R of W (auto).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers import ringbench
+from ringbench.errors import SpecError
+from ringbench.spec import CaseSpec, default_fields, expand_ulysses_degree
+from ringbench.variants import VARIANTS, default_ulysses_degree, factorizations, layouts, ulysses_rule
+
+
+# --------------------------------------------------------------------------- the composed layout
+
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_layouts_composed_round_trip(world_size, layout):
+    seqlen = 2 * world_size * 3
+    x = torch.arange(seqlen).view(1, seqlen)
+    for u in factorizations(world_size):
+        parts = [layouts.shard(x, layout, r, world_size, ulysses_degree=u) for r in range(world_size)]
+        assert torch.equal(layouts.unshard(parts, layout, ulysses_degree=u), x)
+        # A ring group's Ulysses parts, put together, are the ring rank's share at W / U.
+        for ring_rank in range(world_size // u):
+            whole = torch.cat(parts[ring_rank * u:(ring_rank + 1) * u], dim=1)
+            assert torch.equal(whole, layouts.shard(x, layout, ring_rank, world_size // u))
+    # U = W is the contiguous layout, whatever the base.
+    full = [layouts.shard(x, layout, r, world_size, ulysses_degree=world_size) for r in range(world_size)]
+    assert all(torch.equal(p, layouts.shard(x, "contiguous", r, world_size)) for r, p in enumerate(full))
+
+
+def test_layouts_composed_varlen_round_trip():
+    docs = [16, 0, 48, 32]  # multiples of 2 * 8
+    cu = layouts.cu_seqlens_from_docs(docs)
+    x = torch.arange(sum(docs)).view(1, -1)
+    for world_size in (2, 4, 8):
+        for u in factorizations(world_size):
+            parts = [layouts.shard_varlen(x, cu, "zigzag", r, world_size, by_document=True, ulysses_degree=u)
+                     for r in range(world_size)]
+            back = layouts.unshard_varlen(parts, cu, "zigzag", by_document=True, ulysses_degree=u)
+            assert torch.equal(back, x)
+            pieces = [layouts.varlen_local_cu_seqlens(cu, "zigzag", r, world_size, by_document=True,
+                                                      ulysses_degree=u)[-1].item() for r in range(world_size)]
+            assert pieces == [sum(docs) // world_size] * world_size
+
+
+# --------------------------------------------------------------------------- the head rule
+
+def test_ulysses_rule_heads():
+    assert ulysses_rule(8, 2, 4, "usp") is None  # K/V replicated twice
+    assert ulysses_rule(8, 8, 4, "usp") is None
+    assert "does not divide heads 6" in ulysses_rule(6, 2, 4, "ulysses")
+    assert "neither divides kv_heads 3" in ulysses_rule(12, 3, 2, "usp")
+    assert default_ulysses_degree(8, 4, 2) == 4 and default_ulysses_degree(4, 4, 4) == 4
+
+
+def _spec(**fields):
+    return CaseSpec.from_dict({"task": "verify", **default_fields("cpu", 0), **fields})
+
+
+def test_ulysses_degree_auto_expands_to_factorizations():
+    cases = expand_ulysses_degree(_spec(variant="usp", world_size=8, heads=8, kv_heads=2, ulysses_degree=-1))
+    assert [c.ulysses_degree for c in cases] == [1, 2, 4, 8]
+    # 4 heads: U = 8 cannot split them, so auto leaves it out.
+    cases = expand_ulysses_degree(_spec(variant="usp", world_size=8, heads=4, kv_heads=2, ulysses_degree=-1))
+    assert [c.ulysses_degree for c in cases] == [1, 2, 4]
+    # Unset: the variant's default, written into the case.
+    assert expand_ulysses_degree(_spec(variant="usp", world_size=4, heads=4))[0].ulysses_degree == 4
+    assert expand_ulysses_degree(_spec(variant="ring", world_size=4))[0].ulysses_degree == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--variant", "ulysses", "--world-size", "4", "--heads", "6", "--kv-heads", "2"],
+     "Ulysses degree 4 does not divide heads 6"),
+    (["--variant", "usp", "--world-size", "4", "--ulysses-degree", "4", "--heads", "12", "--kv-heads", "3"],
+     "neither divides kv_heads 3"),
+    (["--variant", "usp", "--world-size", "4", "--ulysses-degree", "3"], "does not divide world_size 4"),
+    (["--variant", "ring", "--world-size", "2", "--ulysses-degree", "2"], "ring takes no ulysses_degree"),
+    (["--variant", "usp", "--ulysses-degree", "two"], "neither a whole number nor auto"),
+])
+def test_ulysses_refusals_exit_2(tmp_path, args, message):
+    proc = ringbench("verify", "--device", "cpu", "--seqlen", "256", *args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr + proc.stdout
+    assert not (tmp_path / "results").exists()
+
+
+def test_registry_ulysses_family():
+    assert VARIANTS["usp"].ulysses == "option" and "ulysses_degree" in VARIANTS["usp"].options
+    assert VARIANTS["ulysses"].ulysses == "world" and "ulysses_degree" not in VARIANTS["ulysses"].options
+    assert VARIANTS["usp"].notes(heads=8, kv_heads=2, ulysses_degree=4)[0].startswith("K/V heads replicated 2 times")
+    assert VARIANTS["usp"].notes(heads=8, kv_heads=2, ulysses_degree=2) == []
+
+
+# --------------------------------------------------------------------------- verify under torchrun
+
+def _cases(world_size: int) -> list[dict]:
+    """The cases of one world size: heads 8, so every U of W = 1..8 splits them; kv_heads 2, so
+    U above 2 replicates K/V."""
+    w = world_size
+    docs_any = "1,0,129,3,123"  # a one-token, an empty and a straddling document: any boundaries
+    docs_2w = ",".join(str(d) for d in (2 * w, 0, 2 * w * ((96 // (2 * w)) or 1)))
+    docs_2w += f",{256 - sum(int(d) for d in docs_2w.split(','))}"
+    return [
+        dict(variant="ulysses", causal=True, kv_heads=8, dtype="bf16"),
+        dict(variant="ulysses", causal=False, kv_heads=2, dtype="fp32", batch=2),
+        dict(variant="ulysses_varlen", causal=True, kv_heads=2, dtype="bf16", docs=docs_any),
+        dict(variant="usp", causal=True, kv_heads=2, dtype="bf16", batch=2, ulysses_degree="auto"),
+        dict(variant="usp", causal=False, kv_heads=8, dtype="bf16", ulysses_degree="auto"),
+        dict(variant="usp_varlen", causal=True, kv_heads=2, dtype="fp32", docs=docs_2w, ulysses_degree="auto"),
+    ]
+
+
+def _scenario(world_size: int) -> str:
+    lines = ['description = "ulysses and usp under torchrun"', "[defaults]", 'device = "cpu"', 'kernel = "cpu"',
+             f"world_size = {world_size}", "seqlen = 256", "heads = 8", "head_dim = 16", "seed = 3", ""]
+    for case in _cases(world_size):
+        lines.append("[[case]]")
+        lines.extend(f"{k} = {json.dumps(v)}" for k, v in case.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+@pytest.mark.dist
+@pytest.mark.slow  # 5 s at W=1 to 8 s at W=2 and more beyond, on two cores
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_ulysses_usp_verify_passes(tmp_path, world_size):
+    scenario = tmp_path / "ulysses.toml"
+    scenario.write_text(_scenario(world_size))
+    proc = ringbench("verify", "--scenario", str(scenario), "--out", str(tmp_path), "--json", cwd=tmp_path)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    n_degrees = len(factorizations(world_size))
+    assert len(records) == 3 + 3 * n_degrees  # auto: one usp case per factorization
+    for rec in records:
+        assert rec["status"] == "ok", (rec["spec"]["variant"], rec["reason"])
+        assert all(c["passed"] for c in rec["checks"])
+        assert rec["cp_active"] is (None if world_size == 1 or rec["cp_active_reason"] else True)
+    usp = [r for r in records if r["spec"]["variant"] == "usp" and r["spec"]["causal"]]
+    assert sorted(r["spec"]["ulysses_degree"] for r in usp) == factorizations(world_size)
+    for rec in records:
+        degree = world_size if rec["spec"]["variant"].startswith("ulysses") else rec["spec"]["ulysses_degree"]
+        replicated = degree > rec["spec"]["kv_heads"]
+        assert any("K/V heads replicated" in n for n in rec.get("notes", [])) is replicated
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_ulysses_bytes_counted(tmp_path):
+    """Forward and backward all-to-all q, k, v, out, lse, dout, dq, dk, dv: (W-1)/W of each, per rank."""
+    proc = ringbench("run", "--variant", "ulysses", "--device", "cpu", "--kernel", "cpu", "--world-size", "2",
+                     "--seqlen", "256", "--heads", "4", "--kv-heads", "4", "--head-dim", "16", "--iters", "2",
+                     "--warmup", "1", "--out", str(tmp_path), "--json", cwd=tmp_path)
+    assert proc.returncode == 0
+    rec = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][0])
+    local = 128 * 4 * 16 * 4  # one [1, S/W, H, D] fp32 tensor, bytes
+    lse = 128 * 4 * 4
+    assert rec["bytes_sent"] == rec["bytes_received"] == (8 * local + lse) // 2
