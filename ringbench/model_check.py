@@ -110,7 +110,8 @@ def check_model(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
                                         **case.options))
     cu = layouts.cu_seqlens_from_docs(docs, device=device) if docs is not None else None
     batch = cp.shard_batch(ids.to(device), variant=spec.variant, rank=rank, world_size=world_size,
-                           labels=ids.to(device), cu_seqlens=cu, layout=case.layout)
+                           labels=ids.to(device), cu_seqlens=cu, layout=case.layout,
+                           ulysses_degree=case.ulysses_degree if case.variant.ulysses == "option" else None)
     loss = cp.causal_lm_loss(model(**batch.model_inputs()).logits, batch.labels, group=group)
     loss.backward()
     cp.all_reduce_grads(model.parameters(), group=group)

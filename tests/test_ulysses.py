@@ -164,3 +164,37 @@ def test_ulysses_bytes_counted(tmp_path):
     local = 128 * 4 * 16 * 4  # one [1, S/W, H, D] fp32 tensor, bytes
     lse = 128 * 4 * 4
     assert rec["bytes_sent"] == rec["bytes_received"] == (8 * local + lse) // 2
+
+
+# --------------------------------------------------------------------------- compare marks the best factorization
+
+def _run_record(variant: str, degree: int, seqlen: int, tflops: float) -> dict:
+    spec = _spec(variant=variant, world_size=4, seqlen=seqlen, heads=4, kv_heads=2, ulysses_degree=degree,
+                 kernel="cpu").replace(task="run")
+    return {"schema_version": 1, "task": "run", "run_id": "r", "case_id": spec.case_id(),
+            "created_at": "2026-12-01T00:00:00+00:00", "spec": spec.to_dict(), "status": "ok", "reason": None,
+            "kernel": "cpu", "time_ms": 1.0, "tflops_per_gpu": tflops, "efficiency": tflops / 100,
+            "peak_allocated_gib": None, "env": {"torch": "2.13.0+cpu", "ringbench": "0.1.0", "gpu_name": None}}
+
+
+def test_compare_marks_best_factorization(tmp_path):
+    from typer.testing import CliRunner
+
+    from ringbench.cli import app
+    from ringbench.results import append_record
+
+    path = tmp_path / "runs.jsonl"
+    for rec in (_run_record("usp", 1, 1024, 10.0), _run_record("usp", 2, 1024, 14.0), _run_record("usp", 4, 1024, 12.0),
+                _run_record("usp", 1, 2048, 30.0), _run_record("usp", 2, 2048, 20.0),
+                _run_record("ring", 0, 1024, 50.0)):
+        append_record(path, rec)
+    runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+    result = runner.invoke(app, ["compare", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {(r["variant"], r["ulysses_degree"]): r for r in map(json.loads, result.stdout.splitlines())}
+    assert rows[("usp", 2)]["best_factorization"] == ["1024"]
+    assert rows[("usp", 1)]["best_factorization"] == ["2048"]
+    assert rows[("usp", 4)]["best_factorization"] == [] and rows[("ring", 0)]["best_factorization"] == []
+    assert rows[("ring", 0)]["best"] == ["1024"]  # the contest across variants still holds
+    table = runner.invoke(app, ["compare", str(path)]).stdout
+    assert "14.0†" in table and "† best Ulysses x ring factorization" in table

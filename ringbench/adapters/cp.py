@@ -132,7 +132,8 @@ def check_setup(variant: str, *, seqlen: int, world_size: int, batch: int = 1,
 
 
 def shard_batch(input_ids: Tensor, *, variant: str, rank: int, world_size: int, labels: Tensor | None = None,
-                cu_seqlens: Tensor | Sequence[int] | None = None, layout: str | None = None) -> ShardedBatch:
+                cu_seqlens: Tensor | Sequence[int] | None = None, layout: str | None = None,
+                ulysses_degree: int | None = None) -> ShardedBatch:
     """Cut whole rows of token ids (and their labels) into ``rank``'s share for ``variant``.
 
     Args:
@@ -142,6 +143,9 @@ def shard_batch(input_ids: Tensor, *, variant: str, rank: int, world_size: int, 
         labels: int64 ``[B, S]`` unshifted (usually ``input_ids``), or ``None``.
         cu_seqlens: the global document offsets of a packed row (varlen variants, B = 1).
         layout: for a variant that takes several layouts (llama3), the one its attention uses.
+        ulysses_degree: for the Ulysses-ring hybrids (usp, usp_varlen), the degree their attention
+            runs with, which composes into the layout (``layouts``); required for them, refused for
+            the others.
 
     Returns:
         A :class:`ShardedBatch` of ``[B, S/W]`` tensors.
@@ -158,19 +162,25 @@ def shard_batch(input_ids: Tensor, *, variant: str, rank: int, world_size: int, 
     check_setup(variant, seqlen=seqlen, world_size=world_size, batch=batch, cu_seqlens=cu_seqlens, layout=layout)
     v = get_variant(variant)
     layout = layout or v.layout
+    if (ulysses_degree is None) == (v.ulysses == "option"):
+        raise ValueError(f"{variant}'s layout depends on its Ulysses degree, so pass ulysses_degree=, the one its "
+                         "attention runs with" if ulysses_degree is None else
+                         f"{variant} takes no ulysses_degree; drop it (only usp and usp_varlen compose one)")
+    u = v.layout_degree(world_size, ulysses_degree or 0)
     device = input_ids.device
     if cu_seqlens is None:
         positions = torch.arange(seqlen, device=device).expand(batch, seqlen)
         cu = None
 
         def cut(x: Tensor) -> Tensor:
-            return layouts.shard(x, layout, rank, world_size)
+            return layouts.shard(x, layout, rank, world_size, ulysses_degree=u)
     else:
         cu = torch.tensor(layouts.offsets_of(cu_seqlens), dtype=torch.int32, device=device)
         positions = document_positions(cu, seqlen, device=device).unsqueeze(0)
 
         def cut(x: Tensor) -> Tensor:
-            return layouts.shard_varlen(x, cu, layout, rank, world_size, by_document=v.shard_by_document)
+            return layouts.shard_varlen(x, cu, layout, rank, world_size, by_document=v.shard_by_document,
+                                        ulysses_degree=u)
     shifted = shift_labels(labels, cu) if labels is not None else None
     return ShardedBatch(cut(input_ids), cut(positions), cut(shifted) if shifted is not None else None, cu)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ringbench.compare.load import check_columns, python_value, varying_fields
@@ -101,10 +101,14 @@ class Contest:
         winners: (row, column) positions holding the best value of their group and column.
         vs_peer: (row, column) -> this row's value over the best peer's in its group and
             column, turned so that above 1 is better (for time and memory: peer / row).
+        best_factorization: (row, column) positions holding the best value among rows that
+            differ only in ``ulysses_degree`` (usp's factorizations U x R of the world size,
+            ``--ulysses-degree auto``), where at least two were measured.
     """
 
     winners: set[tuple[int, int]]
     vs_peer: dict[tuple[int, int], float]
+    best_factorization: set[tuple[int, int]] = field(default_factory=set)
 
 
 def contest(p: Pivot) -> Contest:
@@ -142,4 +146,23 @@ def contest(p: Pivot) -> Contest:
             for i, v in values.items():
                 if not is_peer[i] and v and peer:
                     result.vs_peer[(i, j)] = v / peer if p.metric.higher_is_better else peer / v
+    _mark_factorizations(p, result, better)
     return result
+
+
+def _mark_factorizations(p: Pivot, result: Contest, better) -> None:
+    """Fill ``result.best_factorization``: the best of rows that differ only in ``ulysses_degree``."""
+    if "ulysses_degree" not in p.index:
+        return
+    at = p.index.index("ulysses_degree")
+    groups: dict[tuple, list[int]] = {}
+    rows = p.rows()
+    for i, (key, _) in enumerate(rows):
+        if key[at]:  # 0: a variant without a Ulysses degree
+            groups.setdefault(tuple(v for n, v in enumerate(key) if n != at), []).append(i)
+    for members in groups.values():
+        for j in range(len(p.table.columns)):
+            values = {i: rows[i][1][j] for i in members if rows[i][1][j] is not None}
+            if len(values) >= 2:
+                best = better(values.values())
+                result.best_factorization.update((i, j) for i, v in values.items() if v == best)

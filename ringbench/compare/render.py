@@ -23,6 +23,8 @@ def _cell(p: Pivot, c: Contest, i: int, j: int, value: Any) -> str:
     text = format_value(p.metric, value)
     if (i, j) in c.vs_peer:
         text += f" ×{c.vs_peer[(i, j)]:.2f}"
+    if c.best_factorization:
+        text += "†" if (i, j) in c.best_factorization else " "
     if not c.winners:
         return text
     return text + ("*" if (i, j) in c.winners else " ")
@@ -30,11 +32,13 @@ def _cell(p: Pivot, c: Contest, i: int, j: int, value: Any) -> str:
 
 def contest_legend(c: Contest) -> str | None:
     """The line that explains the marks, or ``None`` when there are none."""
-    if not c.winners:
+    if not c.winners and not c.best_factorization:
         return None
-    legend = "* best of the variants (and their options) that share every other field"
+    legend = "* best of the variants (and their options) that share every other field" if c.winners else ""
     if c.vs_peer:
         legend += "; ×N: against the best peer variant (torch_cp, rfa_*) there, above 1 is better"
+    if c.best_factorization:
+        legend += ("; " if legend else "") + "† best Ulysses x ring factorization (ulysses_degree) of its variant"
     return legend
 
 
@@ -107,6 +111,7 @@ def pivot_json_lines(p: Pivot) -> list[str]:
         row.update(metric=p.metric.name, column=p.metric.column, x=p.x,
                    values=dict(zip(columns, values)),
                    best=[x for j, x in enumerate(columns) if (i, j) in c.winners],
+                   best_factorization=[x for j, x in enumerate(columns) if (i, j) in c.best_factorization],
                    vs_best_peer={x: round(c.vs_peer[(i, j)], 4) for j, x in enumerate(columns)
                                  if (i, j) in c.vs_peer})
         out.append(json.dumps(row))
