@@ -198,3 +198,42 @@ def test_compare_marks_best_factorization(tmp_path):
     assert rows[("ring", 0)]["best"] == ["1024"]  # the contest across variants still holds
     table = runner.invoke(app, ["compare", str(path)]).stdout
     assert "14.0†" in table and "† best Ulysses x ring factorization" in table
+
+
+# --------------------------------------------------------------------------- the yunchang peers
+
+YC_SCENARIO = """
+description = "yunchang's Ulysses, ring and USP under torchrun"
+[defaults]
+device = "cpu"
+kernel = "cpu"
+world_size = 4
+seqlen = 256
+heads = 4
+kv_heads = 2
+head_dim = 32
+dtype = "bf16"
+[[case]]
+variant = "yc_ulysses"
+[[case]]
+variant = "yc_ring"
+causal = false
+[[case]]
+variant = "yc_usp"
+ulysses_degree = "auto"
+"""
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_yunchang_peers_verify_passes(tmp_path):
+    pytest.importorskip("yunchang", reason="yunchang is not installed (the test extra installs it)")
+    scenario = tmp_path / "yc.toml"
+    scenario.write_text(YC_SCENARIO)
+    proc = ringbench("verify", "--scenario", str(scenario), "--out", str(tmp_path), "--json", cwd=tmp_path)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted((r["spec"]["variant"], r["spec"]["ulysses_degree"]) for r in records) == [
+        ("yc_ring", 0), ("yc_ulysses", 0), ("yc_usp", 1), ("yc_usp", 2), ("yc_usp", 4)]
+    assert all(r["status"] == "ok" and all(c["passed"] for c in r["checks"]) for r in records)
+    assert all(r["cp_active"] for r in records)

@@ -271,7 +271,7 @@ class Variant:
         notes = []
         if self.expands_kv and kv_heads != heads:
             notes.append(f"K/V expanded from {kv_heads} to {heads} heads before {self.name}, which has no native GQA")
-        if self.ulysses and ulysses_degree > kv_heads:
+        if self.ulysses and not self.expands_kv and ulysses_degree > kv_heads:
             notes.append(f"K/V heads replicated {ulysses_degree // kv_heads} times, from {kv_heads} to "
                          f"{ulysses_degree}, since the Ulysses degree {ulysses_degree} exceeds kv_heads (as DeepSpeed "
                          "does)")
@@ -375,6 +375,16 @@ VARIANTS: dict[str, Variant] = {
               ("zigzag", "zigzag", "zigzag_ring_flash_attn_func", False, False),
               ("stripe", "stripe", "stripe_flash_attn_func", False, False),
               ("llama3_varlen", "contiguous", "llama3_flash_attn_varlen_func", True, True))),
+        *(Variant(f"yc_{name}", layout, f"yunchang:yc_{name}_attention",
+                  f"peer: yunchang's {what}; its flash-attn calls are served by the flash-attn package where "
+                  "it is installed, else by ringbench's kernel (torch-flash on CUDA, cpu or math)",
+                  options=("ulysses_degree",) if name == "usp" else (), ulysses=ulysses,
+                  kernels=("flash-attn", "torch-flash", "cpu", "math"), availability="yunchang:unavailable_reason",
+                  session="comm:dist_session", peer=True)
+          for name, layout, ulysses, what in (
+              ("ulysses", "contiguous", "world", "Ulysses all-to-all around its ring function at one rank"),
+              ("ring", "zigzag", "", "zigzag ring (its basic ring without a causal mask)"),
+              ("usp", "zigzag", "option", "USP (LongContextAttention's all-to-all and zigzag ring)"))),
     )
 }
 
