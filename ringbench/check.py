@@ -557,7 +557,8 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
                   for n, g, s, r, e in zip(TENSORS, gathered, single, ref, expected)]
         for i, c in enumerate(checks):
             if shadow is None:
-                c.update(_no_shadow(f"{variant.name} does not report its kernel calls (a peer's own engine), so "
+                why = "a peer's own engine" if variant.peer else "they run on head-sharded rows after its all-to-all"
+                c.update(_no_shadow(f"{variant.name} does not report its kernel calls ({why}), so "
                                     "only the max rule applies"))
                 continue
             c.update(shadow_check(gathered[i], shadow[0][i], expected[i][0], terms=shadow[1][i],
