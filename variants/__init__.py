@@ -380,7 +380,7 @@ VARIANTS: dict[str, Variant] = {
                   "it is installed, else by ringbench's kernel (torch-flash on CUDA, cpu or math)",
                   options=("ulysses_degree",) if name == "usp" else (), ulysses=ulysses,
                   kernels=("flash-attn", "torch-flash", "cpu", "math"), availability="yunchang:unavailable_reason",
-                  session="comm:dist_session", peer=True)
+                  session="comm:dist_session", head_dim_v=False, peer=True)
           for name, layout, ulysses, what in (
               ("ulysses", "contiguous", "world", "Ulysses all-to-all around its ring function at one rank"),
               ("ring", "zigzag", "", "zigzag ring (its basic ring without a causal mask)"),

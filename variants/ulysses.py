@@ -134,7 +134,8 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
     grid = process_grid(group, ulysses_degree)
     ring_len = q.shape[1] * ulysses_degree
     try:
-        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], varlen=cu_seqlens is not None)
+        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
+                           varlen=cu_seqlens is not None)
     except ValueError as exc:
         raise ValueError(f"{prefix} {exc}") from None
     if cu_seqlens is None:
