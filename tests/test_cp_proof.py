@@ -27,7 +27,7 @@ NO_CROSSING = "no document crosses a rank boundary, so no rank needs another's K
 
 def _placement(variant: str, world_size: int, docs=None, causal=True) -> check.Placement:
     v = get_variant(variant)
-    case = SimpleNamespace(layout=v.layout, docs=docs, causal=causal, world_size=world_size, variant=v)
+    case = SimpleNamespace(layout=v.layout, docs=docs, causal=causal, world_size=world_size, variant=v, ulysses_degree=1)
     return check.Placement(case, torch.device("cpu"))
 
 
