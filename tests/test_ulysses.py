@@ -119,6 +119,9 @@ def _cases(world_size: int) -> list[dict]:
         dict(variant="usp", causal=False, kv_heads=8, dtype="bf16", ulysses_degree="auto" if w <= 2 else 2),
         dict(variant="usp_varlen", causal=True, kv_heads=2, dtype="fp32", docs=docs_2w,
              ulysses_degree="auto" if w <= 2 else w // 2),
+        # Attention sinks (issue 19): each rank's heads' logits join after the ring's last merge.
+        dict(variant="usp", causal=True, kv_heads=2, dtype="fp32", sink="learnable", ulysses_degree=max(1, w // 2)),
+        dict(variant="ulysses_varlen", causal=False, kv_heads=2, dtype="fp32", docs=docs_any, sink="off-by-one"),
     ]
 
 
@@ -142,12 +145,14 @@ def test_ulysses_usp_verify_passes(tmp_path, world_size):
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, proc.stderr[-2000:]
     n_degrees = len(factorizations(world_size))
-    assert len(records) == 3 + n_degrees + (2 * n_degrees if world_size <= 2 else 2)  # auto: one per factorization
+    assert len(records) == 5 + n_degrees + (2 * n_degrees if world_size <= 2 else 2)  # auto: one per factorization
+    sinks = [r for r in records if r["spec"]["sink"] == "learnable"]
+    assert len(sinks) == 1 and [c["tensor"] for c in sinks[0]["checks"]][-1] == "dsink"
     for rec in records:
         assert rec["status"] == "ok", (rec["spec"]["variant"], rec["reason"])
         assert all(c["passed"] for c in rec["checks"])
         assert rec["cp_active"] is (None if world_size == 1 or rec["cp_active_reason"] else True)
-    usp = [r for r in records if r["spec"]["variant"] == "usp" and r["spec"]["causal"]]
+    usp = [r for r in records if r["spec"]["variant"] == "usp" and r["spec"]["causal"] and r["spec"]["sink"] == "none"]
     assert sorted(r["spec"]["ulysses_degree"] for r in usp) == factorizations(world_size)
     for rec in records:
         degree = world_size if rec["spec"]["variant"].startswith("ulysses") else rec["spec"]["ulysses_degree"]

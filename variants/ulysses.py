@@ -29,10 +29,11 @@ import torch
 import torch.distributed as dist
 
 from . import observe, ulysses_rule
-from .comm import all_to_all_single
+from .comm import all_reduce, all_to_all_single
 from .grid import Grid, process_grid
 from .kernels import Kernel, as_kernel
 from .ring import Plan, VarlenSteps, _ring_backward, _ring_forward, batch_steps, contiguous_plan
+from .sinks import check_sink, sink_grad
 from .varlen import check_cu_seqlens
 
 Tensor = torch.Tensor
@@ -78,15 +79,18 @@ class UlyssesRing(torch.autograd.Function):
     """All-to-all, the ring engine over the ring group, all-to-all back; see :func:`run_ulysses`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, grid: Grid, kernel, steps):
+    def forward(ctx, q, k, v, sink, causal, scale, grid: Grid, kernel, steps):
+        heads = q.shape[2] // grid.ulysses_degree
+        mine = slice(grid.ulysses_rank * heads, (grid.ulysses_rank + 1) * heads)  # this rank's heads after the a2a
+        sink_h = sink[mine] if sink is not None else None
         replicas = max(1, grid.ulysses_degree // k.shape[2])
         if replicas > 1:  # degree above the K/V heads: replicate each K/V head (DeepSpeed)
             k, v = k.repeat_interleave(replicas, dim=2), v.repeat_interleave(replicas, dim=2)
         qh, kh, vh = (seq_to_heads(t, grid.ulysses, grid.ulysses_degree) for t in (q, k, v))
         with observe.hidden():
-            out_h, lse_h = _ring_forward(qh, kh, vh, causal, scale, grid.ring, kernel, steps)
-        ctx.save_for_backward(qh, kh, vh, out_h, lse_h)
-        ctx.args = (causal, scale, grid, kernel, steps, replicas)
+            out_h, lse_h = _ring_forward(qh, kh, vh, causal, scale, grid.ring, kernel, steps, sink=sink_h)
+        ctx.save_for_backward(qh, kh, vh, out_h, lse_h, sink)
+        ctx.args = (causal, scale, grid, kernel, steps, replicas, mine)
         out = heads_to_seq(out_h, grid.ulysses, grid.ulysses_degree)
         lse = lse_heads_to_seq(lse_h, grid.ulysses, grid.ulysses_degree)
         ctx.mark_non_differentiable(lse)
@@ -94,8 +98,8 @@ class UlyssesRing(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        qh, kh, vh, out_h, lse_h = ctx.saved_tensors
-        causal, scale, grid, kernel, steps, replicas = ctx.args
+        qh, kh, vh, out_h, lse_h, sink = ctx.saved_tensors
+        causal, scale, grid, kernel, steps, replicas, mine = ctx.args
         dout_h = seq_to_heads(dout.contiguous(), grid.ulysses, grid.ulysses_degree)
         with observe.hidden():
             dqh, dkh, dvh = _ring_backward(dout_h, qh, kh, vh, out_h, lse_h, causal, scale, grid.ring, kernel,
@@ -103,12 +107,22 @@ class UlyssesRing(torch.autograd.Function):
         dq, dk, dv = (heads_to_seq(t, grid.ulysses, grid.ulysses_degree) for t in (dqh, dkh, dvh))
         if replicas > 1:  # the replicas' gradients summed in float32, then rounded once
             dk, dv = (t.unflatten(2, (-1, replicas)).float().sum(3).to(t.dtype) for t in (dk, dv))
-        return dq, dk, dv, None, None, None, None, None
+        dsink = None
+        if ctx.needs_input_grad[3]:
+            # This rank's heads over the whole sequence: summed over the ring group (the ranks
+            # with the same heads), then every head's share gathered over the Ulysses group.
+            full = torch.zeros(sink.shape, dtype=torch.float32, device=sink.device)
+            full[mine] = sink_grad(dout_h, out_h, lse_h, sink[mine], grid.ring).float()
+            if grid.ulysses_degree > 1:
+                all_reduce(full, group=grid.ulysses)
+            dsink = full.to(sink.dtype)
+        return dq, dk, dv, dsink, None, None, None, None, None, None
 
 
 def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: float | None,
                 group, kernel: Kernel | str, ulysses_degree: int, plan: Plan,
-                cu_seqlens: Tensor | None = None, ring_document_rule=None) -> tuple[Tensor, Tensor]:
+                cu_seqlens: Tensor | None = None, ring_document_rule=None,
+                sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Run the Ulysses engine: shared by ``ulysses``, ``ulysses_varlen``, ``usp`` and ``usp_varlen``.
 
     Args:
@@ -119,6 +133,9 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
         cu_seqlens: the GLOBAL int32 offsets (varlen), or ``None``.
         ring_document_rule: varlen over a ring of more than one rank: ``(docs, ring_degree) ->
             reason or None``, the per-document rule of the ring's layout.
+        sink: ``[Hq]`` sink logits (``sinks.py``), or ``None``: each rank's heads' slice joins its
+            rows after the ring's last merge; d sink is summed over the ring group, then gathered
+            over the Ulysses group, the same ``[Hq]`` on every rank.
 
     Raises:
         ValueError: (starting ``[rank r/W]``) heads the degree cannot split
@@ -155,13 +172,16 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
                 raise ValueError(f"{prefix} {reason}")
         steps = VarlenSteps(plan, [d // grid.ring_degree for d in docs], grid.ring_rank, grid.ring_degree, causal,
                             q.device)
+    if sink is not None:
+        check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return UlyssesRing.apply(q, k, v, causal, scale, grid, kernel, steps)
+    return UlyssesRing.apply(q, k, v, sink, causal, scale, grid, kernel, steps)
 
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                       softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
+                      sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by DeepSpeed-Ulysses, each rank holding one contiguous chunk.
 
     Args:
@@ -170,9 +190,11 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
             replicated W / Hkv times).
         causal, softmax_scale, group, kernel: as in :func:`ring.ring_attention`.
         cu_seqlens: not taken by this batch form; must be ``None``.
+        sink: ``[Hq]`` float32 sink logits (``sinks.py``), or ``None``; differentiable.
 
     Returns:
-        ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32 ``[B, Hq, S/W]``.
+        ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32 ``[B, Hq, S/W]``
+        (with a sink, the lse with the sink, ``L``).
 
     Raises:
         ValueError: ``cu_seqlens`` given, heads W cannot split, or a kernel that cannot take it.
@@ -180,13 +202,13 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     if cu_seqlens is not None:
         raise ValueError("ulysses is the batch form and takes no cu_seqlens; use ulysses_varlen")
     return run_ulysses("ulysses", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                       ulysses_degree=dist.get_world_size(group), plan=contiguous_plan)
+                       ulysses_degree=dist.get_world_size(group), plan=contiguous_plan, sink=sink)
 
 
 def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                              softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                             kernel: Kernel | str = "auto",
-                             cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                             kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
+                             sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document by Ulysses, the row cut contiguously.
 
     After the all-to-all every rank holds the whole row for ``Hq / W`` heads, so one varlen
@@ -199,6 +221,7 @@ def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = 
             varlen form.
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets, identical on every rank; any
             boundaries (documents may straddle ranks, be empty or one token).
+        sink: as in :func:`ulysses_attention`.
 
     Returns:
         ``out`` ``[1, S/W, Hq, D]`` in q's dtype; ``lse`` float32 ``[1, Hq, S/W]``.
@@ -212,4 +235,4 @@ def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = 
                          "offsets; pass cu_seqlens, or use the batch variant ulysses")
     return run_ulysses("ulysses_varlen", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        kernel=kernel, ulysses_degree=dist.get_world_size(group), plan=contiguous_plan,
-                       cu_seqlens=cu_seqlens)
+                       cu_seqlens=cu_seqlens, sink=sink)

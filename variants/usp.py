@@ -35,7 +35,8 @@ def _degree(ulysses_degree: int | None, q: Tensor, k: Tensor, group) -> int:
 
 def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softmax_scale: float | None = None,
                   group: dist.ProcessGroup | None = None, kernel: Kernel | str = "auto",
-                  cu_seqlens: Tensor | None = None, ulysses_degree: int | None = None) -> tuple[Tensor, Tensor]:
+                  cu_seqlens: Tensor | None = None, ulysses_degree: int | None = None,
+                  sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by USP: Ulysses of degree U inside, a zigzag ring of W / U outside.
 
     Args:
@@ -49,6 +50,7 @@ def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softm
         ulysses_degree: U, a divisor of W (default: the largest the heads allow,
             ``variants.default_ulysses_degree``). The first call for a degree creates its
             process groups on every rank of ``group`` (``grid.process_grid``).
+        sink: ``[Hq]`` float32 sink logits (``sinks.py``), or ``None``; differentiable.
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype and layout; ``lse`` float32 ``[B, Hq, S/W]``.
@@ -59,13 +61,13 @@ def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softm
     if cu_seqlens is not None:
         raise ValueError("usp is the batch form and takes no cu_seqlens; use usp_varlen")
     return run_ulysses("usp", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                       ulysses_degree=_degree(ulysses_degree, q, k, group), plan=zigzag_plan)
+                       ulysses_degree=_degree(ulysses_degree, q, k, group), plan=zigzag_plan, sink=sink)
 
 
 def usp_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                          softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                          kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                         ulysses_degree: int | None = None) -> tuple[Tensor, Tensor]:
+                         ulysses_degree: int | None = None, sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document by USP, each document zigzag over the ring ranks.
 
     Args:
@@ -89,6 +91,6 @@ def usp_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True
                          "offsets; pass cu_seqlens, or use the batch variant usp")
     return run_ulysses("usp_varlen", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        kernel=kernel, ulysses_degree=_degree(ulysses_degree, q, k, group), plan=zigzag_plan,
-                       cu_seqlens=cu_seqlens,
+                       cu_seqlens=cu_seqlens, sink=sink,
                        ring_document_rule=lambda docs, ring: document_rule(docs, ring, "zigzag",
                                                                            "usp_varlen's ring"))
