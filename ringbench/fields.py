@@ -363,7 +363,8 @@ FIELDS: tuple[Field, ...] = (
           "and says which can run here)", repeatable=True, check=_check_variant),
     Field("kernel", str, "the local attention kernel: flash-attn-4, flash-attn, torch-flash, cudnn, "
           "torch-efficient (cuda), cpu, math (any device), or auto: the first one available here that takes the "
-          "dtype, head dims and form, flash-attn-4 first on CUDA (never auto once launched)", "auto", "auto", check=_check_kernel_name),
+          "dtype, head dims and form, flash-attn-4 first on CUDA (never auto once launched)", "auto", "auto",
+          repeatable=True, check=_check_kernel_name),
     Field("device", str, "run on cuda (NCCL, one GPU per rank) or cpu (gloo)",
           default_text="cuda when a GPU is visible, else cpu; a scenario that names its device (smoke says "
                        "cpu) keeps it unless this is given", check=_one_of(lambda: DEVICES)),
