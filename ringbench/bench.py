@@ -12,7 +12,7 @@ import torch.distributed as dist
 from ringbench.case_setup import case_setup, sink_logits
 from ringbench.peaks import Peak, case_peak
 from ringbench.spec import CaseSpec, spec_docs
-from ringbench.variants import layouts
+from ringbench.variants import layouts, varlen
 from ringbench.variants.comm import TRAFFIC, reset_traffic
 
 GIB = 1024 ** 3
@@ -140,7 +140,9 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     Each rank draws its own shard from ``(seed, rank)``; the whole sequence is never built.
     The reference is the same kernel, same mode, on one rank's share (``S / W`` tokens).
 
-    With packed documents the variant gets the global ``cu_seqlens``, the FLOPs are the sum
+    With packed documents the variant gets the global ``cu_seqlens`` prepared once
+    (``variants.varlen.prepare``: checked across ranks before the warm-up, its schedules built
+    by the first call and shared by the rest), the FLOPs are the sum
     over the documents, and the reference is the kernel's varlen call on this rank's local
     document pieces (``layouts.varlen_local_cu_seqlens``). Those pieces are the same on every
     rank when documents are sharded by document; by row (llama3_varlen) they differ, and
@@ -172,7 +174,9 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     ref_docs = None
     if docs is not None:
         cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
-        options = {**options, "cu_seqlens": cu_seqlens}
+        # Checked once, here, outside the timing; every call then shares its schedules and
+        # reads nothing back from the device (varlen.prepare).
+        options = {**options, "cu_seqlens": varlen.prepare(cu_seqlens, local, group)}
         local_cu = layouts.varlen_local_cu_seqlens(cu_seqlens, case.layout, rank, world_size,
                                                    by_document=variant.shard_by_document, device=device,
                                                    ulysses_degree=case.ulysses_degree)

@@ -7,10 +7,11 @@ Every variant's ``attention(q, k, v, *, causal, softmax_scale, group, kernel, cu
 takes this rank's shards ``[B, S/W, H, D]`` in the variant's layout and returns
 ``(out, lse)``: out in q's dtype and layout, differentiable; lse float32 ``[B, Hq, S/W]``.
 The varlen variants (``Variant.varlen``) take packed documents instead: B is 1 and
-``cu_seqlens`` is the global int32 document offsets, the same on every rank; batch variants
-refuse ``cu_seqlens``. A variant with ``Variant.sink`` also takes ``sink=``, a ``[Hq]`` tensor of
-sink logits that joins every row once, after the last merge, with its gradient summed over
-the group (``sinks.py``); it is never passed to the others.
+``cu_seqlens`` is the global int32 document offsets, the same on every rank, or the
+``varlen.Documents`` that ``varlen.prepare`` made of them once per batch (then no call checks
+or builds anything again); batch variants refuse ``cu_seqlens``. A variant with ``Variant.sink``
+also takes ``sink=``, a ``[Hq]`` tensor of sink logits that joins every row once, after the last
+merge, with its gradient summed over the group (``sinks.py``); it is never passed to the others.
 
 Peer variants (``torch_cp``, ``rfa_*``) run other projects' implementations through the same
 contract, so they are timed and checked by the same harness; each says why it is unavailable

@@ -248,6 +248,9 @@ def all_to_all_single(output: Tensor, input: Tensor, group=None, async_op: bool 
 class RingComm:
     """Send to the next rank and receive from the previous one, in batches.
 
+    With ``reverse=True`` the ring runs the other way: send to the previous rank, receive
+    from the next one.
+
     Use it as send_recv (any number of times) → commit → wait. The sends and receives of one
     batch go out together through ``batch_isend_irecv``, which cannot deadlock the way
     separately issued isend/irecv pairs can. ``wait`` only orders the
@@ -261,11 +264,13 @@ class RingComm:
             flight, wait with nothing in flight).
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None):
+    def __init__(self, group: dist.ProcessGroup | None = None, *, reverse: bool = False):
         self.group = group
         self.rank, self.world_size = emulation.rank_and_size(group)
         self._emulation = emulation.current()  # emulated: transfers are device copies (emulation.py)
-        nxt, prev = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
+        # reverse: "next" is rank - 1 (the ring run the other way, as the engine's backward does).
+        ahead = -1 if reverse else 1
+        nxt, prev = (self.rank + ahead) % self.world_size, (self.rank - ahead) % self.world_size
         real = group is not None and self._emulation is None
         self.next_rank = dist.get_global_rank(group, nxt) if real else nxt
         self.prev_rank = dist.get_global_rank(group, prev) if real else prev

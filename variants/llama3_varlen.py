@@ -36,7 +36,7 @@ from . import balanced, layouts, observe
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .llama3 import GatheredAttention, _gathered_kv, _head_groups, head_group_stride, reduce_scatter_shards
 from .sinks import check_sink
-from .varlen import check_cu_seqlens
+from .varlen import Documents, prepare
 from .window import check_window
 
 #: The layouts llama3_varlen takes; the first is the default.
@@ -163,13 +163,16 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, pieces: Pieces):
                                              causal and not pieces.window, scale, **pieces.window)
         if seen is not None:
             seen.forward_block(slice(None), qh, b_out, b_lse)
+        saved.append((kg, vg))
+        if qh == slice(0, q.shape[2]):  # one head group: the kernel's result is the output
+            return b_out, b_lse, saved
         out[:, :, qh] = b_out
         lse[:, qh] = b_lse
-        saved.append((kg, vg))
     return out, lse, saved
 
 
 def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, pieces: Pieces):
+    world_size = dist.get_world_size(group)
     G = q.shape[2] // k.shape[2]
     acc = accumulation_dtype(q.dtype)
     dq = torch.empty_like(q)
@@ -183,7 +186,14 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
         if seen is not None:
             seen.dq_block(slice(None), qh, g[0])
             _observe_dkv(seen, pieces, hs, g[1], g[2], q.shape[1], dist.get_world_size(group))
+        whole = world_size == 1 and isinstance(pieces.keys, slice) and pieces.keys == slice(0, k.shape[1])
+        if whole and qh == slice(0, q.shape[2]):
+            return g  # one head group on the only rank: the kernel's gradients are the result
         dq[:, :, qh] = g[0]
+        if whole:
+            # This rank owns every key and the kernel's gradient is the whole sum: nothing to scatter.
+            dk[:, :, hs], dv[:, :, hs] = g[1], g[2]
+            continue
         for grad, local in ((g[1], dk), (g[2], dv)):
             # Reduce-scatter in float32: every rank's share of the key gradients to its owner.
             full = torch.zeros((1, kg.shape[1], *grad.shape[2:]), dtype=acc, device=k.device)
@@ -197,7 +207,7 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
 
 def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                             softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                            kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
+                            kernel: Kernel | str = "auto", cu_seqlens: "Tensor | Documents | None" = None,
                             heads_k_stride: int | None = None, sink: Tensor | None = None,
                             layout: str = "contiguous", window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document by gathering K/V, the row cut contiguously.
@@ -213,6 +223,8 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
             (default) picks the first available one with a varlen form.
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets (0, ..., S), identical on
             every rank; any boundaries: documents may straddle ranks, be empty or one token.
+            Or the ``varlen.Documents`` that ``varlen.prepare`` made of them once per batch:
+            then nothing is checked or built again, and nothing is read back from the device.
         heads_k_stride: K/V heads gathered at a time (default: all of them in one gather).
         sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
         layout: ``contiguous`` (default): rows ``[rank*S/W, (rank+1)*S/W)``; ``balanced``: every
@@ -227,9 +239,9 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
 
     Raises:
         ValueError: (starting ``[rank r/W]``) no or an invalid cu_seqlens (see
-            ``varlen.check_cu_seqlens``), batch > 1, a kernel without a varlen form, a
-            ``heads_k_stride`` outside 1..Hkv, an unknown layout, or a window that is not
-            positive, without ``causal``, or on a kernel that takes none.
+            ``varlen.check_cu_seqlens``, run by ``varlen.prepare``), batch > 1, a kernel without a
+            varlen form, a ``heads_k_stride`` outside 1..Hkv, an unknown layout, or a window that
+            is not positive, without ``causal``, or on a kernel that takes none.
     """
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     prefix = f"[rank {rank}/{world_size}]"
@@ -249,11 +261,16 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
                            varlen=True, window=window is not None)
     except ValueError as exc:
         raise ValueError(f"{prefix} {exc}") from None
-    offsets = check_cu_seqlens(cu_seqlens, q.shape[1], group)
+    documents = prepare(cu_seqlens, q.shape[1], group)
+    offsets = list(documents.offsets)
     if layout == balanced.NAME:
-        pieces = balanced_pieces(offsets, rank, world_size, causal, device=q.device, window=window)
+        pieces = documents.schedule(("llama3_varlen", layout, rank, world_size, causal, window, str(q.device)),
+                                    lambda: balanced_pieces(offsets, rank, world_size, causal, device=q.device,
+                                                            window=window))
     else:
-        pieces = local_pieces(offsets, rank, q.shape[1], causal, device=q.device, window=window)
+        pieces = documents.schedule(("llama3_varlen", layout, rank, world_size, causal, window, str(q.device)),
+                                    lambda: local_pieces(offsets, rank, q.shape[1], causal, device=q.device,
+                                                         window=window))
     if sink is not None:
         check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale

@@ -7,6 +7,12 @@ what mask. ``ring`` is the plain contiguous layout.
 While an observation is held (``observe.observing``, verify's variant run), the engine reports
 every kernel call's block with its rows; otherwise it reports nothing.
 
+The backward runs the ring the other way round (:func:`_ring_backward`): it starts from the
+K/V block the forward used last and ends with each rank's own block, so the hop that brings
+a block's dK/dV home overlaps its owner's last kernel call. Each step's merge (forward) and
+gradient adds (backward) are one fused update each (``merge.merge_step``, ``merge.add_step``),
+which also write the input dtype on the last one.
+
 Packed documents (the varlen variants) use the same plans: every document is sharded in the
 layout on its own, so the plan is applied to each document's local piece, and the pieces it
 selects are gathered into one varlen kernel call per step (:class:`VarlenSteps`).
@@ -25,7 +31,7 @@ import torch.distributed as dist
 from . import bands, emulation, observe, timeline, window as _window
 from .comm import RingComm
 from .kernels import Kernel, accumulation_dtype, as_kernel
-from .merge import merge_
+from .merge import add_step, merge_step
 from .sinks import apply_sink, check_sink, sink_grad
 
 Tensor = torch.Tensor
@@ -53,6 +59,9 @@ class Step(NamedTuple):
     documents, ``cu_q`` and ``cu_k`` are the int32 offsets of the documents within the taken
     rows, and ``max_q`` and ``max_k`` their longest lengths; ``None`` and 0 in the batch form.
     Under a sliding window, ``parts`` are its kernel calls (``window.py``), q and kv all rows.
+    ``q_inv`` and ``kv_inv`` are the row maps of index selections, int32 ``[S/W]`` on the
+    device: the block row of every local row, -1 where the block has none (the fused merge
+    reads them); ``None`` for slices.
     """
 
     q: "slice | Tensor"
@@ -63,6 +72,8 @@ class Step(NamedTuple):
     max_q: int = 0
     max_k: int = 0
     parts: tuple = ()
+    q_inv: Tensor | None = None
+    kv_inv: Tensor | None = None
 
 
 #: ``steps(step, source_rank) -> Step | None``: what this rank computes at each ring step.
@@ -86,8 +97,10 @@ class VarlenSteps:
     lengths on every rank and in every visiting K/V block). At each step the plan's block for
     each document, in that document's local coordinates, picks its query rows and key rows;
     the picked rows of all documents become one varlen call. Plans whose blocks cover every
-    document whole become plain slices, so ``ring_varlen`` never copies rows. Steps are built
-    once per distinct pattern and reused by forward and backward.
+    document whole become plain slices, so ``ring_varlen`` never copies rows. Every step is
+    built when the object is made (once per distinct pattern), its offsets, lengths and row
+    maps on the device, and reused by forward and backward; one object serves every layer
+    of a batch through ``varlen.Documents.schedule``, so no call reads the device.
 
     Args:
         plan: the batch plan (``contiguous_plan``, ``zigzag_plan``, ...).
@@ -104,6 +117,8 @@ class VarlenSteps:
         self.rank, self.world_size, self.causal, self.device = rank, world_size, causal, device
         self._by_step: dict[tuple[int, int], Step | None] = {}
         self._by_pattern: dict[tuple, Step | None] = {}
+        for step in range(world_size):
+            self(step, (rank - step) % world_size)
 
     def __call__(self, step: int, source: int) -> Step | None:
         if (step, source) not in self._by_step:
@@ -132,19 +147,23 @@ class VarlenSteps:
             whole = all(d in covered for d, n in enumerate(self.lengths) if n)
             lens = [p[pos][1] - p[pos][0] for p in picks]
             if whole:
-                sel = _ALL
+                sel, inv = _ALL, None
             else:
                 idx = [torch.arange(starts[d] + a, starts[d] + b) for d, a, b in
                        ((p[0], *p[pos]) for p in picks)]
-                sel = torch.cat(idx).to(self.device) if idx else torch.empty(0, dtype=torch.int64, device=self.device)
-            rows[side] = (sel, lens)
-        (q_sel, q_lens), (kv_sel, kv_lens) = rows["q"], rows["kv"]
+                sel = torch.cat(idx) if idx else torch.empty(0, dtype=torch.int64)
+                inv = torch.full((starts[-1],), -1, dtype=torch.int32)
+                inv[sel] = torch.arange(sel.numel(), dtype=torch.int32)
+                sel, inv = sel.to(self.device), inv.to(self.device)
+            rows[side] = (sel, inv, lens)
+        (q_sel, q_inv, q_lens), (kv_sel, kv_inv, kv_lens) = rows["q"], rows["kv"]
         if sum(q_lens) == 0 or sum(kv_lens) == 0:
             return None
         # Documents empty on both sides add nothing; dropping them keeps the kernel's batch small.
         kept = [(a, b) for a, b in zip(q_lens, kv_lens) if a or b]
         return Step(q_sel, kv_sel, masks.pop(), _offsets([a for a, _ in kept], self.device),
-                    _offsets([b for _, b in kept], self.device), max(a for a, _ in kept), max(b for _, b in kept))
+                    _offsets([b for _, b in kept], self.device), max(a for a, _ in kept), max(b for _, b in kept),
+                    q_inv=q_inv, kv_inv=kv_inv)
 
 
 def _offsets(lengths: list[int], device) -> Tensor:
@@ -184,25 +203,6 @@ def _attend_backward(kernel: Kernel, dout, q, k, v, out, lse, st: Step, scale: f
                                   scale)
 
 
-@timeline.timed("merge")
-def _merge_rows(out: Tensor, lse: Tensor, sel, b_out: Tensor, b_lse: Tensor) -> None:
-    if isinstance(sel, slice):
-        merge_(out[:, sel], lse[:, :, sel], b_out, b_lse)
-        return
-    o, l = out.index_select(1, sel), lse.index_select(2, sel)
-    merge_(o, l, b_out, b_lse)
-    out.index_copy_(1, sel, o)
-    lse.index_copy_(2, sel, l)
-
-
-@timeline.timed("merge")
-def _add_rows(acc: Tensor, sel, grad: Tensor) -> None:
-    if isinstance(sel, slice):
-        acc[:, sel] += grad
-    else:
-        acc.index_add_(1, sel, grad.to(acc.dtype))
-
-
 def contiguous_plan(step: int, source: int, rank: int, world_size: int, seqlen_local: int,
                     causal: bool) -> Block | None:
     """The plan of the plain ring: the diagonal block is causal, later ranks' blocks are skipped."""
@@ -213,29 +213,61 @@ def contiguous_plan(step: int, source: int, rank: int, world_size: int, seqlen_l
     return Block(_ALL, _ALL, False) if source < rank else None
 
 
+def _blocks_of(steps: Steps, rank: int, world_size: int, n_steps: int | None = None) -> int:
+    """How many of this rank's first ``n_steps`` steps make a kernel call (each one more term of a row's sum)."""
+    return sum(steps(s, (rank - s) % world_size) is not None for s in range(world_size if n_steps is None else n_steps))
+
+
+def _empty_output(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    # Nothing seen yet: out 0 (v's head dim, head_dim_v) and lse -inf.
+    B, S, H, _ = q.shape
+    out = torch.zeros((B, S, H, v.shape[3]), dtype=q.dtype, device=q.device)
+    return out, torch.full((B, H, S), float("-inf"), dtype=accumulation_dtype(q.dtype), device=q.device)
+
+
 @timeline.timed("merge")
-def _dense(t: Tensor, dtype: torch.dtype) -> Tensor:
-    # Accumulators are updated in place and sent as they are: contiguous, in the accumulation dtype.
-    return t.to(dtype).contiguous()
+def _fold(out, lse, block: Step, b_out: Tensor, b_lse: Tensor, into: torch.dtype, q: Tensor, v: Tensor):
+    """Merge one block into the running output (one fused launch on CUDA); see ``merge.merge_step``."""
+    if out is None:
+        if _is_all(block.q):
+            # The first block that covers every query is the running output as it is: one term,
+            # exact in the input dtype; the next merge reads it and writes float32.
+            return b_out, b_lse
+        out, lse = _empty_output(q, v)
+    return merge_step(out, lse, block.q, b_out, b_lse, into=into, inv=block.q_inv), lse
 
 
-def _round_(acc: Tensor, dtype: torch.dtype) -> None:
-    # Test fixtures only (``lossy``): the accumulator keeps its storage but holds input-dtype values.
-    acc.copy_(acc.to(dtype))
+@timeline.timed("merge")
+def _accumulate(acc, rows, grad: Tensor | None, into: torch.dtype, shape, inv=None):
+    """Add one block's gradient into a running sum (one fused launch on CUDA); see ``merge.add_step``."""
+    if acc is None and grad is not None and _is_all(rows):
+        # The first term, as the kernel returned it: exact in the input dtype; the next add
+        # reads it and writes ``into``.
+        return grad
+    if acc is None and grad is None:
+        return None
+    return add_step(acc, rows, grad, into=into, shape=shape, inv=inv)
 
 
 def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
                   group, kernel: Kernel, steps: Steps, lossy: frozenset = frozenset(),
-                  sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                  sink: Tensor | None = None) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
+    """The forward ring: returns out (q's dtype), lse and the K/V block this rank used last.
+
+    A row's running output stays in the input dtype while it holds one block's result, is
+    float32 while more blocks follow, and the last merge writes the input dtype: the sum of
+    an all-float32 accumulation, rounded once, without a separate cast. With a ``sink`` the
+    last merge stays in float32, the sink joins, and the result is cast once.
+    """
     comm = RingComm(group)
     rank, world_size = comm.rank, comm.world_size
-    B, S, H, D = (*q.shape[:3], v.shape[3])  # out has v's head dim
     acc = accumulation_dtype(q.dtype)
     seen = observe.current()
+    n_steps = getattr(steps, "n_steps", world_size)  # a window may end the ring early
+    left = _blocks_of(steps, rank, world_size, n_steps)
     out = lse = None
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
     kv = (k, v)
-    n_steps = getattr(steps, "n_steps", world_size)  # a window may end the ring early
     for step in range(n_steps):
         timeline.step("fwd", step)
         if step + 1 < n_steps:
@@ -249,48 +281,63 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
                                    block, scale)
             if seen is not None:
                 seen.forward_block(block.q, _ALL, b_out, b_lse)
-            if out is None and _is_all(block.q):
-                # The first block that covers every query is the accumulator: no merge needed.
-                out, lse = _dense(b_out, acc), _dense(b_lse, acc)
-            else:
-                if out is None:
-                    out = torch.zeros(B, S, H, D, dtype=acc, device=q.device)
-                    lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
-                _merge_rows(out, lse, block.q, b_out, b_lse)
-                if "out" in lossy:
-                    _round_(out, q.dtype)
+            left -= 1
+            into = q.dtype if (left == 0 and sink is None) or "out" in lossy else acc
+            out, lse = _fold(out, lse, block, b_out, b_lse, into, q, v)
         if step + 1 < n_steps:
             comm.wait()
             kv = nxt
     if out is None:  # no block at all: every query sees no key
-        out = torch.zeros(B, S, H, D, dtype=acc, device=q.device)
-        lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
+        out, lse = _empty_output(q, v)
     if sink is not None:  # the row's sink joins after its last merge, once (sinks.py)
         out, lse = apply_sink(out, lse, sink)
-    return out.to(q.dtype), lse
+    if out.dtype != q.dtype:  # a sink, or one block that came back in another dtype
+        out = out.to(q.dtype)
+    # rank + 1's block, where the backward starts; a window that ended the ring early has none.
+    return out, lse, kv if n_steps == world_size else None
 
 
 def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                   causal: bool, scale: float, group, kernel: Kernel,
+                   kv_last: tuple[Tensor, Tensor], causal: bool, scale: float, group, kernel: Kernel,
                    steps: Steps, lossy: frozenset = frozenset()) -> tuple[Tensor, Tensor, Tensor]:
-    kv_comm, dkv_comm = RingComm(group), RingComm(group)
+    """The backward ring, in reverse ring order, so no dK/dV transfer is left exposed.
+
+    It starts from ``kv_last``, the K/V block of rank + 1 that the forward used last, and
+    visits the blocks of ranks + 2, + 3, ... with K/V and their dK/dV passed to rank - 1;
+    this rank's own block comes last, its kernel call overlapping the final hop that brings
+    its dK/dV home. So W - 2 K/V transfers instead of W - 1, and the final hop's wait comes
+    after the last compute. A hop's partial dK/dV holds at most i + 1 terms after visiting
+    step i: the first hop travels in the input dtype (one term, exact), later ones in float32;
+    the owner adds its own block's term and writes the input dtype.
+    """
+    kv_comm, dkv_comm = RingComm(group, reverse=True), RingComm(group, reverse=True)
     rank, world_size = kv_comm.rank, kv_comm.world_size
     acc = accumulation_dtype(q.dtype)
     seen = observe.current()
+    left = _blocks_of(steps, rank, world_size)
     dq = None
-    spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
-    kv = (k, v)
-    cur = in_flight = None
-    for step in range(world_size):
-        timeline.step("bwd", step)
-        last = step == world_size - 1
-        if not last:
-            nxt = spare[step % 2]
+    spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, max(0, world_size - 2)))]
+    if world_size > 1 and kv_last is None:  # a window ended the forward early: fetch rank + 1's block
+        kv_last = (torch.empty_like(k), torch.empty_like(v))
+        kv_comm.send_recv(k, kv_last[0])
+        kv_comm.send_recv(v, kv_last[1])
+        kv_comm.commit()
+        kv_comm.wait()
+    kv = kv_last if world_size > 1 else (k, v)
+    landing = None
+    for i in range(world_size):
+        timeline.step("bwd", i)
+        own = i == world_size - 1
+        source = (rank + 1 + i) % world_size  # the last step is this rank's own block
+        if own:
+            kv = (k, v)
+        receive = i + 2 < world_size  # a K/V block for the next visiting step
+        if receive:
+            nxt = spare[i % 2]
             kv_comm.send_recv(kv[0], nxt[0])
             kv_comm.send_recv(kv[1], nxt[1])
             kv_comm.commit()
-        source = (rank - step) % world_size
-        block = steps(step, source)
+        block = steps((rank - source) % world_size, source)
         grads = None
         if block is not None:
             grads = _attend_backward(kernel, _rows(dout, block.q), _rows(q, block.q), _rows(kv[0], block.kv),
@@ -299,58 +346,47 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
             if seen is not None:
                 seen.dq_block(block.q, _ALL, grads[0])
                 seen.dkv_block(source, block.kv, _ALL, grads[1], grads[2])
-            if dq is None and _is_all(block.q):
-                dq = _dense(grads[0], acc)
-            else:
-                if dq is None:
-                    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-                _add_rows(dq, block.q, grads[0])
-                if "dq" in lossy:
-                    _round_(dq, q.dtype)
-        # dK/dV of the visiting block travel with it, in float32, and reach their owner after
-        # W hops; the buffer arriving now holds the earlier ranks' share for this block.
-        if step == 0:
-            if grads is not None and _is_all(block.kv):
-                cur = (_dense(grads[1], acc), _dense(grads[2], acc))
-            else:
-                cur = (torch.zeros(k.shape, dtype=acc, device=k.device),
-                       torch.zeros(v.shape, dtype=acc, device=v.device))
-                if grads is not None:
-                    _add_rows(cur[0], block.kv, grads[1])
-                    _add_rows(cur[1], block.kv, grads[2])
-        else:
+            left -= 1
+            into = q.dtype if left == 0 or "dq" in lossy else acc
+            dq = _accumulate(dq, block.q, grads[0], into, q.shape, block.q_inv)
+        if own:
+            break
+        # The visiting block's dK/dV: this rank's term added to what ranks + 1, + 2, ... sent.
+        incoming = (None, None)
+        if i > 0:
             dkv_comm.wait()
-            cur, in_flight = in_flight[1], None
-            if grads is not None:
-                _add_rows(cur[0], block.kv, grads[1])
-                _add_rows(cur[1], block.kv, grads[2])
-                if "dkv" in lossy:
-                    _round_(cur[0], k.dtype)
-                    _round_(cur[1], v.dtype)
-        if world_size > 1:
-            if last:
-                # The sum is complete: the owner only casts it, so it can travel in the input
-                # dtype (same rounding, half the bytes of the hop nothing overlaps).
-                send = (cur[0].to(k.dtype), cur[1].to(v.dtype))
-                landing = (torch.empty_like(k), torch.empty_like(v))
-            else:
-                send = cur
-                landing = (torch.empty_like(cur[0]), torch.empty_like(cur[1]))
-            dkv_comm.send_recv(send[0], landing[0])
-            dkv_comm.send_recv(send[1], landing[1])
-            dkv_comm.commit()
-            in_flight = (send, landing)  # keep both alive until the transfer is waited on
-        if not last:
+            incoming = landing
+        hop = k.dtype if i == 0 or "dkv" in lossy else acc
+        partial = tuple(
+            _accumulate(incoming[j], block.kv if block is not None else _ALL,
+                        grads[1 + j] if grads is not None else None, hop, like.shape,
+                        block.kv_inv if block is not None else None)
+            for j, like in enumerate((k, v)))
+        partial = tuple(p.contiguous() if p is not None else torch.zeros(like.shape, dtype=hop, device=like.device)
+                        for p, like in zip(partial, (k, v)))
+        landing = (torch.empty(k.shape, dtype=hop, device=k.device), torch.empty(v.shape, dtype=hop, device=v.device))
+        dkv_comm.send_recv(partial[0], landing[0])
+        dkv_comm.send_recv(partial[1], landing[1])
+        dkv_comm.commit()
+        if receive:
             kv_comm.wait()
             kv = nxt
     if dq is None:
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    elif dq.dtype != q.dtype:  # only when this rank's last kernel call saw none of its queries
+        dq = dq.to(q.dtype)
+    incoming = (None, None)
     if world_size > 1:
         dkv_comm.wait()
-        dk, dv = in_flight[1]
-    else:
-        dk, dv = cur
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        incoming = landing
+    rows = block.kv if block is not None else _ALL
+    inv = block.kv_inv if block is not None else None
+    dk, dv = (_accumulate(incoming[j], rows, grads[1 + j] if grads is not None else None, like.dtype, like.shape,
+                          inv)
+              for j, like in enumerate((k, v)))
+    dk = dk.to(k.dtype) if dk is not None else torch.zeros_like(k)
+    dv = dv.to(v.dtype) if dv is not None else torch.zeros_like(v)
+    return dq, dk, dv
 
 
 class RingAttention(torch.autograd.Function):
@@ -358,9 +394,12 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sink, causal, scale, group, kernel, steps, lossy):
-        out, lse = _ring_forward(q, k, v, causal, scale, group, kernel, steps, lossy, sink)
+        out, lse, kv_last = _ring_forward(q, k, v, causal, scale, group, kernel, steps, lossy, sink)
         # With a sink these are (out_f, L), with which the kernels' backward gives exact dq, dk, dv.
         ctx.save_for_backward(q, k, v, out, lse, sink)
+        # The backward starts from the K/V block the forward used last (rank + 1's): kept, not
+        # sent again. It costs one K/V shard of memory per call until the backward.
+        ctx.kv_last = kv_last if kv_last is not None and kv_last[0] is not k else None
         ctx.args = (causal, scale, group, kernel, steps, lossy)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -369,15 +408,16 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, sink = ctx.saved_tensors
         dout = dout.contiguous()
-        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, *ctx.args)
+        kv_last, ctx.kv_last = ctx.kv_last, None
+        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, kv_last, *ctx.args)
         dsink = sink_grad(dout, out, lse, sink, ctx.args[2]) if ctx.needs_input_grad[3] else None
         return dq, dk, dv, dsink, None, None, None, None, None, None
 
 
 def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: float | None,
              group: dist.ProcessGroup | None, kernel: Kernel | str, plan: Plan,
-             doc_lengths: list[int] | None = None, lossy: tuple[str, ...] = (),
-             sink: Tensor | None = None, window: int | None = None,
+             doc_lengths: list[int] | None = None, steps: "VarlenSteps | None" = None,
+             lossy: tuple[str, ...] = (), sink: Tensor | None = None, window: int | None = None,
              layout: str = "contiguous") -> tuple[Tensor, Tensor]:
     """Run the ring engine with ``plan``; shared by the ring-shaped variants.
 
@@ -386,7 +426,8 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
 
     With ``doc_lengths`` (the local tokens of every document, document-wise sharding), q, k
     and v are packed rows ``[1, S/W, H, D]`` and every step is one varlen kernel call over the
-    documents' pieces (:class:`VarlenSteps`).
+    documents' pieces (:class:`VarlenSteps`); ``steps``, a :class:`VarlenSteps` built once for
+    the batch (``varlen.Documents.schedule``), is used as it is instead of building one.
 
     With ``window`` (keys each query sees, itself included; causal only), the steps come from
     the global positions of ``layout`` (the variant's: contiguous, zigzag or stripe, by document
@@ -417,7 +458,8 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     elif doc_lengths is None:
         steps = batch_steps(plan, rank, world_size, q.shape[1], causal)
     else:
-        steps = VarlenSteps(plan, doc_lengths, rank, world_size, causal, q.device)
+        if steps is None:
+            steps = VarlenSteps(plan, doc_lengths, rank, world_size, causal, q.device)
     if sink is not None:
         check_sink(sink, q.shape[2], f"[rank {rank}/{world_size}] ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale

@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from . import document_rule
 from .kernels import Kernel
-from .ring import Plan, contiguous_plan, run_ring
-from .varlen import check_cu_seqlens
+from .ring import Plan, VarlenSteps, contiguous_plan, run_ring
+from .varlen import Documents, prepare
 from .zigzag import zigzag_plan
 
 Tensor = torch.Tensor
@@ -41,19 +41,23 @@ def _run(name: str, layout: str, plan: Plan, q: Tensor, k: Tensor, v: Tensor, *,
     if q.shape[0] != 1:
         raise ValueError(f"{prefix} q has batch {q.shape[0]}, but {name} packs documents into one row; "
                          "pass [1, S/W, H, D] shards and the documents' cu_seqlens")
-    offsets = check_cu_seqlens(cu_seqlens, q.shape[1], group)
-    docs = [b - a for a, b in zip(offsets, offsets[1:])]
+    documents = prepare(cu_seqlens, q.shape[1], group)
+    docs = documents.lengths
     reason = document_rule(docs, world_size, layout, name)
     if reason:
         raise ValueError(f"{prefix} {reason}")
+    lengths = [d // world_size for d in docs]
+    steps = None if window is not None else documents.schedule(  # a window builds its own steps
+        (name, rank, world_size, causal, str(q.device)),
+        lambda: VarlenSteps(plan, lengths, rank, world_size, causal, q.device))
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                    plan=plan, doc_lengths=[d // world_size for d in docs], sink=sink, window=window, layout=layout)
+                    plan=plan, doc_lengths=lengths, steps=steps, sink=sink, window=window, layout=layout)
 
 
 def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                           softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                          kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                     sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+                          kernel: Kernel | str = "auto", cu_seqlens: "Tensor | Documents | None" = None,
+                          sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document, each rank holding chunk ``rank`` of every document.
 
     Args:
@@ -66,7 +70,9 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tru
         kernel: a :class:`Kernel` with a varlen form (math, cpu, torch-flash) or its name; ``auto``
             (default) picks the first available one with a varlen form.
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets (0, ..., S), identical on
-            every rank; every document length a multiple of W.
+            every rank; every document length a multiple of W. Or the ``varlen.Documents``
+            that ``varlen.prepare`` made of them once per batch: then nothing is checked or
+            built again, and nothing is read back from the device.
         sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
         window: a causal sliding window of this many keys within each document, as in
             :func:`ring.ring_attention`.
@@ -77,7 +83,7 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tru
 
     Raises:
         ValueError: (starting ``[rank r/W]``) no or an invalid cu_seqlens (see
-            ``varlen.check_cu_seqlens``), batch > 1, a document length that is not a multiple of
+            ``varlen.check_cu_seqlens``, run by ``varlen.prepare``), batch > 1, a document length that is not a multiple of
             W (the message names the first), or a kernel without a varlen form.
     """
     return _run("ring_varlen", "contiguous", contiguous_plan, q, k, v, causal=causal, softmax_scale=softmax_scale,
@@ -86,8 +92,8 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tru
 
 def zigzag_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                             softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
-                            kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                     sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+                            kernel: Kernel | str = "auto", cu_seqlens: "Tensor | Documents | None" = None,
+                            sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document, each document in the zigzag layout.
 
     Args:

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from ringbench.adapters.cp import ShardedBatch, all_reduce_grads, causal_lm_loss, shard_batch
-from ringbench.variants import get_variant
+from ringbench.variants import get_variant, varlen
 from ringbench.variants.kernels import as_kernel, get_kernel
 
 __all__ = ["register", "register_single", "use_attention", "shard_batch", "ShardedBatch", "causal_lm_loss",
@@ -107,7 +107,9 @@ def _causal(module, is_causal) -> bool:
 
 def _cu_seqlens(kwargs) -> torch.Tensor | None:
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    if cu_q is not None and cu_k is not None and not torch.equal(cu_q, cu_k):
+    # The same tensor (what ShardedBatch.model_inputs passes) needs no comparison, which would
+    # read the device at every layer.
+    if cu_q is not None and cu_k is not None and cu_q is not cu_k and not torch.equal(cu_q, cu_k):
         raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ; ringbench attention takes one set of global "
                          "document offsets for both")
     return cu_q if cu_q is not None else cu_k
@@ -162,7 +164,9 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
             raise ValueError(f"{variant} is a batch variant and takes no packed documents; register a varlen "
                              "variant such as zigzag_varlen")
         q, k, val = (t.transpose(1, 2).contiguous() for t in (query, key, value))
-        extra = {"cu_seqlens": cu_seqlens} if v.varlen else {}
+        # Every layer gets the same offsets tensor: the first one checks it, the others reuse
+        # the prepared documents and their schedules (varlen.prepare).
+        extra = {"cu_seqlens": varlen.prepare(cu_seqlens, q.shape[1], group)} if v.varlen else {}
         out, _ = attention_fn(q, k, val, causal=causal, softmax_scale=scaling, group=group, kernel=kernel,
                               **options, **extra)
         return out, None
