@@ -315,6 +315,7 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     acc = accumulation_dtype(q.dtype)
     seen = observe.current()
     left = _blocks_of(steps, rank, world_size)
+    windowed = hasattr(steps, "n_steps")
     dq = None
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, max(0, world_size - 2)))]
     if world_size > 1 and kv_last is None:  # a window ended the forward early: fetch rank + 1's block
@@ -356,13 +357,15 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
         if i > 0:
             dkv_comm.wait()
             incoming = landing
-        hop = k.dtype if i == 0 or "dkv" in lossy else acc
+        # A windowed step's gradient can be a sum of several kernel calls already (window.py).
+        hop = k.dtype if (i == 0 and not windowed) or "dkv" in lossy else acc
         partial = tuple(
             _accumulate(incoming[j], block.kv if block is not None else _ALL,
                         grads[1 + j] if grads is not None else None, hop, like.shape,
                         block.kv_inv if block is not None else None)
             for j, like in enumerate((k, v)))
-        partial = tuple(p.contiguous() if p is not None else torch.zeros(like.shape, dtype=hop, device=like.device)
+        partial = tuple(p.to(hop).contiguous() if p is not None else torch.zeros(like.shape, dtype=hop,
+                                                                                   device=like.device)
                         for p, like in zip(partial, (k, v)))
         landing = (torch.empty(k.shape, dtype=hop, device=k.device), torch.empty(v.shape, dtype=hop, device=v.device))
         dkv_comm.send_recv(partial[0], landing[0])
