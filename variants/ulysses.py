@@ -34,7 +34,7 @@ from .grid import Grid, process_grid
 from .kernels import Kernel, as_kernel
 from .ring import Plan, VarlenSteps, _ring_backward, _ring_forward, batch_steps, contiguous_plan
 from .sinks import check_sink, sink_grad
-from .varlen import check_cu_seqlens
+from .varlen import prepare
 
 Tensor = torch.Tensor
 
@@ -88,8 +88,10 @@ class UlyssesRing(torch.autograd.Function):
             k, v = k.repeat_interleave(replicas, dim=2), v.repeat_interleave(replicas, dim=2)
         qh, kh, vh = (seq_to_heads(t, grid.ulysses, grid.ulysses_degree) for t in (q, k, v))
         with observe.hidden():
-            out_h, lse_h = _ring_forward(qh, kh, vh, causal, scale, grid.ring, kernel, steps, sink=sink_h)
+            out_h, lse_h, kv_last = _ring_forward(qh, kh, vh, causal, scale, grid.ring, kernel, steps, sink=sink_h)
         ctx.save_for_backward(qh, kh, vh, out_h, lse_h, sink)
+        # Where the ring engine's backward starts (ring.RingAttention keeps the same).
+        ctx.kv_last = kv_last if kv_last is not None and kv_last[0] is not kh else None
         ctx.args = (causal, scale, grid, kernel, steps, replicas, mine)
         out = heads_to_seq(out_h, grid.ulysses, grid.ulysses_degree)
         lse = lse_heads_to_seq(lse_h, grid.ulysses, grid.ulysses_degree)
@@ -101,9 +103,10 @@ class UlyssesRing(torch.autograd.Function):
         qh, kh, vh, out_h, lse_h, sink = ctx.saved_tensors
         causal, scale, grid, kernel, steps, replicas, mine = ctx.args
         dout_h = seq_to_heads(dout.contiguous(), grid.ulysses, grid.ulysses_degree)
+        kv_last, ctx.kv_last = ctx.kv_last, None
         with observe.hidden():
-            dqh, dkh, dvh = _ring_backward(dout_h, qh, kh, vh, out_h, lse_h, causal, scale, grid.ring, kernel,
-                                           steps)
+            dqh, dkh, dvh = _ring_backward(dout_h, qh, kh, vh, out_h, lse_h, kv_last, causal, scale, grid.ring,
+                                           kernel, steps)
         dq, dk, dv = (heads_to_seq(t, grid.ulysses, grid.ulysses_degree) for t in (dqh, dkh, dvh))
         if replicas > 1:  # the replicas' gradients summed in float32, then rounded once
             dk, dv = (t.unflatten(2, (-1, replicas)).float().sum(3).to(t.dtype) for t in (dk, dv))
@@ -164,14 +167,16 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
         if q.shape[0] != 1:
             raise ValueError(f"{prefix} q has batch {q.shape[0]}, but {name} packs documents into one row; "
                              "pass [1, S/W, H, D] shards and the documents' cu_seqlens")
-        offsets = check_cu_seqlens(cu_seqlens, q.shape[1], group)
-        docs = [b - a for a, b in zip(offsets, offsets[1:])]
+        documents = prepare(cu_seqlens, q.shape[1], group)
+        docs = documents.lengths
         if grid.ring_degree > 1:
             reason = ring_document_rule(docs, grid.ring_degree)
             if reason:
                 raise ValueError(f"{prefix} {reason}")
-        steps = VarlenSteps(plan, [d // grid.ring_degree for d in docs], grid.ring_rank, grid.ring_degree, causal,
-                            q.device)
+        steps = documents.schedule(
+            (name, grid.ring_rank, grid.ring_degree, grid.ulysses_degree, causal, str(q.device)),
+            lambda: VarlenSteps(plan, [d // grid.ring_degree for d in docs], grid.ring_rank, grid.ring_degree,
+                                causal, q.device))
     if sink is not None:
         check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
