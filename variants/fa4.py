@@ -70,7 +70,7 @@ def _neg_inf_rows(lse: Tensor) -> Tensor:
 def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, **window) -> tuple[Tensor, Tensor]:
     """``q [B, Sq, Hq, D]``, ``k [B, Sk, Hkv, D]``, ``v [B, Sk, Hkv, Dv]`` (fp16/bf16) →
     ``out [B, Sq, Hq, Dv]`` in q's dtype and ``lse`` float32 ``[B, Hq, Sq]``; ``window``: the
-    package's ``window_size_left`` and ``window_size_right`` (-1: unbounded), when given."""
+    package's ``window_size_left`` and ``window_size_right`` (None: unbounded; -1 would be a width), when given."""
     out, lse, *_ = _interface()._flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal,
                                                 return_lse=True, **window)
     return out, _neg_inf_rows(lse)

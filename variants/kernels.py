@@ -188,11 +188,17 @@ def band_mask(sq: int, sk: int, band: Window, device=None, row0: int = 0) -> Ten
 
 
 def _fa_window(band: Window | None) -> dict:
-    # FlashAttention's window sizes: -1 is unbounded.
+    # flash-attn 2's and torch-flash's window sizes: -1 is unbounded.
     if band is None:
         return {}
     return {"window_size_left": -1 if band[0] is None else band[0],
             "window_size_right": -1 if band[1] is None else band[1]}
+
+
+def _fa4_window(band: Window | None) -> dict:
+    # FlashAttention-4 takes None as unbounded and reads -1 as a width (flash_attn/cute/mask.py), which
+    # failed tests/test_window_gpu.py on an H200 for (left, right) = (None, 40): out 3.3 against 0.047.
+    return {} if band is None else {"window_size_left": band[0], "window_size_right": band[1]}
 
 
 # --------------------------------------------------------------------------- math
@@ -566,13 +572,13 @@ def _flash_attn_version() -> str | None:
 def _fa4_forward(q, k, v, causal, softmax_scale, *, window=None):
     band = band_of(window, causal)
     _check_shapes(q, k, v, causal and band is None)
-    return fa4.forward(q, k, v, causal and band is None, softmax_scale, **_fa_window(band))
+    return fa4.forward(q, k, v, causal and band is None, softmax_scale, **_fa4_window(band))
 
 
 def _fa4_backward(dout, q, k, v, out, lse, causal, softmax_scale, *, window=None):
     band = band_of(window, causal)
     _check_shapes(q, k, v, causal and band is None)
-    return fa4.backward(dout, q, k, v, out, lse, causal and band is None, softmax_scale, **_fa_window(band))
+    return fa4.backward(dout, q, k, v, out, lse, causal and band is None, softmax_scale, **_fa4_window(band))
 
 
 def _fa4_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, *,
@@ -580,7 +586,7 @@ def _fa4_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
     band = band_of(window, causal)
     return fa4.forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal and band is None,
-                              softmax_scale, **_fa_window(band))
+                              softmax_scale, **_fa4_window(band))
 
 
 def _fa4_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
@@ -588,7 +594,7 @@ def _fa4_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, ma
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
     band = band_of(window, causal)
     return fa4.backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               causal and band is None, softmax_scale, **_fa_window(band))
+                               causal and band is None, softmax_scale, **_fa4_window(band))
 
 
 def _fa4_version() -> str | None:
