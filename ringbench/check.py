@@ -296,7 +296,10 @@ class Placement:
             self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
             self.unwatched = ""
             if getattr(getattr(case, "spec", None), "window", 0):
-                self._watch_window(case.spec)
+                if u > 1:  # the composed Ulysses layout: read it from the shards themselves
+                    self._watch_window_by_tokens(case.spec.seqlen, world_size, case.spec.window)
+                else:
+                    self._watch_window(case.spec)
             return
         by_doc = variant.shard_by_document
         self.cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
@@ -312,7 +315,10 @@ class Placement:
                                              ulysses_degree=u)] = r
         self.watch = None
         if getattr(getattr(case, "spec", None), "window", 0):
-            self._watch_window(case.spec)
+            if u > 1:
+                self._watch_window_by_tokens(docs_cu[-1], world_size, case.spec.window, docs_cu)
+            else:
+                self._watch_window(case.spec)
             return
         # Any document whose first token (a key every query of the document sees) lives on
         # another rank than some of its queries gives a pair; prefer the widest one.
@@ -329,6 +335,32 @@ class Placement:
         self.watch = work.sharing_pair(spec)
         self.unwatched = "" if self.watch is not None else (
             f"under window {spec.window} no query sees a key of another rank, so no rank needs another's K/V")
+
+    def _watch_window_by_tokens(self, seqlen: int, world_size: int, window: int,
+                                docs_cu: list[int] | None = None) -> None:
+        # Which global positions each rank holds, from the shard function itself; a watcher's query
+        # p sees a source's key t of the same document when 0 <= p - t < window (positions of later
+        # documents are pushed a window apart, so no pair crosses a document boundary).
+        where = torch.arange(seqlen)
+        if docs_cu is not None:
+            doc = torch.searchsorted(torch.tensor(docs_cu[1:]), where, right=True)
+            where = where + doc * (seqlen + window)
+        held = [self.shard(where.view(1, seqlen), r)[0] for r in range(world_size)]
+        self.watch = None
+        for watcher in reversed(range(world_size)):
+            for source in range(world_size):
+                if source == watcher:
+                    continue
+                keys = torch.sort(held[source]).values
+                lo = torch.searchsorted(keys, held[watcher] - window + 1)
+                hi = torch.searchsorted(keys, held[watcher], right=True)
+                if bool((hi > lo).any()):
+                    self.watch = (source, watcher)
+                    break
+            if self.watch is not None:
+                break
+        self.unwatched = "" if self.watch is not None else (
+            f"under window {window} no query sees a key of another rank, so no rank needs another's K/V")
 
     def max_seqlen(self) -> int:
         offsets = self.cu_seqlens.tolist()

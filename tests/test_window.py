@@ -226,13 +226,13 @@ def test_window_flops_count_only_the_pairs_inside():
      "--no-causal or --window"),
     (["--variant", "rfa_ring", "--window", "64"],
      "rfa_ring cannot take a sliding window (--window 64); use one of ring, zigzag, stripe, llama3, ring_varlen, "
-     "zigzag_varlen, llama3_varlen"),
+     "zigzag_varlen, llama3_varlen, ulysses, ulysses_varlen, usp, usp_varlen"),
     (["--variant", "ring", "--window", "64", "--sink", "learnable"],
      "--window 64 with --sink learnable has no reference in verify yet (the sink's reference takes no window); "
      "drop --window or --sink"),
     (["--variant", "torch_cp", "--window", "64"],
      "torch_cp cannot take a sliding window (--window 64); use one of ring, zigzag, stripe, llama3, ring_varlen, "
-     "zigzag_varlen, llama3_varlen"),
+     "zigzag_varlen, llama3_varlen, ulysses, ulysses_varlen, usp, usp_varlen"),
 ])
 def test_window_refusals_exit_2_with_one_sentence(tmp_path, args, sentence):
     """Bad windows, and windows given to peers, are refused before anything starts."""

@@ -346,17 +346,17 @@ VARIANTS: dict[str, Variant] = {
                 sink=True, takes_window=True),
         Variant("ulysses", "contiguous", "ulysses:ulysses_attention",
                 "DeepSpeed-Ulysses: all-to-all from sequence to head sharding, the kernel over the whole "
-                "sequence for H/W heads, all-to-all back", ulysses="world", sink=True),
+                "sequence for H/W heads, all-to-all back", ulysses="world", sink=True, takes_window=True),
         Variant("ulysses_varlen", "contiguous", "ulysses:ulysses_varlen_attention",
                 "packed documents, contiguous row, Ulysses all-to-all; the kernel takes the global "
-                "cu_seqlens, any document boundaries", varlen=True, ulysses="world", sink=True),
+                "cu_seqlens, any document boundaries", varlen=True, ulysses="world", sink=True, takes_window=True),
         Variant("usp", "zigzag", "usp:usp_attention",
                 "USP: Ulysses inside groups of --ulysses-degree ranks, a zigzag ring across the groups",
-                options=("ulysses_degree",), ulysses="option", sink=True),
+                options=("ulysses_degree",), ulysses="option", sink=True, takes_window=True),
         Variant("usp_varlen", "zigzag", "usp:usp_varlen_attention",
                 "packed documents, each in the zigzag layout over the ring, Ulysses inside groups of "
                 "--ulysses-degree ranks", varlen=True, shard_by_document=True, options=("ulysses_degree",),
-                ulysses="option", sink=True),
+                ulysses="option", sink=True, takes_window=True),
         Variant("torch_cp", "zigzag", "torch_cp:torch_cp_attention",
                 "peer: PyTorch's context_parallel around SDPA (head-tail balancing, all-gather or all-to-all "
                 "rotation)", non_causal=False, options=("rotate",), devices=("cuda",),

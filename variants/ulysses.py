@@ -32,7 +32,8 @@ from . import observe, ulysses_rule
 from .comm import all_reduce, all_to_all_single
 from .grid import Grid, process_grid
 from .kernels import Kernel, as_kernel
-from .ring import Plan, VarlenSteps, _ring_backward, _ring_forward, batch_steps, contiguous_plan
+from . import window as _window
+from .ring import Plan, VarlenSteps, _ring_backward, _ring_forward, _window_steps, batch_steps, contiguous_plan
 from .sinks import check_sink, sink_grad
 from .varlen import prepare
 
@@ -125,7 +126,7 @@ class UlyssesRing(torch.autograd.Function):
 def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: float | None,
                 group, kernel: Kernel | str, ulysses_degree: int, plan: Plan,
                 cu_seqlens: Tensor | None = None, ring_document_rule=None,
-                sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """Run the Ulysses engine: shared by ``ulysses``, ``ulysses_varlen``, ``usp`` and ``usp_varlen``.
 
     Args:
@@ -139,6 +140,9 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
         sink: ``[Hq]`` sink logits (``sinks.py``), or ``None``: each rank's heads' slice joins its
             rows after the ring's last merge; d sink is summed over the ring group, then gathered
             over the Ulysses group, the same ``[Hq]`` on every rank.
+        window: a causal sliding window of this many keys (query p sees keys p - window + 1 .. p),
+            taken by the ring over the ring group as in ``ring.run_ring`` (the ring's layout:
+            contiguous for ulysses, zigzag for usp); ``None``: none.
 
     Raises:
         ValueError: (starting ``[rank r/W]``) heads the degree cannot split
@@ -151,18 +155,21 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
     reason = ulysses_rule(q.shape[2], k.shape[2], ulysses_degree, name)
     if reason:
         raise ValueError(f"{prefix} {reason}")
+    _window.check_window(window, causal, f"{prefix} ")
     grid = process_grid(group, ulysses_degree)
     ring_len = q.shape[1] * ulysses_degree
+    ring_layout = "contiguous" if plan is contiguous_plan else "zigzag"
     try:
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
-                           varlen=cu_seqlens is not None)
+                           varlen=cu_seqlens is not None, window=window is not None)
     except ValueError as exc:
         raise ValueError(f"{prefix} {exc}") from None
     if cu_seqlens is None:
         if plan is not contiguous_plan and grid.ring_degree > 1 and ring_len % 2:
             raise ValueError(f"{prefix} the ring shard of {ring_len} tokens is odd, but {name}'s zigzag ring gives "
                              "each ring rank two equal chunks; make seqlen a multiple of 2 * world_size")
-        steps = batch_steps(plan, grid.ring_rank, grid.ring_degree, ring_len, causal)
+        steps = (batch_steps(plan, grid.ring_rank, grid.ring_degree, ring_len, causal) if window is None else
+                 _window_steps(ring_layout, ring_len, None, grid.ring_rank, grid.ring_degree, window))
     else:
         if q.shape[0] != 1:
             raise ValueError(f"{prefix} q has batch {q.shape[0]}, but {name} packs documents into one row; "
@@ -173,10 +180,12 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
             reason = ring_document_rule(docs, grid.ring_degree)
             if reason:
                 raise ValueError(f"{prefix} {reason}")
+        ring_docs = [d // grid.ring_degree for d in docs]
         steps = documents.schedule(
-            (name, grid.ring_rank, grid.ring_degree, grid.ulysses_degree, causal, str(q.device)),
-            lambda: VarlenSteps(plan, [d // grid.ring_degree for d in docs], grid.ring_rank, grid.ring_degree,
-                                causal, q.device))
+            (name, grid.ring_rank, grid.ring_degree, grid.ulysses_degree, causal, str(q.device), window),
+            lambda: VarlenSteps(plan, ring_docs, grid.ring_rank, grid.ring_degree, causal, q.device)
+            if window is None else _window_steps(ring_layout, ring_len, ring_docs, grid.ring_rank,
+                                                 grid.ring_degree, window))
     if sink is not None:
         check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
@@ -186,7 +195,7 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                       softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                       kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                      sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                      sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by DeepSpeed-Ulysses, each rank holding one contiguous chunk.
 
     Args:
@@ -196,6 +205,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         causal, softmax_scale, group, kernel: as in :func:`ring.ring_attention`.
         cu_seqlens: not taken by this batch form; must be ``None``.
         sink: ``[Hq]`` float32 sink logits (``sinks.py``), or ``None``; differentiable.
+        window: a causal sliding window of this many keys, or ``None`` (:func:`run_ulysses`).
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32 ``[B, Hq, S/W]``
@@ -207,13 +217,13 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     if cu_seqlens is not None:
         raise ValueError("ulysses is the batch form and takes no cu_seqlens; use ulysses_varlen")
     return run_ulysses("ulysses", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                       ulysses_degree=dist.get_world_size(group), plan=contiguous_plan, sink=sink)
+                       ulysses_degree=dist.get_world_size(group), plan=contiguous_plan, sink=sink, window=window)
 
 
 def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                              softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                              kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                             sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                             sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document by Ulysses, the row cut contiguously.
 
     After the all-to-all every rank holds the whole row for ``Hq / W`` heads, so one varlen
@@ -226,7 +236,7 @@ def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = 
             varlen form.
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets, identical on every rank; any
             boundaries (documents may straddle ranks, be empty or one token).
-        sink: as in :func:`ulysses_attention`.
+        sink, window: as in :func:`ulysses_attention`.
 
     Returns:
         ``out`` ``[1, S/W, Hq, D]`` in q's dtype; ``lse`` float32 ``[1, Hq, S/W]``.
@@ -240,4 +250,4 @@ def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = 
                          "offsets; pass cu_seqlens, or use the batch variant ulysses")
     return run_ulysses("ulysses_varlen", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        kernel=kernel, ulysses_degree=dist.get_world_size(group), plan=contiguous_plan,
-                       cu_seqlens=cu_seqlens, sink=sink)
+                       cu_seqlens=cu_seqlens, sink=sink, window=window)

@@ -36,7 +36,7 @@ def _degree(ulysses_degree: int | None, q: Tensor, k: Tensor, group) -> int:
 def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softmax_scale: float | None = None,
                   group: dist.ProcessGroup | None = None, kernel: Kernel | str = "auto",
                   cu_seqlens: Tensor | None = None, ulysses_degree: int | None = None,
-                  sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                  sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by USP: Ulysses of degree U inside, a zigzag ring of W / U outside.
 
     Args:
@@ -51,6 +51,8 @@ def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softm
             ``variants.default_ulysses_degree``). The first call for a degree creates its
             process groups on every rank of ``group`` (``grid.process_grid``).
         sink: ``[Hq]`` float32 sink logits (``sinks.py``), or ``None``; differentiable.
+        window: a causal sliding window of this many keys, taken by the zigzag ring
+            (``ulysses.run_ulysses``); ``None``: none.
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype and layout; ``lse`` float32 ``[B, Hq, S/W]``.
@@ -61,21 +63,23 @@ def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softm
     if cu_seqlens is not None:
         raise ValueError("usp is the batch form and takes no cu_seqlens; use usp_varlen")
     return run_ulysses("usp", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                       ulysses_degree=_degree(ulysses_degree, q, k, group), plan=zigzag_plan, sink=sink)
+                       ulysses_degree=_degree(ulysses_degree, q, k, group), plan=zigzag_plan, sink=sink,
+                       window=window)
 
 
 def usp_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                          softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                          kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                         ulysses_degree: int | None = None, sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                         ulysses_degree: int | None = None, sink: Tensor | None = None,
+                         window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document by USP, each document zigzag over the ring ranks.
 
     Args:
         q: ``[1, S/W, Hq, D]`` (``layouts.shard_varlen(x, cu_seqlens, "zigzag", rank, W,
             by_document=True, ulysses_degree=U)``).
         k, v: ``[1, S/W, Hkv, D]`` in the same layout; heads as in :func:`usp_attention`.
-        causal, softmax_scale, group, kernel, ulysses_degree: as in :func:`usp_attention`; the
-            kernel needs a varlen form.
+        causal, softmax_scale, group, kernel, ulysses_degree, window: as in :func:`usp_attention`;
+            the kernel needs a varlen form.
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets, identical on every rank;
             every document a multiple of 2 * W / U (the harness asks 2 * W, as zigzag_varlen).
 
@@ -91,6 +95,6 @@ def usp_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True
                          "offsets; pass cu_seqlens, or use the batch variant usp")
     return run_ulysses("usp_varlen", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        kernel=kernel, ulysses_degree=_degree(ulysses_degree, q, k, group), plan=zigzag_plan,
-                       cu_seqlens=cu_seqlens, sink=sink,
+                       cu_seqlens=cu_seqlens, sink=sink, window=window,
                        ring_document_rule=lambda docs, ring: document_rule(docs, ring, "zigzag",
                                                                            "usp_varlen's ring"))

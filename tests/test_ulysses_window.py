@@ -1,0 +1,50 @@
+"""Sliding windows through Ulysses and USP: the ring over the ring group takes the window, in the
+composed layout, under real torchrun and gloo, checked by ``ringbench verify`` against float64."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import read_jsonl, ringbench
+
+SCENARIO = """
+description = "windows through ulysses and usp"
+[defaults]
+device = "cpu"
+kernel = "cpu"
+heads = 4
+kv_heads = 2
+head_dim = 16
+seqlen = 512
+dtype = "fp32"
+world_size = 4
+window = 50
+[[case]]
+variant = "ulysses"
+[[case]]
+variant = "usp"
+ulysses_degree = "auto"
+[[case]]
+variant = "ulysses_varlen"
+docs = "96,160,256"
+[[case]]
+variant = "usp_varlen"
+ulysses_degree = 2
+docs = "96,160,256"
+"""
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_ulysses_and_usp_take_a_window_at_every_factorization(tmp_path):
+    (tmp_path / "w.toml").write_text(SCENARIO)
+    proc = ringbench("verify", "--scenario", str(tmp_path / "w.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    print(proc.stdout[-3000:], proc.stderr[-2000:])
+    assert proc.returncode == 0
+    records = read_jsonl(tmp_path / "out" / "verify.jsonl")
+    seen = sorted((r["spec"]["variant"], r["spec"]["ulysses_degree"]) for r in records)
+    assert seen == [("ulysses", 0), ("ulysses_varlen", 0), ("usp", 1), ("usp", 2), ("usp", 4), ("usp_varlen", 2)]
+    for rec in records:
+        assert rec["spec"]["window"] == 50 and rec["status"] == "ok", rec["reason"]
+        assert rec["cp_active"] is True
+        assert all(c["passed"] for c in rec["checks"])
