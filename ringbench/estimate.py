@@ -18,7 +18,7 @@ The rate: on CPU, a float32 matmul measured here once per command (about 0.2 s; 
 Refusals (each overridden by ``--yes``), on CPU only, where a sweep is never what the machine
 is for: a sweep estimated over :data:`CPU_LIMIT_S`; a launch with more ranks than
 :data:`RANKS_PER_CORE` per usable core; a launch whose ranks need more memory than is
-available (:func:`rank_bytes` each, against ``MemAvailable`` and the cgroup's limit).
+available (:func:`launch_bytes`, against ``MemAvailable`` and the cgroup's limit).
 """
 
 from __future__ import annotations
@@ -155,24 +155,47 @@ def launch_seconds(world_size: int, device: str) -> float:
     return 3.0 + 1.5 * world_size / usable_cores()
 
 
-def rank_bytes(case) -> int:
-    """Resident memory one CPU rank of the case needs: :data:`RANK_BASE_BYTES`, the shard's
-    tensors (inputs, outputs, gradients and K/V in flight, about six copies) and the kernel's
-    float32 scores of a chunk of queries against a block of the shard's size, two buffers (an
-    all-gather variant's block is the whole sequence, which this leaves out). verify adds, on
-    rank 0, the whole sequence in float64 and its scores: see :func:`verify_extra_bytes`."""
+def _qkv_dims(case) -> int:
+    """Head dims summed over q, k, v and the output: queries and keys of ``head_dim``, values
+    and outputs (and their gradients) of the value head dim Dv (``--head-dim-v``)."""
+    dv = case.head_dim_v or case.head_dim
+    return case.heads * (case.head_dim + dv) + case.kv_heads * (case.head_dim + dv)
+
+
+def shard_bytes(case) -> int:
+    """The tensors of one rank's shard: inputs, outputs, gradients and K/V in flight (about three
+    copies of q, k, v and the output, values and outputs at Dv) and the kernel's float32 scores
+    of a chunk of queries against a block of the shard's size, two buffers (an all-gather
+    variant's block is the whole sequence, which this leaves out)."""
     local = case.seqlen // case.world_size
-    tensors = 6 * case.batch * local * (case.heads + case.kv_heads) * case.head_dim * _BYTES.get(case.dtype, 4)
+    tensors = 3 * case.batch * local * _qkv_dims(case) * _BYTES.get(case.dtype, 4)
     scores = 2 * case.batch * case.heads * min(_CHUNK, local) * local * 4
-    return RANK_BASE_BYTES + tensors + scores
+    return tensors + scores
+
+
+def rank_bytes(case) -> int:
+    """Resident memory one CPU rank of the case needs: :data:`RANK_BASE_BYTES` and its
+    :func:`shard_bytes`. verify adds, on rank 0, the whole sequence in float64 and its scores:
+    see :func:`verify_extra_bytes`."""
+    return RANK_BASE_BYTES + shard_bytes(case)
+
+
+def launch_bytes(case) -> int:
+    """Memory the case's launch needs in all: every process's :func:`rank_bytes` and rank 0's
+    :func:`verify_extra_bytes`; an emulated run (``--emulate``) is one process holding every
+    rank's shards, so one :data:`RANK_BASE_BYTES` and ``world_size`` shards."""
+    if launch_world_size(case) == 1 and case.world_size > 1:
+        return RANK_BASE_BYTES + case.world_size * shard_bytes(case) + verify_extra_bytes(case)
+    return case.world_size * rank_bytes(case) + verify_extra_bytes(case)
 
 
 def verify_extra_bytes(case) -> int:
     """What rank 0 of a verify case holds beyond :func:`rank_bytes`: the whole sequence's inputs
-    and results in float64 and the reference's float64 scores."""
+    and results in float64 (values, outputs and their gradients at Dv) and the reference's
+    float64 scores."""
     if case.task != "verify":
         return 0
-    whole = 10 * case.batch * case.seqlen * (case.heads + case.kv_heads) * case.head_dim * 8
+    whole = 5 * case.batch * case.seqlen * _qkv_dims(case) * 8
     scores = 2 * case.batch * case.heads * min(_CHUNK, case.seqlen) * case.seqlen * 8
     return whole + scores
 
@@ -253,10 +276,13 @@ def check(cases: list, est: Estimate, *, yes: bool) -> None:
         if max(launch_world_size(c) for c in group) > RANKS_PER_CORE * cores:
             why.append(f"{world_size} ranks on {plural(cores, 'core')} are more than the {RANKS_PER_CORE * cores} "
                        f"({RANKS_PER_CORE} per core) that ringbench starts without asking")
-        need = max(world_size * rank_bytes(c) + verify_extra_bytes(c) for c in group)
+        biggest = max(group, key=launch_bytes)
+        need = launch_bytes(biggest)
         if room is not None and need > room:
-            why.append(f"its ranks need about {need / 1e9:.1f} GB of memory ({world_size} of about "
-                       f"{max(rank_bytes(c) for c in group) / 1e6:.0f} MB) but {room / 1e9:.1f} GB is available here")
+            held = (f"one emulating process holding {world_size} shards of about {shard_bytes(biggest) / 1e6:.0f} MB"
+                    if launch_world_size(biggest) == 1 else f"{world_size} of about {rank_bytes(biggest) / 1e6:.0f} MB")
+            why.append(f"its ranks need about {need / 1e9:.1f} GB of memory ({held}) but {room / 1e9:.1f} GB is "
+                       f"available here")
         if why:
             raise SpecError(f"world_size {world_size} on cpu does not fit this machine: {' and '.join(why)}; pass a "
                             f"smaller --world-size, or --yes to start it anyway")

@@ -141,3 +141,37 @@ def test_estimate_the_issues_command_exits_2_within_seconds_on_cpu(tmp_path):
                         r"fewer --iters or fewer cases", result.stderr.strip()), result.stderr
     assert not (tmp_path / "out" / "runs.jsonl").exists()
     assert elapsed < 30, f"the refusal took {elapsed:.1f} s"
+
+
+def test_estimate_an_emulated_run_is_one_process_holding_every_ranks_shards(machine):
+    """`run --emulate --variant zigzag --world-size 64 --seqlen 2048`: one process, not 64."""
+    machine.setattr(estimate, "available_bytes", lambda: 2 * 10 ** 9)
+
+    def case(**given):
+        return sweep.cases_for("run", {"variant": ["zigzag"], "device": "cpu", "seqlen": 2048, "world_size": 64,
+                                       **given})[0]
+
+    emulated, real = case(emulate=True), case()
+    assert estimate.launch_bytes(emulated[0]) == estimate.RANK_BASE_BYTES + 64 * estimate.shard_bytes(real[0])
+    estimate.check(emulated, estimate.estimate(emulated), yes=False)  # about 0.4 GB: fits
+    with pytest.raises(estimate.SpecError, match=r"its ranks need about 2[67]\.\d GB of memory \(64 of about"):
+        estimate.check(real, estimate.estimate(real), yes=False)
+    machine.setattr(estimate, "available_bytes", lambda: 10 ** 8)
+    with pytest.raises(estimate.SpecError, match=r"one emulating process holding 64 shards of about"):
+        estimate.check(emulated, estimate.estimate(emulated), yes=False)
+
+
+def test_estimate_memory_counts_the_value_head_dim(machine):
+    """`verify --head-dim 48 --head-dim-v 100000` needs as much as values of 100000 wide, and is refused."""
+    def case(**given):
+        return sweep.cases_for("verify", {"variant": ["zigzag"], "device": "cpu", "seqlen": 512, "world_size": 2,
+                                          "head_dim": 48, **given})[0]
+
+    machine.setattr(estimate, "available_bytes", lambda: 8 * 10 ** 9)
+    plain, wide = case()[0], case(head_dim_v=100000)[0]
+    width = (plain.heads + plain.kv_heads) * (100000 - 48)  # v, out and their gradients grow, q and k do not
+    assert estimate.shard_bytes(wide) - estimate.shard_bytes(plain) == 3 * 256 * width * 4
+    assert estimate.verify_extra_bytes(wide) - estimate.verify_extra_bytes(plain) == 5 * 512 * width * 8
+    with pytest.raises(estimate.SpecError, match=r"its ranks need about \d+\.\d GB of memory"):
+        estimate.check([wide], estimate.estimate([wide]), yes=False)
+    estimate.check([plain], estimate.estimate([plain]), yes=False)
