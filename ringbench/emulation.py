@@ -46,7 +46,8 @@ def refusal(spec: CaseSpec) -> str | None:
     elif variant.varlen:
         why = "its packed documents are checked with an all-gather, and collectives are not emulated"
     else:
-        why = "its collectives (all-gather) are not emulated, only the ring's point-to-point transfers"
+        why = (f"its collectives ({'all-to-all' if variant.ulysses else 'all-gather'}) are not emulated, only the "
+               "ring's point-to-point transfers")
     from ringbench.variants import VARIANTS
 
     able = ", ".join(name for name, v in VARIANTS.items() if v.emulates)

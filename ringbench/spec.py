@@ -429,10 +429,11 @@ def _check_docs(spec: CaseSpec, variant) -> None:
     docs = padded_docs(spec)
     if not variant.varlen:
         if docs is not None:
+            from ringbench.variants import names
+
             given = "docs" if spec.docs else "doc_dist"
             raise SpecError(f"{given} {getattr(spec, given)!r} is given, but {spec.variant} is a batch variant and "
-                            "takes no documents; use ring_varlen, zigzag_varlen or llama3_varlen, or drop "
-                            f"--{given.replace('_', '-')}")
+                            f"takes no documents; use {names(lambda v: v.varlen)}, or drop --{given.replace('_', '-')}")
         return
     if docs is None:
         raise SpecError(f"{spec.variant} attends packed documents, but the case has none; pass --docs 3000,500,12k "
@@ -441,6 +442,9 @@ def _check_docs(spec: CaseSpec, variant) -> None:
         raise SpecError(f"batch {spec.batch} is not 1, but {spec.variant} packs the documents into one row; "
                         "pass --batch 1")
     total = sum(docs)
+    reason = variant.check_doc_pad(spec.doc_pad, docs, spec.world_size) if spec.doc_pad else None
+    if reason:
+        raise SpecError(reason)
     if total != spec.seqlen and spec.doc_pad:
         raise SpecError(f"documents sum to {sum(spec_docs(spec))} tokens, {total} once each is padded to a "
                         f"multiple of doc_pad {spec.doc_pad}, but seqlen is {spec.seqlen}; the padded documents "

@@ -432,7 +432,8 @@ def test_validate_documents_must_sum_to_seqlen():
 @pytest.mark.parametrize("changes, pattern", [
     ({"variant": "llama3_varlen"}, r"^llama3_varlen attends packed documents, but the case has none; pass --docs"),
     ({"variant": "ring", "docs": "4096"}, r"^docs '4096' is given, but ring is a batch variant and takes no "
-                                          r"documents; use ring_varlen, zigzag_varlen or llama3_varlen, or drop "
+                                          r"documents; use ring_varlen, zigzag_varlen, llama3_varlen, ulysses_varlen, usp_varlen or "
+                                          r"rfa_llama3_varlen, or drop "
                                           r"--docs$"),
     ({"variant": "zigzag", "doc_dist": "uniform:min=1,max=8"}, r"^doc_dist 'uniform:min=1,max=8' is given, but zigzag "
                                                                 r"is a batch variant"),

@@ -56,7 +56,8 @@ def document_rule(docs, world_size: int, layout: str, who: str) -> str | None:
     return None
 
 
-def ulysses_rule(heads: int, kv_heads: int | None, degree: int, who: str) -> str | None:
+def ulysses_rule(heads: int, kv_heads: int | None, degree: int, who: str, *,
+                 world_size: int | None = None, whole: bool = False) -> str | None:
     """Why a Ulysses degree ``degree`` cannot split ``heads`` query and ``kv_heads`` K/V heads, or ``None``.
 
     The all-to-all gives every rank of the Ulysses group ``heads / degree`` query heads, so the
@@ -65,16 +66,37 @@ def ulysses_rule(heads: int, kv_heads: int | None, degree: int, who: str) -> str
     ``degree / kv_heads`` times first (as DeepSpeed-Ulysses does), so every rank still gets the
     one K/V head its query heads use. Any other pair has no head split. Source: DeepSpeed-Ulysses
     (arXiv 2309.14509), issue 16.
+
+    The sentence ends with a fix that passes this rule: given ``world_size``, a degree that also
+    divides it (the hybrids' ``--ulysses-degree``); with ``whole`` (ulysses, whose degree is the
+    world size and takes no ``--ulysses-degree``), a ``--world-size`` or ``--heads`` instead.
     """
-    if heads % degree:
-        fits = [d for d in range(1, degree) if heads % d == 0]
-        return (f"Ulysses degree {degree} does not divide heads {heads}, and {who} gives every rank of the "
-                f"Ulysses group heads / degree query heads; use a degree that divides {heads}, such as {fits[-1]}")
-    if kv_heads and kv_heads % degree and degree % kv_heads:
-        return (f"Ulysses degree {degree} neither divides kv_heads {kv_heads} nor is a multiple of it, so {who} "
-                f"can neither split the K/V heads nor replicate them evenly; use a degree that divides "
-                f"{kv_heads} or a multiple of it that divides heads {heads}")
-    return None
+    def fits(d: int) -> bool:
+        return heads % d == 0 and not (kv_heads and kv_heads % d and d % kv_heads)
+
+    if fits(degree):
+        return None
+    split = heads % degree == 0
+    rule = (f"divides {heads}" if not split else
+            f"divides kv_heads {kv_heads} or is a multiple of it that divides heads {heads}")
+    if whole:
+        sizes = [d for d in range(2, heads + 1) if fits(d)]
+        size = max([d for d in sizes if d < degree] or sizes or [1])
+        if split:
+            return (f"world_size {degree} neither divides kv_heads {kv_heads} nor is a multiple of it, so {who}, "
+                    "which runs Ulysses over every rank, can neither split the K/V heads nor replicate them evenly; "
+                    + (f"pass a --world-size that {rule}, such as {size}, or " if sizes else "pass ")
+                    + f"--kv-heads {degree}")
+        more = (heads // degree + 1) * degree
+        return (f"world_size {degree} does not divide heads {heads}, and {who} runs Ulysses over every rank, giving "
+                f"each heads / world_size query heads; pass a --world-size that {rule}, such as {size}, or --heads "
+                f"a multiple of {degree}, such as {more}")
+    why = (f"neither divides kv_heads {kv_heads} nor is a multiple of it, so {who} can neither split the K/V "
+           "heads nor replicate them evenly" if split else
+           f"does not divide heads {heads}, and {who} gives every rank of the Ulysses group heads / degree query heads")
+    also = f" and world_size {world_size}" if world_size else ""
+    fit = max(d for d in range(1, degree) if fits(d) and (not world_size or world_size % d == 0))
+    return f"Ulysses degree {degree} {why}; use a degree that {rule}{also}, such as {fit}"
 
 
 def default_ulysses_degree(world_size: int, heads: int, kv_heads: int | None = None) -> int:
@@ -83,6 +105,12 @@ def default_ulysses_degree(world_size: int, heads: int, kv_heads: int | None = N
     ring over the rest, as the USP paper, arXiv 2405.07719, advises)."""
     return max(d for d in range(1, world_size + 1)
                if world_size % d == 0 and ulysses_rule(heads, kv_heads, d, "usp") is None)
+
+
+def names(which: Callable[["Variant"], bool]) -> str:
+    """The listed variants (test-only ones left out) for which ``which`` holds, as ``a, b or c``."""
+    found = [n for n, v in VARIANTS.items() if which(v)]
+    return ", ".join(found[:-1]) + " or " + found[-1] if len(found) > 1 else "".join(found)
 
 
 def factorizations(world_size: int) -> list[int]:
@@ -206,14 +234,15 @@ class Variant:
             return f"{self.name} takes no rotate; it is an option of torch_cp (PyTorch's context parallel)"
         if ulysses_degree and "ulysses_degree" not in self.options:
             return (f"{self.name} takes no ulysses_degree; it is an option of the Ulysses-ring hybrids "
-                    "(usp, yc_usp), so drop --ulysses-degree or use one of them")
+                    f"({names(lambda v: 'ulysses_degree' in v.options)}), so drop --ulysses-degree or use one of them")
         if ulysses_degree > 0 and world_size % ulysses_degree:
             return (f"ulysses_degree {ulysses_degree} does not divide world_size {world_size}, and {self.name} "
                     f"runs a ring of world_size / ulysses_degree groups; pass one of "
                     f"{', '.join(map(str, factorizations(world_size)))} or auto")
         if self.ulysses and heads is not None and ulysses_degree >= 0:
             degree = (world_size if self.ulysses == "world" else ulysses_degree) or None
-            reason = ulysses_rule(heads, kv_heads, degree, self.name) if degree else None
+            reason = ulysses_rule(heads, kv_heads, degree, self.name, world_size=world_size,
+                                  whole=self.ulysses == "world") if degree else None
             if reason:
                 return reason
         if heads_k_stride and kv_heads is not None and not 1 <= heads_k_stride <= kv_heads:
@@ -297,6 +326,21 @@ class Variant:
         if self.shard_by_document:
             return document_rule(docs, world_size, self.layout, self.name)
         return None
+
+    def check_doc_pad(self, doc_pad: int, padded, world_size: int) -> str | None:
+        """Why ``--doc-pad doc_pad`` (documents padded to lengths ``padded``) leaves a document
+        this variant cannot cut at ``world_size``, or ``None``: a document-sharded variant needs
+        every padded length a multiple of ``LAYOUT_CHUNKS[layout] * W``, which a pad of a multiple
+        of it always gives (a ``--seqlen`` change cannot)."""
+        if not self.shard_by_document or document_rule(padded, world_size, self.layout, self.name) is None:
+            return None
+        n = LAYOUT_CHUNKS[self.layout] * world_size
+        rule = f"2 * world_size = {n}" if LAYOUT_CHUNKS[self.layout] == 2 else f"world_size = {n}"
+        bad = next(i for i, d in enumerate(padded) if d % n)
+        fit = -(-doc_pad // n) * n
+        return (f"doc_pad {doc_pad} pads document {bad + 1} to {padded[bad]} tokens, not a multiple of {rule}, "
+                f"which {self.name} needs for every document; pass a --doc-pad that is a multiple of {n}, "
+                f"such as {fit}, with the --seqlen the padded documents fill")
 
     @property
     def attention(self) -> Callable:

@@ -1,0 +1,66 @@
+"""Refusals whose fix works: each names a value the spec checks then accept (a new user's report:
+usp suggested an --ulysses-degree not dividing W, zigzag_varlen a --seqlen it then refused), and
+lists of variants come from the registry."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ringbench import sweep
+from ringbench.errors import SpecError
+from ringbench.variants import VARIANTS
+
+
+def _cases(task="verify", **given):
+    given = {"device": "cpu", **given}
+    given["variant"] = [given["variant"]]
+    return sweep.cases_for(task, given)[0]
+
+
+def _refusal(task="verify", **given) -> str:
+    with pytest.raises(SpecError) as got:
+        _cases(task, **given)
+    return str(got.value)
+
+
+@pytest.mark.parametrize("given, pattern, fix", [
+    (dict(variant="usp", ulysses_degree=4, world_size=4, heads=6, kv_heads=2),
+     r"divides 6 and world_size 4, such as (\d+)$", "ulysses_degree"),
+    (dict(variant="usp", ulysses_degree=4, world_size=8, heads=12, kv_heads=6),
+     r"world_size 8, such as (\d+)$", "ulysses_degree"),
+    (dict(variant="ulysses", world_size=4, heads=6, kv_heads=2),
+     r"pass a --world-size that divides 6, such as (\d+), or --heads", "world_size"),
+    (dict(variant="ulysses", world_size=4, heads=6, kv_heads=2),
+     r"or --heads a multiple of 4, such as (\d+)$", "heads"),
+    (dict(variant="ulysses", world_size=4, heads=12, kv_heads=6), r"--kv-heads (\d+)$", "kv_heads"),
+    (dict(variant="zigzag_varlen", world_size=4, seqlen=1024, docs="100,300,612", doc_pad=7),
+     r"pass a --doc-pad that is a multiple of 8, such as (\d+)", "doc_pad"),
+])
+def test_a_refusals_suggested_value_is_accepted(given, pattern, fix):
+    message = _refusal(**given)
+    assert "\n" not in message
+    found = re.search(pattern, message)
+    assert found, message
+    _cases(**{**given, fix: int(found.group(1))})  # raises if the suggestion is refused too
+
+
+def test_ulysses_refusal_talks_of_the_world_size_not_a_degree():
+    message = _refusal(variant="ulysses", world_size=4, heads=6, kv_heads=2)
+    assert message.startswith("world_size 4 does not divide heads 6") and "degree" not in message, message
+
+
+def test_lists_of_variants_in_refusals_come_from_the_registry():
+    hybrids = [n for n, v in VARIANTS.items() if "ulysses_degree" in v.options]
+    assert {"usp", "usp_varlen", "yc_usp"} <= set(hybrids)
+    message = _refusal(variant="ring", ulysses_degree=2)
+    assert all(n in message for n in hybrids), message
+    message = _refusal(task="run", variant="ring", seqlen=1024, docs="512,512")
+    assert all(n in message for n, v in VARIANTS.items() if v.varlen), message
+    assert "ulysses_varlen" in message and "usp_varlen" in message
+
+
+def test_emulate_refusal_names_the_collective_the_variant_uses():
+    assert "its collectives (all-to-all) are not emulated" in _refusal(task="run", variant="usp", emulate=True)
+    assert "its collectives (all-gather) are not emulated" in _refusal(task="run", variant="llama3", emulate=True)
