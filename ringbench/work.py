@@ -10,7 +10,9 @@ process: the records carry it for every case and status, on CPU too (issue 15, i
 
 The rows of each rank come from ``variants.bands`` (contiguous, zigzag, stripe; by document for
 ring_varlen and zigzag_varlen), the contiguous row cut (llama3_varlen) or ``variants.balanced``.
-A layout it does not know gives ``None``. Pure Python, no torch.
+A layout it does not know gives ``None``. Padded documents (``doc_pad``) are laid out padded and
+count their real tokens' pairs. ulysses and ulysses_varlen split heads, not rows, over the
+whole group: every rank gets the total over W. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -80,16 +82,31 @@ def rank_runs(variant_name: str, layout: str, seqlen: int, world_size: int,
     return None
 
 
+def _real(run: bands.Run, real: int) -> bands.Run:
+    """``run`` cut to its queries at positions below ``real`` (a padded document's real tokens)."""
+    if run.start >= real:
+        return run._replace(count=0)
+    return run._replace(count=min(run.count, (real - 1 - run.start) // run.stride + 1))
+
+
 def pairs_per_rank(spec) -> list[int] | None:
     """Attention pairs of each rank's queries for a case (``CaseSpec``), times the batch; ``None``
-    when its layout is not known here or its documents cannot be read."""
-    from ringbench.spec import layout_of, spec_docs
+    when its layout is not known here or its documents cannot be read.
+
+    With ``doc_pad`` the rows are laid out over the padded documents and only real tokens'
+    pairs count: a real query's keys (causal, ``doc_pad`` needs it) are all real, and a pad
+    token's work is not the case's. A variant with Ulysses over the whole group (``ulysses``,
+    ``ulysses_varlen``) shards heads, not rows: every rank computes ``heads / W`` heads of every
+    row, so each gets the total over W (a whole number when W divides the total, else a float).
+    """
+    from ringbench.spec import layout_of, padded_docs, spec_docs
 
     variant = VARIANTS.get(spec.variant)
     if variant is None:
         return None
     try:
-        docs = spec_docs(spec) if variant.varlen else None
+        real = spec_docs(spec) if variant.varlen else None
+        docs = padded_docs(spec) if variant.varlen else None
     except ValueError:
         return None
     if variant.varlen and docs is None:
@@ -97,10 +114,15 @@ def pairs_per_rank(spec) -> list[int] | None:
     runs = rank_runs(spec.variant, layout_of(spec, variant), spec.seqlen, spec.world_size, docs)
     if runs is None:
         return None
-    lengths = docs or [spec.seqlen]
+    lengths = real or [spec.seqlen]
     window = spec.window or None
-    return [spec.batch * sum(_run_pairs(run, lengths[run.doc], spec.causal, window) for run in mine)
-            for mine in runs]
+    pairs = [spec.batch * sum(_run_pairs(_real(run, lengths[run.doc]), lengths[run.doc], spec.causal, window)
+                              for run in mine) for mine in runs]
+    if variant.ulysses == "world":
+        total = sum(pairs)
+        share = total // spec.world_size if total % spec.world_size == 0 else total / spec.world_size
+        return [share] * spec.world_size
+    return pairs
 
 
 def predicted_fields(spec) -> dict[str, Any]:
