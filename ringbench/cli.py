@@ -317,8 +317,8 @@ MATRIX_HELP = (
     "shape: head dim 64, 128, 256, MLA 192/128, MHA 8/8, GQA 8/2, MQA 8/1, an odd length (S/W odd); sink: "
     "learnable, off-by-one; padding: padded documents. Base: causal, "
     "bf16, 8 query heads over 2 K/V heads, head dim 128, 256 tokens on cpu or 4096 on cuda (packed into four "
-    "documents for the varlen implementations); world sizes 2 and 4 on cpu. Sliding window and MLA stay "
-    "unsupported until ringbench has their case fields (window, head_dim_v).")
+    "documents for the varlen implementations); world sizes 2 and 4 on cpu. The sliding-window column runs "
+    "window = S / 4 and the MLA column head_dim 192 with head_dim_v 128, wherever the implementation takes them.")
 
 
 @app.command("matrix", help=MATRIX_HELP)

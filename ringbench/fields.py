@@ -392,7 +392,7 @@ FIELDS: tuple[Field, ...] = (
           "(flash-attn-4, math)", 0, 0, default_text="head_dim", label="Dv={}", optional=True,
           check=_ZERO_OR_MORE),
     Field("layout", str, "the layout of the sequence over the ranks, for variants that take several (llama3: "
-          "zigzag, balanced under a causal mask, or contiguous)", "", "",
+          "zigzag or contiguous; llama3_varlen: contiguous, or balanced under a causal mask)", "", "",
           default_text="the variant's own", optional=True, variant_option=True),
     Field("heads_k_stride", int, "K/V heads gathered at a time by all-gather variants (llama3, llama3_varlen); "
           "while one group computes, the next group's gather is in flight; 0: all of them in one gather", 0, 0,

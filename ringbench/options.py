@@ -27,7 +27,8 @@ from ringbench.errors import SpecError
 OUT_HELP = "Folder for the records; run appends to OUT/runs.jsonl, verify to OUT/verify.jsonl. Default: results."
 JSON_HELP = "Print one JSON record per line on stdout and nothing else there, instead of the table."
 RESUME_HELP = ("Skip the cases that already have a record with status ok in the results file (same case_id: "
-               "every field but iters, warmup and seed), so a sweep that was stopped can be finished; the "
+               f"every field but {', '.join(fields.NOT_IN_CASE_ID[:-1])} and {fields.NOT_IN_CASE_ID[-1]}), so a "
+               "sweep that was stopped can be finished; the "
                "table and --json still show every case. Default: run every case.")
 TIMEOUT_HELP = ("Wall-clock seconds one launch (the cases of one world size and device) may take before every "
                 "rank is stopped and the running case recorded as timeout; the sweep then goes on with the next "
@@ -46,7 +47,8 @@ RDZV_ENDPOINT_HELP = ("HOST:PORT of torchrun's c10d rendezvous, the same on ever
 RDZV_ID_HELP = ("Rendezvous id, the same on every node. Default: derived from --rdzv-endpoint and the command "
                 "line, which every node shares.")
 
-SCENARIO_HELP = ("Sweep a scenario instead of one shape: a built-in name (smoke, ci-nightly, llama3-8b, peers) or a "
+SCENARIO_HELP = ("Sweep a scenario instead of one shape: a built-in name (smoke, ci-nightly, llama3-8b, peers, "
+                 "hybrids) or a "
                  ".toml file; the case options then override its fields, and a repeated --variant, --world-size, --seqlen or --kernel "
                  "replaces its axis. verify's default: the smoke scenario (CPU), unless a shape option is given.")
 JUNIT_HELP = "Also write the results as JUnit XML to this file, one test case per case. Default: no file."
