@@ -113,7 +113,7 @@ def _shape_cell(record: dict) -> str:
         sizes.append(f"B{_batch(record)}")
     sizes += [_size(record), f"{_heads(record)}×{_head_dims(record)}"]
     kind = [text(record_field(record, "dtype")), _causal(record), text(record_field(record, "mode")),
-            *_options(record)]
+            *_options(record), *(["emulated"] if record.get("emulated") else [])]
     return " ".join(sizes) + "\n" + " ".join(kind)
 
 
@@ -128,7 +128,8 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
     line after the table pointing to ``ringbench verify``, which proves its communication).
     The shape reads ``W2 16k 32/8×128`` over ``bf16 causal fwd_bwd``: world size, seqlen,
     Hq/Hkv×D, then dtype, mask and mode, with ``B<batch>`` after the world size when the
-    batch is not 1. Absent values show as ``-``. The reasons follow the table, one numbered
+    batch is not 1. An emulated record (``run --emulate``) adds ``emulated`` to the shape, its
+    eff. reads ``≤0.812`` (the bound) and a line under the table says so. Absent values show as ``-``. The reasons follow the table, one numbered
     line each.
 
     The figures, the case and the status never wrap or shorten; on a narrow terminal (80
@@ -161,7 +162,8 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
             milliseconds(r.get("time_ms")),
             number(r.get("imbalance"), ".3f"),
             rate(r.get("tflops_per_gpu")),
-            number(r.get("efficiency"), ".3f"),
+            ("≤" if r.get("emulated") and r.get("efficiency") is not None else "")
+            + number(r.get("efficiency"), ".3f"),
             number(r.get("peak_allocated_gib"), ".2f"),
             NOT_COUNTED if r.get("bytes_counted") is False else rate(r.get("bus_gib_s")),
         )
@@ -169,6 +171,10 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
     for i, reason in enumerate(reasons, 1):
         console.print(Text(f"[{i}] {reason}", style="red"))
     _print_notes(records, console)
+    if any(r.get("emulated") for r in records):
+        console.print(Text("emulated: one process played every rank in turn (run --emulate), so ms is compute "
+                           "alone and eff. (≤) the efficiency bound at that world size; a real run can only be "
+                           "slower", style="dim"))
     uncounted = [text(record_field(r, "variant")) for r in records if r.get("bytes_counted") is False]
     for variant in dict.fromkeys(uncounted):
         console.print(Text(f"{NOT_COUNTED}: {variant} moves its bytes through collectives ringbench's counters "

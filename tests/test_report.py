@@ -241,3 +241,19 @@ def test_report_verify_table_fits_80_columns_with_whole_numbers():
 def test_report_verify_table_leaves_out_an_empty_note_column():
     text = _render(report.print_verify_table, [_verify("ok", [_check("out", 1e-4)])])
     assert "note" not in text and "PASS" in text
+
+
+def test_report_run_table_marks_an_emulated_run_and_its_efficiency_as_the_bound():
+    emulated = {"spec": {**SPEC, "task": "run", "seqlen": 131072, "emulate": True}, "status": "ok", "kernel": "cudnn",
+                "time_ms": 12.3456, "imbalance": 1.0213, "tflops_per_gpu": 512.34, "efficiency": 0.9876,
+                "efficiency_bound": 0.9876, "emulated": True, "peak_allocated_gib": 10.5, "bus_gib_s": None}
+    real = {**emulated, "spec": {**SPEC, "task": "run"}, "emulated": False}
+    real.pop("efficiency_bound")
+    text = _render(report.print_run_table, [emulated])
+    lines = text.splitlines()
+    i = next(i for i, line in enumerate(lines) if "128k" in line)
+    row = lines[i] + lines[i + 1]
+    assert "≤0.988" in row and "bf16 causal fwd_bwd emulated" in row, row
+    assert any(line.startswith("emulated: one process played every rank") for line in lines), text
+    text = _render(report.print_run_table, [real])
+    assert "emulated" not in text and "≤" not in text and "0.988" in text
