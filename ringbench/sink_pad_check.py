@@ -61,25 +61,32 @@ def real_rows(lse: Tensor, keep: Tensor | None) -> Tensor:
     return lse[..., keep]
 
 
+def _band(window: int) -> dict:
+    # The causal sliding window as the kernels take it: window - 1 keys back, none ahead.
+    return {"window": (window - 1, 0)} if window else {}
+
+
 def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: float, sink: Tensor | None,
-               keep: Tensor | None) -> tuple[Tensor, ...]:
+               keep: Tensor | None, window: int = 0) -> tuple[Tensor, ...]:
     """out, lse, dq, dk, dv and d sink (or ``None``) of ``kernel`` on one device over the whole
-    (padded) row, the sink and padding applied as verify applies them to the variant."""
+    (padded) row, under the case's sliding window (``window`` keys, 0: none), the sink and
+    padding applied as verify applies them to the variant."""
     q, k, v, dout = inputs
+    kw = _band(window)
     if cu_seqlens is None:
-        out, lse = kernel.forward(q, k, v, causal, scale)
+        out, lse = kernel.forward(q, k, v, causal, scale, **kw)
     else:
         n = max(b - a for a, b in zip(cu_seqlens.tolist(), cu_seqlens.tolist()[1:]))
-        out, lse = kernel.forward_varlen(q, k, v, cu_seqlens, cu_seqlens, n, n, causal, scale)
+        out, lse = kernel.forward_varlen(q, k, v, cu_seqlens, cu_seqlens, n, n, causal, scale, **kw)
     if sink is not None:
         out, lse = apply_sink(out, lse, sink.detach())
         out = out.to(q.dtype)
     if keep is not None:
         out, dout = zero_padding(out, keep), zero_padding(dout, keep)
     if cu_seqlens is None:
-        grads = kernel.backward(dout, q, k, v, out, lse, causal, scale)
+        grads = kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw)
     else:
-        grads = kernel.backward_varlen(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens, n, n, causal, scale)
+        grads = kernel.backward_varlen(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens, n, n, causal, scale, **kw)
     dsink = None
     if sink is not None and sink.requires_grad:
         dsink = local_sink_grad(dout, out, lse, sink.detach()).to(sink.dtype)
@@ -87,7 +94,7 @@ def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: f
 
 
 def reference_fp64(inputs, real_docs: list[int] | None, causal: bool, scale: float, sink: Tensor | None,
-                   keep: Tensor | None) -> tuple[Tensor, ...]:
+                   keep: Tensor | None, window: int = 0) -> tuple[Tensor, ...]:
     """out, lse, dq, dk, dv and d sink (or ``None``) in float64 on the real tokens alone, put
     back at their padded positions (zeros at padding rows; lse 0 there, never compared).
 
@@ -97,6 +104,9 @@ def reference_fp64(inputs, real_docs: list[int] | None, causal: bool, scale: flo
         causal, scale: the mask and the softmax scale.
         sink: ``[Hq]`` sink logits, or ``None``.
         keep: :func:`keep_mask`, or ``None``.
+        window: the causal sliding window in keys (0: none), applied within each real document:
+            padding sits at a document's end, so a real token's window over the padded document
+            holds the same real keys.
     """
     math = KERNELS["math"]
     q, k, v, dout = (x.double() for x in inputs)
@@ -104,16 +114,17 @@ def reference_fp64(inputs, real_docs: list[int] | None, causal: bool, scale: flo
         q, k, v, dout = (x[:, keep] for x in (q, k, v, dout))
     cu = layouts.cu_seqlens_from_docs(real_docs, device=q.device) if real_docs is not None else None
     n = max(real_docs) if real_docs is not None else 0
+    kw = _band(window)
 
     def forward(q, k, v):
         if cu is None:
-            return math.forward(q, k, v, causal, scale)
-        return math.forward_varlen(q, k, v, cu, cu, n, n, causal, scale)
+            return math.forward(q, k, v, causal, scale, **kw)
+        return math.forward_varlen(q, k, v, cu, cu, n, n, causal, scale, **kw)
 
     if sink is None:
         out, lse = forward(q, k, v)
-        grads = (math.backward(dout, q, k, v, out, lse, causal, scale) if cu is None else
-                 math.backward_varlen(dout, q, k, v, out, lse, cu, cu, n, n, causal, scale))
+        grads = (math.backward(dout, q, k, v, out, lse, causal, scale, **kw) if cu is None else
+                 math.backward_varlen(dout, q, k, v, out, lse, cu, cu, n, n, causal, scale, **kw))
         found = [out, lse, *grads, None]
     else:
         # Autograd through the plain-torch math forward: no sink identity is assumed.
@@ -172,8 +183,9 @@ def references(kernel, inputs, case: CaseSetup, cu_seqlens: Tensor | None, sink:
         times the largest over the heads of the sum of its terms' magnitudes
         (``|exp(s_h - L) <dout, out_f>|``, from the reference); 0 without a learnable sink.
     """
-    single = list(single_row(kernel, inputs, cu_seqlens, case.causal, case.scale, sink, keep))
-    ref = list(reference_fp64(inputs, case.real_docs, case.causal, case.scale, sink, keep))
+    window = case.spec.window
+    single = list(single_row(kernel, inputs, cu_seqlens, case.causal, case.scale, sink, keep, window))
+    ref = list(reference_fp64(inputs, case.real_docs, case.causal, case.scale, sink, keep, window))
     dsink_floor = 0.0
     if ref[5] is not None:
         terms = local_sink_grad(inputs[3].double().abs(), ref[0].abs(), ref[1], sink.detach().double()).abs()

@@ -139,10 +139,10 @@ def sharing_pair(spec) -> tuple[int, int] | None:
     """A pair ``(source, watcher)`` of different ranks where some query of the watcher sees a key of
     the source under the case's causal sliding window, or ``None`` when no rank needs another's keys
     (a window of one key, say). Only for a case with a window."""
-    from ringbench.spec import layout_of, spec_docs
+    from ringbench.spec import layout_of, padded_docs
 
     variant = VARIANTS[spec.variant]
-    docs = spec_docs(spec) if variant.varlen else None
+    docs = padded_docs(spec) if variant.varlen else None  # the lengths the layout cuts
     runs = rank_runs(spec.variant, layout_of(spec, variant), spec.seqlen, spec.world_size, docs)
     if runs is None:
         return None

@@ -49,14 +49,20 @@ def _cases(world_size: int) -> list[dict]:
             ("llama3_varlen_balanced_full", _spec("llama3_varlen", W, docs=docs, layout="balanced", causal=False))]
     out += [(f"llama3_varlen_balanced_window{w}", _spec("llama3_varlen", W, w, docs=docs, layout="balanced"))
             for w in few]
+    # Padded documents (doc_pad 4): the references apply the window within each real document.
+    out += [(f"{v}_pad_window{w}", _spec(v, W, w, docs="13,30,21", doc_pad=4, seqlen=72))
+            for v in ("zigzag_varlen", "llama3_varlen") for w in (5, 40)]
+    out += [("llama3_varlen_balanced_pad_window40",
+             _spec("llama3_varlen", W, 40, docs="25,70,150", doc_pad=4, seqlen=252, layout="balanced"))]
     far = f"window{32 * W - 7}"
     keep = {  # a few of each form per launch, so the slow launches stay near 15 s each on two cores
-        1: {"zigzag_window5", "llama3_varlen_balanced_window5"},
+        1: {"zigzag_window5", "llama3_varlen_balanced_window5", "llama3_varlen_pad_window40"},
         2: {"zigzag_window40", "stripe_window5", "llama3_window40", "ring_varlen_window40",
-            "llama3_varlen_balanced", "llama3_varlen_balanced_window5"},
+            "llama3_varlen_balanced", "llama3_varlen_balanced_window5", "zigzag_varlen_pad_window5",
+            "llama3_varlen_pad_window40"},
         4: {"ring_window5", f"ring_{far}", "zigzag_window40", "stripe_window5", "stripe_window1",
             "llama3_contiguous_window40", "zigzag_varlen_window40", f"llama3_varlen_{far}", "llama3_varlen_balanced",
-            "llama3_varlen_balanced_full", "llama3_varlen_balanced_window40"},
+            "llama3_varlen_balanced_full", "llama3_varlen_balanced_window40", "llama3_varlen_balanced_pad_window40"},
         8: {"ring_window40", f"zigzag_{far}", "stripe_window5", "llama3_window40", "ring_varlen_window5",
             "llama3_varlen_balanced", "llama3_varlen_balanced_window40"},
     }[W]
