@@ -302,3 +302,27 @@ def test_compare_plot_of_reference_results_has_a_panel_per_world_size_and_mode(t
     title = fig._suptitle.get_text()
     assert "NVIDIA H200" in title and "torch 2.11.0+cu130" in title and "NCCL 2.28.9" in title
     assert "TFLOP/s per GPU" in title and "32 heads, 8 KV heads, head dim 128" in title
+
+
+def test_compare_x_that_is_also_a_by_field_is_left_out_of_by(runs):
+    """``--x kernel`` (and ``--x variant``) with the default ``--by variant,kernel`` make a table,
+    instead of crashing on the clash (exit 1, which compare keeps for regressions)."""
+    for x, column in (("kernel", "cpu"), ("variant", "zigzag")):
+        result = runner.invoke(app, ["compare", str(runs), "--x", x, "--json"])
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(line) for line in result.stdout.splitlines()]
+        assert rows and all(x not in r for r in rows) and any(column in r["values"] for r in rows), rows
+
+
+def test_compare_never_contests_rows_of_different_windows(tmp_path):
+    """A window changes the mask and the work: a windowed row is another problem, not one more
+    configuration of its variant, so it neither wins against nor is measured against full rows."""
+    windowed = record("zigzag", 1024, 50.0)
+    windowed["spec"]["window"] = 128
+    windowed["case_id"] = "windowed"
+    runs = write(tmp_path / "runs.jsonl", [record("zigzag", 1024, 12.0), record("torch_cp", 1024, 10.0), windowed])
+    result = runner.invoke(app, ["compare", str(runs), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {(r["variant"], r["window"]): r for r in map(json.loads, result.stdout.splitlines())}
+    assert rows[("zigzag", 0)]["best"] == ["1024"] and rows[("zigzag", 0)]["vs_best_peer"] == {"1024": 1.2}
+    assert rows[("zigzag", 128)]["best"] == [] and rows[("zigzag", 128)]["vs_best_peer"] == {}

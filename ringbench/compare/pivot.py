@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 #: Panels of the plot, and the leading columns of the pivot: one per world size and mode.
 PANEL_FIELDS = ("world_size", "mode")
 
+#: Variant options that change the problem itself (a window changes the mask and the work):
+#: part of the case's shape when rows compete, like seqlen, never one more configuration.
+SHAPE_OPTIONS = ("window",)
+
 
 @dataclass
 class Pivot:
@@ -64,23 +68,27 @@ def pivot(frame: "pandas.DataFrame", *, metric: str = "tflops", x: str = "seqlen
         frame: one row per case, as :func:`ringbench.compare.load.load_runs` gives.
         metric: a name of :data:`ringbench.compare.metrics.METRICS`.
         x: the column across (``seqlen``, ``world_size``...).
-        by: the fields that name a line.
+        by: the fields that name a line; one that is also ``x`` is left out of them (so
+            ``--x kernel`` works with the default ``--by variant,kernel``).
 
     Returns:
         A :class:`Pivot`.
 
     Raises:
-        CompareError: an unknown metric, an ``x`` or ``by`` that is not a column, or records
-            without the metric's column.
+        CompareError: an unknown metric, an ``x`` or ``by`` that is not a column, records
+            without the metric's column, or no field left to name a row.
     """
     m = get_metric(metric)
     check_columns(frame, [x, *by], "--x" if x not in frame.columns else "--by")
+    by = [name for name in by if name != x]  # the column across cannot also name a line
     if m.column not in frame.columns:
         raise CompareError(f"the records hold no {m.column}, so --metric {metric} has nothing to show; "
                            "pass records of `ringbench run`")
     panels = [f for f in PANEL_FIELDS if f != x and f not in by and f in frame.columns]
     lines = list(dict.fromkeys([*by, *varying_fields(frame, exclude=[x, *panels, *by])]))
     index = [*panels, *lines]
+    if not index:
+        raise CompareError(f"--x {x} leaves no field to name a row; pass --by with another field, such as kernel")
     data = frame[[*index, x, m.column]].copy()
     data[m.column] = data[m.column].astype(float)
     for name in index:  # a list-valued field (document lengths) cannot key a row as it is
@@ -113,8 +121,8 @@ class Contest:
 
 def contest(p: Pivot) -> Contest:
     """Compare rows that share every index field but ``variant`` and the variants' own options
-    (:data:`ringbench.fields.VARIANT_OPTIONS`: the same panel, kernel and shape), column by
-    column, so each variant's best configuration counts.
+    (:data:`ringbench.fields.VARIANT_OPTIONS`, less :data:`SHAPE_OPTIONS`: the same panel,
+    kernel, shape and window), column by column, so each variant's best configuration counts.
 
     Returns:
         A :class:`Contest`; empty when ``variant`` is not a row field.
@@ -125,7 +133,8 @@ def contest(p: Pivot) -> Contest:
     if "variant" not in p.index:
         return result
     at = p.index.index("variant")
-    shared = [n for n, name in enumerate(p.index) if name != "variant" and name not in VARIANT_OPTIONS]
+    shared = [n for n, name in enumerate(p.index) if name != "variant"
+              and (name not in VARIANT_OPTIONS or name in SHAPE_OPTIONS)]
     groups: dict[tuple, list[int]] = {}
     rows = p.rows()
     for i, (key, _) in enumerate(rows):
