@@ -53,8 +53,8 @@ def _cases(world_size: int) -> list[dict]:
     if W <= 4:  # padded to 16, 32 and 24, which zigzag_varlen cuts only up to 2W = 8
         out += [(f"{v}_pad_window{w}", _spec(v, W, w, docs="13,30,21", doc_pad=4, seqlen=72))
                 for v in ("zigzag_varlen", "llama3_varlen") for w in (5, 40)]
-    out += [("llama3_varlen_balanced_pad_window40",
-             _spec("llama3_varlen", W, 40, docs="25,70,150", doc_pad=4, seqlen=252, layout="balanced"))]
+        out += [("llama3_varlen_balanced_pad_window40",  # 252 padded tokens: a multiple of W up to 4 only
+                 _spec("llama3_varlen", W, 40, docs="25,70,150", doc_pad=4, seqlen=252, layout="balanced"))]
     far = f"window{32 * W - 7}"
     keep = {  # a few of each form per launch, so the slow launches stay near 15 s each on two cores
         1: {"zigzag_window5", "llama3_varlen_balanced_window5", "llama3_varlen_pad_window40"},
