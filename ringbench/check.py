@@ -74,12 +74,13 @@ def floor_for(dtype: torch.dtype, ref_max: float, world_size: int = 1) -> float:
 
 def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: torch.Tensor,
                     expected_dtype: torch.dtype, expected_shape: tuple, world_size: int = 1,
-                    floor: float = 0.0) -> dict:
+                    floor: float = 0.0, single_ref: torch.Tensor | None = None) -> dict:
     """Apply the tolerance rule to one tensor and return its check entry (ringbench/CONTRACTS.md).
 
     A result of the wrong shape is a failed check with infinite error, not an exception.
-    ``floor`` raises the error floor to at least that (``d sink``: a sum over rows, see
-    ``sink_pad_check.references``).
+    ``floor`` raises the error floor to at least that; ``single_ref`` is what ``single`` is
+    measured against where that is not ``ref`` (``d sink``: each against what its own out and
+    lse imply, see ``sink_pad_check.references``).
     """
     dtype_ok = got.dtype == expected_dtype
     shape_ok = tuple(got.shape) == tuple(expected_shape) == tuple(ref.shape)
@@ -96,7 +97,7 @@ def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: tor
     finite = bool(torch.isfinite(got_d[finite_ref]).all()) and bool(
         (got_d[~finite_ref] == ref[~finite_ref]).all())
     diff = (got_d - ref)[finite_ref].abs()
-    diff_single = (single_d - ref)[finite_ref].abs()
+    diff_single = (single_d - (ref if single_ref is None else single_ref.double()))[finite_ref].abs()
     err = float(diff.max()) if diff.numel() else 0.0
     err_single = float(diff_single.max()) if diff_single.numel() else 0.0
     ref_max = float(ref[finite_ref].abs().max()) if finite_ref.any() else 0.0
@@ -575,8 +576,8 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
 
     checks = None
     if rank == 0 and (sink is not None or placement.keep is not None):
-        single, ref, shadow, dsink_floor = extras.references(kernel, inputs, case, placement.cu_seqlens, sink,
-                                                             placement.keep, gathered, shadow)
+        single, ref, shadow, implied = extras.references(kernel, inputs, case, placement.cu_seqlens, sink,
+                                                         placement.keep, gathered, shadow)
     elif rank == 0:
         single = _whole_row(kernel, inputs, placement, causal, scale, spec.window)
         ref = _whole_row(KERNELS["math"], [x.double() for x in inputs], placement, causal, scale, spec.window)
@@ -598,10 +599,12 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
             c["passed"] = c["passed"] and c["shadow_passed"]
         if sink is not None and sink.requires_grad:
             got = dsink if dsink is not None else torch.full_like(sink.detach(), float("nan"))
-            checks.append({**tolerance_check("dsink", got, single[5], ref[5], sink.dtype, tuple(sink.shape),
-                                             world_size=world_size, floor=dsink_floor),
-                           **_no_shadow("d sink is summed by the engine from out and dout, not by a kernel call, "
-                                        "so only the max rule applies")})
+            entry = tolerance_check("dsink", got, single[5], implied["variant"], sink.dtype, tuple(sink.shape),
+                                    world_size=world_size, floor=implied["floor"], single_ref=implied["single"])
+            entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref[5]).abs().max())
+                                                           for t in (got, single[5]))
+            checks.append({**entry, **_no_shadow("d sink is summed by the engine from out and dout, not by a "
+                                                 "kernel call, so only the max rule applies")})
     box = [checks]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0,
                                group=group)

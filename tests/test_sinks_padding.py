@@ -90,6 +90,8 @@ def _cases(world_size: int) -> tuple[list[dict], dict[str, str]]:
                 **_padded_fields(docs, pad))
     for sink in ("learnable", "off-by-one"):
         add(f"sink_every_block_{sink}", "sink_every_block", sink=sink)
+    if world_size == 2:
+        add("drift_dsink_learnable_bf16", "drift_dsink", sink="learnable", dtype="bf16")
     return cases, refused
 
 
@@ -120,6 +122,18 @@ def _by_tensor(rec: dict) -> dict:
     return {c["tensor"]: c for c in rec["checks"]}
 
 
+def _assert_only_dsink_fails(rec: dict) -> None:
+    """A d sink one bf16 rounding off (``drift_dsink``) fails its check by far, and nothing else
+    fails: d sink is held to what the variant's own out and lse imply, to float32 accumulation.
+    Against float64 it stays near the single device's error (within 2x in this seed), where a
+    rule against the single device's error would have let it through."""
+    checks = _by_tensor(rec)
+    assert not rec.get("error") and rec.get("verdict", rec["status"]) == "fail", rec.get("error") or rec["reason"]
+    assert [n for n, c in checks.items() if not c["passed"]] == ["dsink"], rec["reason"]
+    assert checks["dsink"]["ratio"] > 20, checks["dsink"]
+    assert checks["dsink"]["err_fp64"] < 3 * checks["dsink"]["err_single_fp64"], checks["dsink"]
+
+
 def _check_launch(launch: dict, world_size: int) -> None:
     assert launch["cases"], "no case to check"
     failures = []
@@ -137,6 +151,8 @@ def _check_launch(launch: dict, world_size: int) -> None:
             # Only the max rule: at W >= 2 a row meets several blocks, so the sink counts more than once.
             assert not (check._max_rule_passed(checks["lse"]) and check._max_rule_passed(checks["out"])), name
             assert rec["verdict"] == "fail", name
+        elif case["variant"] == "drift_dsink":
+            _assert_only_dsink_fails(rec)
         elif rec["verdict"] != "ok":
             failures.append(f"{name}: {rec['reason']}")
     assert not failures, "\n".join(failures)
@@ -167,11 +183,14 @@ def test_sinks_padding_every_variant_passes_at_large_world_sizes(launches, world
 def test_sinks_padding_world_size_1_in_process(solo_group):
     cases = [spec("zigzag", 1, sink="learnable"), spec("llama3_varlen", 1, sink="off-by-one", docs=DOCS),
              spec("zigzag_varlen", 1, sink="learnable", **_padded_fields("5,27,100", 8)),
-             spec("sink_every_block", 1, sink="off-by-one")]
+             spec("sink_every_block", 1, sink="off-by-one"), spec("drift_dsink", 1, sink="learnable", dtype="bf16")]
     for case in cases:
         fields = check.verify_case(case, device=torch.device("cpu"))
         _print(case.variant, fields)
         checks = _by_tensor(fields)
+        if case.variant == "drift_dsink":
+            _assert_only_dsink_fails(fields)
+            continue
         if case.variant == "sink_every_block":
             # One block per row at W=1: the per-block sink is counted once, so the max rule holds.
             assert all(check._max_rule_passed(c) for c in fields["checks"]), fields["reason"]

@@ -445,6 +445,8 @@ TESTING_VARIANTS: dict[str, Variant] = {
                 "test only: a ring whose merge drops the last block"),
         Variant("sink_every_block", "contiguous", "testing:sink_every_block_attention",
                 "test only: a ring that adds the sink to every block instead of once per row", sink=True),
+        Variant("drift_dsink", "contiguous", "testing:drift_dsink_attention",
+                "test only: a ring whose d sink comes back rounded to the input dtype", sink=True),
         Variant("drift_out", "contiguous", "testing:drift_out_attention",
                 "test only: a ring that rounds the running output to the input dtype after every merge"),
         Variant("drift_dq", "contiguous", "testing:drift_dq_attention",
