@@ -101,6 +101,7 @@ def test_cli_e2e_refused_case_starts_nothing(tmp_path, args, message):
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_cli_e2e_sweep_killed_then_resumed_keeps_one_ok_record_per_case(tmp_path):
     from ringbench.scenarios import load_scenario
 
