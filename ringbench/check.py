@@ -41,7 +41,6 @@ import torch
 import torch.distributed as dist
 
 from ringbench import sink_pad_check as extras
-from ringbench import work
 from ringbench.case_setup import CaseSetup, case_setup, sink_logits
 from ringbench.fields import plural
 from ringbench.spec import CaseSpec
@@ -297,10 +296,7 @@ class Placement:
             self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
             self.unwatched = ""
             if getattr(getattr(case, "spec", None), "window", 0):
-                if u > 1:  # the composed Ulysses layout: read it from the shards themselves
-                    self._watch_window_by_tokens(case.spec.seqlen, world_size, case.spec.window)
-                else:
-                    self._watch_window(case.spec)
+                self._watch_window(case.spec.seqlen, world_size, case.spec.window)
             return
         by_doc = variant.shard_by_document
         self.cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
@@ -316,10 +312,7 @@ class Placement:
                                              ulysses_degree=u)] = r
         self.watch = None
         if getattr(getattr(case, "spec", None), "window", 0):
-            if u > 1:
-                self._watch_window_by_tokens(docs_cu[-1], world_size, case.spec.window, docs_cu)
-            else:
-                self._watch_window(case.spec)
+            self._watch_window(docs_cu[-1], world_size, case.spec.window, docs_cu)
             return
         # Any document whose first token (a key every query of the document sees) lives on
         # another rank than some of its queries gives a pair; prefer the widest one.
@@ -331,15 +324,10 @@ class Placement:
         self.unwatched = "" if self.watch is not None else (
             "no document crosses a rank boundary, so no rank needs another's K/V")
 
-    def _watch_window(self, spec) -> None:
-        # Under a sliding window a document's first token is out of reach of its later queries.
-        self.watch = work.sharing_pair(spec)
-        self.unwatched = "" if self.watch is not None else (
-            f"under window {spec.window} no query sees a key of another rank, so no rank needs another's K/V")
-
-    def _watch_window_by_tokens(self, seqlen: int, world_size: int, window: int,
-                                docs_cu: list[int] | None = None) -> None:
-        # Which global positions each rank holds, from the shard function itself; a watcher's query
+    def _watch_window(self, seqlen: int, world_size: int, window: int, docs_cu: list[int] | None = None) -> None:
+        # Under a sliding window a document's first token is out of reach of its later queries, so
+        # the pair is found from the positions each rank holds, read from the shard function itself
+        # (so every layout, the composed Ulysses one too, is covered); a watcher's query
         # p sees a source's key t of the same document when 0 <= p - t < window (positions of later
         # documents are pushed a window apart, so no pair crosses a document boundary).
         where = torch.arange(seqlen)

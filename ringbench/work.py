@@ -133,21 +133,3 @@ def predicted_fields(spec) -> dict[str, Any]:
         return dict.fromkeys(FIELDS)
     mean = sum(pairs) / len(pairs)
     return {"predicted_pairs_per_rank": pairs, "predicted_max_over_mean": max(pairs) / mean if mean else None}
-
-
-def sharing_pair(spec) -> tuple[int, int] | None:
-    """A pair ``(source, watcher)`` of different ranks where some query of the watcher sees a key of
-    the source under the case's causal sliding window, or ``None`` when no rank needs another's keys
-    (a window of one key, say). Only for a case with a window."""
-    from ringbench.spec import layout_of, padded_docs
-
-    variant = VARIANTS[spec.variant]
-    docs = padded_docs(spec) if variant.varlen else None  # the lengths the layout cuts
-    runs = rank_runs(spec.variant, layout_of(spec, variant), spec.seqlen, spec.world_size, docs)
-    if runs is None:
-        return None
-    for watcher in reversed(range(spec.world_size)):
-        for source in range(spec.world_size):
-            if source != watcher and bands.block_parts(runs[watcher], runs[source], spec.window):
-                return source, watcher
-    return None
