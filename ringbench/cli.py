@@ -30,6 +30,33 @@ from ringbench.options import (JSON_HELP, JUNIT_HELP, NNODES_HELP, NODE_RANK_HEL
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
+class _OnceCommand(typer.core.TyperCommand):
+    """A command that refuses an option of one value given twice with different values, which
+    click would otherwise settle silently by keeping the last (``--layout a --layout b``)."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        single = {name: p for p in self.params if p.param_type_name == "option"
+                  and not p.multiple and not p.is_flag and not p.count for name in p.opts}
+        seen: dict[str, tuple[str, str]] = {}
+        tokens = iter(args)
+        for token in tokens:
+            if token == "--":
+                break
+            name, eq, value = token.partition("=")
+            param = single.get(name)
+            if param is None:
+                continue
+            if not eq:
+                value = next(tokens, "")
+            if param.name in seen and seen[param.name][1] != value:
+                first, before = seen[param.name]
+                _error(f"{name} was given twice ({first} {before}, then {name} {value}); it takes one value, "
+                       f"so give it once")
+                raise typer.Exit(EXIT_USAGE)
+            seen[param.name] = (name, value)
+        return super().parse_args(ctx, args)
+
+
 app = typer.Typer(
     name="ringbench",
     help="Run, verify and compare context-parallel (ring) attention variants across ranks.\n\n"
@@ -55,7 +82,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 
 # --------------------------------------------------------------------------- run and verify
 
-@app.command()
+@app.command(cls=_OnceCommand)
 @options.with_case_options("run")
 def run(
     ctx: typer.Context,
@@ -76,7 +103,7 @@ def run(
            nodes=(nnodes, node_rank, rdzv_endpoint, rdzv_id), yes=yes)
 
 
-@app.command()
+@app.command(cls=_OnceCommand)
 @options.with_case_options("verify")
 def verify(
     ctx: typer.Context,
@@ -170,7 +197,7 @@ def _report(task: str, found: list[dict], *, json_out: bool, junit_xml: Optional
 
 # --------------------------------------------------------------------------- compare and variants
 
-@app.command()
+@app.command(cls=_OnceCommand)
 def compare(
     paths: Optional[List[Path]] = typer.Argument(
         None, help="Result files (.jsonl) or folders (every .jsonl under them). Default: results/runs.jsonl.",
@@ -255,7 +282,7 @@ def compare(
     raise typer.Exit(EXIT_OK)
 
 
-@app.command("variants")
+@app.command("variants", cls=_OnceCommand)
 def variants_command(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per variant on stdout instead of "
                                   "the table."),
@@ -321,7 +348,7 @@ MATRIX_HELP = (
     "window = S / 4 and the MLA column head_dim 192 with head_dim_v 128, wherever the implementation takes them.")
 
 
-@app.command("matrix", help=MATRIX_HELP)
+@app.command("matrix", cls=_OnceCommand, help=MATRIX_HELP)
 def matrix_command(
     ctx: typer.Context,
     device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu. Default: cuda when a GPU is "

@@ -140,6 +140,11 @@ def harness(monkeypatch, tmp_path):
     (["run", "--variant", "zigzag", "--rotate", "alltoall"], r"^zigzag takes no rotate; it is an option of torch_cp"),
     (["run", "--variant", "fault_unavailable", "--device", "cpu"],
      r"^variant fault_unavailable is unavailable here: test only: its library is never installed$"),
+    # An option of one value given twice with different values (click would keep the last).
+    (["run", "--variant", "llama3_varlen", "--layout", "balanced", "--layout=contiguous"],
+     r"^--layout was given twice \(--layout balanced, then --layout contiguous\); it takes one value, so give it once$"),
+    (["verify", "--variant", "zigzag", "--dtype", "bf16", "--heads", "8", "--dtype", "fp32"],
+     r"^--dtype was given twice \(--dtype bf16, then --dtype fp32\)"),
 ])
 def test_cli_bad_input_exits_2_with_one_sentence(harness, args, pattern):
     result = invoke(args, harness)
