@@ -177,6 +177,14 @@ world_size = 2
 [[case]]
 world_size = 4
 emulate = true
+[[case]]
+world_size = 2
+variant = "llama3"
+heads_k_stride = 1
+[[case]]
+world_size = 2
+variant = "llama3_varlen"
+docs = "100,300,112"
 """
 
 
@@ -188,9 +196,10 @@ def test_profile_gloo_breakdown_per_rank_adds_up(tmp_path):
     (tmp_path / "p.toml").write_text(PROFILE_SCENARIO)
     proc = ringbench("run", "--scenario", str(tmp_path / "p.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    real, emulated = read_jsonl(tmp_path / "out" / "runs.jsonl")
-    assert (real["emulated"], emulated["emulated"]) == (False, True)
-    for record, world_size in ((real, 2), (emulated, 4)):
+    by = {(r["spec"]["variant"], r["emulated"]): r for r in read_jsonl(tmp_path / "out" / "runs.jsonl")}
+    real, emulated = by["zigzag", False], by["zigzag", True]
+    gathered, gathered_varlen = by["llama3", False], by["llama3_varlen", False]
+    for record, world_size in ((real, 2), (emulated, 4), (gathered, 2), (gathered_varlen, 2)):
         ranks = record["profile"]["per_rank"]
         assert len(ranks) == world_size and len(record["per_rank_busy_ms"]) == world_size
         for p in ranks:
@@ -201,8 +210,12 @@ def test_profile_gloo_breakdown_per_rank_adds_up(tmp_path):
             assert abs(sum(parts) - p["wall_ms"]) <= 1e-9 * p["wall_ms"]
         assert (tmp_path / "out" / f"profile-{record['case_id']}.png").exists()
     assert real["bus_gib_s"] > 0 and emulated["bus_gib_s"] is None
+    # The all-gather engines: a step is a head group (llama3 gathers one K/V head at a time here).
+    for p in gathered["profile"]["per_rank"]:
+        assert {(s["phase"], s["step"]) for s in p["steps"]} == {("fwd", 0), ("fwd", 1), ("bwd", 0), ("bwd", 1)}
     tables = proc.stdout[proc.stdout.index("profile:"):]
-    assert len(re.findall(r"^\s+[0-3]\s+\d+\.\d{3}\s", tables, flags=re.M)) == 2 + 4
+    assert "reports no spans" not in tables
+    assert len(re.findall(r"^\s+[0-3]\s+\d+\.\d{3}\s", tables, flags=re.M)) == 2 + 4 + 2 + 2
     assert all(len(line) <= 80 for line in proc.stdout.splitlines())
 
 

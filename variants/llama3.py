@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from . import layouts
 from . import comm
-from . import observe
+from . import observe, timeline
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .merge import merge_
 from .sinks import apply_sink, check_sink, sink_grad
@@ -61,7 +61,8 @@ def reduce_scatter_shards(full: Tensor, layout: str, group) -> Tensor:
     world_size = dist.get_world_size(group)
     shards = torch.cat([layouts.shard(full, layout, r, world_size) for r in range(world_size)])
     part = torch.empty_like(shards[: shards.shape[0] // world_size])
-    comm.reduce_scatter_tensor(part, shards, group=group)
+    with timeline.span("comm"):
+        comm.reduce_scatter_tensor(part, shards, group=group)
     return part
 
 
@@ -93,8 +94,9 @@ def _gathered_kv(k: Tensor, v: Tensor, group, world_size: int, stride: int, layo
         (kb, kw), (vb, vw) = pending
         if i + 1 < len(groups):
             pending = start(groups[i + 1])  # overlaps this group's compute
-        kw.wait()
-        vw.wait()
+        with timeline.span("comm"):
+            kw.wait()
+            vw.wait()
         yield (hs, _to_global(kb.unflatten(0, (world_size, -1)), layout),
                _to_global(vb.unflatten(0, (world_size, -1)), layout))
 
@@ -128,14 +130,18 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None)
     lse = torch.full((B, H, S_local), float("-inf"), dtype=acc, device=q.device)
     seen = observe.current()
     saved = []
-    for hs, kg, vg in _gathered_kv(k, v, group, world_size, stride, layout):
+    timeline.step("fwd", 0)  # a step is a head group: its gather's wait, kernel calls and merges
+    for i, (hs, kg, vg) in enumerate(_gathered_kv(k, v, group, world_size, stride, layout)):
         qh = slice(hs.start * G, hs.stop * G)
         for rows, keys, c, kw in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1], window):
-            b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale, **kw)
+            with timeline.span("kernel"):
+                b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale, **kw)
             if seen is not None:
                 seen.forward_block(rows, qh, b_out, b_lse)
-            merge_(out[:, rows, qh], lse[:, qh, rows], b_out, b_lse)
+            with timeline.span("merge"):
+                merge_(out[:, rows, qh], lse[:, qh, rows], b_out, b_lse)
         saved.append((kg, vg))
+        timeline.step("fwd", i + 1)
     return out, lse, saved
 
 
@@ -147,19 +153,22 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
     dk = torch.empty(k.shape, dtype=acc, device=k.device)
     dv = torch.empty(v.shape, dtype=acc, device=v.device)
     seen = observe.current()
-    for hs, (kg, vg) in zip(_head_groups(k.shape[2], stride), saved):
+    for i, (hs, (kg, vg)) in enumerate(zip(_head_groups(k.shape[2], stride), saved)):
+        timeline.step("bwd", i)
         qh = slice(hs.start * G, hs.stop * G)
         dkg = torch.zeros(kg.shape, dtype=acc, device=k.device)
         dvg = torch.zeros(vg.shape, dtype=acc, device=v.device)
         for rows, keys, c, kw in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1], window):
-            g = kernel.backward(dout[:, rows, qh], q[:, rows, qh], kg[:, keys], vg[:, keys],
-                                out[:, rows, qh], lse[:, qh, rows], c, scale, **kw)
+            with timeline.span("kernel"):
+                g = kernel.backward(dout[:, rows, qh], q[:, rows, qh], kg[:, keys], vg[:, keys],
+                                    out[:, rows, qh], lse[:, qh, rows], c, scale, **kw)
             if seen is not None:
                 seen.dq_block(rows, qh, g[0])
                 seen.gathered_dkv(layout, keys, hs, g[1], g[2], kg.shape[1], world_size)
-            dq[:, rows, qh] += g[0]
-            dkg[:, keys] += g[1]
-            dvg[:, keys] += g[2]
+            with timeline.span("merge"):
+                dq[:, rows, qh] += g[0]
+                dkg[:, keys] += g[1]
+                dvg[:, keys] += g[2]
         for full, local in ((dkg, dk), (dvg, dv)):
             local[:, :, hs] = reduce_scatter_shards(full, layout, group)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

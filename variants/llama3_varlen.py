@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import balanced, layouts, observe
+from . import balanced, layouts, observe, timeline
 from .kernels import Kernel, accumulation_dtype, as_kernel
 from .llama3 import GatheredAttention, _gathered_kv, _head_groups, head_group_stride, reduce_scatter_shards
 from .sinks import check_sink
@@ -156,11 +156,13 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, pieces: Pieces):
                       device=q.device)
     seen = observe.current()
     saved = []
-    for hs, kg, vg in _gathered_kv(k, v, group, world_size, stride, "contiguous"):
+    timeline.step("fwd", 0)  # a step is a head group (see llama3._forward)
+    for i, (hs, kg, vg) in enumerate(_gathered_kv(k, v, group, world_size, stride, "contiguous")):
         qh = slice(hs.start * G, hs.stop * G)
-        b_out, b_lse = kernel.forward_varlen(q[:, :, qh], _keys(kg, pieces.keys), _keys(vg, pieces.keys),
-                                             pieces.cu_q, pieces.cu_k, pieces.max_q, pieces.max_k,
-                                             causal and not pieces.window, scale, **pieces.window)
+        with timeline.span("kernel"):
+            b_out, b_lse = kernel.forward_varlen(q[:, :, qh], _keys(kg, pieces.keys), _keys(vg, pieces.keys),
+                                                 pieces.cu_q, pieces.cu_k, pieces.max_q, pieces.max_k,
+                                                 causal and not pieces.window, scale, **pieces.window)
         if seen is not None:
             seen.forward_block(slice(None), qh, b_out, b_lse)
         saved.append((kg, vg))
@@ -168,6 +170,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, pieces: Pieces):
             return b_out, b_lse, saved
         out[:, :, qh] = b_out
         lse[:, qh] = b_lse
+        timeline.step("fwd", i + 1)
     return out, lse, saved
 
 
@@ -178,11 +181,13 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
     dq = torch.empty_like(q)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     seen = observe.current()
-    for hs, (kg, vg) in zip(_head_groups(k.shape[2], stride), saved):
+    for i, (hs, (kg, vg)) in enumerate(zip(_head_groups(k.shape[2], stride), saved)):
+        timeline.step("bwd", i)
         qh = slice(hs.start * G, hs.stop * G)
-        g = kernel.backward_varlen(dout[:, :, qh], q[:, :, qh], _keys(kg, pieces.keys), _keys(vg, pieces.keys),
-                                   out[:, :, qh], lse[:, qh], pieces.cu_q, pieces.cu_k, pieces.max_q,
-                                   pieces.max_k, causal and not pieces.window, scale, **pieces.window)
+        with timeline.span("kernel"):
+            g = kernel.backward_varlen(dout[:, :, qh], q[:, :, qh], _keys(kg, pieces.keys), _keys(vg, pieces.keys),
+                                       out[:, :, qh], lse[:, qh], pieces.cu_q, pieces.cu_k, pieces.max_q,
+                                       pieces.max_k, causal and not pieces.window, scale, **pieces.window)
         if seen is not None:
             seen.dq_block(slice(None), qh, g[0])
             _observe_dkv(seen, pieces, hs, g[1], g[2], q.shape[1], dist.get_world_size(group))

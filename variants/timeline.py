@@ -1,7 +1,8 @@
 """Time spans of a ring's kernel calls, merges and communication waits, per step (``run --profile``).
 
 While :func:`recording` is held, the functions the ring engine (``ring.py``) and its
-communicator (``comm.py``) wrap with :func:`timed` record one span each: its kind, the phase
+communicator (``comm.py``) wrap with :func:`timed`, and the all-gather engines' (``llama3.py``,
+``llama3_varlen.py``) :func:`span` blocks, record one span each: its kind, the phase
 (``fwd`` or ``bwd``) and ring step the engine last announced with :func:`step`, and its start
 and end marks. On CUDA a mark is a CUDA event recorded on the current stream, so nothing waits
 for the device while the iterations run; the spans are read after them (:meth:`Timeline.resolve`,
@@ -12,7 +13,8 @@ The kinds:
 - ``kernel``: a local attention call (forward or backward);
 - ``merge``: folding a block's out/lse into the running result, adding a block's gradient to
   an accumulator, and the accumulator casts;
-- ``comm``: waiting for a transfer (``RingComm.wait``). On CUDA that is the time the compute
+- ``comm``: waiting for a transfer (``RingComm.wait``; the all-gather engines: the K/V gather's
+  wait and the dK/dV reduce-scatter). On CUDA that is the time the compute
   stream stalls for the transfer, the exposed communication; on CPU the time the host blocks.
   Under emulation (``emulation.py``) it is the device copies that stand in for the transfers.
 
@@ -100,22 +102,33 @@ def step(phase: str, index: int) -> None:
         _current.phase, _current.step = phase, index
 
 
+@contextlib.contextmanager
+def span(kind: str) -> Iterator[None]:
+    """The body is one span of ``kind`` while a timeline is recorded inside an iteration (and no
+    other span is open); otherwise nothing is recorded."""
+    tl = _current
+    if tl is None or tl._spans is None or tl._open:
+        yield
+        return
+    tl._open = True
+    start = tl.mark()
+    try:
+        yield
+    finally:
+        tl._spans.append((kind, tl.phase, tl.step, start, tl.mark()))
+        tl._open = False
+
+
 def timed(kind: str) -> Callable[[Callable], Callable]:
-    """Decorate a function so that each call is one span of ``kind`` while a timeline is recorded
-    inside an iteration; otherwise the call goes straight through."""
+    """Decorate a function so that each call is one :func:`span` of ``kind``; when nothing is
+    recorded the call goes straight through."""
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def run(*args, **kwargs):
-            tl = _current
-            if tl is None or tl._spans is None or tl._open:
+            if _current is None:
                 return fn(*args, **kwargs)
-            tl._open = True
-            start = tl.mark()
-            try:
+            with span(kind):
                 return fn(*args, **kwargs)
-            finally:
-                tl._spans.append((kind, tl.phase, tl.step, start, tl.mark()))
-                tl._open = False
         return run
     return wrap
 
