@@ -1,8 +1,8 @@
 """``run --profile``: where each rank's time goes, from the spans of ``variants/timeline.py``.
 
 Per rank, one extra pass of ``iters`` iterations after the timed ones records a span around
-every kernel call, merge and communication wait of ringbench's ring and all-gather engines. One rank's
-breakdown (:func:`breakdown`) is the mean over those iterations of:
+every kernel call, merge and communication wait of ringbench's engines (ring, all-gather,
+Ulysses). One rank's breakdown (:func:`breakdown`) is the mean over those iterations of:
 
 - ``wall_ms``: the iteration, first mark to last;
 - ``kernel_ms``, ``merge_ms``, ``comm_ms``: the sums of the spans of each kind;
@@ -15,7 +15,7 @@ breakdown (:func:`breakdown`) is the mean over those iterations of:
 - ``steps``: per phase (``fwd``, ``bwd``) and ring step, the kernel, merge and comm means.
 
 Means, not medians, so the parts add up to ``wall_ms``. A variant whose code reports no spans
-(the peers, ulysses and usp's all-to-all) gets ``spans_per_iteration`` 0: only its wall time.
+(the peers) gets ``spans_per_iteration`` 0: only its wall time.
 
 The CLI prints :func:`print_tables` after a profiled run and writes :func:`write_plots` (a
 stacked bar per rank, matplotlib) next to the results.
@@ -133,8 +133,8 @@ def print_tables(records: list[dict], console=None) -> None:
                           number(share, ".1f"))
         console.print(table)
         if not all(p["spans_per_iteration"] for p in prof["per_rank"]):
-            console.print(Text(f"note: {r['spec']['variant']} reports no spans (ringbench's ring and all-gather "
-                               "engines do), so its profile holds wall times alone", style="dim"))
+            console.print(Text(f"note: {r['spec']['variant']} reports no spans (ringbench's own engines do), "
+                               "so its profile holds wall times alone", style="dim"))
         elif r.get("busy_imbalance") is not None:
             console.print(Text(f"work imbalance (busy max/min) {r['busy_imbalance']:.3f}; wall imbalance "
                                f"{r.get('imbalance') or float('nan'):.3f}", style="dim"))

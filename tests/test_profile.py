@@ -185,6 +185,9 @@ heads_k_stride = 1
 world_size = 2
 variant = "llama3_varlen"
 docs = "100,300,112"
+[[case]]
+world_size = 2
+variant = "ulysses"
 """
 
 
@@ -198,8 +201,8 @@ def test_profile_gloo_breakdown_per_rank_adds_up(tmp_path):
     assert proc.returncode == 0, proc.stderr
     by = {(r["spec"]["variant"], r["emulated"]): r for r in read_jsonl(tmp_path / "out" / "runs.jsonl")}
     real, emulated = by["zigzag", False], by["zigzag", True]
-    gathered, gathered_varlen = by["llama3", False], by["llama3_varlen", False]
-    for record, world_size in ((real, 2), (emulated, 4), (gathered, 2), (gathered_varlen, 2)):
+    gathered, gathered_varlen, ulysses = by["llama3", False], by["llama3_varlen", False], by["ulysses", False]
+    for record, world_size in ((real, 2), (emulated, 4), (gathered, 2), (gathered_varlen, 2), (ulysses, 2)):
         ranks = record["profile"]["per_rank"]
         assert len(ranks) == world_size and len(record["per_rank_busy_ms"]) == world_size
         for p in ranks:
@@ -215,7 +218,7 @@ def test_profile_gloo_breakdown_per_rank_adds_up(tmp_path):
         assert {(s["phase"], s["step"]) for s in p["steps"]} == {("fwd", 0), ("fwd", 1), ("bwd", 0), ("bwd", 1)}
     tables = proc.stdout[proc.stdout.index("profile:"):]
     assert "reports no spans" not in tables
-    assert len(re.findall(r"^\s+[0-3]\s+\d+\.\d{3}\s", tables, flags=re.M)) == 2 + 4 + 2 + 2
+    assert len(re.findall(r"^\s+[0-3]\s+\d+\.\d{3}\s", tables, flags=re.M)) == 2 + 4 + 2 + 2 + 2
     assert all(len(line) <= 80 for line in proc.stdout.splitlines())
 
 

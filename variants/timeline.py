@@ -2,7 +2,8 @@
 
 While :func:`recording` is held, the functions the ring engine (``ring.py``) and its
 communicator (``comm.py``) wrap with :func:`timed`, and the all-gather engines' (``llama3.py``,
-``llama3_varlen.py``) :func:`span` blocks, record one span each: its kind, the phase
+``llama3_varlen.py``) :func:`span` blocks and the Ulysses engine's all-to-all (``ulysses.py``),
+record one span each: its kind, the phase
 (``fwd`` or ``bwd``) and ring step the engine last announced with :func:`step`, and its start
 and end marks. On CUDA a mark is a CUDA event recorded on the current stream, so nothing waits
 for the device while the iterations run; the spans are read after them (:meth:`Timeline.resolve`,
@@ -14,7 +15,7 @@ The kinds:
 - ``merge``: folding a block's out/lse into the running result, adding a block's gradient to
   an accumulator, and the accumulator casts;
 - ``comm``: waiting for a transfer (``RingComm.wait``; the all-gather engines: the K/V gather's
-  wait and the dK/dV reduce-scatter). On CUDA that is the time the compute
+  wait and the dK/dV reduce-scatter; Ulysses: each all-to-all). On CUDA that is the time the compute
   stream stalls for the transfer, the exposed communication; on CPU the time the host blocks.
   Under emulation (``emulation.py``) it is the device copies that stand in for the transfers.
 

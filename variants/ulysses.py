@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import observe, ulysses_rule
+from . import observe, timeline, ulysses_rule
 from .comm import all_reduce, all_to_all_single
 from .grid import Grid, process_grid
 from .kernels import Kernel, as_kernel
@@ -38,6 +38,12 @@ from .sinks import check_sink, sink_grad
 from .varlen import prepare
 
 Tensor = torch.Tensor
+
+
+@timeline.timed("comm")
+def _exchange(recv: Tensor, send: Tensor, group) -> None:
+    # A blocking all-to-all: all of it is exposed communication in --profile.
+    all_to_all_single(recv, send, group)
 
 
 def seq_to_heads(x: Tensor, group, degree: int) -> Tensor:
@@ -50,7 +56,7 @@ def seq_to_heads(x: Tensor, group, degree: int) -> Tensor:
     B, s, H, D = x.shape
     send = x.reshape(B, s, degree, H // degree, D).permute(2, 0, 1, 3, 4).contiguous()
     recv = torch.empty_like(send)
-    all_to_all_single(recv, send, group)
+    _exchange(recv, send, group)
     return recv.permute(1, 0, 2, 3, 4).reshape(B, degree * s, H // degree, D).contiguous()
 
 
@@ -61,7 +67,7 @@ def heads_to_seq(x: Tensor, group, degree: int) -> Tensor:
     B, S, h, D = x.shape
     send = x.reshape(B, degree, S // degree, h, D).permute(1, 0, 2, 3, 4).contiguous()
     recv = torch.empty_like(send)
-    all_to_all_single(recv, send, group)
+    _exchange(recv, send, group)
     return recv.permute(1, 2, 0, 3, 4).reshape(B, S // degree, degree * h, D).contiguous()
 
 
@@ -72,7 +78,7 @@ def lse_heads_to_seq(lse: Tensor, group, degree: int) -> Tensor:
     B, h, S = lse.shape
     send = lse.reshape(B, h, degree, S // degree).permute(2, 0, 1, 3).contiguous()
     recv = torch.empty_like(send)
-    all_to_all_single(recv, send, group)
+    _exchange(recv, send, group)
     return recv.permute(1, 0, 2, 3).reshape(B, degree * h, S // degree).contiguous()
 
 
