@@ -202,12 +202,16 @@ def test_sinks_padding_world_size_1_in_process(solo_group):
 # --------------------------------------------------------------------------- units
 
 
-def _explicit_sink_attention(q, k, v, sink, scale):
-    """Plain float64 causal attention with the sink as an extra logit column of every row."""
+def _explicit_sink_attention(q, k, v, sink, scale, window=0):
+    """Plain float64 causal attention with the sink as an extra logit column of every row (and
+    query i seeing keys i - window + 1 .. i under a window)."""
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     scores = qt @ kt.transpose(-1, -2) * scale
     n = scores.shape[-1]
-    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    hidden = torch.ones(n, n, dtype=torch.bool).triu(1)
+    if window:
+        hidden |= torch.ones(n, n, dtype=torch.bool).tril(-window)
+    scores = scores.masked_fill(hidden, -math.inf)
     col = sink[None, :, None, None].expand(*scores.shape[:-1], 1)
     full = torch.cat([scores, col], dim=-1)
     p = torch.softmax(full, dim=-1)[..., :-1]
@@ -230,6 +234,22 @@ def test_sinks_identities_give_autograd_gradients_of_an_explicit_sink_logit():
     grads = math_k.backward(dout, q, k, v, out_f, big, True, 8 ** -0.5)
     for got, leaf in zip((*grads, local_sink_grad(dout, out_f, big, sink)), leaves):
         torch.testing.assert_close(got, leaf.grad, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("window", [1, 5, 36])
+def test_sinks_reference_with_a_window_is_explicit_windowed_attention_with_a_sink_column(window):
+    """verify's float64 reference applies a sliding window and a sink together (gpt-oss's banded
+    layers), values and gradients, d sink included."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, dout = (torch.randn(1, 37, 2, 8, generator=gen, dtype=torch.float64) for _ in range(4))
+    sink = torch.randn(2, generator=gen, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, sink)]
+    want_out, want_lse = _explicit_sink_attention(*leaves, 8 ** -0.5, window)
+    (want_out * dout).sum().backward()
+    got = sink_pad_check.reference_fp64((q, k, v, dout), None, True, 8 ** -0.5, sink.clone().requires_grad_(True),
+                                        None, window)
+    for g, want in zip(got, (want_out, want_lse, *(leaf.grad for leaf in leaves))):
+        torch.testing.assert_close(g, want.detach(), rtol=0, atol=1e-11)
 
 
 def test_sinks_apply_sink_on_an_empty_row_gives_zero_and_the_sink():

@@ -1,5 +1,6 @@
 """Sliding windows through Ulysses and USP: the ring over the ring group takes the window, in the
-composed layout, under real torchrun and gloo, checked by ``ringbench verify`` against float64."""
+composed layout, under real torchrun and gloo, checked by ``ringbench verify`` against float64
+(with a learnable sink too, in one case)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ docs = "96,160,256"
 variant = "usp_varlen"
 ulysses_degree = 2
 docs = "96,160,256"
+[[case]]
+variant = "usp"
+ulysses_degree = 2
+sink = "learnable"
+dtype = "bf16"
 """
 
 
@@ -43,8 +49,10 @@ def test_ulysses_and_usp_take_a_window_at_every_factorization(tmp_path):
     assert proc.returncode == 0
     records = read_jsonl(tmp_path / "out" / "verify.jsonl")
     seen = sorted((r["spec"]["variant"], r["spec"]["ulysses_degree"]) for r in records)
-    assert seen == [("ulysses", 0), ("ulysses_varlen", 0), ("usp", 1), ("usp", 2), ("usp", 4), ("usp_varlen", 2)]
+    assert seen == [("ulysses", 0), ("ulysses_varlen", 0), ("usp", 1), ("usp", 2), ("usp", 2), ("usp", 4),
+                    ("usp_varlen", 2)]
     for rec in records:
         assert rec["spec"]["window"] == 50 and rec["status"] == "ok", rec["reason"]
         assert rec["cp_active"] is True
         assert all(c["passed"] for c in rec["checks"])
+        assert ("dsink" in {c["tensor"] for c in rec["checks"]}) == (rec["spec"]["sink"] == "learnable")

@@ -227,9 +227,6 @@ def test_window_flops_count_only_the_pairs_inside():
     (["--variant", "rfa_ring", "--window", "64"],
      "rfa_ring cannot take a sliding window (--window 64); use one of ring, zigzag, stripe, llama3, ring_varlen, "
      "zigzag_varlen, llama3_varlen, ulysses, ulysses_varlen, usp, usp_varlen"),
-    (["--variant", "ring", "--window", "64", "--sink", "learnable"],
-     "--window 64 with --sink learnable is refused for now, in run as in verify: verify's float64 reference "
-     "applies a window or a sink but not both, so no result of the pair could be checked; drop --window or --sink"),
     (["--variant", "torch_cp", "--window", "64"],
      "torch_cp cannot take a sliding window (--window 64); use one of ring, zigzag, stripe, llama3, ring_varlen, "
      "zigzag_varlen, llama3_varlen, ulysses, ulysses_varlen, usp, usp_varlen"),

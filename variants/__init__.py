@@ -254,10 +254,6 @@ class Variant:
         if window and not causal:
             return (f"a sliding window is causal (query p sees keys p - window + 1 .. p), so --window {window} "
                     "needs --causal; drop --no-causal or --window")
-        if window and sink != "none":
-            return (f"--window {window} with --sink {sink} is refused for now, in run as in verify: verify's "
-                    "float64 reference applies a window or a sink but not both, so no result of the pair "
-                    "could be checked; drop --window or --sink")
         layout = layout or self.layout
         if causal and not self.causal:
             return f"{self.name} does not support causal attention; pass --no-causal"
