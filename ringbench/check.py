@@ -45,7 +45,8 @@ from ringbench.case_setup import CaseSetup, case_setup, sink_logits
 from ringbench.fields import plural
 from ringbench.spec import CaseSpec
 from ringbench.variants import layouts, observe
-from ringbench.variants.kernels import KERNELS, accumulation_dtype
+from ringbench.variants.kernel_common import accumulation_dtype
+from ringbench.variants.kernels import KERNELS
 from ringbench.variants.merge import merge_
 
 TENSORS = ("out", "lse", "dq", "dk", "dv")

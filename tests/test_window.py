@@ -17,7 +17,8 @@ from ringbench.bench import attention_flops
 from ringbench.cli import app
 from ringbench.spec import CaseSpec, default_fields, resolve_docs
 from ringbench.variants import balanced, bands, layouts
-from ringbench.variants.kernels import KERNELS, band_mask, check_kernel, resolve_kernel
+from ringbench.variants.kernel_common import band_mask
+from ringbench.variants.kernels import KERNELS, check_kernel, resolve_kernel
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
 

@@ -38,6 +38,8 @@ from typing import Callable, Mapping
 import torch
 
 from . import fa4
+from .kernel_common import (Window, _check_shapes, _check_varlen, _cuda_unavailable, _empty_rows_to_neg_inf,
+                            _packed_positions, accumulation_dtype, band_mask, band_of)
 
 Tensor = torch.Tensor
 
@@ -129,62 +131,6 @@ class Kernel:
             return (f"head_dim {head_dim} is not a multiple of {self.head_dim_multiple}, "
                     f"which the {self.name} kernel needs")
         return None
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype partial results are accumulated in: float64 for float64 inputs, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _check_shapes(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be "
-                         "[B, S, H, D] with k and v alike but for v's head dim (head_dim_v)")
-    if q.shape[1] == 0 or k.shape[1] == 0:
-        raise ValueError("attention over an empty sequence is undefined; give at least one token")
-    if q.shape[2] % k.shape[2]:
-        raise ValueError(f"heads {q.shape[2]} is not a multiple of kv_heads {k.shape[2]}")
-    if causal and q.shape[1] != k.shape[1]:
-        raise ValueError(f"a causal block needs Sq == Sk, got {q.shape[1]} and {k.shape[1]}")
-
-
-def _empty_rows_to_neg_inf(lse: Tensor) -> Tensor:
-    # FlashAttention marks a row with no visible key by lse = +inf; ringbench uses -inf.
-    return lse.masked_fill(lse == math.inf, -math.inf)
-
-
-Window = tuple  # (left, right): ints >= 0 or None (unbounded on that side)
-
-
-def band_of(window, causal: bool) -> Window | None:
-    """The band a call attends, ``(left, right)``, or ``None`` for the plain mask of ``causal``.
-
-    Raises:
-        ValueError: a side that is negative (flash-attn's -1 is ``None`` here).
-    """
-    if window is None:
-        return None
-    left, right = window
-    for side, value in (("left", left), ("right", right)):
-        if value is not None and value < 0:
-            raise ValueError(f"window {side} {value} is negative; pass a width of 0 or more, or None for unbounded")
-    if causal:
-        right = 0 if right is None else min(right, 0)
-    return left, right
-
-
-def band_mask(sq: int, sk: int, band: Window, device=None, row0: int = 0) -> Tensor:
-    """bool ``[sq, sk]``: which keys each query row sees under ``band``; row i's diagonal key
-    is ``i + row0`` (``sk - sq`` for a whole call, bottom-right aligned; more for a later chunk)."""
-    rows = torch.arange(sq, device=device)[:, None] + row0
-    keys = torch.arange(sk, device=device)[None, :]
-    seen = torch.ones(sq, sk, dtype=torch.bool, device=device)
-    left, right = band
-    if left is not None:
-        seen &= keys >= rows - left
-    if right is not None:
-        seen &= keys <= rows + right
-    return seen
 
 
 def _fa_window(band: Window | None) -> dict:
@@ -358,12 +304,6 @@ def _torch_flash_backward(dout, q, k, v, out, lse, causal, softmax_scale, *, win
         dout, q, k, v, out, lse.contiguous(), None, None, q.shape[1], k.shape[1], 0.0, causal and band is None,
         seed, offset, scale=softmax_scale, **_fa_window(band))
     return dq, dk, dv
-
-
-def _cuda_unavailable() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device is visible"
-    return None
 
 
 def _torch_flash_unavailable() -> str | None:
@@ -604,25 +544,6 @@ def _fa4_version() -> str | None:
 
 # --------------------------------------------------------------------------- varlen
 
-def _check_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor) -> None:
-    # Shapes and dtypes only: reading the offsets would synchronise a GPU.
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be "
-                         "[1, S, H, D] packed rows with k and v alike but for v's head dim (head_dim_v)")
-    if q.shape[0] != 1 or k.shape[0] != 1:
-        raise ValueError(f"packed documents come as one row, but q {tuple(q.shape)} and k {tuple(k.shape)} "
-                         "have batch > 1; pack the sequences into one row and pass their cu_seqlens")
-    if q.shape[2] % k.shape[2]:
-        raise ValueError(f"heads {q.shape[2]} is not a multiple of kv_heads {k.shape[2]}")
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
-            raise ValueError(f"{name} is {cu.dtype} of shape {tuple(cu.shape)}, but it must be a 1-D int32 "
-                             "tensor of document offsets; pass cu_seqlens.to(torch.int32)")
-    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
-        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.numel() - 1} documents and cu_seqlens_k "
-                         f"{cu_seqlens_k.numel() - 1}; both must describe the same documents")
-
-
 def _documents(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqlen_q: int,
                seqlen_k: int) -> list[tuple[int, int, int, int]]:
     """(first query row, end, first key row, end) of every document, the offsets checked."""
@@ -739,13 +660,6 @@ def _cpu_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, ma
 #: Whether this build's FlashAttention-2 varlen lse is padded ``[N, H, max_seqlen_q]`` (older
 #: builds) rather than packed ``[H, total_q]``; set by the first varlen forward.
 _FA_LSE_PADDED: dict[str, bool] = {}
-
-
-def _packed_positions(cu_seqlens: Tensor, total: int) -> tuple[Tensor, Tensor]:
-    """(document, position within it) of every packed row, on cu_seqlens' device."""
-    rows = torch.arange(total, device=cu_seqlens.device, dtype=torch.int32)
-    doc = torch.searchsorted(cu_seqlens[1:].contiguous(), rows, right=True)
-    return doc, rows.long() - cu_seqlens.long()[doc]
 
 
 def _fa_lse_to_packed(lse: Tensor, cu_seqlens_q: Tensor, total: int) -> Tensor:

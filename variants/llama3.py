@@ -21,7 +21,8 @@ import torch.distributed as dist
 from . import layouts
 from . import comm
 from . import observe, timeline
-from .kernels import Kernel, accumulation_dtype, as_kernel
+from .kernel_common import accumulation_dtype
+from .kernels import Kernel, as_kernel
 from .merge import merge_
 from .sinks import apply_sink, check_sink, sink_grad
 from .window import check_window

@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 
 from . import balanced, layouts, observe, timeline
-from .kernels import Kernel, accumulation_dtype, as_kernel
+from .kernel_common import accumulation_dtype
+from .kernels import Kernel, as_kernel
 from .llama3 import GatheredAttention, _gathered_kv, _head_groups, head_group_stride, reduce_scatter_shards
 from .sinks import check_sink
 from .varlen import Documents, prepare

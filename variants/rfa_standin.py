@@ -45,7 +45,7 @@ from typing import Callable
 
 import torch
 
-from . import kernels as _kernels
+from . import kernel_common as _common, kernels as _kernels
 
 Tensor = torch.Tensor
 
@@ -88,7 +88,7 @@ def _to_fa_lse(lse: Tensor) -> Tensor:
 
 def _from_fa_lse(lse: Tensor, dtype: torch.dtype) -> Tensor:
     # The kernel's own lse dtype (float64 for float64 inputs), -inf where a row sees no key.
-    return lse.masked_fill(lse == math.inf, -math.inf).to(_kernels.accumulation_dtype(dtype))
+    return lse.masked_fill(lse == math.inf, -math.inf).to(_common.accumulation_dtype(dtype))
 
 
 def interface(kernel: _kernels.Kernel) -> types.ModuleType:
@@ -134,7 +134,7 @@ def interface(kernel: _kernels.Kernel) -> types.ModuleType:
                             window_size_right=window_size_right, softcap=softcap, alibi_slopes=alibi_slopes,
                             deterministic=deterministic)
         if softmax_lse.dim() == 3:  # the padded [N, H, max_q] of older builds, should a caller pass it
-            doc, pos = _kernels._packed_positions(cu_seqlens_q, q.shape[0])
+            doc, pos = _common._packed_positions(cu_seqlens_q, q.shape[0])
             softmax_lse = softmax_lse[doc, :, pos].transpose(0, 1)
         grads = kernel.backward_varlen(dout.unsqueeze(0), q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
                                        out.unsqueeze(0), _from_fa_lse(softmax_lse, q.dtype).unsqueeze(0),

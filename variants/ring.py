@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from . import bands, emulation, observe, timeline, window as _window
 from .comm import RingComm
-from .kernels import Kernel, accumulation_dtype, as_kernel
+from .kernel_common import accumulation_dtype
+from .kernels import Kernel, as_kernel
 from .merge import add_step, merge_step
 from .sinks import apply_sink, check_sink, sink_grad
 

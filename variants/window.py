@@ -22,7 +22,8 @@ from typing import Callable, Sequence
 import torch
 
 from . import bands
-from .kernels import Kernel, accumulation_dtype
+from .kernel_common import accumulation_dtype
+from .kernels import Kernel
 from .merge import merge_
 
 Tensor = torch.Tensor
