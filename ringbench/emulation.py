@@ -29,31 +29,6 @@ def launch_world_size(case) -> int:
     return 1 if getattr(case, "emulate", False) else case.world_size
 
 
-def refusal(spec: CaseSpec) -> str | None:
-    """Why ``spec`` cannot be emulated, in one sentence with the fix, or ``None`` (also when not emulated)."""
-    if not spec.emulate:
-        return None
-    from ringbench.variants import get_variant
-
-    if spec.task != "run":
-        return ("emulate is a run measurement and verify checks a real distributed run; drop emulate from the "
-                "verify case")
-    variant = get_variant(spec.variant)
-    if variant.emulates:
-        return None
-    if variant.peer:
-        why = "it is a peer whose own code drives torch.distributed, which one process cannot play"
-    elif variant.varlen:
-        why = "its packed documents are checked with an all-gather, and collectives are not emulated"
-    else:
-        why = (f"its collectives ({'all-to-all' if variant.ulysses else 'all-gather'}) are not emulated, only the "
-               "ring's point-to-point transfers")
-    from ringbench.variants import VARIANTS
-
-    able = ", ".join(name for name, v in VARIANTS.items() if v.emulates)
-    return f"{spec.variant} cannot run with --emulate: {why}; emulate {able}, or run {spec.variant} without --emulate"
-
-
 def emulate_case(spec: CaseSpec, *, device) -> dict:
     """Measure every rank of ``spec`` in turn on ``device`` and return the run fields of its record.
 

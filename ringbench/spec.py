@@ -165,6 +165,30 @@ def check_fields(given: Mapping[str, Any]) -> None:
             raise SpecError(reason)
 
 
+def emulation_refusal(spec: CaseSpec) -> str | None:
+    """Why ``spec`` cannot be emulated (``run --emulate``, ``emulation.py``), in one sentence with
+    the fix, or ``None`` (also when not emulated)."""
+    if not spec.emulate:
+        return None
+    from ringbench.variants import VARIANTS, get_variant
+
+    if spec.task != "run":
+        return ("emulate is a run measurement and verify checks a real distributed run; drop emulate from the "
+                "verify case")
+    variant = get_variant(spec.variant)
+    if variant.emulates:
+        return None
+    if variant.peer:
+        why = "it is a peer whose own code drives torch.distributed, which one process cannot play"
+    elif variant.varlen:
+        why = "its packed documents are checked with an all-gather, and collectives are not emulated"
+    else:
+        why = (f"its collectives ({'all-to-all' if variant.ulysses else 'all-gather'}) are not emulated, only the "
+               "ring's point-to-point transfers")
+    able = ", ".join(name for name, v in VARIANTS.items() if v.emulates)
+    return f"{spec.variant} cannot run with --emulate: {why}; emulate {able}, or run {spec.variant} without --emulate"
+
+
 def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
     """Refuse a spec that cannot run, before any process starts.
 
@@ -192,8 +216,6 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
         if reason:
             raise SpecError(reason)
     _check_docs(spec, variant)
-    from ringbench.emulation import refusal as emulation_refusal
-
     if emulation_refusal(spec):
         raise SpecError(emulation_refusal(spec))
     if spec.emulate and spec.sink != "none":
