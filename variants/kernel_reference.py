@@ -43,18 +43,26 @@ def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_sc
         # Under the causal mask the chunk's rows see no key past e - 1 + causal_offset.
         n = min(k.shape[1], max(0, e + causal_offset)) if causal and band is None else k.shape[1]
         scores = (qg[:, :, :, s:e] @ kf[:, :, :, :n].transpose(-1, -2)) * softmax_scale
-        if band is not None:
-            seen = band_mask(e - s, n, band, q.device, row0=s + k.shape[1] - Sq)
-            scores = scores.masked_fill(~seen, -math.inf)
-        elif causal:
-            rows = torch.arange(s, e, device=q.device) + causal_offset
-            scores = scores.masked_fill(keys[None, :n] > rows[:, None], -math.inf)
+        scores = _masked(scores, s, e, n, Sq, keys, causal, causal_offset, band)
         lse_c = torch.logsumexp(scores, dim=-1)
         p = torch.exp(scores - lse_c.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
         out[:, :, :, s:e] = p @ vf[:, :, :, :n]
         lse[:, :, :, s:e] = lse_c
     out = out.permute(0, 3, 1, 2, 4).reshape(B, Sq, Hq, Dv).to(q.dtype)
     return out, lse.reshape(B, Hq, Sq)
+
+
+def _masked(scores: Tensor, s: int, e: int, n: int, Sq: int, keys: Tensor, causal: bool, causal_offset: int,
+            band: Window | None) -> Tensor:
+    """A chunk's scores (query rows s..e-1 of Sq against keys 0..n-1 of ``keys``) under the
+    window ``band`` (aligned bottom-right) or the causal mask shifted by ``causal_offset``."""
+    if band is not None:
+        seen = band_mask(e - s, n, band, scores.device, row0=s + keys.shape[0] - Sq)
+        return scores.masked_fill(~seen, -math.inf)
+    if causal:
+        rows = torch.arange(s, e, device=scores.device) + causal_offset
+        return scores.masked_fill(keys[None, :n] > rows[:, None], -math.inf)
+    return scores
 
 
 def _math_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
@@ -90,12 +98,7 @@ def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
         n = min(k.shape[1], max(0, e + causal_offset)) if causal and band is None else k.shape[1]
         kn, vn = kf[:, :, :, :n], vf[:, :, :, :n]
         scores = (qg[:, :, :, s:e] @ kn.transpose(-1, -2)) * softmax_scale
-        if band is not None:
-            seen = band_mask(e - s, n, band, q.device, row0=s + k.shape[1] - Sq)
-            scores = scores.masked_fill(~seen, -math.inf)
-        elif causal:
-            rows = torch.arange(s, e, device=q.device) + causal_offset
-            scores = scores.masked_fill(keys[None, :n] > rows[:, None], -math.inf)
+        scores = _masked(scores, s, e, n, Sq, keys, causal, causal_offset, band)
         lse_c = lseg[:, :, :, s:e].unsqueeze(-1)
         p = torch.exp(scores - lse_c.clamp_min(torch.finfo(acc).min))
         dp = dog[:, :, :, s:e] @ vn.transpose(-1, -2)
