@@ -27,6 +27,7 @@ from ringbench.emulation import emulate_case
 from ringbench.launch import die_with_torchrun
 from ringbench.spec import CaseSpec
 from ringbench.variants import get_variant
+from ringbench.variants import merge
 from ringbench.variants.kernels import get_kernel
 
 #: Seconds a rank whose case raised waits for the other ranks' statuses. When they do not all
@@ -97,6 +98,7 @@ def run_one(spec: CaseSpec, device: torch.device) -> tuple[dict, BaseException |
                 fields = {"status": "ok", "reason": None, **bench_case(spec, device=device)}
         kernel = get_kernel(spec.kernel)
         fields["kernel_version"] = kernel.version()
+        fields["merge_path"] = None if variant.peer else merge.merge_path(device)
         notes = variant.notes(heads=spec.heads, kv_heads=spec.kv_heads,
                               ulysses_degree=variant.ulysses_degree(spec.world_size, spec.ulysses_degree, spec.heads,
                                                                     spec.kv_heads)) + kernel.notes()

@@ -80,6 +80,7 @@ def test_cli_e2e_run_json_prints_one_record(tmp_path):
     assert record["spec"]["seqlen"] == 4096 and record["spec"]["world_size"] == 2
     assert record["tflops_per_gpu"] > 0 and record["efficiency"] > 0 and record["bytes_sent"] > 0
     assert record["env"]["torch"]
+    assert record["merge_path"] == "torch"  # every CPU takes the engine's torch merges
     assert read_jsonl(tmp_path / "runs.jsonl") == [record]
 
 

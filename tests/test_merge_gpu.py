@@ -112,3 +112,27 @@ def test_add_gpu_triton_matches_torch(shape, dtype, rows_kind, into_kind, transp
     monkeypatch.setenv(merge.MERGE_ENV, "torch")
     want = merge.add_step(None if acc is None else acc.clone(), rows, grad, into=into, shape=shape)
     _close("sum", got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows_kind", ROWS)
+def test_add_steps_gpu_one_launch_matches_three_torch_adds(dtype, rows_kind, monkeypatch):
+    """A backward step's dq, dk and dv adds in one launch (``merge.add_steps``): GQA head counts,
+    head_dim_v of its own, a float32 hop and a last add into the input dtype."""
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr((dtype, rows_kind)).encode()))
+    B, S = 2, 97
+    jobs = []
+    for H, D, into, start in ((8, 192, dtype, "sum"), (2, 192, torch.float32, "none"), (2, 128, torch.float32, "sum")):
+        rows, n, inv = _rows(rows_kind, S, gen)
+        acc = None if start == "none" else torch.randn(B, S, H, D, generator=gen, device="cuda").to(into)
+        grad = torch.randn(B, n, H, D, generator=gen, device="cuda").to(dtype)
+        jobs.append((acc, rows, grad, into, (B, S, H, D), inv))
+
+    def fresh():
+        return [(None if a is None else a.clone(), *rest) for a, *rest in jobs]
+
+    got = merge.add_steps(fresh())
+    monkeypatch.setenv(merge.MERGE_ENV, "torch")
+    want = merge.add_steps(fresh())
+    for i, (g, w) in enumerate(zip(got, want)):
+        _close(f"job {i}", g, w)

@@ -15,7 +15,9 @@ came from the kernel in that dtype) or the final sum, rounded once. The engine k
 float32 whenever more terms follow (``ring.py``), so what it computes is what an all-float32
 accumulation computes, rounded once at the end.
 
-Set ``RINGBENCH_MERGE=torch`` to take the torch ops on CUDA too (to compare the two paths).
+Set ``RINGBENCH_MERGE=torch`` to take the torch ops on CUDA too (to compare the two paths), and
+``RINGBENCH_MERGE=triton`` to take the Triton kernels on CPU tensors too, under Triton's
+interpreter (``TRITON_INTERPRET=1``), so their use by the engines can be checked without a GPU.
 
 Source: issue 15 (fused merge and cast), after the 2-GPU profile of zigzag at 16k on
 torch-flash, where separate casts, ``lerp_`` and ``add_`` passes took about 0.64 ms of a
@@ -31,8 +33,9 @@ import torch
 
 Tensor = torch.Tensor
 
-#: The environment variable that picks the torch ops on CUDA too (``torch``); unset or
-#: anything else: Triton where it imports.
+#: The environment variable that picks the torch ops on CUDA too (``torch``), or the Triton
+#: kernels on every device where Triton imports (``triton``; on CPU under TRITON_INTERPRET=1);
+#: unset or anything else: Triton on CUDA where it imports.
 MERGE_ENV = "RINGBENCH_MERGE"
 
 
@@ -78,10 +81,14 @@ def merge_path(device: torch.device | str) -> str:
     """Which implementation :func:`merge_step` and :func:`add_step` take for tensors on ``device``.
 
     Returns:
-        ``"triton"`` on CUDA where Triton imports and ``RINGBENCH_MERGE`` is not ``torch``;
-        ``"torch"`` otherwise (every CPU).
+        ``"triton"`` on CUDA where Triton imports and ``RINGBENCH_MERGE`` is not ``torch``, and
+        on any device with ``RINGBENCH_MERGE=triton`` where Triton imports; ``"torch"``
+        otherwise (every CPU by default).
     """
-    if torch.device(device).type != "cuda" or os.environ.get(MERGE_ENV) == "torch":
+    choice = os.environ.get(MERGE_ENV)
+    if choice == "triton":
+        return "triton" if _triton_imports() else "torch"
+    if torch.device(device).type != "cuda" or choice == "torch":
         return "torch"
     return "triton" if _triton_imports() else "torch"
 
@@ -184,3 +191,30 @@ def add_step(acc: Tensor | None, rows, grad: Tensor | None, *, into: torch.dtype
         else:
             work.index_add_(1, rows, grad.to(work.dtype))
     return work if work.dtype == into else work.to(into)
+
+
+def add_steps(jobs) -> list[Tensor]:
+    """Several :func:`add_step` calls (at most three, as a backward step's dq, dk and dv), in one
+    Triton launch on CUDA; on CPU one after the other. Same arguments and results.
+
+    Args:
+        jobs: ``(acc, rows, grad, into, shape, inv)`` tuples, each :func:`add_step`'s arguments;
+            every ``acc`` or ``grad`` given on one device, with one batch size.
+
+    Returns:
+        The sums, in the order of ``jobs``.
+
+    Raises:
+        ValueError: more than three jobs, or a job with ``acc`` and ``grad`` both ``None``.
+    """
+    if len(jobs) > 3:
+        raise ValueError(f"add_steps takes at most 3 adds per launch, not {len(jobs)}")
+    for acc, _, grad, *_ in jobs:
+        if acc is None and grad is None:
+            raise ValueError("add_step needs a running sum or a gradient; both are None")
+    tensors = [t for acc, _, grad, *_ in jobs for t in (acc, grad) if t is not None]
+    if tensors and _fused(*tensors):
+        from . import merge_triton
+
+        return merge_triton.add_steps(list(jobs))
+    return [add_step(acc, rows, grad, into=into, shape=shape, inv=inv) for acc, rows, grad, into, shape, inv in jobs]

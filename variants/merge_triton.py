@@ -79,12 +79,13 @@ def _merge_kernel(acc, res, blk, lse, blse,
 
 
 @triton.jit
-def _add_kernel(acc, res, g,
-                acc_sb, acc_ss, acc_sh, res_sb, res_ss, res_sh, g_sb, g_ss, g_sh,
-                acc_map, blk_map, acc_off, blk_off, blk_len, n_work, H, D,
-                HAS_ACC: tl.constexpr, HAS_GRAD: tl.constexpr,
-                HAS_ACC_MAP: tl.constexpr, HAS_BLK_MAP: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _add_job(acc, res, g,
+             acc_sb, acc_ss, acc_sh, res_sb, res_ss, res_sh, g_sb, g_ss, g_sh,
+             acc_map, blk_map, acc_off, blk_off, blk_len, n_work, H, D,
+             HAS_ACC: tl.constexpr, HAS_GRAD: tl.constexpr,
+             HAS_ACC_MAP: tl.constexpr, HAS_BLK_MAP: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One add job's share of a program: ``res[rows] = acc[rows] + g`` (float32, one rounding)."""
     b, h, mask, arow, brow, valid = _work_rows(acc_map, blk_map, acc_off, blk_off, blk_len, n_work, H,
                                                HAS_ACC_MAP, HAS_BLK_MAP, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
@@ -99,6 +100,31 @@ def _add_kernel(acc, res, g,
                          mask=v2, other=0.0).to(tl.float32)
     tl.store(res + b * res_sb + arow[:, None] * res_ss + h[:, None] * res_sh + d[None, :],
              total.to(res.dtype.element_ty), mask=m2)
+
+
+# One launch runs up to three add jobs (a backward step's dq, dk and dv), the job chosen by
+# program_id(2); a job's arguments are _JOB_ARGS runtime values and four flags.
+@triton.jit
+def _adds_kernel(a0, r0, g0, a0_sb, a0_ss, a0_sh, r0_sb, r0_ss, r0_sh, g0_sb, g0_ss, g0_sh,
+                 am0, bm0, ao0, bo0, bl0, nw0, H0, D0,
+                 a1, r1, g1, a1_sb, a1_ss, a1_sh, r1_sb, r1_ss, r1_sh, g1_sb, g1_ss, g1_sh,
+                 am1, bm1, ao1, bo1, bl1, nw1, H1, D1,
+                 a2, r2, g2, a2_sb, a2_ss, a2_sh, r2_sb, r2_ss, r2_sh, g2_sb, g2_ss, g2_sh,
+                 am2, bm2, ao2, bo2, bl2, nw2, H2, D2,
+                 ACC0: tl.constexpr, GRAD0: tl.constexpr, AMAP0: tl.constexpr, BMAP0: tl.constexpr,
+                 ACC1: tl.constexpr, GRAD1: tl.constexpr, AMAP1: tl.constexpr, BMAP1: tl.constexpr,
+                 ACC2: tl.constexpr, GRAD2: tl.constexpr, AMAP2: tl.constexpr, BMAP2: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    job = tl.program_id(2)
+    if job == 0:
+        _add_job(a0, r0, g0, a0_sb, a0_ss, a0_sh, r0_sb, r0_ss, r0_sh, g0_sb, g0_ss, g0_sh,
+                 am0, bm0, ao0, bo0, bl0, nw0, H0, D0, ACC0, GRAD0, AMAP0, BMAP0, BLOCK_M, BLOCK_D)
+    elif job == 1:
+        _add_job(a1, r1, g1, a1_sb, a1_ss, a1_sh, r1_sb, r1_ss, r1_sh, g1_sb, g1_ss, g1_sh,
+                 am1, bm1, ao1, bo1, bl1, nw1, H1, D1, ACC1, GRAD1, AMAP1, BMAP1, BLOCK_M, BLOCK_D)
+    else:
+        _add_job(a2, r2, g2, a2_sb, a2_ss, a2_sh, r2_sb, r2_ss, r2_sh, g2_sb, g2_ss, g2_sh,
+                 am2, bm2, ao2, bo2, bl2, nw2, H2, D2, ACC2, GRAD2, AMAP2, BMAP2, BLOCK_M, BLOCK_D)
 
 
 def _dense_last(t: Tensor) -> Tensor:
@@ -158,9 +184,10 @@ def merge_step(out: Tensor, lse: Tensor, rows, block_out: Tensor, block_lse: Ten
     return res
 
 
-def add_step(acc: Tensor | None, rows, grad: Tensor | None, *, into: torch.dtype,
-             shape: tuple[int, ...] | None = None, inv: Tensor | None = None) -> Tensor:
-    """``merge.add_step`` in one Triton launch (same arguments and result)."""
+def _add_job_args(acc: Tensor | None, rows, grad: Tensor | None, into: torch.dtype,
+                  shape: tuple[int, ...] | None, inv: Tensor | None):
+    """``(result, job)`` of one add: ``job`` is ``None`` when no launch is needed (``result``
+    is then final), else ``(runtime args, flags, (B, H, D, n_work))`` for :func:`_add_job`."""
     like = acc if acc is not None else grad
     if acc is not None:
         acc = _dense_last(acc)
@@ -171,24 +198,53 @@ def add_step(acc: Tensor | None, rows, grad: Tensor | None, *, into: torch.dtype
     in_place = acc is not None and acc.dtype == into
     res = acc if in_place else torch.empty(shape, dtype=into, device=like.device)
     if grad is None and in_place:
-        return res
+        return res, None
     n_block = grad.shape[1] if grad is not None else 0
     if grad is None:  # a cast of every row
         n_work, acc_map, blk_map, acc_off, blk_off = S, None, None, 0, 0
     else:
         n_work, acc_map, blk_map, acc_off, blk_off = _work(rows, S, n_block, in_place, inv, like.device)
     if n_work == 0:
-        return res
-    grid, block_m, block_d = _launch_shape(H, D, n_work, B)
+        return res, None
     dummy = _dummy(like.device)
     a = acc if acc is not None else res
     g = grad if grad is not None else res
-    _add_kernel[grid](
-        a, res, g,
-        a.stride(0), a.stride(1), a.stride(2), res.stride(0), res.stride(1), res.stride(2),
-        g.stride(0), g.stride(1), g.stride(2),
-        acc_map if acc_map is not None else dummy, blk_map if blk_map is not None else dummy,
-        acc_off, blk_off, n_block, n_work, H, D,
-        HAS_ACC=acc is not None, HAS_GRAD=grad is not None,
-        HAS_ACC_MAP=acc_map is not None, HAS_BLK_MAP=blk_map is not None, BLOCK_M=block_m, BLOCK_D=block_d)
-    return res
+    args = (a, res, g, a.stride(0), a.stride(1), a.stride(2), res.stride(0), res.stride(1), res.stride(2),
+            g.stride(0), g.stride(1), g.stride(2),
+            acc_map if acc_map is not None else dummy, blk_map if blk_map is not None else dummy,
+            acc_off, blk_off, n_block, n_work, H, D)
+    flags = (acc is not None, grad is not None, acc_map is not None, blk_map is not None)
+    return res, (args, flags, (B, H, D, n_work))
+
+
+def add_step(acc: Tensor | None, rows, grad: Tensor | None, *, into: torch.dtype,
+             shape: tuple[int, ...] | None = None, inv: Tensor | None = None) -> Tensor:
+    """``merge.add_step`` in one Triton launch (same arguments and result)."""
+    return add_steps([(acc, rows, grad, into, shape, inv)])[0]
+
+
+def add_steps(jobs) -> list[Tensor]:
+    """``merge.add_steps``: up to three adds in one Triton launch (their results, in order)."""
+    if len(jobs) > 3:
+        raise ValueError(f"add_steps takes at most 3 adds per launch, not {len(jobs)}")
+    results, launched = [], []
+    for job in jobs:
+        res, plan = _add_job_args(*job)
+        results.append(res)
+        if plan is not None:
+            launched.append(plan)
+    if not launched:
+        return results
+    B = launched[0][2][0]
+    if any(p[2][0] != B for p in launched):
+        raise ValueError("the adds of one launch must share the batch size")
+    # The widest job sets the tile; each job masks its own head dim and rows.
+    block_d = triton.next_power_of_2(max(p[2][2] for p in launched))
+    block_m = max(1, min(128, 4096 // block_d))
+    programs = max(triton.cdiv(p[2][3] * p[2][1], block_m) for p in launched)
+    pad = launched[-1]  # unused job slots repeat the last job's arguments; program_id(2) never reaches them
+    slots = (launched + [pad] * 3)[:3]
+    args = [a for p in slots for a in p[0]]
+    flags = {f"{name}{i}": flag for i, p in enumerate(slots) for name, flag in zip(("ACC", "GRAD", "AMAP", "BMAP"), p[1])}
+    _adds_kernel[(programs, B, len(launched))](*args, **flags, BLOCK_M=block_m, BLOCK_D=block_d)
+    return results

@@ -10,8 +10,9 @@ every kernel call's block with its rows; otherwise it reports nothing.
 The backward runs the ring the other way round (:func:`_ring_backward`): it starts from the
 K/V block the forward used last and ends with each rank's own block, so the hop that brings
 a block's dK/dV home overlaps its owner's last kernel call. Each step's merge (forward) and
-gradient adds (backward) are one fused update each (``merge.merge_step``, ``merge.add_step``),
-which also write the input dtype on the last one.
+gradient adds (backward) are one fused launch per step (``merge.merge_step``; ``merge.add_steps``
+takes a backward step's dq, dk and dv adds together), which also write the input dtype on the
+last one.
 
 Packed documents (the varlen variants) use the same plans: every document is sharded in the
 layout on its own, so the plan is applied to each document's local piece, and the pieces it
@@ -32,7 +33,7 @@ from . import bands, emulation, observe, timeline, window as _window
 from .comm import RingComm
 from .kernel_common import accumulation_dtype
 from .kernels import Kernel, as_kernel
-from .merge import add_step, merge_step
+from .merge import add_steps, merge_step
 from .sinks import apply_sink, check_sink, sink_grad
 
 Tensor = torch.Tensor
@@ -239,15 +240,21 @@ def _fold(out, lse, block: Step, b_out: Tensor, b_lse: Tensor, into: torch.dtype
 
 
 @timeline.timed("merge")
-def _accumulate(acc, rows, grad: Tensor | None, into: torch.dtype, shape, inv=None):
-    """Add one block's gradient into a running sum (one fused launch on CUDA); see ``merge.add_step``."""
-    if acc is None and grad is not None and _is_all(rows):
-        # The first term, as the kernel returned it: exact in the input dtype; the next add
-        # reads it and writes ``into``.
-        return grad
-    if acc is None and grad is None:
-        return None
-    return add_step(acc, rows, grad, into=into, shape=shape, inv=inv)
+def _accumulate(*jobs) -> list:
+    """Add blocks' gradients into running sums, each job ``(acc, rows, grad, into, shape, inv)``
+    as ``merge.add_step`` takes it: every add of a backward step in one fused launch on CUDA
+    (``merge.add_steps``). A job's result is ``None`` when it has neither sum nor gradient."""
+    found, todo = [None] * len(jobs), []
+    for i, (acc, rows, grad, *_rest) in enumerate(jobs):
+        if acc is None and grad is not None and _is_all(rows):
+            # The first term, as the kernel returned it: exact in the input dtype; the next add
+            # reads it and writes ``into``.
+            found[i] = grad
+        elif acc is not None or grad is not None:
+            todo.append(i)
+    for i, res in zip(todo, add_steps([jobs[i] for i in todo])):
+        found[i] = res
+    return found
 
 
 def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
@@ -350,21 +357,21 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
                 seen.dkv_block(source, block.kv, _ALL, grads[1], grads[2])
             left -= 1
             into = q.dtype if left == 0 or "dq" in lossy else acc
-            dq = _accumulate(dq, block.q, grads[0], into, q.shape, block.q_inv)
-        if own:
+        dq_job = [(dq, block.q, grads[0], into, q.shape, block.q_inv)] if block is not None else []
+        if own:  # its dq joins the last dK/dV add, after the final hop
             break
-        # The visiting block's dK/dV: this rank's term added to what ranks + 1, + 2, ... sent.
+        # The visiting block's dK/dV: this rank's term added to what ranks + 1, + 2, ... sent,
+        # in the same launch as dq's add.
         incoming = (None, None)
         if i > 0:
             dkv_comm.wait()
             incoming = landing
         # A windowed step's gradient can be a sum of several kernel calls already (window.py).
         hop = k.dtype if (i == 0 and not windowed) or "dkv" in lossy else acc
-        partial = tuple(
-            _accumulate(incoming[j], block.kv if block is not None else _ALL,
-                        grads[1 + j] if grads is not None else None, hop, like.shape,
-                        block.kv_inv if block is not None else None)
-            for j, like in enumerate((k, v)))
+        sums = _accumulate(*dq_job, *(
+            (incoming[j], block.kv if block is not None else _ALL, grads[1 + j] if grads is not None else None,
+             hop, like.shape, block.kv_inv if block is not None else None) for j, like in enumerate((k, v))))
+        dq, partial = (sums[0] if dq_job else dq), sums[-2:]
         partial = tuple(p.to(hop).contiguous() if p is not None else torch.zeros(like.shape, dtype=hop,
                                                                                    device=like.device)
                         for p, like in zip(partial, (k, v)))
@@ -375,19 +382,20 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
         if receive:
             kv_comm.wait()
             kv = nxt
-    if dq is None:
-        dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    elif dq.dtype != q.dtype:  # only when this rank's last kernel call saw none of its queries
-        dq = dq.to(q.dtype)
     incoming = (None, None)
     if world_size > 1:
         dkv_comm.wait()
         incoming = landing
     rows = block.kv if block is not None else _ALL
     inv = block.kv_inv if block is not None else None
-    dk, dv = (_accumulate(incoming[j], rows, grads[1 + j] if grads is not None else None, like.dtype, like.shape,
-                          inv)
-              for j, like in enumerate((k, v)))
+    *dq_sum, dk, dv = _accumulate(*dq_job, *(
+        (incoming[j], rows, grads[1 + j] if grads is not None else None, like.dtype, like.shape, inv)
+        for j, like in enumerate((k, v))))
+    dq = dq_sum[0] if dq_job else dq
+    if dq is None:
+        dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    elif dq.dtype != q.dtype:  # only when this rank's last kernel call saw none of its queries
+        dq = dq.to(q.dtype)
     dk = dk.to(k.dtype) if dk is not None else torch.zeros_like(k)
     dv = dv.to(v.dtype) if dv is not None else torch.zeros_like(v)
     return dq, dk, dv
