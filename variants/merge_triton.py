@@ -1,10 +1,12 @@
-"""Triton kernels of the ring engine's per-step updates: one launch per merge or add, the cast
-to the result's dtype included.
+"""Triton kernels of the ring engine's per-step updates: one launch per forward merge, and one
+per backward step's adds (up to three: dq, dk, dv), the cast to the result's dtype included.
 
-Imported only on CUDA where Triton imports (``merge.merge_path``); :func:`merge_step` and
-:func:`add_step` take the arguments of their torch counterparts in ``merge.py`` and compute
+Imported where ``merge.merge_path`` picks Triton (CUDA where Triton imports; any device with
+``RINGBENCH_MERGE=triton``, CPU under TRITON_INTERPRET=1); :func:`merge_step`, :func:`add_step`
+and :func:`add_steps` take the arguments of their torch counterparts in ``merge.py`` and compute
 the same thing (float32 arithmetic, one rounding to the result's dtype), which
-``tests/test_merge_gpu.py`` checks on many shapes and dtypes.
+``tests/test_merge_gpu.py`` checks on many shapes and dtypes on a GPU, and
+``tests/test_merge_interpret.py`` under the interpreter.
 
 A launch walks "work rows": the block's rows when the result is updated in place, else every
 row of the result (rows outside the block are carried over, cast). Each program takes
@@ -103,7 +105,7 @@ def _add_job(acc, res, g,
 
 
 # One launch runs up to three add jobs (a backward step's dq, dk and dv), the job chosen by
-# program_id(2); a job's arguments are _JOB_ARGS runtime values and four flags.
+# program_id(2); a job's arguments are _add_job's twenty runtime values and four flags.
 @triton.jit
 def _adds_kernel(a0, r0, g0, a0_sb, a0_ss, a0_sh, r0_sb, r0_ss, r0_sh, g0_sb, g0_ss, g0_sh,
                  am0, bm0, ao0, bo0, bl0, nw0, H0, D0,
@@ -150,10 +152,10 @@ def _work(rows, n_rows: int, n_block: int, in_place: bool, inv: Tensor | None, d
     return n_rows, None, inv if inv is not None else _inverse(rows, n_rows), 0, 0
 
 
-def _launch_shape(H: int, D: int, n_work: int, B: int):
+def _tile(D: int) -> tuple[int, int]:
+    """``(BLOCK_M, BLOCK_D)``: the whole head dim and as many (row, head) pairs as fill 4096 lanes."""
     block_d = triton.next_power_of_2(D)
-    block_m = max(1, min(128, 4096 // block_d))
-    return (triton.cdiv(n_work * H, block_m), B), block_m, block_d
+    return max(1, min(128, 4096 // block_d)), block_d
 
 
 def _dummy(device) -> Tensor:
@@ -171,7 +173,8 @@ def merge_step(out: Tensor, lse: Tensor, rows, block_out: Tensor, block_lse: Ten
     n_work, acc_map, blk_map, acc_off, blk_off = _work(rows, S, n_block, in_place, inv, out.device)
     if n_work == 0:
         return res
-    grid, block_m, block_d = _launch_shape(H, D, n_work, B)
+    block_m, block_d = _tile(D)
+    grid = (triton.cdiv(n_work * H, block_m), B)
     dummy = _dummy(out.device)
     _merge_kernel[grid](
         out, res, block_out, lse, block_lse,
@@ -239,12 +242,12 @@ def add_steps(jobs) -> list[Tensor]:
     if any(p[2][0] != B for p in launched):
         raise ValueError("the adds of one launch must share the batch size")
     # The widest job sets the tile; each job masks its own head dim and rows.
-    block_d = triton.next_power_of_2(max(p[2][2] for p in launched))
-    block_m = max(1, min(128, 4096 // block_d))
+    block_m, block_d = _tile(max(p[2][2] for p in launched))
     programs = max(triton.cdiv(p[2][3] * p[2][1], block_m) for p in launched)
-    pad = launched[-1]  # unused job slots repeat the last job's arguments; program_id(2) never reaches them
-    slots = (launched + [pad] * 3)[:3]
+    # Unused job slots repeat the last job's arguments: program_id(2) never reaches them.
+    slots = (launched + [launched[-1]] * 3)[:3]
     args = [a for p in slots for a in p[0]]
-    flags = {f"{name}{i}": flag for i, p in enumerate(slots) for name, flag in zip(("ACC", "GRAD", "AMAP", "BMAP"), p[1])}
+    flags = {f"{name}{i}": flag for i, p in enumerate(slots)
+             for name, flag in zip(("ACC", "GRAD", "AMAP", "BMAP"), p[1])}
     _adds_kernel[(programs, B, len(launched))](*args, **flags, BLOCK_M=block_m, BLOCK_D=block_d)
     return results
