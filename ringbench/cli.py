@@ -31,29 +31,36 @@ from ringbench.options import (JSON_HELP, JUNIT_HELP, NNODES_HELP, NODE_RANK_HEL
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 class _OnceCommand(typer.core.TyperCommand):
-    """A command that refuses an option of one value given twice with different values, which
-    click would otherwise settle silently by keeping the last (``--layout a --layout b``)."""
+    """A command that refuses an option of one value given twice with different values, or both
+    sides of an on/off flag (``--causal --no-causal``), which click would otherwise settle
+    silently by keeping the last (``--layout a --layout b``)."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
-        single = {name: p for p in self.params if p.param_type_name == "option"
-                  and not p.multiple and not p.is_flag and not p.count for name in p.opts}
-        seen: dict[str, tuple[str, str]] = {}
+        options = [p for p in self.params if p.param_type_name == "option" and not p.multiple and not p.count]
+        single = {name: p for p in options if not p.is_flag for name in p.opts}
+        pairs = {name: p for p in options if p.is_flag and p.secondary_opts for name in (*p.opts, *p.secondary_opts)}
+        seen: dict[str, tuple[str, str, str]] = {}  # param -> (option, value, value as shown)
         tokens = iter(args)
         for token in tokens:
             if token == "--":
                 break
             name, eq, value = token.partition("=")
-            param = single.get(name)
-            if param is None:
+            if name in pairs:
+                param, value, shown = pairs[name], name, ""
+            elif name in single:
+                param = single[name]
+                if not eq:
+                    value = next(tokens, "")
+                shown = f" {value}"
+            else:
                 continue
-            if not eq:
-                value = next(tokens, "")
             if param.name in seen and seen[param.name][1] != value:
-                first, before = seen[param.name]
-                _error(f"{name} was given twice ({first} {before}, then {name} {value}); it takes one value, "
-                       f"so give it once")
+                first, _, before = seen[param.name]
+                _error(f"{first} and {name} were both given; give one" if param.is_flag else
+                       f"{name} was given twice ({first}{before}, then {name}{shown}); it takes one value, so "
+                       "give it once")
                 raise typer.Exit(EXIT_USAGE)
-            seen[param.name] = (name, value)
+            seen[param.name] = (name, value, shown)
         return super().parse_args(ctx, args)
 
 

@@ -145,6 +145,7 @@ def harness(monkeypatch, tmp_path):
      r"^--layout was given twice \(--layout balanced, then --layout contiguous\); it takes one value, so give it once$"),
     (["verify", "--variant", "zigzag", "--dtype", "bf16", "--heads", "8", "--dtype", "fp32"],
      r"^--dtype was given twice \(--dtype bf16, then --dtype fp32\)"),
+    (["verify", "--variant", "zigzag", "--causal", "--no-causal"], r"^--causal and --no-causal were both given; give one$"),
 ])
 def test_cli_bad_input_exits_2_with_one_sentence(harness, args, pattern):
     result = invoke(args, harness)
@@ -331,7 +332,9 @@ def test_cli_resume_over_a_damaged_results_file_warns_in_one_sentence(harness, t
 
 
 def test_cli_the_same_value_twice_is_one_case(harness, tmp_path):
+    # A one-value option or a flag given twice the same way is one value too.
     result = invoke(["run", "--variant", "zigzag", "--variant", "zigzag", "--world-size", "2", "--world-size", "2",
-                     "--seqlen", "1k", "--device", "cpu", "--out", str(tmp_path), "--json"], harness)
+                     "--seqlen", "1k", "--device", "cpu", "--out", str(tmp_path), "--json", "--dtype", "bf16",
+                     "--dtype=bf16", "--causal", "--causal"], harness)
     assert result.exit_code == 0, result.output
     assert [len(g["cases"]) for g in harness.launches] == [1]
