@@ -80,15 +80,15 @@ def _whole(parts, q: Tensor, k: Tensor) -> bool:
 
 
 def attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, parts, scale: float) -> tuple[Tensor, Tensor]:
-    """out ``[B, Sq, Hq, D]`` and lse ``[B, Hq, Sq]`` of one windowed step over all of q's rows: the
+    """out ``[B, Sq, Hq, Dv]`` and lse ``[B, Hq, Sq]`` of one windowed step over all of q's rows: the
     parts' kernel calls merged (float32, or float64 for float64 inputs; a single part that covers
     the block is the kernel's own result); rows no part covers get out 0 and lse ``-inf``."""
     if _whole(parts, q, k):
         p = parts[0]
         return kernel.forward(q, k, v, False, scale, window=p.window)
     acc = accumulation_dtype(q.dtype)
-    B, S, H, D = q.shape
-    out = torch.zeros(B, S, H, D, dtype=acc, device=q.device)
+    B, S, H = q.shape[:3]
+    out = torch.zeros(B, S, H, v.shape[3], dtype=acc, device=q.device)  # v's head dim (head_dim_v)
     lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
     for p in parts:
         rows, keys = slice(*p.q), slice(*p.kv)
