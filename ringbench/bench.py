@@ -175,8 +175,8 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     if docs is not None:
         cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
         # Checked once, here, outside the timing; every call then shares its schedules and
-        # reads nothing back from the device (varlen.prepare).
-        options = {**options, "cu_seqlens": varlen.prepare(cu_seqlens, local, group)}
+        # reads nothing back from the device (varlen.prepare). A peer takes the plain offsets.
+        options = {**options, "cu_seqlens": cu_seqlens if variant.peer else varlen.prepare(cu_seqlens, local, group)}
         local_cu = layouts.varlen_local_cu_seqlens(cu_seqlens, case.layout, rank, world_size,
                                                    by_document=variant.shard_by_document, device=device,
                                                    ulysses_degree=case.ulysses_degree)

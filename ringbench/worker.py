@@ -67,8 +67,13 @@ _FREE_RE = re.compile(r"of which ([\d.]+ ?[KMGT]?i?B) (?:is )?free")
 
 
 def _reason_of(exc: BaseException, rank: int, world_size: int) -> str:
-    """``[rank r/W] Type: message``; an out-of-memory error leads with the requested and free memory."""
+    """``[rank r/W] Type: message (at file.py:line in function)``, with the innermost frame where a
+    variant, kernel or library raised (not where the harness refused a result, whose message
+    says why); an out-of-memory error leads with the requested and free memory."""
     first = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and Path(frames[-1].filename).resolve().parent != Path(__file__).resolve().parent:
+        first += f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})"
     if records.status_of_exception(exc) == "oom":
         text = str(exc)
         requested, free = _REQUESTED_RE.search(text), _FREE_RE.search(text)
@@ -106,6 +111,7 @@ def run_one(spec: CaseSpec, device: torch.device) -> tuple[dict, BaseException |
             fields["notes"] = notes
     except Exception as exc:  # a fault in one case is recorded, and the sweep goes on
         error = exc
+        traceback.print_exc()  # the whole traceback goes to this rank's log
         fields = {"status": records.status_of_exception(exc), "reason": _reason_of(exc, rank, world_size)}
     if device.type == "cuda":
         torch.cuda.empty_cache()

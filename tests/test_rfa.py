@@ -361,3 +361,14 @@ def test_rfa_zigzag_run_counts_the_package_bytes(tmp_path):
     assert r["status"] == "ok" and r["kernel"] == "cpu" and r["notes"] == [SERVED_BY_CPU]
     assert r["bytes_sent"] == r["bytes_received"] == 8 * 1024 * 2 * 32 * 4
     assert r["time_ms"] > 0 and r["bus_gib_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_rfa_llama3_varlen_runs_on_the_plain_cu_seqlens(tmp_path):
+    """run hands a peer the plain cu_seqlens tensor, not ringbench's prepared schedules (which
+    ring-flash-attn cannot read: it raised TypeError on every run)."""
+    _, records = _records(tmp_path, "run", "--variant", "rfa_llama3_varlen", "--docs", "200,312", "--world-size", "2",
+                          "--seqlen", "512", "--device", "cpu", "--iters", "2", "--warmup", "1", expect_rc=0)
+    (r,) = records
+    assert r["status"] == "ok" and r["time_ms"] > 0 and r["merge_path"] is None, r["reason"]
