@@ -122,6 +122,8 @@ def _cases(world_size: int) -> list[dict]:
         # Attention sinks (issue 19): each rank's heads' logits join after the ring's last merge.
         dict(variant="usp", causal=True, kv_heads=2, dtype="fp32", sink="learnable", ulysses_degree=max(1, w // 2)),
         dict(variant="ulysses_varlen", causal=False, kv_heads=2, dtype="fp32", docs=docs_any, sink="off-by-one"),
+        # float64: K/V replicas' gradients and d sink summed in float64 (they were summed in float32).
+        dict(variant="ulysses", causal=True, kv_heads=2, dtype="fp64", kernel="math", sink="learnable"),
     ]
 
 
@@ -145,9 +147,9 @@ def test_ulysses_usp_verify_passes(tmp_path, world_size):
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, proc.stderr[-2000:]
     n_degrees = len(factorizations(world_size))
-    assert len(records) == 5 + n_degrees + (2 * n_degrees if world_size <= 2 else 2)  # auto: one per factorization
+    assert len(records) == 6 + n_degrees + (2 * n_degrees if world_size <= 2 else 2)  # auto: one per factorization
     sinks = [r for r in records if r["spec"]["sink"] == "learnable"]
-    assert len(sinks) == 1 and [c["tensor"] for c in sinks[0]["checks"]][-1] == "dsink"
+    assert len(sinks) == 2 and all([c["tensor"] for c in r["checks"]][-1] == "dsink" for r in sinks)
     for rec in records:
         assert rec["status"] == "ok", (rec["spec"]["variant"], rec["reason"])
         assert all(c["passed"] for c in rec["checks"])

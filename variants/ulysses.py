@@ -31,6 +31,7 @@ import torch.distributed as dist
 from . import observe, timeline, ulysses_rule
 from .comm import all_reduce, all_to_all_single
 from .grid import Grid, process_grid
+from .kernel_common import accumulation_dtype
 from .kernels import Kernel, as_kernel
 from . import window as _window
 from .ring import Plan, VarlenSteps, _ring_backward, _ring_forward, _window_steps, batch_steps, contiguous_plan
@@ -115,14 +116,15 @@ class UlyssesRing(torch.autograd.Function):
             dqh, dkh, dvh = _ring_backward(dout_h, qh, kh, vh, out_h, lse_h, kv_last, causal, scale, grid.ring,
                                            kernel, steps)
         dq, dk, dv = (heads_to_seq(t, grid.ulysses, grid.ulysses_degree) for t in (dqh, dkh, dvh))
-        if replicas > 1:  # the replicas' gradients summed in float32, then rounded once
-            dk, dv = (t.unflatten(2, (-1, replicas)).float().sum(3).to(t.dtype) for t in (dk, dv))
+        if replicas > 1:  # the replicas' gradients summed in float32 (float64), then rounded once
+            dk, dv = (t.unflatten(2, (-1, replicas)).to(accumulation_dtype(t.dtype)).sum(3).to(t.dtype)
+                      for t in (dk, dv))
         dsink = None
         if ctx.needs_input_grad[3]:
             # This rank's heads over the whole sequence: summed over the ring group (the ranks
             # with the same heads), then every head's share gathered over the Ulysses group.
-            full = torch.zeros(sink.shape, dtype=torch.float32, device=sink.device)
-            full[mine] = sink_grad(dout_h, out_h, lse_h, sink[mine], grid.ring).float()
+            full = torch.zeros(sink.shape, dtype=accumulation_dtype(lse_h.dtype), device=sink.device)
+            full[mine] = sink_grad(dout_h, out_h, lse_h, sink[mine], grid.ring).to(full.dtype)
             if grid.ulysses_degree > 1:
                 all_reduce(full, group=grid.ulysses)
             dsink = full.to(sink.dtype)
