@@ -14,8 +14,9 @@ Ulysses). One rank's breakdown (:func:`breakdown`) is the mean over those iterat
   ``busy_ms``) shows the work imbalance that ``imbalance`` (of wall times) hides;
 - ``steps``: per phase (``fwd``, ``bwd``) and ring step, the kernel, merge and comm means.
 
-Means, not medians, so the parts add up to ``wall_ms``. A variant whose code reports no spans
-(the peers) gets ``spans_per_iteration`` 0: only its wall time.
+Means, not medians, so the parts add up to ``wall_ms``. A variant whose code makes no kernel
+call ringbench sees (the peers) gets ``kernel_calls_per_iteration`` 0 and no busy time: its wall
+time, and the comm spans of whatever transfers pass through ringbench's communicator.
 
 The CLI prints :func:`print_tables` after a profiled run and writes :func:`write_plots` (a
 stacked bar per rank, matplotlib) next to the results.
@@ -65,19 +66,21 @@ def breakdown(iterations: list[dict]) -> dict:
     totals = dict.fromkeys(("wall", "kernel", "merge", "comm"), 0.0)
     steps: dict[tuple[str, int], dict[str, float]] = defaultdict(lambda: dict.fromkeys(("kernel", "merge", "comm"),
                                                                                       0.0))
-    spans = 0
+    spans = kernels = 0
     for it in iterations:
         totals["wall"] += it["wall_ms"]
         spans += len(it["spans"])
         for kind, phase, index, ms in it["spans"]:
             totals[kind] += ms
             steps[(phase, index)][kind] += ms
+            kernels += kind == "kernel"
     mean = {k: v / n for k, v in totals.items()}
     out = {f"{k}_ms": mean[k] for k in ("wall", "kernel", "merge", "comm")}
     out["other_ms"] = mean["wall"] - mean["kernel"] - mean["merge"] - mean["comm"]
     out["busy_ms"] = mean["kernel"] + mean["merge"]
     out["iters"] = n
     out["spans_per_iteration"] = spans / n
+    out["kernel_calls_per_iteration"] = kernels / n
     order = {"fwd": 0, "bwd": 1}
     out["steps"] = [{"phase": phase, "step": index, **{f"{k}_ms": v / n for k, v in parts.items()}}
                     for (phase, index), parts in sorted(steps.items(), key=lambda kv: (order.get(kv[0][0], 2),
@@ -91,7 +94,9 @@ def record_fields(per_rank: list[dict | None]) -> dict:
     if not per_rank or any(p is None for p in per_rank):
         return {"profile": None, "per_rank_busy_ms": None, "busy_imbalance": None}
     busy = [p["busy_ms"] for p in per_rank]
-    reported = all(p["spans_per_iteration"] > 0 for p in per_rank)
+    # Busy time needs the kernel calls: a peer whose transfers alone pass through ringbench's
+    # communicator shows comm spans but no kernel, and its busy time would read 0.
+    reported = all(p.get("kernel_calls_per_iteration", p["spans_per_iteration"]) > 0 for p in per_rank)
     return {
         "profile": {"clock": per_rank[0]["clock"], "iters": per_rank[0]["iters"],
                     "per_rank": [{"rank": r, **{k: v for k, v in p.items() if k != "clock"}}
@@ -132,12 +137,14 @@ def print_tables(records: list[dict], console=None) -> None:
             table.add_row(str(p["rank"]), *(number(p[f"{k}_ms"], ".3f") for k in ("wall", *PARTS, "busy")),
                           number(share, ".1f"))
         console.print(table)
-        if not all(p["spans_per_iteration"] for p in prof["per_rank"]):
-            console.print(Text(f"note: {r['spec']['variant']} reports no spans (ringbench's own engines do), "
-                               "so its profile holds wall times alone", style="dim"))
+        if r.get("per_rank_busy_ms") is None:
+            console.print(Text(f"note: {r['spec']['variant']} reports no kernel spans (ringbench's own engines "
+                               "do), so its profile holds wall times alone", style="dim"))
         elif r.get("busy_imbalance") is not None:
-            console.print(Text(f"work imbalance (busy max/min) {r['busy_imbalance']:.3f}; wall imbalance "
-                               f"{r.get('imbalance') or float('nan'):.3f}", style="dim"))
+            walls = [p["wall_ms"] for p in prof["per_rank"]]
+            wall = max(walls) / min(walls) if min(walls) > 0 else float("nan")
+            console.print(Text(f"work imbalance (busy max/min) {r['busy_imbalance']:.3f}; wall max/min of these "
+                               f"iterations {wall:.3f}", style="dim"))
 
 
 def plot_path(out: Path, record: dict) -> Path:

@@ -119,6 +119,11 @@ def test_profile_breakdown_means_add_up_to_the_wall_time():
     fields = profile.record_fields([{**b, "clock": "perf_counter"}, {**b, "busy_ms": 2.0, "clock": "perf_counter"}])
     assert fields["per_rank_busy_ms"] == [6.0, 2.0] and fields["busy_imbalance"] == 3.0
     assert profile.record_fields([None, None]) == {"profile": None, "per_rank_busy_ms": None, "busy_imbalance": None}
+    # Comm spans without a kernel call (a peer's transfers through ringbench's communicator): no busy time.
+    peer = profile.breakdown([{"wall_ms": 5.0, "spans": [("comm", "fwd", 0, 2.0)]}])
+    assert peer["kernel_calls_per_iteration"] == 0 and peer["spans_per_iteration"] == 1
+    fields = profile.record_fields([{**peer, "clock": "perf_counter"}] * 2)
+    assert fields["per_rank_busy_ms"] is None and fields["busy_imbalance"] is None
 
 
 def _profiled_record(world_size: int) -> dict:
@@ -217,7 +222,7 @@ def test_profile_gloo_breakdown_per_rank_adds_up(tmp_path):
     for p in gathered["profile"]["per_rank"]:
         assert {(s["phase"], s["step"]) for s in p["steps"]} == {("fwd", 0), ("fwd", 1), ("bwd", 0), ("bwd", 1)}
     tables = proc.stdout[proc.stdout.index("profile:"):]
-    assert "reports no spans" not in tables
+    assert "reports no kernel spans" not in tables
     assert len(re.findall(r"^\s+[0-3]\s+\d+\.\d{3}\s", tables, flags=re.M)) == 2 + 4 + 2 + 2 + 2
     assert all(len(line) <= 80 for line in proc.stdout.splitlines())
 

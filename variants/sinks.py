@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from . import comm
+from . import comm, timeline
 
 Tensor = torch.Tensor
 
@@ -106,5 +106,6 @@ def sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor, group=None) 
     """
     grad = local_sink_grad(dout, out, lse, sink)
     if torch.distributed.get_world_size(group) > 1:
-        comm.all_reduce(grad, group=group)
+        with timeline.span("comm"):  # a blocking all-reduce: exposed communication in --profile
+            comm.all_reduce(grad, group=group)
     return grad.to(sink.dtype)
