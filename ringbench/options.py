@@ -104,7 +104,7 @@ def with_case_options(command: str) -> Callable:
 
 def check_given(given: dict[str, Any], timeout: float) -> None:
     """Refuse bad option values before the (slow, torch-importing) device detection."""
-    from ringbench.spec import check_fields
+    from ringbench.spec import check_fields, document_refusal
 
     for key, value in list(given.items()):
         field = fields.BY_NAME[key]
@@ -117,10 +117,16 @@ def check_given(given: dict[str, Any], timeout: float) -> None:
     for key, value in list(given.items()):
         if isinstance(value, list):  # the same value twice is one case, not two
             given[key] = list(dict.fromkeys(value))
-    _check_seqlen_fits_every_world_size(given)
     lists = {k: v for k, v in given.items() if isinstance(v, list)}
-    for combo in itertools.product(*lists.values()):  # the variant's seqlen rule, at every world size
-        check_fields({**given, **dict(zip(lists, combo))})
+    combos = [{**given, **dict(zip(lists, combo))} for combo in itertools.product(*lists.values())]
+    sizes = given.get("world_size") or []
+    for combo in combos if len(sizes) > 1 else []:  # documents that every world size given can cut
+        reason = document_refusal(combo, world_sizes=sizes)
+        if reason:
+            raise SpecError(reason)
+    _check_seqlen_fits_every_world_size(given)
+    for combo in combos:  # the variant's seqlen rule, at every world size
+        check_fields(combo)
     if timeout is not None and not 0 < timeout < 7 * 24 * 3600:
         raise SpecError(f"timeout {timeout:g} must be positive and under a week (604800 s); pass --timeout with a "
                         "number of seconds, such as 600")

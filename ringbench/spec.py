@@ -141,11 +141,15 @@ def detect_device() -> tuple[str, int]:
 # --------------------------------------------------------------------------- checks
 
 def check_fields(given: Mapping[str, Any]) -> None:
-    """Check each given field on its own (its row's rule), plus the variant's seqlen rule when it can.
+    """Check each given field on its own (its row's rule), then the rules across fields that
+    the given ones allow, in an order where each refusal's fix passes the rules before it:
+    ``heads % kv_heads``, the padding's (:func:`_check_padding`), the documents' per-document
+    multiple (:func:`document_refusal`), then the variant's rules (its Ulysses degree, its
+    seqlen multiple...).
 
     Needs no torch and accepts a partial mapping, so the CLI can refuse a bad option before
-    it detects the device. The variant's rule runs when variant, seqlen and world_size are
-    all given.
+    it detects the device. Each rule runs once the fields it reads are given (the variant's
+    when variant, seqlen and world_size are).
 
     Raises:
         SpecError: the first refused field, in one sentence with the fix.
@@ -154,6 +158,15 @@ def check_fields(given: Mapping[str, Any]) -> None:
 
     for name, value in given.items():
         fields.check(name, value)
+    heads, kv_heads = given.get("heads"), given.get("kv_heads")
+    if heads and kv_heads and heads % kv_heads:
+        fit = max(d for d in range(1, kv_heads + 1) if heads % d == 0)
+        raise SpecError(f"heads {heads} is not a multiple of kv_heads {kv_heads}; "
+                        f"pass --kv-heads with a divisor of {heads}, such as {fit}")
+    _check_padding(given)
+    reason = document_refusal(given)
+    if reason:
+        raise SpecError(reason)
     if all(k in given for k in ("variant", "seqlen", "world_size")):
         reason = get_variant(given["variant"]).check(
             seqlen=fields.coerce("seqlen", given["seqlen"]), world_size=given["world_size"],
@@ -192,8 +205,9 @@ def emulation_refusal(spec: CaseSpec) -> str | None:
 def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
     """Refuse a spec that cannot run, before any process starts.
 
-    Checks every field (see :func:`check_fields`), the variant's seqlen and mask rules,
-    GQA support, ``heads % kv_heads == 0``, the GPU count on cuda, and, for a named kernel
+    Checks every field and the rules across them (see :func:`check_fields`: ``heads % kv_heads
+    == 0``, the padding, the per-document multiple, the variant's seqlen, head and mask rules),
+    the rest of the documents' rules, GQA support, the GPU count on cuda, and, for a named kernel
     (not ``auto``), that it exists, runs on ``spec.device`` and takes the head dim and dtype.
     Whether the kernel is available on this machine is :func:`resolve`'s job.
 
@@ -207,10 +221,6 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
     from ringbench.variants import get_variant
 
     check_fields(spec.to_dict())
-    if spec.heads % spec.kv_heads:
-        fit = max(d for d in range(1, spec.kv_heads + 1) if spec.heads % d == 0)
-        raise SpecError(f"heads {spec.heads} is not a multiple of kv_heads {spec.kv_heads}; "
-                        f"pass --kv-heads with a divisor of {spec.heads}, such as {fit}")
     variant = get_variant(spec.variant)
     for reason in (variant.check_device(spec.device), variant.check_kernel(spec.kernel)):
         if reason:
@@ -431,23 +441,115 @@ def padded_docs(spec: CaseSpec) -> list[int] | None:
     return [-(-d // spec.doc_pad) * spec.doc_pad for d in docs]
 
 
-def _check_padding(spec: CaseSpec) -> None:
-    """Refuse ``doc_pad`` where it cannot apply: no ``docs`` to pad, or no causal mask to hide it."""
-    if not spec.doc_pad:
+def _check_padding(given: Mapping[str, Any]) -> None:
+    """Refuse ``doc_pad`` where it cannot apply: no ``docs`` to pad, or no causal mask to hide it.
+
+    ``given`` may be partial (the CLI's options before the device is known): a rule runs only
+    once the fields it reads are given (``docs``, ``causal``).
+    """
+    pad = given.get("doc_pad") or 0
+    if not pad:
         return
-    if spec.doc_dist or not spec.docs:
-        given = ("--doc-dist draws documents that fill seqlen" if spec.doc_dist else "the case has none")
-        raise SpecError(f"doc_pad {spec.doc_pad} pads the documents --docs gives, but {given}; pass --docs with "
+    if given.get("doc_dist") or ("docs" in given and not given["docs"]):
+        why = "--doc-dist draws documents that fill seqlen" if given.get("doc_dist") else "the case has none"
+        raise SpecError(f"doc_pad {pad} pads the documents --docs gives, but {why}; pass --docs with "
                         "the real lengths, or drop --doc-pad")
-    if not spec.causal:
-        raise SpecError(f"doc_pad {spec.doc_pad} needs the causal mask, which keeps every real token from the "
+    if given.get("causal", True) is False:
+        raise SpecError(f"doc_pad {pad} needs the causal mask, which keeps every real token from the "
                         "padding at its document's end (ringbench's kernels take no key mask); pass --causal or "
                         "drop --doc-pad")
 
 
+def _and(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
+
+
+def _round_to_multiples(docs: list[int], n: int, total: int | None) -> list[int]:
+    """``docs`` with every length that is not a multiple of ``n`` moved to a multiple of ``n`` next
+    to it: the nearer one (above on a tie, and above where below is 0), then, where ``total`` is
+    given and moving some of them to their other neighbour reaches it, so that they sum to ``total``."""
+    low = {i: d - d % n for i, d in enumerate(docs) if d % n}
+    out = list(docs)
+    for i, below in low.items():
+        out[i] = below + n if 2 * (docs[i] % n) >= n or below == 0 else below
+    if total is not None and total % n == 0:
+        steps = (total - sum(out)) // n
+        if steps > 0:  # up the ones rounded down, the nearest to the multiple above first
+            movable = sorted((i for i in low if out[i] == low[i]), key=lambda i: (-(docs[i] % n), -docs[i]))
+        else:  # down the ones rounded up (never to 0), the nearest to the multiple below first
+            movable = sorted((i for i in low if out[i] > low[i] and low[i]), key=lambda i: (docs[i] % n, -docs[i]))
+        if abs(steps) <= len(movable):
+            for i in movable[:abs(steps)]:
+                out[i] += n if steps > 0 else -n
+    return out
+
+
+def document_refusal(given: Mapping[str, Any], world_sizes: list[int] | None = None) -> str | None:
+    """Why a document-sharded variant (``ring_varlen``, ``zigzag_varlen``, ``usp_varlen``) cannot cut
+    the documents ``--docs`` gives, padded by ``doc_pad`` where set, or ``None``.
+
+    Every (padded) document must be a multiple of the variant's ``seqlen_multiple`` at the world
+    size (at each of ``world_sizes``, where given: their least common multiple). The sentence
+    names every document that is not, and a fix that passes this rule, the documents' sum and
+    the seqlen rule at once: ``--docs`` with each offending length moved to a multiple next to
+    it, summing to the given seqlen where that can be done (else with the ``--seqlen`` they
+    fill), padding them with ``--doc-pad`` under a causal mask, or llama3_varlen. Checked before
+    the seqlen rule, whose fix alone cannot make the documents fit. Drawn documents
+    (``doc_dist``) are left to the seqlen rule: they are drawn to the multiple once it holds.
+
+    ``given`` may be partial: nothing is refused until variant, docs and world_size are given.
+    """
+    from ringbench.variants import get_variant
+
+    sizes = world_sizes or ([given["world_size"]] if "world_size" in given else [])
+    if not given.get("variant") or not given.get("docs") or given.get("doc_dist") or not sizes:
+        return None
+    variant = get_variant(given["variant"])
+    if not variant.shard_by_document:
+        return None
+    n = math.lcm(*(variant.seqlen_multiple(w) for w in sizes))
+    if len(sizes) > 1:
+        rule = (f"{n}, which {variant.name} needs for every document at every world size given "
+                f"({', '.join(map(str, sizes))})")
+    else:
+        twice = "2 * " if variant.seqlen_multiple(1) == 2 else ""
+        rule = f"{twice}world_size = {n}, which {variant.name} needs for every document"
+    seqlen = fields.coerce("seqlen", given["seqlen"]) if isinstance(given.get("seqlen"), (int, str)) else None
+    real, pad = parse_docs(given["docs"]), given.get("doc_pad") or 0
+
+    def padded(to: int) -> list[int]:
+        return [-(-d // to) * to for d in real] if to else list(real)
+
+    def fill(lengths: list[int]) -> str:  # the --seqlen they need, where the given one is not it
+        return "" if sum(lengths) == seqlen else f" --seqlen {sum(lengths)}"
+
+    lengths = padded(pad)
+    bad = [i for i, d in enumerate(lengths) if d % n]
+    if not bad:
+        return None
+    which = (f"document {bad[0] + 1}" if len(bad) == 1 else
+             f"documents {_and([str(i + 1) for i in bad])}")
+    tokens = _and([str(lengths[i]) for i in bad])
+    multiple = "a multiple" if len(bad) == 1 else "multiples"
+    if pad:
+        fit = -(-pad // n) * n
+        head, fixes = f"doc_pad {pad} pads {which} to {tokens} tokens", [f"pass --doc-pad {fit}{fill(padded(fit))}"]
+    else:
+        head = f"{which} {'has' if len(bad) == 1 else 'have'} {tokens} token{'' if lengths[bad[0]] == 1 else 's'}"
+        moved = _round_to_multiples(real, n, seqlen)
+        fixes = [f"pass --docs {','.join(map(str, moved))}{fill(moved)}"]
+        if given.get("causal", True) is not False and not given.get("hf_model"):
+            fixes.append(f"pad the documents with --doc-pad {n}{fill(padded(n))}")
+    anywhere = get_variant("llama3_varlen")  # cuts the row, not each document: any lengths
+    if sum(lengths) % math.lcm(*(anywhere.seqlen_multiple(w) for w in sizes)) == 0:
+        fixes.append(f"use --variant {anywhere.name}{fill(lengths)}, which takes any document lengths")
+    return f"{head}, not {multiple} of {rule}; {', '.join(fixes[:-1])}{', or ' if len(fixes) > 1 else ''}{fixes[-1]}"
+
+
 def _check_docs(spec: CaseSpec, variant) -> None:
-    """Refuse documents a case's variant cannot take, or a varlen case without them."""
-    _check_padding(spec)
+    """Refuse documents a case's variant cannot take, or a varlen case without them (the padding
+    and the per-document multiple of the documents --docs gives are :func:`check_fields`'s)."""
     docs = padded_docs(spec)
     if not variant.varlen:
         if docs is not None:
@@ -464,9 +566,6 @@ def _check_docs(spec: CaseSpec, variant) -> None:
         raise SpecError(f"batch {spec.batch} is not 1, but {spec.variant} packs the documents into one row; "
                         "pass --batch 1")
     total = sum(docs)
-    reason = variant.check_doc_pad(spec.doc_pad, docs, spec.world_size) if spec.doc_pad else None
-    if reason:
-        raise SpecError(reason)
     if total != spec.seqlen and spec.doc_pad:
         raise SpecError(f"documents sum to {sum(spec_docs(spec))} tokens, {total} once each is padded to a "
                         f"multiple of doc_pad {spec.doc_pad}, but seqlen is {spec.seqlen}; the padded documents "

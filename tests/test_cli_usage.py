@@ -146,6 +146,21 @@ def harness(monkeypatch, tmp_path):
     (["verify", "--variant", "zigzag", "--dtype", "bf16", "--heads", "8", "--dtype", "fp32"],
      r"^--dtype was given twice \(--dtype bf16, then --dtype fp32\)"),
     (["verify", "--variant", "zigzag", "--causal", "--no-causal"], r"^--causal and --no-causal were both given; give one$"),
+    # heads % kv_heads before the Ulysses degree, whose fix would assume heads the rule refuses.
+    (["verify", "--variant", "usp", "--world-size", "4", "--ulysses-degree", "4", "--heads", "8", "--kv-heads", "3"],
+     r"^heads 8 is not a multiple of kv_heads 3; pass --kv-heads with a divisor of 8, such as 2$"),
+    # Documents off the per-document multiple are named first, every one, before the seqlen and sum rules.
+    (["verify", "--variant", "ring_varlen", "--world-size", "4", "--docs", "102,156", "--seqlen", "258"],
+     r"^document 1 has 102 tokens, not a multiple of world_size = 4, which ring_varlen needs for every document; "
+     r"pass --docs 104,156 --seqlen 260, or pad the documents with --doc-pad 4 --seqlen 260$"),
+    (["verify", "--variant", "ring_varlen", "--world-size", "4", "--docs", "102,154", "--seqlen", "256"],
+     r"^documents 1 and 2 have 102 and 154 tokens, not multiples of world_size = 4, which ring_varlen needs for every "
+     r"document; pass --docs 104,152, pad the documents with --doc-pad 4 --seqlen 260, or use --variant "
+     r"llama3_varlen, which takes any document lengths$"),
+    (["run", "--variant", "zigzag_varlen", "--world-size", "2", "--world-size", "4", "--docs", "96,164",
+      "--seqlen", "256"],
+     r"^document 2 has 164 tokens, not a multiple of 8, which zigzag_varlen needs for every document at every "
+     r"world size given \(2, 4\); pass --docs 96,160, "),
 ])
 def test_cli_bad_input_exits_2_with_one_sentence(harness, args, pattern):
     result = invoke(args, harness)
@@ -154,6 +169,48 @@ def test_cli_bad_input_exits_2_with_one_sentence(harness, args, pattern):
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output and result.stdout == ""
     assert harness.launches == [] and not list(Path(".").rglob("*.jsonl"))
+
+
+def _follow(args: list[str], fix: str) -> list[str]:
+    """``args`` with the options one fix of a refusal names (``pass --docs 104,152 --seqlen 260``)
+    set: the value of one given already replaced, the others added."""
+    args = list(args)
+    for option, value in re.findall(r"(--[\w-]+) (\S+)", fix):
+        if option in args:
+            args[args.index(option) + 1] = value
+        else:
+            args += [option, value]
+    return args
+
+
+@pytest.mark.parametrize("args", [
+    ["--variant", "ring_varlen", "--world-size", "4", "--docs", "102,156", "--seqlen", "258"],
+    ["--variant", "ring_varlen", "--world-size", "4", "--docs", "102,156", "--seqlen", "260"],
+    ["--variant", "ring_varlen", "--world-size", "4", "--docs", "102,154", "--seqlen", "256"],
+    ["--variant", "ring_varlen", "--world-size", "4", "--docs", "102,154"],
+    ["--variant", "ring_varlen", "--world-size", "4", "--docs", "102,154", "--no-causal", "--seqlen", "256"],
+    ["--variant", "zigzag_varlen", "--world-size", "4", "--docs", "100,900,3096", "--seqlen", "4096"],
+    ["--variant", "zigzag_varlen", "--world-size", "4", "--docs", "5,3,1000", "--seqlen", "1008"],
+    ["--variant", "zigzag_varlen", "--world-size", "4", "--docs", "100,300,612", "--doc-pad", "7", "--seqlen", "1024"],
+    ["--variant", "usp_varlen", "--world-size", "4", "--heads", "4", "--docs", "102,154", "--seqlen", "256"],
+    ["--variant", "zigzag_varlen", "--world-size", "2", "--world-size", "4", "--docs", "96,164", "--seqlen", "256"],
+    ["--variant", "ring_varlen", "--world-size", "3", "--world-size", "4", "--docs", "102,154", "--seqlen", "258"],
+])
+def test_cli_every_fix_a_document_refusal_offers_is_accepted(harness, args):
+    """Each fix the sentence offers (--docs, --doc-pad or another variant, with the --seqlen they
+    fill) is a case that runs: no advice leads to a refusal of its own (a new user's report: use
+    260, then pass --seqlen 258)."""
+    result = invoke(["verify", *args], harness)
+    assert result.exit_code == 2, result.output
+    message = result.stderr.strip()
+    assert re.match(r"^(doc_pad \d+ pads )?documents? [\d, and]+ (has|have|to) ", message), message
+    offered = message.split("; ", 1)[1].replace(", which takes any document lengths", "")
+    fixes = re.split(r", (?:or )?", offered)
+    assert all(re.search(r"--[\w-]+ \S", fix) for fix in fixes), fixes
+    for fix in fixes:
+        followed = _follow(args, fix)
+        accepted = invoke(["verify", *followed], harness)
+        assert accepted.exit_code == 0, (fix, followed, accepted.output)
 
 
 def test_cli_scenario_syntax_error_names_the_line(harness, tmp_path):

@@ -74,11 +74,18 @@ VARLEN = ["verify", "--variant", "zigzag_varlen", "--world-size", "2", "--device
     ("-4,4100", "document 1 '-4' must be 0 or more tokens; pass lengths such as 3000,0,12k"),
     ("100,abc,3996", "document 2 'abc' is not a size; use a whole number with an optional k or M suffix, such as "
                      "4096 or 128k"),
-    # The same position in --docs is the same number in the layout's rule (1-based in both).
-    ("100,102,3894", "document 2 has 102 tokens, not a multiple of 2 * world_size = 4, which zigzag_varlen needs; "
-                     "make it 104 or 100 tokens, or use llama3_varlen, which takes any document lengths"),
-    ("102,3994", "document 1 has 102 tokens, not a multiple of 2 * world_size = 4, which zigzag_varlen needs; "
-                 "make it 104 or 100 tokens, or use llama3_varlen, which takes any document lengths"),
+    # The same position in --docs is the same number in the layout's rule (1-based in both); every
+    # document off the multiple is named, and the --docs offered still fill --seqlen 4096.
+    ("100,102,3894", "documents 2 and 3 have 102 and 3894 tokens, not multiples of 2 * world_size = 4, which "
+                     "zigzag_varlen needs for every document; pass --docs 100,104,3892, pad the documents with "
+                     "--doc-pad 4 --seqlen 4100, or use --variant llama3_varlen, which takes any document lengths"),
+    ("102,3994", "documents 1 and 2 have 102 and 3994 tokens, not multiples of 2 * world_size = 4, which "
+                 "zigzag_varlen needs for every document; pass --docs 104,3992, pad the documents with --doc-pad 4 "
+                 "--seqlen 4100, or use --variant llama3_varlen, which takes any document lengths"),
+    # Named before the sum is refused (4098, not 4096), with documents that fill the --seqlen given.
+    ("100,3998", "document 2 has 3998 tokens, not a multiple of 2 * world_size = 4, which zigzag_varlen needs for "
+                 "every document; pass --docs 100,3996, pad the documents with --doc-pad 4 --seqlen 4100, or use "
+                 "--variant llama3_varlen --seqlen 4098, which takes any document lengths"),
 ])
 def test_docs_messages_count_documents_from_1(docs, message):
     result = runner.invoke(app, [*VARLEN, "--docs", docs])

@@ -172,11 +172,13 @@ def test_sinks_padding_every_variant_passes_and_the_broken_sink_fails_at_w2(laun
 def test_sinks_padding_every_variant_passes_at_large_world_sizes(launches, world_size):
     launch = launches(world_size)
     _check_launch(launch, world_size)
-    # At W=8 zigzag_varlen needs every padded length a multiple of 16: 438 padded to 8 is 440.
+    # At W=8 zigzag_varlen needs every padded length a multiple of 16: 438 padded to 8 is 440, which
+    # the refusal names (the seqlen it fills, 744, is off the multiple only because of it).
     expected = {"zigzag_varlen_438,300_pad8", "zigzag_varlen_438,300_pad8_learnable_bf16"} if world_size == 8 else set()
     assert set(launch["refused"]) == expected, launch["refused"]
     for reason in launch["refused"].values():
-        assert "seqlen 744 is not a multiple of 2 * world_size = 16, which zigzag_varlen needs" in reason
+        assert reason.startswith("doc_pad 8 pads document 1 to 440 tokens, not a multiple of 2 * world_size = 16, "
+                                 "which zigzag_varlen needs for every document; pass --doc-pad 16 --seqlen 752"), reason
 
 
 @pytest.mark.dist
@@ -275,7 +277,9 @@ def test_sinks_every_ringbench_variant_takes_a_sink():
 def test_padding_issue_case_is_accepted_with_its_padded_lengths():
     case = spec("zigzag_varlen", 4, seqlen=4096, docs="100,900,3088", doc_pad=8)
     assert padded_docs(case) == [104, 904, 3088]
-    with pytest.raises(SpecError, match="document 1 has 100 tokens, not a multiple of 2 \\* world_size = 8"):
+    with pytest.raises(SpecError, match=r"^documents 1 and 2 have 100 and 900 tokens, not multiples of 2 \* world_size "
+                                        r"= 8, which zigzag_varlen needs for every document; pass --docs "
+                                        r"104,896,3088, pad the documents with --doc-pad 8 --seqlen 4096, or"):
         spec("zigzag_varlen", 4, seqlen=4088, docs="100,900,3088")
 
 

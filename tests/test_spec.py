@@ -183,6 +183,20 @@ def test_validate_refuses_bad_cpu_fields(change, pattern):
         validate(make(**change), visible_gpus=0)
 
 
+def test_check_fields_refuses_heads_before_the_ulysses_degree():
+    """A degree's fix (``such as 1``) would be refused next for heads 8 over kv_heads 3: the heads come first,
+    in the CLI's early check of the options given as in validate."""
+    from ringbench.spec import check_fields
+
+    heads = r"^heads 8 is not a multiple of kv_heads 3; pass --kv-heads with a divisor of 8, such as 2$"
+    given = {"variant": "usp", "world_size": 4, "seqlen": 1024, "ulysses_degree": 4, "heads": 8, "kv_heads": 3}
+    with pytest.raises(SpecError, match=heads):
+        check_fields(given)
+    with pytest.raises(SpecError, match=heads):
+        validate(make(**given), visible_gpus=0)
+    validate(make(**{**given, "kv_heads": 2}), visible_gpus=0)
+
+
 @pytest.mark.parametrize("change, gpus, pattern", [
     ({"world_size": 4}, 2, r"^world_size 4 exceeds the 2 visible GPUs; pass --world-size 2 or fewer$"),
     ({}, 0, r"^device cuda needs a visible GPU and none is visible; run on a GPU machine or pass --device cpu$"),

@@ -402,11 +402,15 @@ def test_validate_issue_documents_accepted_by_every_varlen_variant(variant, caus
              visible_gpus=0)
 
 
-def test_validate_zigzag_varlen_names_the_100_token_document():
+def test_validate_zigzag_varlen_names_every_document_off_its_multiple():
     spec = varlen_spec("zigzag_varlen", world_size=4, seqlen=4096, docs="100,900,3096")
-    with pytest.raises(SpecError, match=r"^document 1 has 100 tokens, not a multiple of 2 \* world_size = 8, which "
-                                        r"zigzag_varlen needs; make it 104 or 96 tokens, or use llama3_varlen"):
+    with pytest.raises(SpecError, match=r"^documents 1 and 2 have 100 and 900 tokens, not multiples of 2 \* world_size "
+                                        r"= 8, which zigzag_varlen needs for every document; pass --docs "
+                                        r"104,896,3096, pad the documents with --doc-pad 8 --seqlen 4104, or use "
+                                        r"--variant llama3_varlen, which takes any document lengths$"):
         validate(spec, visible_gpus=0)
+    validate(spec.replace(docs="104,896,3096"), visible_gpus=0)
+    validate(spec.replace(doc_pad=8, seqlen=4104), visible_gpus=0)
     validate(spec.replace(variant="llama3_varlen"), visible_gpus=0)
 
 
@@ -415,10 +419,10 @@ def test_validate_ring_varlen_rule_is_a_multiple_of_world_size():
     verify rule: test_varlen_distributed); at W = 8 it names the 100-token document."""
     spec = varlen_spec("ring_varlen", world_size=4, seqlen=4096, docs="100,900,3096")
     validate(spec, visible_gpus=0)
-    with pytest.raises(SpecError, match=r"^document 1 has 100 tokens, not a multiple of world_size = 8, which "
-                                        r"ring_varlen needs; make it 104 or 96 tokens"):
+    with pytest.raises(SpecError, match=r"^documents 1 and 2 have 100 and 900 tokens, not multiples of world_size = "
+                                        r"8, which ring_varlen needs for every document; pass --docs 104,896,3096,"):
         validate(spec.replace(world_size=8), visible_gpus=0)
-    with pytest.raises(SpecError, match=r"^document 3 has 90 tokens, not a multiple of world_size = 4"):
+    with pytest.raises(SpecError, match=r"^documents 3 and 4 have 90 and 3006 tokens, not multiples of world_size = 4"):
         validate(spec.replace(docs="100,900,90,3006"), visible_gpus=0)
 
 
@@ -453,6 +457,19 @@ def test_validate_varlen_kernel_must_have_a_varlen_form():
         validate(spec, visible_gpus=2)
     validate(spec.replace(kernel="torch-flash"), visible_gpus=2)
     assert resolve(varlen_spec(docs="4096", kernel="auto")).kernel == "cpu"
+
+
+def test_check_fields_names_the_documents_before_the_seqlen_rule():
+    """The issue's case: the seqlen rule's fix (use 260) was refused next for the sum (pass 258), and
+    the 102-token document never named; the document comes first, with fixes that fill the row."""
+    given = {"variant": "ring_varlen", "world_size": 4, "docs": "102,156", "seqlen": 258}
+    with pytest.raises(SpecError, match=r"^document 1 has 102 tokens, not a multiple of world_size = 4, which "
+                                        r"ring_varlen needs for every document; pass --docs 104,156 --seqlen 260, or "
+                                        r"pad the documents with --doc-pad 4 --seqlen 260$"):
+        check_fields(given)
+    check_fields({**given, "docs": "104,156", "seqlen": 260})
+    check_fields({**given, "doc_pad": 4, "seqlen": 260})
+    check_fields({**given, "variant": "llama3_varlen", "docs": "102,154", "seqlen": 256})  # any lengths
 
 
 def test_check_fields_refuses_bad_document_text_early():
