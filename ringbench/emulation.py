@@ -34,7 +34,7 @@ def emulate_case(spec: CaseSpec, *, device) -> dict:
 
     Args:
         spec: a ``run`` case with ``emulate`` set, its kernel resolved, of a variant with
-            ``Variant.emulates`` (the spec checks refuse the others).
+            ``Variant.emulates`` and no learnable sink (the spec checks refuse the others).
         device: the one device every rank runs on.
 
     Returns:
@@ -47,6 +47,7 @@ def emulate_case(spec: CaseSpec, *, device) -> dict:
     import torch
 
     from ringbench import bench
+    from ringbench.case_setup import sink_logits
     from ringbench.fields import DTYPES, variant_options
     from ringbench.variants import emulation, get_variant
     from ringbench.variants.kernels import get_kernel
@@ -56,12 +57,16 @@ def emulate_case(spec: CaseSpec, *, device) -> dict:
     scale, backward, local = spec.head_dim ** -0.5, spec.mode == "fwd_bwd", spec.seqlen // world_size
     inputs = [bench.rank_inputs(spec, r, dtype, device) for r in range(world_size)]
     shards = [(k, v) for _, k, v, _ in inputs]
+    # An off-by-one sink joins each row after the ring's last merge, on its own rank, with no
+    # gradient to all-reduce; so it is emulated (spec.validate refuses a learnable one).
+    sink = sink_logits(spec, dtype, device)
+    options = {**variant_options(spec), **({"sink": sink} if sink is not None else {})}
     gathered = []
     # Under a sliding window the reference attends the rank's share with the same window.
     ref_kw, ref_causal = ({"window": (spec.window - 1, 0)}, False) if spec.window else ({}, spec.causal)
     for rank, (q, k, v, dout) in enumerate(inputs):
         step = bench.iteration(variant.attention, q, k, v, dout, backward=backward, causal=spec.causal,
-                               softmax_scale=scale, group=None, kernel=kernel, **variant_options(spec))
+                               softmax_scale=scale, group=None, kernel=kernel, **options)
 
         def reference(q=q, k=k, v=v, dout=dout) -> None:
             with torch.no_grad():

@@ -228,9 +228,12 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
     _check_docs(spec, variant)
     if emulation_refusal(spec):
         raise SpecError(emulation_refusal(spec))
-    if spec.emulate and spec.sink != "none":
-        raise SpecError(f"sink {spec.sink!r} is not emulated: its gradient is summed over the ranks by a collective, "
-                        "which one process cannot play; drop --emulate or pass --sink none")
+    if spec.emulate and spec.sink == "learnable":
+        # An off-by-one sink is emulated: it joins each row after the ring's last merge, on the
+        # rank that holds the row, and has no gradient; a learnable one's gradient is all-reduced.
+        raise SpecError(f"sink {spec.sink!r} is not emulated: its gradient is summed over the ranks by a collective "
+                        "(an all-reduce), which one process cannot play; drop --emulate, or pass --sink off-by-one "
+                        "(no gradient) or --sink none")
     if spec.hf_model and (spec.sink != "none" or spec.doc_pad):
         given = f"sink {spec.sink!r}" if spec.sink != "none" else f"doc_pad {spec.doc_pad}"
         raise SpecError(f"{given} is not checked with --model, whose Llama has neither sinks nor padded documents; "

@@ -165,6 +165,40 @@ def test_emulate_case_gives_compute_time_per_rank_and_its_bound(solo_group):
     assert len(fields["per_rank_busy_ms"]) == 4
 
 
+def test_emulate_case_applies_an_off_by_one_sink(solo_group, monkeypatch):
+    """An off-by-one sink needs no collective (it joins each row after the ring's last merge, with
+    no gradient), so an emulated run takes it, and every rank's call gets it."""
+    from ringbench.emulation import emulate_case
+    from ringbench.variants import zigzag
+
+    sinks, attention = [], zigzag.zigzag_attention
+
+    def spy(*args, **kwargs):
+        sinks.append(kwargs.get("sink"))
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(zigzag, "zigzag_attention", spy)
+    spec = _spec(world_size=4, seqlen=256, heads=2, kv_heads=1, head_dim=16, iters=1, warmup=1, emulate=True,
+                 sink="off-by-one")
+    validate(spec, visible_gpus=0)
+    fields = emulate_case(spec, device=torch.device("cpu"))
+    assert fields["emulated"] is True and len(fields["per_rank_compute_ms"]) == 4
+    assert sinks and all(s is not None and s.shape == (2,) and not s.any() and not s.requires_grad for s in sinks)
+
+
+@pytest.mark.dist
+def test_emulated_run_with_an_off_by_one_sink_on_cpu(tmp_path):
+    from helpers import read_jsonl, ringbench
+
+    proc = ringbench("run", "--emulate", "--variant", "zigzag", "--world-size", "4", "--sink", "off-by-one",
+                     "--device", "cpu", "--seqlen", "512", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
+                     "--iters", "2", "--warmup", "1", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    (record,) = read_jsonl(tmp_path / "out" / "runs.jsonl")
+    assert record["status"] == "ok" and record["emulated"] is True and record["spec"]["sink"] == "off-by-one"
+    assert len(record["per_rank_compute_ms"]) == 4
+
+
 PROFILE_SCENARIO = """
 [defaults]
 device = "cpu"
