@@ -378,6 +378,7 @@ def matrix_command(
                                 "the others. Default: verify every cell."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per cell on stdout instead of "
                                   "the summary."),
+    yes: bool = typer.Option(False, "--yes", help=YES_HELP),
     test_variants: bool = typer.Option(False, "--test-variants", hidden=True,
                                        help="Add the test-only variants (broken_merge, fault_oom, fault_raise)."),
 ) -> None:
@@ -392,7 +393,7 @@ def matrix_command(
         options.check_given({}, timeout)
         grid = mx.build_grid(device=device, world_sizes=world_size, variants=variant, axes=axis)
         options.check_out(out, None)
-    code = mx.run(grid, out=out, timeout_s=timeout, resume=resume, launcher=ctx.obj)
+    code = mx.run(grid, out=out, timeout_s=timeout, resume=resume, launcher=ctx.obj, yes=yes)
     if code:
         raise typer.Exit(code)
     paths = mx.write(grid, out)

@@ -175,3 +175,19 @@ def test_estimate_memory_counts_the_value_head_dim(machine):
     with pytest.raises(estimate.SpecError, match=r"its ranks need about \d+\.\d GB of memory"):
         estimate.check([wide], estimate.estimate([wide]), yes=False)
     estimate.check([plain], estimate.estimate([plain]), yes=False)
+
+
+def test_estimate_matrix_refuses_what_the_machine_cannot_hold_unless_yes(machine, tmp_path):
+    """`ringbench matrix --world-size 16`: the refusal says --yes, and matrix takes it, as run and verify do."""
+    args = ["matrix", "--device", "cpu", "--variant", "ring", "--axis", "dtype", "--world-size", "16",
+            "--out", str(tmp_path)]
+    launcher = Recorder()
+    got = runner.invoke(app, args, obj=launcher)
+    assert got.exit_code == 2, got.output
+    assert re.fullmatch(r"world_size 16 on cpu does not fit this machine: 16 ranks on 2 cores are more than the 8 "
+                        r"\(4 per core\) that ringbench starts without asking; pass a smaller --world-size, or --yes "
+                        r"to start it anyway", got.stderr.strip()), got.stderr
+    assert launcher.launches == []
+    got = runner.invoke(app, [*args, "--yes"], obj=launcher)
+    assert got.exit_code == 0, got.output
+    assert [launch["world_size"] for launch in launcher.launches] == [16]

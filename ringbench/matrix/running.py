@@ -13,7 +13,7 @@ from ringbench.matrix.grid import Grid, _LAUNCH_APART
 # --------------------------------------------------------------------------- running it
 
 def run(grid: Grid, *, out: Path, timeout_s: Optional[float] = None, resume: bool = False, launcher=None,
-        err=None) -> int:
+        err=None, yes: bool = False) -> int:
     """Verify every cell the spec accepts, record the refused ones, and classify every cell.
 
     The launched cells go to ``sweep.run_sweep`` (its watchdog, one launch per world size, its
@@ -21,7 +21,8 @@ def run(grid: Grid, *, out: Path, timeout_s: Optional[float] = None, resume: boo
     :data:`_LAUNCH_APART` go to a second sweep of their own. With ``resume``, the sweep's resume
     reuses every ok record, and the matrix reuses a cell's latest mismatch, error, oom or
     timeout record too (a result, not a case left over), and a skipped record that gives the
-    same reason; only cells without a record are launched.
+    same reason; only cells without a record are launched. ``yes`` starts what the sweep's
+    estimate would refuse on CPU (``--yes``: a sweep over 30 minutes, ranks the machine cannot hold).
 
     Returns:
         0 once every cell is classified; else the sweep's exit code, and the cells stay
@@ -64,7 +65,8 @@ def run(grid: Grid, *, out: Path, timeout_s: Optional[float] = None, resume: boo
     for part in (regular, apart) if apart else (regular,):
         ids = {c.case_id() for c in part}
         outcome = sweep.run_sweep(part, task="verify", out=out, timeout_s=timeout_s, resume=resume,
-                                  skipped={k: v for k, v in skipped.items() if k in ids}, launcher=launcher)
+                                  skipped={k: v for k, v in skipped.items() if k in ids}, launcher=launcher,
+                                  yes=yes)
         if outcome.exit_code >= 128 or (part and not outcome.records):
             return outcome.exit_code or 3  # interrupted, or refused before it started (it said why)
         found.update((r["case_id"], r) for r in outcome.records)
