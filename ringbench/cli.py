@@ -97,11 +97,13 @@ def run(
     scenario: Optional[str] = typer.Option(None, "--scenario", help=SCENARIO_HELP),
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False),
+    timeout: Optional[str] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
+                                          metavar=options.FLOAT),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
     yes: bool = typer.Option(False, "--yes", help=YES_HELP),
-    nnodes: int = typer.Option(1, "--nnodes", help=NNODES_HELP, show_default=False),
-    node_rank: int = typer.Option(0, "--node-rank", help=NODE_RANK_HELP, show_default=False),
+    nnodes: Optional[str] = typer.Option(None, "--nnodes", help=NNODES_HELP, show_default=False, metavar=options.INT),
+    node_rank: Optional[str] = typer.Option(None, "--node-rank", help=NODE_RANK_HELP, show_default=False,
+                                            metavar=options.INT),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
     rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP),
 ) -> None:
@@ -119,11 +121,13 @@ def verify(
     junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help=JUNIT_HELP),
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False),
+    timeout: Optional[str] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
+                                          metavar=options.FLOAT),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
     yes: bool = typer.Option(False, "--yes", help=YES_HELP),
-    nnodes: int = typer.Option(1, "--nnodes", help=NNODES_HELP, show_default=False),
-    node_rank: int = typer.Option(0, "--node-rank", help=NODE_RANK_HELP, show_default=False),
+    nnodes: Optional[str] = typer.Option(None, "--nnodes", help=NNODES_HELP, show_default=False, metavar=options.INT),
+    node_rank: Optional[str] = typer.Option(None, "--node-rank", help=NODE_RANK_HELP, show_default=False,
+                                            metavar=options.INT),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
     rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP),
 ) -> None:
@@ -137,7 +141,7 @@ def verify(
 
 
 def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional[str], out: Path, json_out: bool,
-           timeout: Optional[float], resume: bool, nodes: tuple, junit_xml: Optional[Path] = None,
+           timeout: Optional[str], resume: bool, nodes: tuple, junit_xml: Optional[Path] = None,
            yes: bool = False) -> None:
     """Build the cases of a run or verify command, sweep them, print the tables; exits.
 
@@ -147,18 +151,19 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
     from ringbench import sweep
 
     with _usage_errors():
-        options.check_given(case, timeout)
-        node_args = options.check_nodes(*nodes)
-        if resume and nodes[0] > 1:
+        timeout_s = options.check_timeout(timeout)
+        options.check_given(case)
+        nnodes, node_args = options.check_nodes(*nodes)
+        if resume and nnodes > 1:
             raise SpecError(f"--resume reads the records, which only node 0 has, so it cannot run over nnodes "
-                            f"{nodes[0]}; rerun the missing cases without --resume")
+                            f"{nnodes}; rerun the missing cases without --resume")
         model = case.pop("hf_model", None)
-        cases, skipped = sweep.cases_for(task, case, scenario=scenario, model=model, nnodes=nodes[0])
+        cases, skipped = sweep.cases_for(task, case, scenario=scenario, model=model, nnodes=nnodes)
         options.check_out(out, junit_xml)
     from ringbench.results import warnings_on_stderr
 
     with warnings_on_stderr():  # a damaged line of the results file: one sentence, no Python source
-        outcome = sweep.run_sweep(cases, task=task, out=out, timeout_s=timeout, resume=resume, nodes=node_args,
+        outcome = sweep.run_sweep(cases, task=task, out=out, timeout_s=timeout_s, resume=resume, nodes=node_args,
                                   skipped=skipped, launcher=launcher, yes=yes)
     if outcome.records:
         _report(task, outcome.records, json_out=json_out, junit_xml=junit_xml)
@@ -360,9 +365,10 @@ def matrix_command(
     ctx: typer.Context,
     device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu. Default: cuda when a GPU is "
                                          "visible, else cpu.", show_default=False),
-    world_size: Optional[List[int]] = typer.Option(None, "--world-size", help="A world size (one panel each); "
+    world_size: Optional[List[str]] = typer.Option(None, "--world-size", help="A world size (one panel each); "
                                                    "repeat for several. Default: 2 and 4 on cpu; 2, 4 and 8 up "
-                                                   "to the visible GPUs on cuda.", show_default=False),
+                                                   "to the visible GPUs on cuda.", show_default=False,
+                                                   metavar=options.INT_LIST),
     variant: Optional[List[str]] = typer.Option(None, "--variant", help="Keep only this implementation's row; "
                                                 "repeat for several. Default: every variant and peer.",
                                                 show_default=False),
@@ -372,7 +378,8 @@ def matrix_command(
     out: Path = typer.Option(Path("results/matrix"), "--out", help="Folder for matrix.jsonl (one object per "
                              "cell), matrix.md, matrix.png and the verify records (verify.jsonl). Default: "
                              "results/matrix.", show_default=False),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False),
+    timeout: Optional[str] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
+                                          metavar=options.FLOAT),
     resume: bool = typer.Option(False, "--resume", help="Reuse every cell that already has a record in "
                                 "OUT/verify.jsonl (a mismatch, error or refusal is a result too) and verify only "
                                 "the others. Default: verify every cell."),
@@ -390,10 +397,11 @@ def matrix_command(
     if test_variants:
         os.environ["RINGBENCH_TEST_VARIANTS"] = "1"  # torchrun's workers inherit it
     with _usage_errors():
-        options.check_given({}, timeout)
-        grid = mx.build_grid(device=device, world_sizes=world_size, variants=variant, axes=axis)
+        timeout_s = options.check_timeout(timeout)
+        sizes = [options.WORLD_SIZE.from_text(w) for w in world_size] if world_size else None
+        grid = mx.build_grid(device=device, world_sizes=sizes, variants=variant, axes=axis)
         options.check_out(out, None)
-    code = mx.run(grid, out=out, timeout_s=timeout, resume=resume, launcher=ctx.obj, yes=yes)
+    code = mx.run(grid, out=out, timeout_s=timeout_s, resume=resume, launcher=ctx.obj, yes=yes)
     if code:
         raise typer.Exit(code)
     paths = mx.write(grid, out)

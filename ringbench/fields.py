@@ -79,6 +79,20 @@ def parse_size(text: str, *, name: str = "seqlen") -> int:
     return count
 
 
+def parse_whole(text: Any, *, name: str, option: str, example: int) -> int:
+    """Parse an option's whole number (``--world-size 4``), given as text so that a bad one is
+    ringbench's one sentence, not the parser's box.
+
+    Raises:
+        SpecError: not a whole number, naming ``name``, the text and ``option`` with ``example``.
+    """
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise SpecError(f"{name} {text!r} is not a whole number; pass {option} with an integer, such as "
+                        f"{example}") from None
+
+
 def format_size(count: int) -> str:
     """Write a token count the short way ``parse_size`` reads: 131072 -> ``128k``."""
     for suffix, unit in (("M", 1024**2), ("k", 1024)):
@@ -338,11 +352,8 @@ class Field:
         if self.parse is not None:
             return self.parse(text)
         if self.type is int:
-            try:
-                return int(str(text).strip())
-            except ValueError:
-                raise SpecError(f"{self.name} {text!r} is not a whole number; pass {self.option} with an integer, "
-                                f"such as {self.cpu if isinstance(self.cpu, int) else 1}") from None
+            return parse_whole(text, name=self.name, option=self.option,
+                               example=self.cpu if isinstance(self.cpu, int) else 1)
         return text
 
     def text(self, value: Any) -> str:

@@ -102,8 +102,14 @@ def with_case_options(command: str) -> Callable:
 
 # --------------------------------------------------------------------------- checks of options
 
-def check_given(given: dict[str, Any], timeout: float) -> None:
-    """Refuse bad option values before the (slow, torch-importing) device detection."""
+#: How the help shows an option taken as text and read as a number here (as typer shows a typed one).
+INT, INT_LIST, FLOAT = "<int>", "<list[int]>", "<float>"
+#: ``matrix --world-size`` reads its values as the case field does.
+WORLD_SIZE = fields.BY_NAME["world_size"]
+
+
+def check_given(given: dict[str, Any]) -> None:
+    """Refuse bad case option values before the (slow, torch-importing) device detection."""
     from ringbench.spec import check_fields, document_refusal
 
     for key, value in list(given.items()):
@@ -127,9 +133,25 @@ def check_given(given: dict[str, Any], timeout: float) -> None:
     _check_seqlen_fits_every_world_size(given)
     for combo in combos:  # the variant's seqlen rule, at every world size
         check_fields(combo)
-    if timeout is not None and not 0 < timeout < 7 * 24 * 3600:
+
+
+def check_timeout(text: Optional[str]) -> Optional[float]:
+    """``--timeout``'s seconds, or ``None`` where it is not given.
+
+    Raises:
+        SpecError: not a number, or not between 0 and a week.
+    """
+    if text is None:
+        return None
+    try:
+        timeout = float(str(text).strip())
+    except ValueError:
+        raise SpecError(f"timeout {text!r} is not a number of seconds; pass --timeout with a number, such as "
+                        "600") from None
+    if not 0 < timeout < 7 * 24 * 3600:
         raise SpecError(f"timeout {timeout:g} must be positive and under a week (604800 s); pass --timeout with a "
                         "number of seconds, such as 600")
+    return timeout
 
 
 def _check_seqlen_fits_every_world_size(given: dict[str, Any]) -> None:
@@ -154,8 +176,14 @@ def _check_seqlen_fits_every_world_size(given: dict[str, Any]) -> None:
 _HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
 
 
-def check_nodes(nnodes: int, node_rank: int, endpoint: Optional[str], rdzv_id: Optional[str]) -> dict:
-    """Refuse bad multi-node options; the keyword arguments ``launch`` takes for them."""
+def check_nodes(nnodes: Optional[str], node_rank: Optional[str], endpoint: Optional[str],
+                rdzv_id: Optional[str]) -> tuple[int, dict]:
+    """Refuse bad multi-node options (``--nnodes`` and ``--node-rank`` as given, text or ``None``
+    for the defaults 1 and 0); the number of nodes, and the keyword arguments ``launch`` takes
+    for them."""
+    nnodes = 1 if nnodes is None else fields.parse_whole(nnodes, name="nnodes", option="--nnodes", example=1)
+    node_rank = (0 if node_rank is None else
+                 fields.parse_whole(node_rank, name="node-rank", option="--node-rank", example=0))
     if not 1 <= nnodes <= 4096:
         raise SpecError(f"nnodes {nnodes} must be from 1 to 4096; pass --nnodes with the number of hosts")
     if not 0 <= node_rank < nnodes:
@@ -170,7 +198,7 @@ def check_nodes(nnodes: int, node_rank: int, endpoint: Optional[str], rdzv_id: O
         raise SpecError(f"nnodes {nnodes} needs a rendezvous every node can reach; pass --rdzv-endpoint HOST:PORT, "
                         "the same on every node, such as node001:29500")
     if nnodes == 1 and node_rank == 0 and endpoint is None:
-        return {}
+        return nnodes, {}
     if rdzv_id is None:
         # Every node runs the same command line but its own --node-rank: leave that out.
         argv, skip = [], False
@@ -180,7 +208,7 @@ def check_nodes(nnodes: int, node_rank: int, endpoint: Optional[str], rdzv_id: O
                 continue
             argv.append(arg)
         rdzv_id = "ringbench-" + hashlib.sha1(shlex.join([endpoint or "", *argv]).encode()).hexdigest()[:12]
-    return {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "rdzv_id": rdzv_id}
+    return nnodes, {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "rdzv_id": rdzv_id}
 
 
 def _writable_folder(folder: Path) -> str | None:

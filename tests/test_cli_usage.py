@@ -146,6 +146,16 @@ def harness(monkeypatch, tmp_path):
     (["verify", "--variant", "zigzag", "--dtype", "bf16", "--heads", "8", "--dtype", "fp32"],
      r"^--dtype was given twice \(--dtype bf16, then --dtype fp32\)"),
     (["verify", "--variant", "zigzag", "--causal", "--no-causal"], r"^--causal and --no-causal were both given; give one$"),
+    # Typed options that are not case fields are read by ringbench too: one sentence, not click's box.
+    (["matrix", "--world-size", "two"], r"^world_size 'two' is not a whole number; pass --world-size with an "
+                                        r"integer, such as 2$"),
+    (["matrix", "--timeout", "abc"], r"^timeout 'abc' is not a number of seconds; pass --timeout with a number, "
+                                     r"such as 600$"),
+    (["run", "--variant", "ring", "--nnodes", "x"], r"^nnodes 'x' is not a whole number; pass --nnodes with an "
+                                                    r"integer, such as 1$"),
+    (["verify", "--variant", "ring", "--node-rank", "first"], r"^node-rank 'first' is not a whole number; pass "
+                                                              r"--node-rank with an integer, such as 0$"),
+    (["run", "--variant", "ring", "--timeout", "abc"], r"^timeout 'abc' is not a number of seconds"),
     # heads % kv_heads before the Ulysses degree, whose fix would assume heads the rule refuses.
     (["verify", "--variant", "usp", "--world-size", "4", "--ulysses-degree", "4", "--heads", "8", "--kv-heads", "3"],
      r"^heads 8 is not a multiple of kv_heads 3; pass --kv-heads with a divisor of 8, such as 2$"),
