@@ -199,15 +199,23 @@ def parse_ulysses_degree(text: str) -> int:
     if raw == "auto":
         return AUTO_DEGREE
     try:
-        return int(raw)
+        degree = int(raw)
     except ValueError:
         raise SpecError(f"ulysses_degree {text!r} is neither a whole number nor auto; pass --ulysses-degree 2 "
                         "or --ulysses-degree auto") from None
+    if degree < 0:  # AUTO_DEGREE is auto's value, not a degree to type
+        _refuse_ulysses_degree(degree)
+    return degree
+
+
+def _refuse_ulysses_degree(value: int) -> None:
+    raise SpecError(f"ulysses_degree {value} is negative; pass --ulysses-degree with a positive divisor of the "
+                    "world size, 0 for the largest the heads allow, or auto")
 
 
 def _check_ulysses_degree(name: str, value: int) -> None:
     if value < AUTO_DEGREE:
-        raise SpecError(f"ulysses_degree {value} must be positive; pass --ulysses-degree 1 or more, or auto")
+        _refuse_ulysses_degree(value)
 
 
 # --------------------------------------------------------------------------- checks of one value
@@ -273,6 +281,14 @@ def _check_window(name: str, value: int) -> None:
     if value < 0:
         raise SpecError(f"window {value} must be positive: the keys each query sees, itself included; pass "
                         "--window 4k, or leave it out for none")
+
+
+def _window_takers() -> str:
+    """The variants that take a sliding window (``Variant.takes_window``), as ``a, b and c``."""
+    from ringbench.variants import VARIANTS
+
+    found = [n for n, v in VARIANTS.items() if v.takes_window]
+    return ", ".join(found[:-1]) + " and " + found[-1]
 
 
 def _check_model(name: str, value: str) -> None:
@@ -403,7 +419,8 @@ FIELDS: tuple[Field, ...] = (
           "(flash-attn-4, math)", 0, 0, default_text="head_dim", label="Dv={}", optional=True,
           check=_ZERO_OR_MORE),
     Field("layout", str, "the layout of the sequence over the ranks, for variants that take several (llama3: "
-          "zigzag or contiguous; llama3_varlen: contiguous, or balanced under a causal mask)", "", "",
+          "zigzag or contiguous; llama3_varlen: contiguous, or balanced: each document cut head-tail, which "
+          "balances the causal mask's work; both take either mask)", "", "",
           default_text="the variant's own", optional=True, variant_option=True),
     Field("heads_k_stride", int, "K/V heads gathered at a time by all-gather variants (llama3, llama3_varlen); "
           "while one group computes, the next group's gather is in flight; 0: all of them in one gather", 0, 0,
@@ -432,15 +449,15 @@ FIELDS: tuple[Field, ...] = (
           optional=True,
           check=_one_of(lambda: SINKS)),
     Field("window", int, "a causal sliding window: each query sees this many most recent keys of its sequence or "
-          "document, itself included (query p sees keys p - L + 1 .. p); a size such as 4096 or 4k; taken by ring, "
-          "zigzag, stripe, llama3 and their varlen forms on the flash-attn-4, flash-attn, torch-flash, cpu and math "
-          "kernels", 0, 0,
+          "document, itself included (query p sees keys p - L + 1 .. p); a size such as 4096 or 4k; taken by "
+          f"{_window_takers()} on the flash-attn-4, flash-attn, torch-flash, cpu and math kernels", 0, 0,
           default_text="none", label="window={}", optional=True, variant_option=True, parse=_parse_window,
           check=_check_window),
     Field("ulysses_degree", int, "ranks in each Ulysses group of the Ulysses-ring hybrids (usp, usp_varlen, "
           "yc_usp), which run a ring of world_size / ulysses_degree groups; a divisor of the world size that "
-          "divides heads (and divides kv_heads or is a multiple of it), or auto: one case per factorization of "
-          "the world size", 0, 0, default_text="the largest the heads allow; 0 for the other variants",
+          "divides heads (and divides kv_heads or is a multiple of it), 0: the largest such divisor, or auto: one "
+          "case per factorization of the world size", 0, 0,
+          default_text="the largest the heads allow; 0 for the other variants",
           label="U={}", optional=True, variant_option=True, parse=parse_ulysses_degree, check=_check_ulysses_degree),
     Field("hf_model", str, "check a whole model instead of attention alone: a random-initialised Llama "
           "(llama-tiny: 256 tokens, for CPU; llama-small: 16k tokens, for GPUs) through the Hugging Face "

@@ -159,6 +159,10 @@ def harness(monkeypatch, tmp_path):
     # heads % kv_heads before the Ulysses degree, whose fix would assume heads the rule refuses.
     (["verify", "--variant", "usp", "--world-size", "4", "--ulysses-degree", "4", "--heads", "8", "--kv-heads", "3"],
      r"^heads 8 is not a multiple of kv_heads 3; pass --kv-heads with a divisor of 8, such as 2$"),
+    (["verify", "--variant", "usp", "--ulysses-degree", "-2"],
+     r"^ulysses_degree -2 is negative; pass --ulysses-degree with a positive divisor of the world size, 0 for the "
+     r"largest the heads allow, or auto$"),
+    (["verify", "--variant", "usp", "--ulysses-degree", "-1"], r"^ulysses_degree -1 is negative"),
     # Documents off the per-document multiple are named first, every one, before the seqlen and sum rules.
     (["verify", "--variant", "ring_varlen", "--world-size", "4", "--docs", "102,156", "--seqlen", "258"],
      r"^document 1 has 102 tokens, not a multiple of world_size = 4, which ring_varlen needs for every document; "

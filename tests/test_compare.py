@@ -326,3 +326,21 @@ def test_compare_never_contests_rows_of_different_windows(tmp_path):
     rows = {(r["variant"], r["window"]): r for r in map(json.loads, result.stdout.splitlines())}
     assert rows[("zigzag", 0)]["best"] == ["1024"] and rows[("zigzag", 0)]["vs_best_peer"] == {"1024": 1.2}
     assert rows[("zigzag", 128)]["best"] == [] and rows[("zigzag", 128)]["vs_best_peer"] == {}
+
+
+def test_compare_peer_lists_name_every_peer_family_of_the_registry():
+    """The legend's peers come from the registry (``Variant.peer``), so yunchang's count as ring-flash-attn's
+    do; README's lists of the peers say the same."""
+    from ringbench.compare.render import contest_legend, peer_names
+    from ringbench.compare.pivot import Contest
+    from ringbench.variants import VARIANTS
+
+    names = peer_names()
+    assert names == "torch_cp, rfa_*, yc_*"
+    for name, variant in VARIANTS.items():
+        assert variant.peer == (name in names.split(", ") or f"{name.split('_')[0]}_*" in names.split(", ")), name
+    legend = contest_legend(Contest(winners={(0, 0)}, vs_peer={(0, 0): 1.2}, best_factorization=set()))
+    assert f"against the best peer variant ({names}) there" in legend
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    lists = re.findall(r"[Pp]eers \((torch_cp[^)]*)\)", readme)
+    assert lists and all(found == names for found in lists), lists

@@ -81,3 +81,23 @@ def test_fields_every_option_of_run_and_verify_is_a_row():
         names = {p.name for p in commands[command].params}
         assert {f.name for f in fields.fields_of(command)} <= names
         assert not {f.name for f in fields.FIELDS if command not in f.commands} & names
+
+
+def test_fields_help_says_who_takes_an_option_and_what_its_values_mean():
+    """--window names every variant that takes one (the registry's ``takes_window``: the Ulysses ones
+    too), --layout does not tie balanced to a causal mask, which it runs without too, and
+    --ulysses-degree says what 0 is, as CONTRACTS.md does."""
+    from ringbench.spec import validate
+    from ringbench.variants import VARIANTS
+
+    window = fields.BY_NAME["window"].help
+    takers = [n for n, v in VARIANTS.items() if v.takes_window]
+    assert {"ulysses", "ulysses_varlen", "usp", "usp_varlen"} <= set(takers)
+    assert all(re.search(rf"\b{n}\b", window) for n in takers), window
+    assert not any(re.search(rf"\b{n}\b", window) for n, v in VARIANTS.items() if not v.takes_window), window
+    layout = fields.BY_NAME["layout"].help
+    assert "balanced under a causal mask" not in layout and "either mask" in layout, layout
+    spec = CaseSpec.from_dict({"task": "verify", "variant": "llama3_varlen", **default_fields("cpu", 0),
+                               "layout": "balanced", "causal": False, "docs": "100,156", "seqlen": 256})
+    validate(spec, visible_gpus=0)
+    assert "0: the largest such divisor" in fields.BY_NAME["ulysses_degree"].help

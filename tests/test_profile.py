@@ -274,3 +274,16 @@ def test_profile_cuda_events_of_an_emulated_zigzag(solo_group):
         assert p["kernel_ms"] > 0 and p["comm_ms"] > 0 and p["other_ms"] >= -1e-3
         assert p["kernel_ms"] + p["merge_ms"] + p["comm_ms"] <= p["wall_ms"] * (1 + 1e-6)
     assert 0 < fields["efficiency_bound"] <= 1.2 and fields["peak_allocated_gib"] > 0
+
+
+def test_contracts_say_only_the_peers_report_no_spans():
+    """per_rank_busy_ms is null where a variant reports no spans: the peers; ringbench's own engines,
+    llama3 and llama3_varlen among them, report theirs (the gloo test above profiles both)."""
+    from pathlib import Path
+
+    from ringbench.variants import VARIANTS
+
+    text = (Path(__file__).parents[1] / "ringbench" / "CONTRACTS.md").read_text(encoding="utf-8")
+    entry = text[text.index("per_rank_busy_ms    spec.profile only"):text.index("busy_imbalance      max / min")]
+    assert "the peers" in entry
+    assert not [n for n, v in VARIANTS.items() if not v.peer and re.search(rf"\b{n}\b", entry)], entry

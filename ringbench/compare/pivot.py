@@ -103,7 +103,7 @@ def pivot(frame: "pandas.DataFrame", *, metric: str = "tflops", x: str = "seqlen
 @dataclass
 class Contest:
     """Who wins each column among rows that differ only in their variant, and how each of
-    ringbench's variants stands against the best peer (``Variant.peer``: torch_cp, rfa_*).
+    ringbench's variants stands against the best peer (``Variant.peer``: torch_cp, rfa_*, yc_*).
 
     Attributes:
         winners: (row, column) positions holding the best value of their group and column.

@@ -30,13 +30,25 @@ def _cell(p: Pivot, c: Contest, i: int, j: int, value: Any) -> str:
     return text + ("*" if (i, j) in c.winners else " ")
 
 
+def peer_names() -> str:
+    """The peer variants (``Variant.peer``), a family of several sharing a prefix as one
+    (``torch_cp, rfa_*, yc_*``)."""
+    from ringbench.variants import VARIANTS
+
+    families: dict[str, list[str]] = {}
+    for name, variant in VARIANTS.items():
+        if variant.peer:
+            families.setdefault(name.split("_")[0], []).append(name)
+    return ", ".join(names[0] if len(names) == 1 else f"{prefix}_*" for prefix, names in families.items())
+
+
 def contest_legend(c: Contest) -> str | None:
     """The line that explains the marks, or ``None`` when there are none."""
     if not c.winners and not c.best_factorization:
         return None
     legend = "* best of the variants (and their options) that share every other field" if c.winners else ""
     if c.vs_peer:
-        legend += "; ×N: against the best peer variant (torch_cp, rfa_*) there, above 1 is better"
+        legend += f"; ×N: against the best peer variant ({peer_names()}) there, above 1 is better"
     if c.best_factorization:
         legend += ("; " if legend else "") + "† best Ulysses x ring factorization (ulysses_degree) of its variant"
     return legend

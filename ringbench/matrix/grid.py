@@ -12,7 +12,8 @@ from ringbench.errors import SpecError
 CLASSES = ("correct", "mismatch", "unsupported", "oom", "timeout", "error")
 #: What each class means (the README, the Markdown and ``--help`` say the same).
 CLASS_MEANING = {
-    "correct": "every check passed: out, lse, dq, dk and dv within verify's tolerance of float64 attention; "
+    "correct": "every check passed: out, lse, dq, dk and dv within verify's tolerance of float64 attention, "
+               "and dsink with a learnable sink within it of the gradient the variant's own out and lse imply; "
                "the number is the worst tensor's error over its allowance",
     "mismatch": "a check failed; the cell names the worst tensor and its error over its allowance (×12: twelve "
                 "times what is allowed)",
