@@ -277,7 +277,7 @@ def test_profile_cuda_events_of_an_emulated_zigzag(solo_group):
 
 
 def test_contracts_say_only_the_peers_report_no_spans():
-    """per_rank_busy_ms is null where a variant reports no spans: the peers; ringbench's own engines,
+    """per_rank_busy_ms is null where a variant reports no kernel spans: the peers; ringbench's own engines,
     llama3 and llama3_varlen among them, report theirs (the gloo test above profiles both)."""
     from pathlib import Path
 
