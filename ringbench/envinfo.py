@@ -1,4 +1,5 @@
-"""The environment a record was measured in: versions, device, topology, git commit."""
+"""The environment a record was measured in: versions, device, topology, git commit; and the one
+settling of that environment every worker makes first (:func:`warm_cpu_math`)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,22 @@ def collect(kernel: str | None = None) -> dict:
     except Exception:  # absent or broken: the record says so by null
         pass
     return env
+
+
+def warm_cpu_math() -> None:
+    """Call torch's CPU float functions once each on a tiny tensor, before any multi-threaded use.
+
+    The first call of a float unary op on CPU can race with itself across threads and return
+    low-precision values (pytorch/pytorch#188792, MKL VML's first-call dispatch): with two threads,
+    a first ``torch.logsumexp`` over a float64 block was off by 1e-9 in about one process in four,
+    enough to fail a float64 check. A call on a tiny tensor runs on one thread and settles it.
+    """
+    import torch
+
+    for dtype in (torch.float32, torch.float64):
+        x = torch.linspace(-2.0, 2.0, 12, dtype=dtype).view(3, 4)
+        for fn in (torch.exp, torch.log1p, torch.expm1, torch.sigmoid, torch.tanh):
+            fn(x)
+        torch.log(x.abs() + 1)
+        torch.logsumexp(x, -1), torch.logsumexp(x.t(), -1), torch.softmax(x, -1), torch.logaddexp(x, x)
+

@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     cases = [CaseSpec.from_dict(c) for c in payload["cases"]]
     _mark(int(os.environ.get("RANK", "0")), "init_process_group")
     device = _init(cases[0].device)
+    envinfo.warm_cpu_math()
     rank = dist.get_rank()
     _mark(rank, "ready")
     writer = _record_writer()

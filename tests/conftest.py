@@ -24,6 +24,11 @@ if str(TESTS) not in sys.path:
 # the CLI's subprocesses and their torchrun workers inherit it.
 os.environ["RINGBENCH_TEST_VARIANTS"] = "1"
 
+# In-process checks settle torch's first-call CPU math as the workers do (pytorch/pytorch#188792).
+from ringbench.envinfo import warm_cpu_math  # noqa: E402
+
+warm_cpu_math()
+
 
 @pytest.fixture
 def solo_group(tmp_path):

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ringbench.check import tolerance_check
+from ringbench.envinfo import warm_cpu_math
 from ringbench.variants import get_variant, layouts
 from ringbench.variants.kernels import KERNELS, get_kernel
 
@@ -203,6 +204,7 @@ def drive(doc: str, run: Callable[[dict], dict | None], start: Callable[[dict, i
     dist.init_process_group("gloo", timeout=timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(rank0_threads if rank == 0 else 1)
+    warm_cpu_math()  # as ringbench's worker does (pytorch/pytorch#188792)
     with open(args.cases) as fh:
         cases = json.load(fh)
     try:
