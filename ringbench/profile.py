@@ -96,7 +96,7 @@ def record_fields(per_rank: list[dict | None]) -> dict:
     busy = [p["busy_ms"] for p in per_rank]
     # Busy time needs the kernel calls: a peer whose transfers alone pass through ringbench's
     # communicator shows comm spans but no kernel, and its busy time would read 0.
-    reported = all(p.get("kernel_calls_per_iteration", p["spans_per_iteration"]) > 0 for p in per_rank)
+    reported = all(p["kernel_calls_per_iteration"] > 0 for p in per_rank)
     return {
         "profile": {"clock": per_rank[0]["clock"], "iters": per_rank[0]["iters"],
                     "per_rank": [{"rank": r, **{k: v for k, v in p.items() if k != "clock"}}

@@ -344,12 +344,12 @@ def resolve(spec: CaseSpec) -> CaseSpec:
 
 def _doc_multiple(spec: CaseSpec) -> int:
     """The multiple every document length must be for ``spec``'s variant (1: any length)."""
-    from ringbench.variants import VARIANTS, LAYOUT_CHUNKS
+    from ringbench.variants import VARIANTS
 
     variant = VARIANTS.get(spec.variant)
     if variant is None or not variant.shard_by_document:
         return 1
-    return LAYOUT_CHUNKS[variant.layout] * spec.world_size
+    return variant.seqlen_multiple(spec.world_size)
 
 
 def draw_docs(kind: str, params: Mapping[str, float], seqlen: int, seed: int, multiple: int = 1) -> list[int]:

@@ -324,21 +324,6 @@ class Variant:
             return document_rule(docs, world_size, self.layout, self.name)
         return None
 
-    def check_doc_pad(self, doc_pad: int, padded, world_size: int) -> str | None:
-        """Why ``--doc-pad doc_pad`` (documents padded to lengths ``padded``) leaves a document
-        this variant cannot cut at ``world_size``, or ``None``: a document-sharded variant needs
-        every padded length a multiple of ``LAYOUT_CHUNKS[layout] * W``, which a pad of a multiple
-        of it always gives (a ``--seqlen`` change cannot)."""
-        if not self.shard_by_document or document_rule(padded, world_size, self.layout, self.name) is None:
-            return None
-        n = LAYOUT_CHUNKS[self.layout] * world_size
-        rule = f"2 * world_size = {n}" if LAYOUT_CHUNKS[self.layout] == 2 else f"world_size = {n}"
-        bad = next(i for i, d in enumerate(padded) if d % n)
-        fit = -(-doc_pad // n) * n
-        return (f"doc_pad {doc_pad} pads document {bad + 1} to {padded[bad]} tokens, not a multiple of {rule}, "
-                f"which {self.name} needs for every document; pass a --doc-pad that is a multiple of {n}, "
-                f"such as {fit}, with the --seqlen the padded documents fill")
-
     @property
     def attention(self) -> Callable:
         """The variant's attention function (imports its module, and so torch).
