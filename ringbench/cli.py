@@ -1,8 +1,8 @@
 """The ``ringbench`` command line: ``run``, ``verify``, ``compare``, ``matrix`` and ``variants``.
 
-The commands only: their case options come from the field table (``ringbench.options``),
-case building and the sweep from ``ringbench.sweep``, tables from ``ringbench.report`` and
-``ringbench.compare``. Every check that needs no GPU happens before any process starts; a
+The commands only: their case options come from the field table (``ringbench.case.options``),
+case building and the sweep from ``ringbench.sweep.run``, tables from ``ringbench.present.report`` and
+``ringbench.present.compare``. Every check that needs no GPU happens before any process starts; a
 bad input prints one red sentence on stderr and exits 2. Torch and the harness modules are
 imported inside the commands, so ``ringbench --help`` is instant.
 
@@ -22,11 +22,12 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from ringbench import __version__, options
+from ringbench import __version__
+from ringbench.case import options
 from ringbench.errors import RingbenchError, SpecError
-from ringbench.fields import plural
-from ringbench.options import (JSON_HELP, JUNIT_HELP, NNODES_HELP, NODE_RANK_HELP, OUT_HELP, RDZV_ENDPOINT_HELP,
-                               RDZV_ID_HELP, RESUME_HELP, SCENARIO_HELP, TIMEOUT_HELP, YES_HELP)
+from ringbench.case.fields import plural
+from ringbench.case.options import (JSON_HELP, JUNIT_HELP, NNODES_HELP, NODE_RANK_HELP, OUT_HELP, RDZV_ENDPOINT_HELP,
+                                    RDZV_ID_HELP, RESUME_HELP, SCENARIO_HELP, TIMEOUT_HELP, YES_HELP)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -145,10 +146,10 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
            yes: bool = False) -> None:
     """Build the cases of a run or verify command, sweep them, print the tables; exits.
 
-    ``launcher`` is the typer context's object: ``None`` (``ringbench.launch``, torchrun) unless
+    ``launcher`` is the typer context's object: ``None`` (``ringbench.sweep.launch``, torchrun) unless
     a caller such as a test passes another one (``app(obj=...)``).
     """
-    from ringbench import sweep
+    from ringbench.sweep import build, run as sweep
 
     with _usage_errors():
         timeout_s = options.check_timeout(timeout)
@@ -158,9 +159,9 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
             raise SpecError(f"--resume reads the records, which only node 0 has, so it cannot run over nnodes "
                             f"{nnodes}; rerun the missing cases without --resume")
         model = case.pop("hf_model", None)
-        cases, skipped = sweep.cases_for(task, case, scenario=scenario, model=model, nnodes=nnodes)
+        cases, skipped = build.cases_for(task, case, scenario=scenario, model=model, nnodes=nnodes)
         options.check_out(out, junit_xml)
-    from ringbench.results import warnings_on_stderr
+    from ringbench.records.store import warnings_on_stderr
 
     with warnings_on_stderr():  # a damaged line of the results file: one sentence, no Python source
         outcome = sweep.run_sweep(cases, task=task, out=out, timeout_s=timeout_s, resume=resume, nodes=node_args,
@@ -176,7 +177,7 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
 def _profiles(found: list[dict], out: Path, *, json_out: bool) -> None:
     """After a ``run --profile``: the breakdown tables (not with --json, whose records hold them) and a
     stacked-bar plot per profiled case next to the results (ringbench/profile.py)."""
-    from ringbench import profile
+    from ringbench.present import profile
 
     if not profile.profiled(found):
         return
@@ -187,7 +188,7 @@ def _profiles(found: list[dict], out: Path, *, json_out: bool) -> None:
 
 
 def _report(task: str, found: list[dict], *, json_out: bool, junit_xml: Optional[Path]) -> None:
-    from ringbench import report
+    from ringbench.present import report
 
     if json_out:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in found))
@@ -245,7 +246,7 @@ def compare(
     """Turn results into a pivot table, a plot, or a regression verdict (exit 1 on a regression)."""
     err = Console(stderr=True, soft_wrap=True)
     with _usage_errors():
-        from ringbench import compare as cmp
+        from ringbench.present import compare as cmp
         if baseline or candidate:
             given = [name for name, value in (("result paths", paths), ("--x", x), ("--by", by),
                                               ("--plot", plot), ("--markdown", markdown),
@@ -300,8 +301,8 @@ def variants_command(
                                   "the table."),
 ) -> None:
     """List the variants: layout, form, mask, the kernels they take, and whether they can run here (why not)."""
-    from ringbench.formatting import compact_table
-    from ringbench.spec import detect_device
+    from ringbench.present.formatting import compact_table
+    from ringbench.case.spec import detect_device
     from ringbench.variants import VARIANTS, list_variants
 
     device, _ = detect_device()
@@ -392,7 +393,8 @@ def matrix_command(
     """Verify every implementation on every mask, dtype and shape, and publish what each gets right."""
     import os
 
-    from ringbench import matrix as mx
+    from ringbench.present import matrix as mx_render
+    from ringbench.sweep import matrix as mx
 
     if test_variants:
         os.environ["RINGBENCH_TEST_VARIANTS"] = "1"  # torchrun's workers inherit it
@@ -404,12 +406,12 @@ def matrix_command(
     code = mx.run(grid, out=out, timeout_s=timeout_s, resume=resume, launcher=ctx.obj, yes=yes)
     if code:
         raise typer.Exit(code)
-    paths = mx.write(grid, out)
+    paths = mx_render.write(grid, out)
     if json_out:
-        sys.stdout.write("".join(json.dumps(mx.cell_object(c)) + "\n" for c in grid.cells))
+        sys.stdout.write("".join(json.dumps(mx_render.cell_object(c)) + "\n" for c in grid.cells))
         sys.stdout.flush()
     else:
-        mx.print_summary(grid, Console())
+        mx_render.print_summary(grid, Console())
     _note(f"{plural(len(grid.cells), 'cell')} written to {paths['md']}, {paths['png']} and {paths['jsonl']}")
     raise typer.Exit(EXIT_OK)
 

@@ -25,7 +25,7 @@ if str(TESTS) not in sys.path:
 os.environ["RINGBENCH_TEST_VARIANTS"] = "1"
 
 # In-process checks settle torch's first-call CPU math as the workers do (pytorch/pytorch#188792).
-from ringbench.envinfo import warm_cpu_math  # noqa: E402
+from ringbench.records.envinfo import warm_cpu_math  # noqa: E402
 
 warm_cpu_math()
 

@@ -93,7 +93,7 @@ def run_torchrun(world_size: int, args: list[str], *, timeout_s: float, env: dic
     Returns:
         (return code, whether it passed ``timeout_s`` and was killed with its workers, its output).
     """
-    from ringbench.launch import free_port
+    from ringbench.sweep.launch import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world_size),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *args]

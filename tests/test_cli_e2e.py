@@ -27,7 +27,7 @@ from ringbench.variants import list_variants
 @pytest.mark.dist
 @pytest.mark.slow
 def test_cli_e2e_verify_smoke_passes_every_case(tmp_path):
-    from ringbench.scenarios import load_scenario
+    from ringbench.case.scenarios import load_scenario
 
     cases = load_scenario("smoke").cases("verify", "cpu")
     assert len(cases) > 0
@@ -104,7 +104,7 @@ def test_cli_e2e_refused_case_starts_nothing(tmp_path, args, message):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_cli_e2e_sweep_killed_then_resumed_keeps_one_ok_record_per_case(tmp_path):
-    from ringbench.scenarios import load_scenario
+    from ringbench.case.scenarios import load_scenario
 
     scenario = tmp_path / "kill.toml"
     scenario.write_text(SLOW_SWEEP)
@@ -163,7 +163,7 @@ def test_cli_e2e_a_killed_rank_shows_its_root_cause_not_torchruns_dump(tmp_path)
             assert proc.poll() is None and time.monotonic() < deadline, "the case never started"
             time.sleep(0.05)
         (rank1,) = [int(line.split(":")[0]) for line in _live_cmdlines_with(str(out / "logs"))
-                    if "ringbench.worker" in line and _env_of(int(line.split(":")[0])).get("RANK") == "1"]
+                    if "ringbench.rank.worker" in line and _env_of(int(line.split(":")[0])).get("RANK") == "1"]
         os.kill(rank1, signal.SIGKILL)
         _, stderr = proc.communicate(timeout=COMMAND_TIMEOUT_S)
     finally:
@@ -176,7 +176,7 @@ def test_cli_e2e_a_killed_rank_shows_its_root_cause_not_torchruns_dump(tmp_path)
     assert re.match(rf"rank 1/2 was killed by SIGKILL \(signal 9, pid {rank1}\) and left no error file", record["reason"])
     assert "\n" not in record["reason"]
     assert f"launch at world_size 2 on cpu failed: {record['reason']}" in stderr
-    for raw in ("Root Cause", "ringbench.worker FAILED", "=====", "error_file", "traceback :"):
+    for raw in ("Root Cause", "ringbench.rank.worker FAILED", "=====", "error_file", "traceback :"):
         assert raw not in stderr  # torchrun's dump
     (log,) = out.glob("logs/*/*/torchrun.stderr.log")
     assert "Root Cause (first observed failure)" in log.read_text()

@@ -38,8 +38,8 @@ class FakeLauncher:
         self.outcome, self.timed_out, self.failure = outcome, timed_out, failure
 
     def launch(self, cases, *, world_size, device, results_path, run_id, timeout_s, on_poll=None):
-        from ringbench import records, results
-        from ringbench.spec import CaseSpec
+        from ringbench.records import build as records, store as results
+        from ringbench.case.spec import CaseSpec
 
         self.launches.append({"cases": cases, "world_size": world_size, "device": device, "timeout_s": timeout_s})
         for case in cases:
@@ -278,7 +278,7 @@ def test_cli_verify_takes_a_shape_without_a_scenario(harness, tmp_path):
 
 
 def test_cli_run_and_verify_take_the_same_case_options():
-    from ringbench.fields import FIELDS
+    from ringbench.case.fields import FIELDS
 
     import typer.main
 
@@ -341,7 +341,7 @@ def test_cli_launcher_crash_is_recorded_not_raised(harness, tmp_path):
 
 
 def test_cli_resume_skips_cases_with_an_ok_record(harness, tmp_path):
-    from ringbench.spec import CaseSpec
+    from ringbench.case.spec import CaseSpec
 
     args = ["verify", "--variant", "ring", "--variant", "zigzag", "--world-size", "2", "--out", str(tmp_path), "--json"]
     assert invoke(args, harness).exit_code == 0
@@ -382,8 +382,8 @@ def test_cli_ctrl_c_keeps_records_and_prints_the_resume_command(harness, tmp_pat
 
 
 def test_cli_timeout_default_is_scaled_to_the_launch(harness, tmp_path):
-    from ringbench.spec import CaseSpec
-    from ringbench.sweep import default_timeout_s
+    from ringbench.case.spec import CaseSpec
+    from ringbench.sweep.run import default_timeout_s
 
     assert invoke(["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path)], harness).exit_code == 0
     assert invoke(["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path),

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ringbench import compare
+from ringbench.present import compare
 from ringbench.cli import app
-from ringbench.results import append_record
-from ringbench.spec import CaseSpec
+from ringbench.records.store import append_record
+from ringbench.case.spec import CaseSpec
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "2026-11-30-h200x2" / "llama3-8b.first.jsonl"
@@ -331,8 +331,8 @@ def test_compare_never_contests_rows_of_different_windows(tmp_path):
 def test_compare_peer_lists_name_every_peer_family_of_the_registry():
     """The legend's peers come from the registry (``Variant.peer``), so yunchang's count as ring-flash-attn's
     do; README's lists of the peers say the same."""
-    from ringbench.compare.render import contest_legend, peer_names
-    from ringbench.compare.pivot import Contest
+    from ringbench.present.compare.render import contest_legend, peer_names
+    from ringbench.present.compare.pivot import Contest
     from ringbench.variants import VARIANTS
 
     names = peer_names()

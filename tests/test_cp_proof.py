@@ -18,8 +18,9 @@ import torch
 from rich.console import Console
 
 from helpers import read_jsonl, ringbench
-from ringbench import check, report
-from ringbench.spec import CaseSpec, default_fields, resolve
+from ringbench.rank import check
+from ringbench.present import report
+from ringbench.case.spec import CaseSpec, default_fields, resolve
 from ringbench.variants import get_variant
 
 NO_CROSSING = "no document crosses a rank boundary, so no rank needs another's K/V"

@@ -21,9 +21,11 @@ import torch
 from rich.console import Console
 
 from helpers import read_jsonl, ringbench
-from ringbench import check, fields, report
+from ringbench.rank import check
+from ringbench.case import fields
+from ringbench.present import report
 from ringbench.errors import SpecError
-from ringbench.spec import CaseSpec, default_fields, resolve
+from ringbench.case.spec import CaseSpec, default_fields, resolve
 from ringbench.variants.kernels import KERNELS
 
 # --------------------------------------------------------------------------- the bit comparison

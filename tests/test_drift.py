@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringbench import check, report
-from ringbench.spec import CaseSpec, default_fields, resolve_docs, validate
-from ringbench.variants import observe
+from ringbench.rank import check
+from ringbench.present import report
+from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
+from ringbench.variants.instruments import observe
 
 from helpers import torchrun_cases
 

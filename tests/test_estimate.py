@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers import CLI_ENV, ringbench
-from ringbench import estimate, sweep
+from ringbench.sweep import estimate, build, run as sweep
 from ringbench.cli import app
 
 runner = CliRunner(env=CLI_ENV)
@@ -27,8 +27,8 @@ class Recorder:
         self.launches: list[dict] = []
 
     def launch(self, cases, *, world_size, device, results_path, run_id, timeout_s, on_poll=None):
-        from ringbench import records, results
-        from ringbench.spec import CaseSpec
+        from ringbench.records import build as records, store as results
+        from ringbench.case.spec import CaseSpec
 
         self.launches.append({"world_size": world_size, "cases": cases})
         for case in cases:
@@ -93,7 +93,7 @@ def test_estimate_a_world_size_the_machine_cannot_hold_is_refused_unless_yes(mac
 
 def test_estimate_grows_with_the_flops_and_counts_each_launch(machine):
     def cases(**given):
-        return sweep.cases_for("run", {"variant": ["zigzag"], "device": "cpu", **given})[0]
+        return build.cases_for("run", {"variant": ["zigzag"], "device": "cpu", **given})[0]
 
     small, big = cases(seqlen=16384), cases(seqlen=32768)
     work = estimate.case_seconds(big[0]) - estimate.CASE_OVERHEAD_S
@@ -108,7 +108,7 @@ def test_estimate_grows_with_the_flops_and_counts_each_launch(machine):
 
 
 def test_estimate_eta_shows_from_the_first_case_and_follows_the_pace():
-    cases = sweep.cases_for("run", {"variant": ["ring", "zigzag"], "device": "cpu", "seqlen": 1024})[0]
+    cases = build.cases_for("run", {"variant": ["ring", "zigzag"], "device": "cpu", "seqlen": 1024})[0]
     est = estimate.Estimate(case_s=[10.0, 10.0], launch_s={(2, "cpu"): 5.0})
     now = [100.0]
     eta = sweep._Eta(cases, est, clock=lambda: now[0])
@@ -148,7 +148,7 @@ def test_estimate_an_emulated_run_is_one_process_holding_every_ranks_shards(mach
     machine.setattr(estimate, "available_bytes", lambda: 2 * 10 ** 9)
 
     def case(**given):
-        return sweep.cases_for("run", {"variant": ["zigzag"], "device": "cpu", "seqlen": 2048, "world_size": 64,
+        return build.cases_for("run", {"variant": ["zigzag"], "device": "cpu", "seqlen": 2048, "world_size": 64,
                                        **given})[0]
 
     emulated, real = case(emulate=True), case()
@@ -164,7 +164,7 @@ def test_estimate_an_emulated_run_is_one_process_holding_every_ranks_shards(mach
 def test_estimate_memory_counts_the_value_head_dim(machine):
     """`verify --head-dim 48 --head-dim-v 100000` needs as much as values of 100000 wide, and is refused."""
     def case(**given):
-        return sweep.cases_for("verify", {"variant": ["zigzag"], "device": "cpu", "seqlen": 512, "world_size": 2,
+        return build.cases_for("verify", {"variant": ["zigzag"], "device": "cpu", "seqlen": 512, "world_size": 2,
                                           "head_dim": 48, **given})[0]
 
     machine.setattr(estimate, "available_bytes", lambda: 8 * 10 ** 9)

@@ -43,7 +43,7 @@ class Result:
 
 
 class Launcher:
-    """Stands in for ``ringbench.launch``: each launch writes the records its cases get from
+    """Stands in for ``ringbench.sweep.launch``: each launch writes the records its cases get from
     ``outcome(case, launch_number)`` (None: the case never reports) and returns ``result(n)``."""
 
     def __init__(self, outcome=lambda case, n: "ok", result=lambda n: None, during=None):
@@ -51,8 +51,8 @@ class Launcher:
         self.launches: list[list[str]] = []
 
     def launch(self, cases, *, world_size, device, results_path, run_id, timeout_s, on_poll=None, **nodes):
-        from ringbench import records, results
-        from ringbench.spec import CaseSpec
+        from ringbench.records import build as records, store as results
+        from ringbench.case.spec import CaseSpec
 
         n = len(self.launches)
         self.launches.append([c["variant"] for c in cases])
@@ -155,7 +155,7 @@ def _worker_pids(needle: str, rank: int) -> list[int]:
     pids = []
     for line in live_cmdlines_with(needle):
         pid, cmd = line.split(": ", 1)
-        if "ringbench.worker" not in cmd:
+        if "ringbench.rank.worker" not in cmd:
             continue
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

@@ -151,7 +151,7 @@ def test_faults_without_the_test_variable_a_fault_variant_is_unknown(tmp_path, m
 @pytest.mark.slow
 def test_faults_two_nodes_on_localhost_write_one_record(tmp_path):
     """Two torchrun agents on localhost act as two nodes, one rank each (gloo)."""
-    from ringbench.launch import free_port
+    from ringbench.sweep.launch import free_port
 
     out = tmp_path / "out"
     endpoint = f"127.0.0.1:{free_port()}"
@@ -178,7 +178,7 @@ def test_faults_two_nodes_on_localhost_write_one_record(tmp_path):
 
 
 def test_faults_refusals_of_results_that_cannot_be_true():
-    from ringbench.bench import refusal
+    from ringbench.rank.bench import refusal
 
     assert refusal(tflops=1200.0, peak=989.0, bytes_sent=1, world_size=2, variant="ring") == (
         "measured 1200 TFLOP/s per GPU exceeds the dense peak of 989 TFLOP/s from ringbench's datasheet table; "
@@ -190,8 +190,8 @@ def test_faults_refusals_of_results_that_cannot_be_true():
 
 
 def test_faults_timeout_default_scales_with_the_case():
-    from ringbench.sweep import default_timeout_s
-    from ringbench.spec import CaseSpec, default_fields
+    from ringbench.sweep.run import default_timeout_s
+    from ringbench.case.spec import CaseSpec, default_fields
 
     small = CaseSpec.from_dict({**default_fields("cpu", 0), "task": "run", "variant": "ring", "kernel": "cpu",
                                 "seqlen": 256})

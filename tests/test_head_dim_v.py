@@ -12,7 +12,7 @@ import pytest
 from helpers import read_jsonl, ringbench, slow_when
 
 from ringbench.errors import SpecError
-from ringbench.spec import CaseSpec, validate
+from ringbench.case.spec import CaseSpec, validate
 
 BATCH = ("ring", "zigzag", "stripe", "llama3")
 VARLEN = ("ring_varlen", "zigzag_varlen", "llama3_varlen")

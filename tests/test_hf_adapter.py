@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ringbench.adapters import cp
 from ringbench.cli import app
-from ringbench.variants import layouts
+from ringbench.variants.engines import layouts
 
 transformers = pytest.importorskip("transformers")
 from ringbench.adapters import hf  # noqa: E402  (needs transformers)
@@ -95,7 +95,7 @@ def test_register_names_the_implementation_and_refuses_bad_setups():
 
 
 def _tiny(attn: str):
-    from ringbench.models import load_model
+    from ringbench.case.models import load_model
 
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**load_model("llama-tiny").config)).double()

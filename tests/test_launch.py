@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from helpers import live_cmdlines_with as _live_cmdlines_with
-from ringbench import launch as launch_mod
-from ringbench import results
-from ringbench.launch import launch
+from ringbench.sweep import launch as launch_mod
+from ringbench.records import store as results
+from ringbench.sweep.launch import launch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,11 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 # (rank 1 raises, rank 0 waits as a peer blocked in a collective would), "hang" (every rank
 # sleeps; the rank named by ignore_term_rank also ignores SIGTERM, like a rank stuck in a
 # C call, so only SIGKILL stops it), "die" (rank 1 is killed by SIGKILL, as the kernel's
-# out-of-memory killer does; rank 0 waits). Like ringbench.worker, it dies with its torchrun.
+# out-of-memory killer does; rank 0 waits). Like ringbench.rank.worker, it dies with its torchrun.
 FAKE_WORKER = '''
 import argparse, json, os, signal, sys, time
-from ringbench import results
-from ringbench.launch import die_with_torchrun
+from ringbench.records import store as results
+from ringbench.rank.lifeline import die_with_torchrun
 
 die_with_torchrun()
 

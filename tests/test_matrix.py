@@ -17,9 +17,10 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers import CLI_ENV, read_jsonl
-from ringbench import fields
+from ringbench.case import fields
 from ringbench.errors import SpecError
-from ringbench import matrix as mx
+from ringbench.present import matrix as mx_render
+from ringbench.sweep import matrix as mx
 from ringbench.cli import app
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
@@ -127,14 +128,14 @@ def _record(status, *, variant="ring", reason=None, ratios=None):
 
 
 def test_the_picture_names_what_a_refusal_is_about():
-    assert mx.refusal_topic(mx.NO_WINDOW) == "no field"
-    assert mx.refusal_topic("seqlen 510 is not a multiple of 2 * world_size = 4, which zigzag needs; use 512") == "length"
-    assert mx.refusal_topic("document 0 has 129 tokens, not a multiple of world_size = 2, which ring_varlen "
+    assert mx_render.refusal_topic(mx.NO_WINDOW) == "no field"
+    assert mx_render.refusal_topic("seqlen 510 is not a multiple of 2 * world_size = 4, which zigzag needs; use 512") == "length"
+    assert mx_render.refusal_topic("document 0 has 129 tokens, not a multiple of world_size = 2, which ring_varlen "
                             "needs; make it 130") == "doc length"
-    assert mx.refusal_topic("kernel auto found no kernel on cuda for head_dim 128 and dtype fp32 (dtype fp32 is not "
+    assert mx_render.refusal_topic("kernel auto found no kernel on cuda for head_dim 128 and dtype fp32 (dtype fp32 is not "
                             "supported by the torch-flash kernel, which takes bf16 and fp16)") == "dtype"
-    assert mx.refusal_topic("head_dim 256 exceeds 128, the largest the cudnn kernel takes") == "head dim"
-    assert mx.refusal_topic("RuntimeError: something a peer said") == "n/a"
+    assert mx_render.refusal_topic("head_dim 256 exceeds 128, the largest the cudnn kernel takes") == "head dim"
+    assert mx_render.refusal_topic("RuntimeError: something a peer said") == "n/a"
 
 
 def test_classify_every_status():
@@ -148,7 +149,7 @@ def test_classify_every_status():
     drift["checks"][1].update(passed=False, shadow_passed=False, shadow_ratio=28.0)
     assert mx.classify(drift)[2] == {"tensor": "dq", "ratio": 28.0, "rule": "blocks"}
     cell = mx.Cell("ring", 2, ["fp16"], klass="mismatch", worst=mx.classify(drift)[2])
-    assert mx.cell_text(cell) == "mismatch dq ×28.0 blocks" and mx.cell_text(cell, short=True) == "dq ×28.0 blocks"
+    assert mx_render.cell_text(cell) == "mismatch dq ×28.0 blocks" and mx_render.cell_text(cell, short=True) == "dq ×28.0 blocks"
     assert mx.classify(_record("fail", ratios={"out": float("nan")}))[2]["ratio"] == float("inf")
     cp = mx.classify(_record("fail", reason="context parallelism was not active", ratios={"out": 0.5}))
     assert cp[:2] == ("mismatch", "context parallelism was not active")
@@ -185,7 +186,7 @@ def _classified_grid():
 def test_markdown_png_and_cell_objects(tmp_path):
     grid = _classified_grid()
     env = {"torch": "2.13.0+cpu", "git_commit": "0123456789abcdef-dirty", "cpu": "x86_64"}
-    paths = mx.write(grid, tmp_path / "m", env)
+    paths = mx_render.write(grid, tmp_path / "m", env)
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = paths["md"].read_text()
     assert "torch 2.13.0+cpu · commit 0123456-dirty" in text
@@ -205,13 +206,13 @@ def test_markdown_png_and_cell_objects(tmp_path):
 # --------------------------------------------------------------------------- a real CPU matrix
 
 class CountingLauncher:
-    """ringbench.launch (real torchrun), noting the variants of every launch it is asked for."""
+    """ringbench.sweep.launch (real torchrun), noting the variants of every launch it is asked for."""
 
     def __init__(self):
         self.launches: list[list[str]] = []
 
     def launch(self, cases, **kwargs):
-        from ringbench import launch
+        from ringbench.sweep import launch
 
         self.launches.append([c["variant"] for c in cases])
         return launch.launch(cases, **kwargs)
@@ -292,7 +293,7 @@ def test_correct_says_dsink_is_checked_too_and_readme_points_at_its_picture(tmp_
     from pathlib import Path
 
     assert "dsink with a learnable sink" in mx.CLASS_MEANING["correct"]
-    text = mx.write(_classified_grid(), tmp_path / "m", {})["md"].read_text()
+    text = mx_render.write(_classified_grid(), tmp_path / "m", {})["md"].read_text()
     assert "| correct | every check passed: out, lse, dq, dk and dv" in text and "dsink with a learnable sink" in text
     readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("## The matrix"):readme.index("## A real model")]

@@ -22,7 +22,7 @@ import zlib
 import pytest
 import torch
 
-from ringbench.variants import merge
+from ringbench.variants.engines import merge
 
 pytestmark = pytest.mark.gpu
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ringbench.variants import merge
+from ringbench.variants.engines import merge
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="Triton is not installed here, so its interpreter cannot run")

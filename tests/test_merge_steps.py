@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ringbench.variants import merge
-from ringbench.variants.merge import add_step, merge_, merge_path, merge_step
+from ringbench.variants.engines import merge
+from ringbench.variants.engines.merge import add_step, merge_, merge_path, merge_step
 
 #: (B, S, H, D) with awkward sizes.
 SHAPES = [(1, 12, 3, 16), (2, 9, 2, 24)]

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ringbench.cli import app
-from ringbench.results import append_record
-from ringbench.spec import CaseSpec
+from ringbench.records.store import append_record
+from ringbench.case.spec import CaseSpec
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
 
@@ -94,7 +94,7 @@ def test_docs_messages_count_documents_from_1(docs, message):
 
 
 def test_docs_take_empty_documents():
-    from ringbench.fields import parse_docs
+    from ringbench.case.fields import parse_docs
 
     assert parse_docs("0,4096,0k") == [0, 4096, 0]
 

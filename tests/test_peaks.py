@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ringbench import peaks
-from ringbench.bench import bench_case, refusal
-from ringbench.peaks import Peak, case_peak, match_datasheet, measured_peak, table_peak
+from ringbench.rank import peaks
+from ringbench.rank.bench import bench_case, refusal
+from ringbench.rank.peaks import Peak, case_peak, match_datasheet, measured_peak, table_peak
 
 
 @pytest.fixture(autouse=True)
@@ -150,7 +150,7 @@ def test_peaks_are_measured_again_before_a_result_above_them_is_refused(monkeypa
 
 
 def _cpu_run_case():
-    from ringbench.spec import CaseSpec, default_fields
+    from ringbench.case.spec import CaseSpec, default_fields
 
     return CaseSpec.from_dict({**default_fields("cpu", 0), "task": "run", "variant": "ring", "kernel": "cpu",
                                "world_size": 1, "seqlen": 256, "heads": 2, "kv_heads": 1, "head_dim": 16,

@@ -14,11 +14,14 @@ import re
 import pytest
 import torch
 
-from ringbench import profile
+from ringbench.present import profile as present_profile
+from ringbench.rank import profile
 from ringbench.errors import SpecError
-from ringbench.spec import CaseSpec, default_fields, validate
-from ringbench.variants import emulation, get_variant, layouts, timeline
-from ringbench.variants.comm import TRAFFIC, reset_traffic
+from ringbench.case.spec import CaseSpec, default_fields, validate
+from ringbench.variants.instruments import emulation, timeline
+from ringbench.variants import get_variant
+from ringbench.variants.engines import layouts
+from ringbench.variants.engines.comm import TRAFFIC, reset_traffic
 
 
 def _spec(**changes) -> CaseSpec:
@@ -137,18 +140,18 @@ def test_profile_table_has_a_row_per_rank_within_80_columns(tmp_path):
     from rich.console import Console
 
     buf = io.StringIO()
-    profile.print_tables([_profiled_record(8)], Console(file=buf, width=80, no_color=True))
+    present_profile.print_tables([_profiled_record(8)], Console(file=buf, width=80, no_color=True))
     lines = buf.getvalue().splitlines()
     print(buf.getvalue())
     assert max(len(line) for line in lines) <= 80
     rows = [line for line in lines if re.match(r"^\s+\d+\s+123\.456\s+100\.000", line)]
     assert len(rows) == 8
-    (path,) = profile.write_plots([_profiled_record(2)], tmp_path)
+    (path,) = present_profile.write_plots([_profiled_record(2)], tmp_path)
     assert path.name.startswith("profile-") and path.stat().st_size > 1000
 
 
 def test_emulate_case_gives_compute_time_per_rank_and_its_bound(solo_group):
-    from ringbench.emulation import emulate_case
+    from ringbench.rank.emulation import emulate_case
 
     spec = _spec(world_size=4, seqlen=256, heads=2, kv_heads=1, head_dim=16, iters=2, warmup=1, emulate=True,
                  profile=True)
@@ -168,8 +171,8 @@ def test_emulate_case_gives_compute_time_per_rank_and_its_bound(solo_group):
 def test_emulate_case_applies_an_off_by_one_sink(solo_group, monkeypatch):
     """An off-by-one sink needs no collective (it joins each row after the ring's last merge, with
     no gradient), so an emulated run takes it, and every rank's call gets it."""
-    from ringbench.emulation import emulate_case
-    from ringbench.variants import zigzag
+    from ringbench.rank.emulation import emulate_case
+    from ringbench.variants.engines import zigzag
 
     sinks, attention = [], zigzag.zigzag_attention
 
@@ -263,7 +266,7 @@ def test_profile_gloo_breakdown_per_rank_adds_up(tmp_path):
 
 @pytest.mark.gpu
 def test_profile_cuda_events_of_an_emulated_zigzag(solo_group):
-    from ringbench.emulation import emulate_case
+    from ringbench.rank.emulation import emulate_case
 
     spec = _spec(device="cuda", kernel="torch-flash", dtype="bf16", world_size=4, seqlen=8192, heads=8, kv_heads=2,
                  head_dim=128, iters=5, warmup=2, emulate=True, profile=True)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ringbench import records, results
-from ringbench.spec import CaseSpec, default_fields
+from ringbench.records import build as records, store as results
+from ringbench.case.spec import CaseSpec, default_fields
 
 DATA = Path(__file__).parent / "data"
 #: The commands that wrote tests/data/main-2026-12-01.runs.jsonl (tests/data/README.md), as case options.
@@ -50,11 +50,11 @@ def test_records_written_before_the_restructure_load_with_the_same_case_id(name)
 
 
 def test_records_resume_skips_the_cases_of_records_written_before_the_restructure(tmp_path, capsys):
-    from ringbench import sweep
+    from ringbench.sweep import build, run as sweep
 
     shutil.copy(DATA / "main-2026-12-01.runs.jsonl", tmp_path / "runs.jsonl")
     # Written on a CPU machine: the same options there give the same specs, wherever this runs.
-    cases = [c for given in OLD_RUNS for c in sweep.cases_for("run", {**given, "device": "cpu"})[0]]
+    cases = [c for given in OLD_RUNS for c in build.cases_for("run", {**given, "device": "cpu"})[0]]
     outcome = sweep.run_sweep(cases, task="run", out=tmp_path, resume=True, launcher=NoLaunch())
     assert outcome.exit_code == 0 and outcome.written == 0
     assert [r["case_id"] for r in outcome.records] == [r["case_id"] for r in results.read_records(tmp_path / "runs.jsonl")]

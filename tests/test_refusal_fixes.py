@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from ringbench import sweep
+from ringbench.sweep import build
 from ringbench.errors import SpecError
 from ringbench.variants import VARIANTS
 
@@ -16,7 +16,7 @@ from ringbench.variants import VARIANTS
 def _cases(task="verify", **given):
     given = {"device": "cpu", **given}
     given["variant"] = [given["variant"]]
-    return sweep.cases_for(task, given)[0]
+    return build.cases_for(task, given)[0]
 
 
 def _refusal(task="verify", **given) -> str:

@@ -16,16 +16,16 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ringbench import compare, formatting, report
+from ringbench.present import compare, formatting, report
 from ringbench.cli import app
-from ringbench.compare.plot import colour_of
-from ringbench.results import append_record, read_records
-from ringbench.spec import CaseSpec
+from ringbench.present.compare.plot import colour_of
+from ringbench.records.store import append_record, read_records
+from ringbench.case.spec import CaseSpec
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
 H200X2 = REFERENCE / "2026-11-30-h200x2"
 NARROW, WIDE = 80, 1000
-#: A word as a table prints it: what :data:`ringbench.formatting._NAME` never splits.
+#: A word as a table prints it: what :data:`ringbench.present.formatting._NAME` never splits.
 WORD = re.compile(r"[\w.\-]+")
 
 

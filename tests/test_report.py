@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from rich.console import Console
 
-from ringbench import report
+from ringbench.present import report
 
 SPEC = {"task": "verify", "variant": "zigzag", "kernel": "cpu", "device": "cpu", "world_size": 2,
         "batch": 1, "seqlen": 16384, "heads": 32, "kv_heads": 8, "head_dim": 128,

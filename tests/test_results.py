@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ringbench import results
+from ringbench.records import store as results
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def test_results_concurrent_append_keeps_every_line(tmp_path):
     # Big records (~20 KB) make an interleaved write likely if the locking were wrong.
     script = textwrap.dedent("""
         import sys
-        from ringbench import results
+        from ringbench.records import store as results
         who, path = sys.argv[1], sys.argv[2]
         for i in range(200):
             results.append_record(path, {"writer": who, "i": i, "pad": who * 20000})

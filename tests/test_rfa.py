@@ -28,7 +28,7 @@ import torch
 
 from helpers import read_jsonl, ringbench
 from ringbench.variants import VARIANTS, get_variant
-from ringbench.variants import rfa, rfa_standin
+from ringbench.variants.peers import rfa, rfa_standin
 from ringbench.variants.kernels import KERNELS
 
 RFA = ("rfa_ring", "rfa_zigzag", "rfa_stripe", "rfa_llama3_varlen")
@@ -49,7 +49,7 @@ def test_rfa_registry_runs_on_cpu_with_ringbench_kernels_and_needs_only_ring_fla
         assert v.kernels == ("flash-attn", "torch-flash", "cpu", "math")
         assert v.check_kernel("cpu") is None and v.check_kernel("auto") is None
         assert v.check_kernel("cudnn").startswith(f"kernel 'cudnn' is not one {name} runs with")
-        assert v.session == "rfa:session" and v.case_notes == "rfa:served_notes" and v.traffic_counted
+        assert v.session == "peers.rfa:session" and v.case_notes == "peers.rfa:served_notes" and v.traffic_counted
         assert "served by the flash-attn package where it is installed" in v.summary
     assert importlib.util.find_spec("flash_attn") is None  # no flash-attn build here
     assert [get_variant(n).unavailable() for n in RFA] == [None] * 4
@@ -60,7 +60,7 @@ def test_rfa_standin_is_never_visible_to_other_code():
         assert get_variant(name).unavailable() is None  # loads the package's modules
     for kernel in ("cpu", "math"):
         module = rfa._module("zigzag_ring_flash_attn", kernel)
-        assert module._flash_attn_forward.__module__ == f"ringbench.variants.rfa_standin[{kernel}]"
+        assert module._flash_attn_forward.__module__ == f"ringbench.variants.peers.rfa_standin[{kernel}]"
     assert _flash_attn_visible() == []
     assert "ring_flash_attn" not in sys.modules  # the package's __init__ never ran
     assert importlib.util.find_spec("flash_attn") is None
@@ -78,7 +78,8 @@ _flash_attn_varlen_forward = _flash_attn_varlen_backward = _fake
 
 CHOSEN_PATH = '''
 import sys, torch, torch.distributed as dist
-from ringbench.variants import get_variant, rfa, rfa_standin
+from ringbench.variants import get_variant
+from ringbench.variants.peers import rfa, rfa_standin
 import flash_attn.flash_attn_interface as fai
 q = torch.zeros(1, 4, 2, 8)
 assert rfa_standin.flash_attn_installed()

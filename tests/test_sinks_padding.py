@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringbench import check, sink_pad_check
-from ringbench.case_setup import case_setup
+from ringbench.rank import check, sink_pad as sink_pad_check
+from ringbench.rank.setup import case_setup
 from ringbench.errors import SpecError
-from ringbench.spec import CaseSpec, default_fields, padded_docs, resolve_docs, validate
-from ringbench.sweep import default_timeout_s
+from ringbench.case.spec import CaseSpec, default_fields, padded_docs, resolve_docs, validate
+from ringbench.sweep.run import default_timeout_s
 from ringbench.variants import get_variant
 from ringbench.variants.kernels import KERNELS
-from ringbench.variants.sinks import apply_sink, local_sink_grad
+from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
 
 from helpers import ringbench, torchrun_cases
 
@@ -316,7 +316,7 @@ def test_padding_mask_and_flops_count_real_tokens(solo_group):
     assert setup.docs == [448, 320] and setup.real_docs == [438, 300]
     keep = sink_pad_check.keep_mask(setup, torch.device("cpu"))
     assert keep.sum() == 738 and keep[:438].all() and not keep[438:448].any() and keep[448:748].all()
-    from ringbench.estimate import _flops
+    from ringbench.sweep.estimate import _flops
 
     real = 3.5 * 2.0 * (438 ** 2 + 300 ** 2) * 2 * 16  # causal fwd_bwd over the real documents
     assert _flops(case.replace(mode="fwd_bwd")) == real
@@ -324,7 +324,7 @@ def test_padding_mask_and_flops_count_real_tokens(solo_group):
 
 
 def test_matrix_sink_and_padding_columns():
-    from ringbench import matrix as mx
+    from ringbench.sweep import matrix as mx
     from ringbench.variants import get_variant as variant
 
     base = mx.cell_fields(variant("ring"), "causal", 2, "cpu")

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ringbench.scenarios import builtin_names, load_scenario, parse_scenario
-from ringbench.spec import (MAX_SEQLEN, CaseSpec, SpecError, default_fields, detect_device, field_names,
-                            format_size, parse_size, resolve, validate)
+from ringbench.case.scenarios import builtin_names, load_scenario, parse_scenario
+from ringbench.case.spec import (MAX_SEQLEN, CaseSpec, SpecError, default_fields, detect_device, field_names,
+                                 format_size, parse_size, resolve, validate)
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants import get_variant, list_variants
 
@@ -186,7 +186,7 @@ def test_validate_refuses_bad_cpu_fields(change, pattern):
 def test_check_fields_refuses_heads_before_the_ulysses_degree():
     """A degree's fix (``such as 1``) would be refused next for heads 8 over kv_heads 3: the heads come first,
     in the CLI's early check of the options given as in validate."""
-    from ringbench.spec import check_fields
+    from ringbench.case.spec import check_fields
 
     heads = r"^heads 8 is not a multiple of kv_heads 3; pass --kv-heads with a divisor of 8, such as 2$"
     given = {"variant": "usp", "world_size": 4, "seqlen": 1024, "ulysses_degree": 4, "heads": 8, "kv_heads": 3}

@@ -1,8 +1,8 @@
 """No sweep outlives its command, and --resume never runs beside a live sweep of the same file.
 
 Under real torchrun: ``kill -9`` of the CLI takes torchrun and every rank with it (a
-parent-death signal, ``ringbench.launch``), and ``--resume`` afterwards writes each case once.
-The lease on the results file (``ringbench.lease``) is held here by small helper processes,
+parent-death signal, ``ringbench.sweep.launch``), and ``--resume`` afterwards writes each case once.
+The lease on the results file (``ringbench.sweep.lease``) is held here by small helper processes,
 so the refusals and the take-over of a dead sweep's lock cost no torchrun.
 """
 
@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from helpers import SLOW_SWEEP, COMMAND_TIMEOUT_S, CLI_ENV, read_jsonl, ringbench
 from helpers import live_cmdlines_with
-from ringbench import lease
+from ringbench.sweep import lease
 from ringbench.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def _wait_gone(needle: str, within_s: float) -> list[str]:
 @pytest.mark.dist
 @pytest.mark.slow
 def test_survival_cli_killed_takes_the_sweep_with_it_and_resume_writes_no_duplicates(tmp_path):
-    from ringbench.scenarios import load_scenario
+    from ringbench.case.scenarios import load_scenario
 
     scenario = tmp_path / "sweep.toml"
     scenario.write_text(SLOW_SWEEP)
@@ -89,7 +89,7 @@ def test_survival_cli_killed_takes_the_sweep_with_it_and_resume_writes_no_duplic
 HOLDER = textwrap.dedent("""
     import os, subprocess, sys, time
     from pathlib import Path
-    from ringbench import lease
+    from ringbench.sweep import lease
 
     held = lease.acquire(Path(sys.argv[1]), exclusive=sys.argv[2] == "exclusive")
     if sys.argv[3] == "orphan":
@@ -119,8 +119,8 @@ class OneRecordLauncher:
         self.launched = 0
 
     def launch(self, cases, *, world_size, device, results_path, run_id, timeout_s, on_poll=None):
-        from ringbench import records, results
-        from ringbench.spec import CaseSpec
+        from ringbench.records import build as records, store as results
+        from ringbench.case.spec import CaseSpec
 
         self.launched += 1
         for case in cases:
@@ -200,7 +200,7 @@ def test_survival_resume_waits_for_the_processes_a_killed_sweep_left(tmp_path):
 
 def test_survival_a_rank_whose_torchrun_is_gone_does_not_start(tmp_path):
     # RINGBENCH_TORCHRUN_PID names a process that is not this one's parent: torchrun has ended.
-    code = "from ringbench.launch import die_with_torchrun; die_with_torchrun(); print('started')"
+    code = "from ringbench.rank.lifeline import die_with_torchrun; die_with_torchrun(); print('started')"
     env = {**os.environ, "PYTHONPATH": str(REPO), "RINGBENCH_TORCHRUN_PID": "1"}
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if not sys.platform.startswith("linux"):

@@ -19,9 +19,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers import read_jsonl, ringbench
-from ringbench.bench import refusal
-from ringbench.variants import comm
-from ringbench.variants.comm import TRAFFIC, RingComm, counting_dist, reset_traffic
+from ringbench.rank.bench import refusal
+from ringbench.variants.engines import comm
+from ringbench.variants.engines.comm import TRAFFIC, RingComm, counting_dist, reset_traffic
 
 SMALL = ["--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
          "--head-dim", "16", "--iters", "3", "--warmup", "1"]

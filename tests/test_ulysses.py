@@ -14,8 +14,9 @@ import torch
 
 from helpers import ringbench
 from ringbench.errors import SpecError
-from ringbench.spec import CaseSpec, default_fields, expand_ulysses_degree
-from ringbench.variants import VARIANTS, default_ulysses_degree, factorizations, layouts, ulysses_rule
+from ringbench.case.spec import CaseSpec, default_fields, expand_ulysses_degree
+from ringbench.variants import VARIANTS, default_ulysses_degree, factorizations, ulysses_rule
+from ringbench.variants.engines import layouts
 
 
 # --------------------------------------------------------------------------- the composed layout
@@ -191,7 +192,7 @@ def test_compare_marks_best_factorization(tmp_path):
     from typer.testing import CliRunner
 
     from ringbench.cli import app
-    from ringbench.results import append_record
+    from ringbench.records.store import append_record
 
     path = tmp_path / "runs.jsonl"
     for rec in (_run_record("usp", 1, 1024, 10.0), _run_record("usp", 2, 1024, 14.0), _run_record("usp", 4, 1024, 12.0),

@@ -18,10 +18,10 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringbench.variants import (LAYOUT_CHUNKS, TESTING_ENV, TESTING_VARIANTS, VARIANTS, get_variant, layouts,
-                                list_variants)
+from ringbench.variants import LAYOUT_CHUNKS, TESTING_ENV, TESTING_VARIANTS, VARIANTS, get_variant, list_variants
+from ringbench.variants.engines import layouts
 from ringbench.variants.kernels import AUTO_ORDER, KERNELS, as_kernel, check_kernel, get_kernel, resolve_kernel
-from ringbench.variants.merge import merge_
+from ringbench.variants.engines.merge import merge_
 
 Tensor = torch.Tensor
 
@@ -420,7 +420,7 @@ def test_kernels_causal_rectangular_raises(kernel_name):
 
 @pytest.mark.dist
 def test_ringcomm_misuse_raises(solo_group):
-    from ringbench.variants.comm import RingComm
+    from ringbench.variants.engines.comm import RingComm
 
     comm = RingComm()
     with pytest.raises(RuntimeError, match=r"wait\(\).*no batch in flight"):
@@ -467,7 +467,7 @@ def test_registry_declares_where_traffic_cannot_be_counted():
     """Only torch_cp's bytes are unseen (DTensor); ring-flash-attn's are counted by its session."""
     assert [n for n, v in VARIANTS.items() if not v.traffic_counted] == ["torch_cp"]
     # rfa.session holds comm.dist_session (and notes afresh what serves the package's kernel calls).
-    assert all(v.session == "rfa:session" for n, v in VARIANTS.items() if n.startswith("rfa_"))
+    assert all(v.session == "peers.rfa:session" for n, v in VARIANTS.items() if n.startswith("rfa_"))
     assert not TESTING_VARIANTS["uncounted_peer"].traffic_counted
 
 
@@ -496,7 +496,7 @@ def test_check_compare_shape_mismatch_is_a_failed_check():
     ringbench/check.py's docstring says a shape that differs from the input's fails; compare
     indexes the result with the reference's finite mask first, so it raises instead.
     """
-    from ringbench.check import tolerance_check
+    from ringbench.rank.check import tolerance_check
 
     ref = torch.randn(1, 8, 2, 4, dtype=torch.float64)
     single = ref.float()
@@ -508,7 +508,7 @@ def test_check_compare_shape_mismatch_is_a_failed_check():
 
 def test_tolerance_check_passes_and_fails():
     """err <= 2 * err_single + floor passes; a little above it fails; NaN and a wrong dtype fail."""
-    from ringbench.check import tolerance_check
+    from ringbench.rank.check import tolerance_check
 
     gen = torch.Generator().manual_seed(5)
     ref = torch.randn(1, 16, 2, 4, generator=gen, dtype=torch.float64)
@@ -551,7 +551,7 @@ def test_peers_are_marked_and_need_cuda_and_their_kernels():
 
 
 def test_torch_cp_outside_its_session_refuses():
-    from ringbench.variants.torch_cp import torch_cp_attention
+    from ringbench.variants.peers.torch_cp import torch_cp_attention
 
     q = torch.zeros(1, 4, 2, 8)
     with pytest.raises(RuntimeError, match=r"runs inside torch_cp\.session"):
@@ -566,7 +566,7 @@ def test_torch_cp_session_lays_out_zigzag_and_pytorch_has_no_cpu_context_paralle
     # op has no sharding rule. When a PyTorch release adds one, this fails: enable torch_cp on CPU.
     from torch.distributed.tensor import DTensor, Shard
 
-    from ringbench.variants import torch_cp
+    from ringbench.variants.peers import torch_cp
 
     spec = {"seqlen": 16}
     with torch_cp.session(spec, None, torch.device("cpu")):
@@ -580,7 +580,7 @@ def test_torch_cp_session_lays_out_zigzag_and_pytorch_has_no_cpu_context_paralle
 def test_tolerance_floor_in_float64_admits_the_variants_own_roundings():
     """In float64 the single-device math kernel is the reference itself (no error), and the variant
     accumulates in float64: the floor allows two roundings of the output's precision per block."""
-    from ringbench.check import floor_for
+    from ringbench.rank.check import floor_for
 
     eps64 = torch.finfo(torch.float64).eps
     assert floor_for(torch.float64, 2.0, 4) == 4 * 4 * eps64 * 2.0

@@ -3,10 +3,10 @@
 Two launches, each run once and cached for the module:
 
 - world size 4, ``tests/dist/varlen_cases.py``: verify cases through the harness's own
-  ``ringbench.check.verify_case`` (each variant against the float64 math kernel and the same
+  ``ringbench.rank.check.verify_case`` (each variant against the float64 math kernel and the same
   kernel's varlen call over the whole packed row, MEASUREMENT.md's rule), and calls with a bad
   ``cu_seqlens`` whose error messages every rank records;
-- world size 2, the real worker path (``python -m ringbench.worker``) with a verify case whose
+- world size 2, the real worker path (``python -m ringbench.rank.worker``) with a verify case whose
   documents were drawn from a distribution, a verify case with documents that straddle ranks,
   and a timed run case.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from helpers import run_torchrun
-from ringbench.spec import CaseSpec, default_fields, resolve_docs, validate
+from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES_SCRIPT = ROOT / "tests" / "dist" / "varlen_cases.py"
@@ -128,11 +128,11 @@ def w4(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory) -> dict:
-    """The world-size-2 launch of WORKER_CASES through ``python -m ringbench.worker``."""
+    """The world-size-2 launch of WORKER_CASES through ``python -m ringbench.rank.worker``."""
     folder = tmp_path_factory.mktemp("varlen_worker")
     cases_file, results_file = folder / "cases.json", folder / "results.jsonl"
     cases_file.write_text(json.dumps({"run_id": "varlen-test", "cases": WORKER_CASES}))
-    rc, timed_out, log = _torchrun(2, ["-m", "ringbench.worker", "--cases", str(cases_file),
+    rc, timed_out, log = _torchrun(2, ["-m", "ringbench.rank.worker", "--cases", str(cases_file),
                                        "--results", str(results_file)])
     records = [json.loads(line) for line in results_file.read_text().splitlines()] if results_file.exists() else []
     return {"records": records, "returncode": rc, "timed_out": timed_out, "log_tail": log}
@@ -224,7 +224,7 @@ def test_varlen_one_invalid_rank_stops_all_ranks(w4):
 
 @pytest.mark.dist
 def test_varlen_worker_path_records(worker):
-    """``python -m ringbench.worker`` runs varlen verify and run cases and records them ok."""
+    """``python -m ringbench.rank.worker`` runs varlen verify and run cases and records them ok."""
     assert not worker["timed_out"] and worker["returncode"] == 0, worker["log_tail"]
     recs = worker["records"]
     assert [r["spec"]["variant"] for r in recs] == ["zigzag_varlen", "llama3_varlen", "ring_varlen"]

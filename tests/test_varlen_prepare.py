@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ringbench.variants import varlen
-from ringbench.variants.llama3_varlen import llama3_varlen_attention
-from ringbench.variants.ring_varlen import zigzag_varlen_attention
+from ringbench.variants.engines import varlen
+from ringbench.variants.engines.llama3_varlen import llama3_varlen_attention
+from ringbench.variants.engines.ring_varlen import zigzag_varlen_attention
 
 SEQLEN = 64
 

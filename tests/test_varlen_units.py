@@ -14,14 +14,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ringbench.bench import attention_flops
-from ringbench.spec import (CaseSpec, SpecError, check_fields, default_fields, draw_docs, parse_doc_dist,
-                            parse_docs, resolve, resolve_docs, spec_docs, validate)
-from ringbench.variants import get_variant, layouts
+from ringbench.case.work import attention_flops
+from ringbench.case.spec import (CaseSpec, SpecError, check_fields, default_fields, draw_docs, parse_doc_dist,
+                                 parse_docs, resolve, resolve_docs, spec_docs, validate)
+from ringbench.variants import get_variant
+from ringbench.variants.engines import layouts
 from ringbench.variants.kernels import KERNELS
-from ringbench.variants.llama3_varlen import local_pieces
-from ringbench.variants.ring import _ALL, VarlenSteps, contiguous_plan
-from ringbench.variants.zigzag import zigzag_plan
+from ringbench.variants.engines.llama3_varlen import local_pieces
+from ringbench.variants.engines.ring import _ALL, VarlenSteps, contiguous_plan
+from ringbench.variants.engines.zigzag import zigzag_plan
 
 Tensor = torch.Tensor
 VARLEN = ("ring_varlen", "zigzag_varlen", "llama3_varlen")

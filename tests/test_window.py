@@ -12,12 +12,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ringbench import work
-from ringbench.bench import attention_flops
+from ringbench.case import work
+from ringbench.case.work import attention_flops
 from ringbench.cli import app
-from ringbench.spec import CaseSpec, default_fields, resolve_docs
-from ringbench.variants import balanced, bands, layouts
-from ringbench.variants.kernel_common import band_mask
+from ringbench.case.spec import CaseSpec, default_fields, resolve_docs
+from ringbench.variants.engines import balanced, bands, layouts
+from ringbench.variants.kernels.common import band_mask
 from ringbench.variants.kernels import KERNELS, check_kernel, resolve_kernel
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
@@ -189,7 +189,7 @@ def test_work_per_rank_hand_computed():
 
 def test_work_rides_in_every_record():
     """A record of any status carries the prediction (here a skipped one, built with no process)."""
-    from ringbench import records
+    from ringbench.records import build as records
 
     rec = records.build(_spec(), run_id="r", status="skipped", reason="not here")
     assert rec["predicted_pairs_per_rank"] == [36, 100]

@@ -1,5 +1,5 @@
 """Sliding windows and the balanced layout under real torchrun (gloo, CPU), through the harness's own
-``ringbench.check.verify_case``: every variant that takes a window, batch and varlen, against the
+``ringbench.rank.check.verify_case``: every variant that takes a window, batch and varlen, against the
 float64 math kernel under the same window (the max rule, the block-decomposition check and the
 cp-active check), one launch per world size (``tests/dist/verify_cases.py``).
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ringbench, slow_when, torchrun_cases
-from ringbench.spec import CaseSpec, default_fields, resolve_docs, validate
+from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
 LAUNCH_TIMEOUT_S = {1: 120, 2: 150, 4: 240, 8: 300}

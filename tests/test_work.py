@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ringbench import work
-from ringbench.spec import CaseSpec, default_fields, resolve_docs
+from ringbench.case import work
+from ringbench.case.spec import CaseSpec, default_fields, resolve_docs
 
 
 def _spec(**changes):

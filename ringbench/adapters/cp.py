@@ -1,7 +1,7 @@
 """What a training step needs around a model under context parallelism (torch only).
 
 Every rank holds ``S / W`` tokens of each sequence, in its variant's layout (see
-``ringbench.variants.layouts``). The inputs, the position ids and the labels must be cut the
+``ringbench.variants.engines.layouts``). The inputs, the position ids and the labels must be cut the
 same way, and the labels must be shifted for next-token prediction *before* the cut: a model's
 own loss shifts inside each rank's shard, which pairs tokens that are not neighbours once the
 sequence is sharded. The loss is then the sum over local tokens divided by the global token
@@ -16,7 +16,8 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-from ringbench.variants import get_variant, layouts
+from ringbench.variants import get_variant
+from ringbench.variants.engines import layouts
 
 Tensor = torch.Tensor
 

@@ -19,7 +19,8 @@ from typing import Callable
 import torch
 
 from ringbench.adapters.cp import ShardedBatch, all_reduce_grads, causal_lm_loss, shard_batch
-from ringbench.variants import get_variant, varlen
+from ringbench.variants import get_variant
+from ringbench.variants.engines import varlen
 from ringbench.variants.kernels import as_kernel, get_kernel
 
 __all__ = ["register", "register_single", "use_attention", "shard_batch", "ShardedBatch", "causal_lm_loss",

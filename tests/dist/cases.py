@@ -5,10 +5,10 @@
 
 ``CASES.json`` is a JSON list of case objects (see :func:`run_case` for the fields). Every
 rank builds the same global q, k, v and dout from the case's seed, takes its shard with
-``ringbench.variants.layouts.shard``, runs the variant's ``attention`` forward and backward,
+``ringbench.variants.engines.layouts.shard``, runs the variant's ``attention`` forward and backward,
 and all-gathers and unshards out, lse, dq, dk and dv. Rank 0 computes the float64 math
 reference while rank 1 (when there is one) runs the single-device kernel; rank 0 then checks
-each tensor with ``ringbench.check.tolerance_check`` (MEASUREMENT.md's rule: the variant's max error
+each tensor with ``ringbench.rank.check.tolerance_check`` (MEASUREMENT.md's rule: the variant's max error
 against the float64 math kernel must stay within twice the same kernel's single-device error
 plus a dtype floor) and appends one JSON line per case to ``RESULTS.jsonl`` as soon as the
 case ends, so a later hang loses nothing. A case that raises is recorded with
@@ -30,9 +30,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ringbench.check import tolerance_check
-from ringbench.envinfo import warm_cpu_math
-from ringbench.variants import get_variant, layouts
+from ringbench.rank.check import tolerance_check
+from ringbench.records.envinfo import warm_cpu_math
+from ringbench.variants import get_variant
+from ringbench.variants.engines import layouts
 from ringbench.variants.kernels import KERNELS, get_kernel
 
 TENSORS = ("out", "lse", "dq", "dk", "dv")

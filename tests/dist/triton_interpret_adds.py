@@ -13,7 +13,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import torch  # noqa: E402
 
-from ringbench.variants import merge, merge_triton  # noqa: E402
+from ringbench.variants.engines import merge, merge_triton  # noqa: E402
 
 
 def rows_of(kind: str, S: int):

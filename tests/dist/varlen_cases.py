@@ -6,7 +6,7 @@
 ``CASES.json`` is a JSON list of case objects, each with a ``name`` and a ``kind``:
 
 - ``verify``: ``spec`` is a ``CaseSpec.to_dict()``; the case goes through
-  ``ringbench.check.verify_case``, the harness's own verify (the variant against the float64
+  ``ringbench.rank.check.verify_case``, the harness's own verify (the variant against the float64
   math kernel and the same kernel over the whole packed row, MEASUREMENT.md's rule). The
   record also carries the local shapes and dtypes of rank 0's results.
 - ``bad_cu``: ``variant``, ``kernel``, ``seqlen`` and ``cu`` (the offsets every rank passes) or
@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from cases import drive  # tests/dist is the script's folder, so first on sys.path under torchrun
-from ringbench.check import verify_case
-from ringbench.spec import CaseSpec
+from ringbench.rank.check import verify_case
+from ringbench.case.spec import CaseSpec
 from ringbench.variants import get_variant
 
 

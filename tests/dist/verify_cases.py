@@ -5,7 +5,7 @@ torchrun job (gloo, CPU).
         --cases CASES.json --results RESULTS.jsonl
 
 ``CASES.json`` is a JSON list of ``{"name": str, "spec": CaseSpec.to_dict()}``, every spec at
-the launch's world size. Each case goes through ``ringbench.check.verify_case``: the max rule
+the launch's world size. Each case goes through ``ringbench.rank.check.verify_case``: the max rule
 against the float64 math kernel and the single-device kernel, and the block-decomposition
 check against the variant's own kernel calls merged in float64. Rank 0 appends one JSON line
 per case (``status``, ``reason``, ``checks``, ``cp_active``) as soon as it ends; a case that
@@ -19,8 +19,8 @@ import sys
 import torch
 
 from cases import drive  # tests/dist is the script's folder, so first on sys.path under torchrun
-from ringbench.check import verify_case
-from ringbench.spec import CaseSpec
+from ringbench.rank.check import verify_case
+from ringbench.case.spec import CaseSpec
 
 
 def _verify(case: dict) -> dict:

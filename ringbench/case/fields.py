@@ -1,0 +1,583 @@
+"""The case fields: one row each, the single home of everything a case field needs.
+
+A row gives the field's name, its type, how text becomes a value (``128k``), its default
+on each device, the help text with its units, how a table labels it, whether it is part of
+``case_id``, whether it goes to the variant's ``attention`` as a keyword, which commands take
+it as an option, and its own check. Generated from :data:`FIELDS`:
+
+- ``ringbench.case.spec.CaseSpec`` (its attributes and their docs);
+- the ``run`` and ``verify`` options (``ringbench.case.options``);
+- scenario key validation, the variant options, table labels and the error-growth grouping
+  key (every case field but the world size);
+- the field table of ``ringbench/CONTRACTS.md`` (:func:`markdown_table`, kept equal by a test).
+
+Adding a case field is one row here plus its check. Torch-free: a bad value is refused in
+milliseconds, before any process starts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Callable, Mapping
+
+from ringbench.errors import SpecError
+
+#: Short dtype names users type, mapped to the ``torch`` attribute they mean.
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
+#: ``fwd`` times the forward pass; ``fwd_bwd`` the forward and backward pass.
+MODES = ("fwd", "fwd_bwd")
+TASKS = ("run", "verify")
+DEVICES = ("cuda", "cpu")
+#: The largest global seqlen accepted, in tokens (1024M).
+MAX_SEQLEN = 2**30
+#: ``sink``: a learnable logit per query head, the off-by-one softmax (0, fixed), or none.
+SINKS = ("none", "learnable", "off-by-one")
+#: The cuda default of ``world_size``: every visible GPU.
+VISIBLE_GPUS = "every visible GPU"
+
+_SUFFIX = {"": 1, "k": 1024, "m": 1024**2}
+_SIZE_RE = re.compile(r"([+-]?)(\d+(?:\.\d*)?|\.\d+)([kKmM]?)")
+
+
+# --------------------------------------------------------------------------- value parsers
+
+def parse_size(text: str, *, name: str = "seqlen") -> int:
+    """Parse a token count such as ``4096``, ``128k`` (131072) or ``1M`` (1048576).
+
+    Args:
+        text: digits with an optional ``k`` (x1024) or ``M`` (x1024**2) suffix, either case;
+            a decimal such as ``1.5k`` is accepted when it gives a whole count.
+        name: the field named in error messages.
+
+    Returns:
+        The count in tokens, 1 to :data:`MAX_SEQLEN`.
+
+    Raises:
+        SpecError: not a number, not whole, zero or negative, or above :data:`MAX_SEQLEN`.
+    """
+    raw = str(text).strip()
+    match = _SIZE_RE.fullmatch(raw)
+    if match is None:
+        raise SpecError(f"{name} {raw!r} is not a size; use a whole number with an optional k or M "
+                        "suffix, such as 4096 or 128k")
+    sign, number, suffix = match.groups()
+    value = Fraction(number) * _SUFFIX[suffix.lower()]
+    if sign == "-":
+        value = -value
+    if value.denominator != 1:
+        raise SpecError(f"{name} {raw!r} is {float(value):g} tokens, not a whole number; "
+                        "use a whole count such as 4096 or 128k")
+    count = int(value)
+    if count <= 0:
+        raise SpecError(f"{name} {raw!r} must be positive; use a size such as 4096 or 128k")
+    if count > MAX_SEQLEN:
+        raise SpecError(f"{name} {raw!r} is {count} tokens, above the limit of {MAX_SEQLEN} (1024M); "
+                        "use a smaller size")
+    return count
+
+
+def parse_whole(text: Any, *, name: str, option: str, example: int) -> int:
+    """Parse an option's whole number (``--world-size 4``), given as text so that a bad one is
+    ringbench's one sentence, not the parser's box.
+
+    Raises:
+        SpecError: not a whole number, naming ``name``, the text and ``option`` with ``example``.
+    """
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise SpecError(f"{name} {text!r} is not a whole number; pass {option} with an integer, such as "
+                        f"{example}") from None
+
+
+def format_size(count: int) -> str:
+    """Write a token count the short way ``parse_size`` reads: 131072 -> ``128k``."""
+    for suffix, unit in (("M", 1024**2), ("k", 1024)):
+        if count % unit == 0 and count >= unit:
+            return f"{count // unit}{suffix}"
+    return str(count)
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 case``, ``3 cases``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+_DIST_KEYS = {"lognormal": ("mean", "sigma"), "uniform": ("min", "max")}
+_DIST_EXAMPLE = "lognormal:mean=4k,sigma=1 or uniform:min=512,max=8k"
+
+
+def parse_docs(text: str) -> list[int]:
+    """Parse document lengths such as ``3000,500,12k`` into ints (``[3000, 500, 12288]``).
+
+    Args:
+        text: comma-separated sizes as :func:`parse_size` reads them, or ``0`` (``0k``...) for
+            an empty document; spaces around entries are ignored.
+
+    Returns:
+        The lengths in tokens, in row order.
+
+    Raises:
+        SpecError: an empty list or entry, a negative length, or an entry that is not a size;
+            the message names the document by its 1-based position (``document 2``).
+    """
+    entries = [e.strip() for e in str(text).split(",")]
+    if not any(entries):
+        raise SpecError(f"docs {text!r} is empty; pass document lengths separated by commas, such as 3000,500,12k")
+    docs = []
+    for i, entry in enumerate(entries):
+        if entry == "":
+            raise SpecError(f"docs {text!r} has no length for document {i + 1}; separate lengths by single "
+                            "commas, such as 3000,500,12k")
+        match = _SIZE_RE.fullmatch(entry)
+        if match is not None and Fraction(match.group(2)) == 0:
+            docs.append(0)  # an empty document
+        elif match is not None and match.group(1) == "-":
+            raise SpecError(f"document {i + 1} {entry!r} must be 0 or more tokens; pass lengths such as "
+                            "3000,0,12k")
+        else:
+            docs.append(parse_size(entry, name=f"document {i + 1}"))
+    return docs
+
+
+def parse_doc_dist(text: str) -> tuple[str, dict[str, float]]:
+    """Parse a document distribution such as ``lognormal:mean=4k,sigma=1``.
+
+    Args:
+        text: ``lognormal:mean=M,sigma=S`` (M a size: the mean document length in tokens; S
+            the sigma of the length's logarithm, 0 to 10) or ``uniform:min=A,max=B`` (sizes,
+            ``A <= B``, both ends included).
+
+    Returns:
+        ``(kind, params)`` with the sizes in tokens and sigma as a float.
+
+    Raises:
+        SpecError: an unknown kind, a missing or unknown parameter, or a bad value.
+    """
+    raw = str(text).strip()
+    kind, sep, rest = raw.partition(":")
+    if not sep or kind not in _DIST_KEYS:
+        raise SpecError(f"doc_dist {raw!r} is not a document distribution; use {_DIST_EXAMPLE}")
+    params: dict[str, float] = {}
+    for item in rest.split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or key not in _DIST_KEYS[kind] or key in params:
+            raise SpecError(f"doc_dist {raw!r}: {item.strip()!r} is not one of {kind}'s parameters "
+                            f"{' and '.join(_DIST_KEYS[kind])}, each given once; use {_DIST_EXAMPLE}")
+        if key == "sigma":
+            try:
+                sigma = float(value)
+            except ValueError:
+                sigma = float("nan")
+            if not (math.isfinite(sigma) and 0 <= sigma <= 10):
+                raise SpecError(f"doc_dist {raw!r}: sigma {value!r} must be a number from 0 to 10; use sigma=1")
+            params[key] = sigma
+        else:
+            params[key] = parse_size(value, name=f"doc_dist {key}")
+    missing = [k for k in _DIST_KEYS[kind] if k not in params]
+    if missing:
+        raise SpecError(f"doc_dist {raw!r} lacks {missing[0]}; use {_DIST_EXAMPLE}")
+    if kind == "uniform" and params["min"] > params["max"]:
+        raise SpecError(f"doc_dist {raw!r}: min {int(params['min'])} is above max {int(params['max'])}; swap them")
+    return kind, params
+
+
+#: ``ulysses_degree`` auto: one case per factorization of the world size (``sweep`` expands it).
+AUTO_DEGREE = -1
+
+
+def parse_ulysses_degree(text: str) -> int:
+    """Parse ``--ulysses-degree``: a whole number, or ``auto`` (:data:`AUTO_DEGREE`).
+
+    Raises:
+        SpecError: neither.
+    """
+    raw = str(text).strip().lower()
+    if raw == "auto":
+        return AUTO_DEGREE
+    try:
+        degree = int(raw)
+    except ValueError:
+        raise SpecError(f"ulysses_degree {text!r} is neither a whole number nor auto; pass --ulysses-degree 2 "
+                        "or --ulysses-degree auto") from None
+    if degree < 0:  # AUTO_DEGREE is auto's value, not a degree to type
+        _refuse_ulysses_degree(degree)
+    return degree
+
+
+def _refuse_ulysses_degree(value: int) -> None:
+    raise SpecError(f"ulysses_degree {value} is negative; pass --ulysses-degree with a positive divisor of the "
+                    "world size, 0 for the largest the heads allow, or auto")
+
+
+def _check_ulysses_degree(name: str, value: int) -> None:
+    if value < AUTO_DEGREE:
+        _refuse_ulysses_degree(value)
+
+
+# --------------------------------------------------------------------------- checks of one value
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _one_of(choices: Callable[[], tuple[str, ...]]) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if value not in choices():
+            raise SpecError(f"{name} {value!r} is unknown; pass {_flag(name)} with one of {', '.join(choices())}")
+    return check
+
+
+def _at_least(low: int) -> Callable[[str, Any], None]:
+    def check(name: str, value: int) -> None:
+        if value < low:
+            word = "positive" if low == 1 else "zero or more"
+            raise SpecError(f"{name} {value} must be {word}; pass {_flag(name)} {low} or more")
+    return check
+
+
+def _check_variant(name: str, value: str) -> None:
+    from ringbench.variants import get_variant
+
+    try:
+        get_variant(value)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _check_kernel_name(name: str, value: str) -> None:
+    if not value:
+        raise SpecError("kernel '' is empty; pass --kernel with a kernel name or auto")
+
+
+def _check_seqlen(name: str, value: int) -> None:
+    if value > MAX_SEQLEN:
+        raise SpecError(f"seqlen {value} is above the limit of {MAX_SEQLEN} tokens; use a smaller size")
+    _at_least(1)(name, value)
+
+
+def _if_set(check: Callable[[str, Any], Any]) -> Callable[[str, Any], None]:
+    """A check of a text field that ``""`` (unset) passes."""
+    def run(name: str, value: Any) -> None:
+        if value:
+            check(name, value)
+    return run
+
+
+def _rotations() -> tuple[str, ...]:
+    from ringbench.variants import ROTATE
+
+    return ROTATE
+
+
+def _parse_window(text: str) -> int:
+    return parse_size(text, name="window")
+
+
+def _check_window(name: str, value: int) -> None:
+    if value < 0:
+        raise SpecError(f"window {value} must be positive: the keys each query sees, itself included; pass "
+                        "--window 4k, or leave it out for none")
+
+
+def _window_takers() -> str:
+    """The variants that take a sliding window (``Variant.takes_window``), as ``a, b and c``."""
+    from ringbench.variants import VARIANTS
+
+    found = [n for n, v in VARIANTS.items() if v.takes_window]
+    return ", ".join(found[:-1]) + " and " + found[-1]
+
+
+def _check_model(name: str, value: str) -> None:
+    from ringbench.case.models import load_model
+
+    load_model(value)
+
+
+# --------------------------------------------------------------------------- the table
+
+@dataclass(frozen=True)
+class Field:
+    """One case field.
+
+    Attributes:
+        name: the attribute of ``CaseSpec`` and the key of records and scenarios.
+        type: ``int``, ``str`` or ``bool``.
+        help: what it is, with its units; the options' help adds the defaults.
+        cuda, cpu: its default on each device (:data:`VISIBLE_GPUS` for cuda's world size);
+            ``None``: no default (``task``, ``variant``: every case gives them).
+        default_text: how the help states the default when the values alone would not say it.
+        label: how a table or progress bar names a value, a format such as ``W={}``;
+            ``None``: the value itself.
+        in_case_id: part of ``case_id`` (iters, warmup and seed are not: they do not change
+            what is computed, only how often and on which numbers).
+        optional: added after the first records were written: left out of ``case_id`` at its
+            default, so the ids of older records stay what they were.
+        variant_option: passed to the variant's ``attention`` as a keyword when set.
+        commands: the commands that take it as an option.
+        flag: the option's name; default ``--`` + name with dashes.
+        parse: text -> value, for options given as text (``seqlen``: ``128k``).
+        check: ``(name, value)`` -> None, raising SpecError: the field's own rule, alone.
+        repeatable: the option may be given several times (one case per value).
+    """
+
+    name: str
+    type: type
+    help: str
+    cuda: Any = None
+    cpu: Any = None
+    default_text: str = ""
+    label: str | None = None
+    in_case_id: bool = True
+    optional: bool = False
+    variant_option: bool = False
+    commands: tuple[str, ...] = TASKS
+    flag: str = ""
+    parse: Callable[[str], Any] | None = None
+    check: Callable[[str, Any], None] | None = None
+    repeatable: bool = False
+
+    @property
+    def option(self) -> str:
+        """The command-line option, such as ``--kv-heads``."""
+        return self.flag or _flag(self.name)
+
+    @property
+    def default(self) -> Any:
+        """The value a record written before this field existed holds (optional fields)."""
+        return self.cpu
+
+    def default_help(self) -> str:
+        """``Default: cuda 16k, cpu 4k.`` or ``Default: 1.``, from the row."""
+        if self.default_text:
+            return f"Default: {self.default_text}."
+        show = (lambda v: format_size(v)) if self.name == "seqlen" else str
+        if self.cuda == self.cpu:
+            return f"Default: {show(self.cuda)}."
+        return f"Default: cuda {self.cuda if self.cuda == VISIBLE_GPUS else show(self.cuda)}, cpu {show(self.cpu)}."
+
+    def from_text(self, text: str) -> Any:
+        """The value of an option given as text: the row's parser, or a whole number for an int field.
+
+        Raises:
+            SpecError: text that is not a value of this field, naming the option.
+        """
+        if self.parse is not None:
+            return self.parse(text)
+        if self.type is int:
+            return parse_whole(text, name=self.name, option=self.option,
+                               example=self.cpu if isinstance(self.cpu, int) else 1)
+        return text
+
+    def text(self, value: Any) -> str:
+        """The value as a label names it: ``W=2``, ``16k``, ``non-causal``."""
+        if self.name == "seqlen" and isinstance(value, int):
+            value = format_size(value)
+        if self.name == "causal":
+            return "causal" if value else "non-causal"
+        return self.label.format(value) if self.label else str(value)
+
+
+_POSITIVE, _ZERO_OR_MORE = _at_least(1), _at_least(0)
+
+FIELDS: tuple[Field, ...] = (
+    Field("task", str, "`run` (measure) or `verify` (compare against single-device attention)",
+          commands=(), check=_one_of(lambda: TASKS)),
+    Field("variant", str, "the context-parallel variant, a registry name (`ringbench variants` lists them "
+          "and says which can run here)", repeatable=True, check=_check_variant),
+    Field("kernel", str, "the local attention kernel: flash-attn-4, flash-attn, torch-flash, cudnn, "
+          "torch-efficient (cuda), cpu, math (any device), or auto: the first one available here that takes the "
+          "dtype, head dims and form, flash-attn-4 first on CUDA (never auto once launched)", "auto", "auto",
+          repeatable=True, check=_check_kernel_name),
+    Field("device", str, "run on cuda (NCCL, one GPU per rank) or cpu (gloo)",
+          default_text="cuda when a GPU is visible, else cpu; a scenario that names its device (smoke says "
+                       "cpu) keeps it unless this is given", check=_one_of(lambda: DEVICES)),
+    Field("world_size", int, "ranks in the context-parallel group, one process each", VISIBLE_GPUS, 2,
+          label="W={}", repeatable=True, check=_POSITIVE),
+    Field("batch", int, "sequences per batch (B)", 1, 1, label="B={}", check=_POSITIVE),
+    Field("seqlen", int, "global tokens per sequence (S), split across the ranks; a whole number with an "
+          "optional k (x1024) or M (x1024^2) suffix, such as 4096, 128k or 1M", 16 * 1024, 4 * 1024,
+          parse=parse_size, repeatable=True, check=_check_seqlen),
+    Field("heads", int, "query heads (Hq)", 32, 4, label="H={}", check=_POSITIVE),
+    Field("kv_heads", int, "key/value heads (Hkv); divides heads, fewer than heads is GQA", 8, 2, label="KV={}",
+          check=_POSITIVE),
+    Field("head_dim", int, "channels per head (D)", 128, 32, label="D={}", check=_POSITIVE),
+    Field("dtype", str, "input dtype: bf16, fp16, fp32 or fp64", "bf16", "fp32", check=_one_of(lambda: tuple(DTYPES))),
+    Field("causal", bool, "causal mask (--causal) or every key visible (--no-causal)", True, True,
+          default_text="causal", flag="--causal/--no-causal", check=None),
+    Field("mode", str, "what one iteration times: fwd (forward) or fwd_bwd (forward and backward); verify "
+          "always checks both", "fwd_bwd", "fwd_bwd", commands=("run",), check=_one_of(lambda: MODES)),
+    Field("iters", int, "timed iterations per case", 20, 10, in_case_id=False, commands=("run",), check=_POSITIVE),
+    Field("warmup", int, "untimed warm-up iterations before timing (0 allowed)", 5, 3, in_case_id=False,
+          commands=("run",), check=_ZERO_OR_MORE),
+    Field("seed", int, "seed of the random inputs (0 or more)", 0, 0, in_case_id=False, check=_ZERO_OR_MORE),
+    Field("head_dim_v", int, "channels per value head (Dv) where they differ from head_dim, as in MLA "
+          "(192/128); out has Dv channels; 0: the same as head_dim. Only some kernels take it "
+          "(flash-attn-4, math)", 0, 0, default_text="head_dim", label="Dv={}", optional=True,
+          check=_ZERO_OR_MORE),
+    Field("layout", str, "the layout of the sequence over the ranks, for variants that take several (llama3: "
+          "zigzag or contiguous; llama3_varlen: contiguous, or balanced: each document cut head-tail, which "
+          "balances the causal mask's work; both take either mask)", "", "",
+          default_text="the variant's own", optional=True, variant_option=True),
+    Field("heads_k_stride", int, "K/V heads gathered at a time by all-gather variants (llama3, llama3_varlen); "
+          "while one group computes, the next group's gather is in flight; 0: all of them in one gather", 0, 0,
+          default_text="all K/V heads in one gather", label="stride={}", optional=True, variant_option=True,
+          check=_ZERO_OR_MORE),
+    Field("docs", str, "packed documents of a varlen variant: lengths in tokens separated by commas (sizes such "
+          "as 12k, 0 for an empty document), in row order, summing to seqlen; ring_varlen needs each a "
+          "multiple of the world size, zigzag_varlen of twice it, llama3_varlen takes any",
+          "", "", default_text="none", optional=True, check=_if_set(lambda name, value: parse_docs(value))),
+    Field("doc_dist", str, "draw the documents with the seed until they fill seqlen: lognormal:mean=4k,sigma=1 "
+          "(mean length in tokens, sigma of its log) or uniform:min=512,max=8k; lengths are rounded to the "
+          "variant's multiple", "", "", default_text="none", optional=True,
+          check=_if_set(lambda name, value: parse_doc_dist(value))),
+    Field("doc_pad", int, "pad every document given by --docs to a multiple of this many tokens, the padding at "
+          "the document's end (so under the causal mask no real token sees it); --docs gives the real lengths, "
+          "seqlen the padded row, FLOPs count real tokens; padding rows' out and gradients are zero and their lse "
+          "is not compared; 0: no padding", 0, 0, default_text="no padding", label="pad={}", optional=True,
+          check=_ZERO_OR_MORE),
+    Field("rotate", str, "how torch_cp (PyTorch's context parallel) moves K/V: allgather (gather once) or "
+          "alltoall (one block per step)", "", "",
+          default_text="allgather, PyTorch's own", optional=True, variant_option=True,
+          check=_if_set(_one_of(_rotations))),
+    Field("sink", str, "attention sink, one logit per query head joining every softmax row once: learnable "
+          "(float32 logits drawn from the seed; verify checks their gradient too) or off-by-one (0, fixed, no "
+          "gradient); ringbench's own variants only", "none", "none", default_text="none", label="sink={}",
+          optional=True,
+          check=_one_of(lambda: SINKS)),
+    Field("window", int, "a causal sliding window: each query sees this many most recent keys of its sequence or "
+          "document, itself included (query p sees keys p - L + 1 .. p); a size such as 4096 or 4k; taken by "
+          f"{_window_takers()} on the flash-attn-4, flash-attn, torch-flash, cpu and math kernels", 0, 0,
+          default_text="none", label="window={}", optional=True, variant_option=True, parse=_parse_window,
+          check=_check_window),
+    Field("ulysses_degree", int, "ranks in each Ulysses group of the Ulysses-ring hybrids (usp, usp_varlen, "
+          "yc_usp), which run a ring of world_size / ulysses_degree groups; a divisor of the world size that "
+          "divides heads (and divides kv_heads or is a multiple of it), 0: the largest such divisor, or auto: one "
+          "case per factorization of the world size", 0, 0,
+          default_text="the largest the heads allow; 0 for the other variants",
+          label="U={}", optional=True, variant_option=True, parse=parse_ulysses_degree, check=_check_ulysses_degree),
+    Field("hf_model", str, "check a whole model instead of attention alone: a random-initialised Llama "
+          "(llama-tiny: 256 tokens, for CPU; llama-small: 16k tokens, for GPUs) through the Hugging Face "
+          "adapter; it fixes seqlen, batch, heads, kv_heads and head_dim; needs the hf extra", "", "", default_text="the attention check", optional=True, commands=("verify",),
+          flag="--model", check=_if_set(_check_model)),
+    Field("repeat", int, "times each case runs in the same launch; above 1, out, lse, dq, dk and dv must be "
+          "bitwise the same in every repeat (a determinism check: the first differing tensor and repeat are "
+          "recorded, and the case fails unless only the gradients differ and its kernel's backward is documented "
+          "as nondeterministic); 1: once, no determinism verdict", 1, 1, in_case_id=False, optional=True,
+          commands=("verify",), check=_POSITIVE),
+    Field("require_deterministic", bool, "fail a case whose repeats differ at all, also where its kernel's "
+          "backward is documented as nondeterministic (flash-attn, torch-flash, cudnn, torch-efficient); runs at "
+          "least 2 repeats", False, False, default_text="off", in_case_id=False, optional=True,
+          commands=("verify",), flag="--require-deterministic", check=None),
+    Field("profile", bool, "after the timed iterations, run as many again with a span around every kernel call, "
+          "merge and communication wait, per rank and per step (CUDA events, read after the iterations; "
+          "perf_counter on cpu): records gain profile, per_rank_busy_ms and busy_imbalance, the command prints a "
+          "breakdown per rank (kernel, merge, exposed communication, other) and writes OUT/profile-<case_id>.png",
+          False, False, default_text="off", in_case_id=False, optional=True, commands=("run",), flag="--profile",
+          check=None),
+    Field("emulate", bool, "one process on one device plays every rank in turn, the ring's transfers replaced "
+          "by device copies of the K/V blocks each rank would receive (drawn from the same seeds): compute-only "
+          "time per rank and the efficiency bound at world_size, in records that say emulated: true; ring, "
+          "zigzag and stripe only, no process group of world_size ranks needed", False, False, default_text="off",
+          optional=True, commands=("run",), flag="--emulate", check=None),
+)
+
+BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+#: Fields passed to the variant's ``attention`` as keywords when set.
+VARIANT_OPTIONS: tuple[str, ...] = tuple(f.name for f in FIELDS if f.variant_option)
+#: Fields that make two verify records one problem at several world sizes: every field of
+#: ``case_id`` but the world size, and the seed (the same problem on other numbers is another one).
+GROWTH_KEY: tuple[str, ...] = tuple(f.name for f in FIELDS if (f.in_case_id or f.name == "seed")
+                                    and f.name not in ("task", "world_size"))
+#: Fields left out of ``case_id``.
+NOT_IN_CASE_ID: tuple[str, ...] = tuple(f.name for f in FIELDS if not f.in_case_id)
+#: Optional fields and the default that records written before them hold.
+OPTIONAL_DEFAULTS: dict[str, Any] = {f.name: f.default for f in FIELDS if f.optional}
+
+_TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a string"}
+
+
+def coerce(name: str, value: Any) -> Any:
+    """Check one field's type; a field with a parser (``seqlen``) also takes text such as ``128k``.
+
+    Returns:
+        The value, parsed where it was text.
+
+    Raises:
+        SpecError: an unknown field, a value of the wrong type, or text the parser refuses.
+    """
+    field = BY_NAME.get(name)
+    if field is None:
+        raise SpecError(f"field {name!r} is not a case field; use one of {', '.join(NAMES)}")
+    if field.parse is not None and isinstance(value, str):
+        return field.parse(value)
+    ok = isinstance(value, field.type) and not (field.type is int and isinstance(value, bool))
+    if not ok:
+        kind = type(value).__name__
+        raise SpecError(f"{name} {value!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, but {name} must be "
+                        f"{_TYPE_WORDS[field.type]}; fix its value")
+    return value
+
+
+def check(name: str, value: Any) -> Any:
+    """Coerce one field's value and apply its own rule; returns the value.
+
+    Raises:
+        SpecError: see :func:`coerce`, or the field's rule, in one sentence with the fix.
+    """
+    value = coerce(name, value)
+    rule = BY_NAME[name].check
+    if rule is not None:
+        rule(name, value)
+    return value
+
+
+def defaults(device: str, visible_gpus: int) -> dict[str, Any]:
+    """Every field with a default, at its default for ``device`` (``world_size`` on cuda: the
+    visible GPUs, at least 1); ``device`` itself included.
+
+    Raises:
+        SpecError: an unknown device.
+    """
+    check("device", device)
+    out: dict[str, Any] = {"device": device}
+    for f in FIELDS:
+        value = getattr(f, device)
+        if value is None:
+            continue
+        out[f.name] = max(1, visible_gpus) if value == VISIBLE_GPUS else value
+    return out
+
+
+def variant_options(spec: Any) -> dict[str, Any]:
+    """The keyword options a case (a CaseSpec or its dict) passes to its variant's ``attention``."""
+    get = spec.get if isinstance(spec, Mapping) else (lambda k, d=None: getattr(spec, k, d))
+    return {name: get(name) for name in VARIANT_OPTIONS if get(name)}
+
+
+def fields_of(command: str) -> tuple[Field, ...]:
+    """The fields ``command`` (``run`` or ``verify``) takes as options, in table order."""
+    return tuple(f for f in FIELDS if command in f.commands)
+
+
+def markdown_table() -> str:
+    """The field table of ``ringbench/CONTRACTS.md``: field, type, defaults, case_id, option, meaning."""
+    rows = ["| field | type | default (cuda / cpu) | in case_id | option | meaning |",
+            "|---|---|---|---|---|---|"]
+    for f in FIELDS:
+        if f.cuda is None:
+            default = "none"
+        elif f.cuda == f.cpu:
+            default = f"`{f.cuda!r}`" if f.type is str else f"`{f.cuda}`"
+            default += f" ({f.default_text})" if f.default_text else ""
+        else:
+            default = f"`{f.cuda}` / `{f.cpu}`" if f.cuda != VISIBLE_GPUS else f"GPUs / `{f.cpu}`"
+        in_id = "no" if not f.in_case_id else ("when set" if f.optional else "yes")
+        commands = " ".join(f"`{c}`" for c in f.commands) or "-"
+        option = f"`{f.option}` ({commands})" if f.commands else "-"
+        rows.append(f"| {f.name} | {f.type.__name__} | {default} | {in_id} | {option} | {f.help} |")
+    return "\n".join(rows) + "\n"

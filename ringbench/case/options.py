@@ -1,0 +1,258 @@
+"""The command-line options of ``run`` and ``verify``: the case options, generated from the field
+table (``ringbench.case.fields``), the sweep's own options, and the checks of the options that are
+not case fields. Torch-free, so ``--help`` and a bad option answer at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import itertools
+import math
+import os
+import re
+import shlex
+import sys
+import tempfile
+import typing
+from pathlib import Path
+from typing import Any, Callable, List, Optional
+
+import typer
+
+from ringbench.case import fields
+from ringbench.errors import SpecError
+
+OUT_HELP = "Folder for the records; run appends to OUT/runs.jsonl, verify to OUT/verify.jsonl. Default: results."
+JSON_HELP = "Print one JSON record per line on stdout and nothing else there, instead of the table."
+RESUME_HELP = ("Skip the cases that already have a record with status ok in the results file (same case_id: "
+               f"every field but {', '.join(fields.NOT_IN_CASE_ID[:-1])} and {fields.NOT_IN_CASE_ID[-1]}), so a "
+               "sweep that was stopped can be finished; the "
+               "table and --json still show every case. Default: run every case.")
+TIMEOUT_HELP = ("Wall-clock seconds one launch (the cases of one world size and device) may take before every "
+                "rank is stopped and the running case recorded as timeout; the sweep then goes on with the next "
+                "case. Default: scaled to the cases, 120 s of start-up plus, per case, twice its FLOPs per GPU "
+                "times (iters + warmup) at 50 TFLOP/s on cuda or 5 GFLOP/s on cpu (verify: four times the "
+                "whole sequence's FLOPs); never below 120.")
+YES_HELP = ("Start the sweep even where ringbench would ask first: on CPU, a sweep estimated over 30 minutes, or a "
+            "world size with more ranks than 4 per core or than the memory here holds (the estimate is printed "
+            "before every sweep). Default: refuse those with exit code 2.")
+NNODES_HELP = ("Hosts the job spans, each running this same command with its own --node-rank; --world-size "
+               "is the total over them, so each host starts world_size / nnodes ranks (it must divide). Only "
+               "node 0, where global rank 0 lives, writes records. Default: 1.")
+NODE_RANK_HELP = "This host's index among --nnodes, 0 to nnodes - 1. Default: 0."
+RDZV_ENDPOINT_HELP = ("HOST:PORT of torchrun's c10d rendezvous, the same on every node (usually node 0's host "
+                      "name and a free port such as 29500); required with --nnodes above 1.")
+RDZV_ID_HELP = ("Rendezvous id, the same on every node. Default: derived from --rdzv-endpoint and the command "
+                "line, which every node shares.")
+
+SCENARIO_HELP = ("Sweep a scenario instead of one shape: a built-in name (smoke, ci-nightly, llama3-8b, peers, "
+                 "hybrids) or a "
+                 ".toml file; the case options then override its fields, and a repeated --variant, --world-size, --seqlen or --kernel "
+                 "replaces its axis. verify's default: the smoke scenario (CPU), unless a shape option is given.")
+JUNIT_HELP = "Also write the results as JUnit XML to this file, one test case per case. Default: no file."
+
+
+def _option_help(field: fields.Field) -> str:
+    text = field.help[0].upper() + field.help[1:] + "."
+    if field.repeatable:
+        text += " Repeat for several: one case per value (with --scenario: replaces its axis)."
+    return f"{text} {field.default_help()}"
+
+
+def _case_parameters(command: str) -> list[inspect.Parameter]:
+    """One typer option per field that ``command`` takes, in table order."""
+    params = []
+    for f in fields.fields_of(command):
+        # Numbers come in as text and are read by the row (fields.Field.from_text), so a bad one
+        # gets ringbench's one sentence, not the parser's box.
+        kind = str if f.parse is not None or f.type is int else f.type
+        annotation = Optional[List[kind]] if f.repeatable else Optional[kind]
+        option = typer.Option(None, *f.option.split(" "), help=_option_help(f), show_default=False)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                        annotation=annotation))
+    return params
+
+
+def with_case_options(command: str) -> Callable:
+    """Give a typer command every case option of ``command`` (``run`` or ``verify``).
+
+    The decorated function takes ``case``: the options given, field -> value (a list for the
+    repeatable ones), the others left out; then its own parameters.
+    """
+    def decorate(func: Callable) -> Callable:
+        hints = typing.get_type_hints(func)
+        own = [p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
+               for p in inspect.signature(func).parameters.values() if p.name != "case"]
+        case_params = _case_parameters(command)
+        names = [p.name for p in case_params]
+
+        @functools.wraps(func)
+        def command_fn(**kwargs: Any) -> Any:
+            case = {n: kwargs.pop(n) for n in names}
+            return func(case={k: v for k, v in case.items() if v is not None and v != []}, **kwargs)
+
+        params = case_params + own
+        command_fn.__signature__ = inspect.Signature(params)  # what typer reads
+        command_fn.__annotations__ = {p.name: p.annotation for p in params}
+        return command_fn
+    return decorate
+
+
+# --------------------------------------------------------------------------- checks of options
+
+#: How the help shows an option taken as text and read as a number here (as typer shows a typed one).
+INT, INT_LIST, FLOAT = "<int>", "<list[int]>", "<float>"
+#: ``matrix --world-size`` reads its values as the case field does.
+WORLD_SIZE = fields.BY_NAME["world_size"]
+
+
+def check_given(given: dict[str, Any]) -> None:
+    """Refuse bad case option values before the (slow, torch-importing) device detection."""
+    from ringbench.case.spec import check_fields, document_refusal
+
+    for key, value in list(given.items()):
+        field = fields.BY_NAME[key]
+        if field.type is not str:
+            given[key] = ([field.from_text(v) if isinstance(v, str) else v for v in value] if isinstance(value, list)
+                          else field.from_text(value) if isinstance(value, str) else value)
+    for key, value in given.items():
+        for item in value if isinstance(value, list) else [value]:
+            check_fields({key: item})
+    for key, value in list(given.items()):
+        if isinstance(value, list):  # the same value twice is one case, not two
+            given[key] = list(dict.fromkeys(value))
+    lists = {k: v for k, v in given.items() if isinstance(v, list)}
+    combos = [{**given, **dict(zip(lists, combo))} for combo in itertools.product(*lists.values())]
+    sizes = given.get("world_size") or []
+    for combo in combos if len(sizes) > 1 else []:  # documents that every world size given can cut
+        reason = document_refusal(combo, world_sizes=sizes)
+        if reason:
+            raise SpecError(reason)
+    _check_seqlen_fits_every_world_size(given)
+    for combo in combos:  # the variant's seqlen rule, at every world size
+        check_fields(combo)
+
+
+def check_timeout(text: Optional[str]) -> Optional[float]:
+    """``--timeout``'s seconds, or ``None`` where it is not given.
+
+    Raises:
+        SpecError: not a number, or not between 0 and a week.
+    """
+    if text is None:
+        return None
+    try:
+        timeout = float(str(text).strip())
+    except ValueError:
+        raise SpecError(f"timeout {text!r} is not a number of seconds; pass --timeout with a number, such as "
+                        "600") from None
+    if not 0 < timeout < 7 * 24 * 3600:
+        raise SpecError(f"timeout {timeout:g} must be positive and under a week (604800 s); pass --timeout with a "
+                        "number of seconds, such as 600")
+    return timeout
+
+
+def _check_seqlen_fits_every_world_size(given: dict[str, Any]) -> None:
+    """Refuse a seqlen that some of several world sizes cannot cut, naming one that fits them all."""
+    from ringbench.variants import get_variant
+
+    sizes = given.get("world_size") or []
+    if "seqlen" not in given or len(sizes) < 2:
+        return
+    seqlens = given["seqlen"] if isinstance(given["seqlen"], list) else [given["seqlen"]]
+    for name in given.get("variant") or []:
+        variant = get_variant(name)
+        layout = given.get("layout") or None
+        need = math.lcm(*(variant.seqlen_multiple(w, layout) for w in sizes))
+        for seqlen in seqlens:
+            if seqlen % need:
+                up = (seqlen // need + 1) * need
+                raise SpecError(f"seqlen {seqlen} is not a multiple of {need}, which {name} needs to cut it at "
+                                f"every world size given ({', '.join(map(str, sizes))}); use {up}")
+
+
+_HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+
+
+def check_nodes(nnodes: Optional[str], node_rank: Optional[str], endpoint: Optional[str],
+                rdzv_id: Optional[str]) -> tuple[int, dict]:
+    """Refuse bad multi-node options (``--nnodes`` and ``--node-rank`` as given, text or ``None``
+    for the defaults 1 and 0); the number of nodes, and the keyword arguments ``launch`` takes
+    for them."""
+    nnodes = 1 if nnodes is None else fields.parse_whole(nnodes, name="nnodes", option="--nnodes", example=1)
+    node_rank = (0 if node_rank is None else
+                 fields.parse_whole(node_rank, name="node-rank", option="--node-rank", example=0))
+    if not 1 <= nnodes <= 4096:
+        raise SpecError(f"nnodes {nnodes} must be from 1 to 4096; pass --nnodes with the number of hosts")
+    if not 0 <= node_rank < nnodes:
+        raise SpecError(f"node-rank {node_rank} must be from 0 to nnodes - 1 = {nnodes - 1}; pass --node-rank with "
+                        "this host's index")
+    if endpoint is not None:
+        host, sep, port = endpoint.rpartition(":")
+        if not (sep and _HOST_RE.fullmatch(host) and port.isdigit() and 1 <= int(port) <= 65535):
+            raise SpecError(f"rdzv-endpoint {endpoint!r} is not HOST:PORT with a port from 1 to 65535; pass "
+                            "--rdzv-endpoint such as node001:29500")
+    elif nnodes > 1:
+        raise SpecError(f"nnodes {nnodes} needs a rendezvous every node can reach; pass --rdzv-endpoint HOST:PORT, "
+                        "the same on every node, such as node001:29500")
+    if nnodes == 1 and node_rank == 0 and endpoint is None:
+        return nnodes, {}
+    if rdzv_id is None:
+        # Every node runs the same command line but its own --node-rank: leave that out.
+        argv, skip = [], False
+        for arg in sys.argv[1:]:
+            if skip or arg.startswith("--node-rank"):
+                skip = arg == "--node-rank"
+                continue
+            argv.append(arg)
+        rdzv_id = "ringbench-" + hashlib.sha1(shlex.join([endpoint or "", *argv]).encode()).hexdigest()[:12]
+    return nnodes, {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "rdzv_id": rdzv_id}
+
+
+def _writable_folder(folder: Path) -> str | None:
+    """Why nothing can be written in ``folder`` (made if missing), or None when a file can be."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # A real write, since permission bits say nothing to root about read-only or immutable folders.
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".ringbench-probe-"):
+            pass
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
+def check_out(out: Path, junit_xml: Optional[Path]) -> None:
+    reason = _writable_folder(out)
+    if reason:
+        raise SpecError(f"out {str(out)!r} is not a folder ringbench can write in ({reason}); pass --out with a "
+                        "writable folder")
+    if junit_xml is not None:
+        if junit_xml.is_dir():
+            raise SpecError(f"junit-xml {str(junit_xml)!r} is a folder; pass --junit-xml with a file path such "
+                            "as results/verify.xml")
+        reason = _writable_folder(junit_xml.parent)
+        if reason is None and junit_xml.exists() and not os.access(junit_xml, os.W_OK):
+            reason = "the file is read-only"
+        if reason:
+            raise SpecError(f"junit-xml {str(junit_xml)!r} cannot be written ({reason}); pass --junit-xml "
+                            "with a writable path")
+
+
+
+
+def check_output(option: str, path: Optional[Path], suffixes: tuple[str, ...]) -> None:
+    """Refuse an output file with a wrong suffix or a folder that cannot be made, before any work."""
+    if path is None:
+        return
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise SpecError(f"{option} {str(path)!r} must end in {', '.join(suffixes[:-1])} or {suffixes[-1]}, which "
+                        f"names the format; pass a file such as compare{suffixes[0]}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"{option} {str(path)!r} has a folder that could not be created ({exc.strerror}); pass "
+                        "a writable path") from None
+
+

@@ -1,0 +1,586 @@
+"""The case specification: one run of one variant on one shape, and every check on it.
+
+Everything here but :func:`resolve` and :func:`detect_device` is torch-free, so a bad
+spec is refused in milliseconds, before any process starts. The kernel checks import
+``ringbench.variants.kernels`` (and so torch) only when a concrete kernel is named.
+
+That includes the packed documents of the varlen variants: :func:`resolve_docs` draws a
+``doc_dist`` into ``docs`` with the case's seed, and :func:`validate` checks the documents
+against the variant's rules (they fill the row, batch 1, the per-document multiple).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import random
+from typing import Any, Mapping
+
+from ringbench.case import fields
+from ringbench.errors import SpecError, Unavailable
+from ringbench.case.fields import (DTYPES, MAX_SEQLEN, MODES, TASKS, DEVICES, format_size, parse_doc_dist,
+                                   parse_docs, parse_size, plural, variant_options)
+
+
+class _CaseMethods:
+    """The methods of :class:`CaseSpec`, whose fields come from :data:`ringbench.case.fields.FIELDS`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form records hold, field order as in the table."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CaseSpec":
+        """Build a spec from ``to_dict()`` output (or a record's ``spec``), checking each field's type.
+
+        Optional fields a record written before them lacks take their default.
+
+        Raises:
+            SpecError: a missing or unknown field, or a value of the wrong type.
+        """
+        unknown = [k for k in data if k not in fields.BY_NAME]
+        if unknown:
+            raise SpecError(f"field {unknown[0]!r} is not a case field; use one of {', '.join(fields.NAMES)}")
+        missing = [k for k in fields.NAMES if k not in data and k not in fields.OPTIONAL_DEFAULTS]
+        if missing:
+            raise SpecError(f"field {missing[0]!r} is missing from the case; give every field of "
+                            "CaseSpec.to_dict()")
+        return cls(**{k: fields.coerce(k, data[k]) for k in fields.NAMES if k in data})
+
+    def case_id(self) -> str:
+        """A stable 12-hex-digit sha1 of every field in the case_id (all but iters, warmup and seed).
+
+        Optional fields left at their defaults are left out, so ids stay those of records
+        written before the field existed.
+        """
+        keyed = {k: v for k, v in self.to_dict().items()
+                 if k not in fields.NOT_IN_CASE_ID
+                 and not (k in fields.OPTIONAL_DEFAULTS and v == fields.OPTIONAL_DEFAULTS[k])}
+        blob = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+    def value_head_dim(self) -> int:
+        """The value head dim Dv: ``head_dim_v``, or ``head_dim`` where it is 0."""
+        return self.head_dim_v or self.head_dim
+
+    def replace(self, **changes: Any) -> "CaseSpec":
+        """A copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+
+def _case_doc() -> str:
+    lines = ["One case: a variant, a kernel and a shape on ``world_size`` ranks.", "",
+             "Generated from :data:`ringbench.case.fields.FIELDS`, one attribute per row.", "", "Attributes:"]
+    lines += [f"    {f.name} ({f.type.__name__}): {f.help}." for f in fields.FIELDS]
+    return "\n".join(lines)
+
+
+CaseSpec = dataclasses.make_dataclass(
+    "CaseSpec",
+    [(f.name, f.type) if not f.optional else (f.name, f.type, dataclasses.field(default=f.default))
+     for f in fields.FIELDS],
+    bases=(_CaseMethods,), frozen=True, namespace={"__doc__": _case_doc(), "__module__": __name__})
+
+
+def field_names() -> tuple[str, ...]:
+    """CaseSpec's field names in table order."""
+    return fields.NAMES
+
+
+def layout_of(spec, variant) -> str:
+    """The layout a case's tensors are sharded in: its own, or else the variant's."""
+    return spec.layout or variant.layout
+
+
+def ulysses_degree_of(spec, variant) -> int:
+    """The Ulysses degree composed into a case's layout (``layouts``' ``ulysses_degree``): the
+    case's own for the Ulysses-ring hybrids (usp), 1 for every other variant."""
+    return variant.layout_degree(spec.world_size, spec.ulysses_degree, spec.heads, spec.kv_heads)
+
+
+def expand_ulysses_degree(spec: "CaseSpec") -> list["CaseSpec"]:
+    """The cases ``spec`` stands for: ``ulysses_degree`` auto becomes one case per factorization
+    U x R of the world size whose U the heads allow (``variants.ulysses_rule``), ascending; unset
+    (0) becomes the variant's default, so records name the degree that ran. Other variants'
+    cases are returned as they are (``validate`` refuses a degree they do not take)."""
+    from ringbench.variants import VARIANTS, factorizations, ulysses_rule
+
+    variant = VARIANTS.get(spec.variant)
+    if variant is None or "ulysses_degree" not in variant.options or spec.ulysses_degree > 0:
+        return [spec]
+    if spec.ulysses_degree == fields.AUTO_DEGREE:
+        return [spec.replace(ulysses_degree=u) for u in factorizations(spec.world_size)
+                if ulysses_rule(spec.heads, spec.kv_heads, u, spec.variant) is None]
+    return [spec.replace(ulysses_degree=variant.ulysses_degree(spec.world_size, 0, spec.heads, spec.kv_heads))]
+
+
+def default_fields(device: str, visible_gpus: int) -> dict[str, Any]:
+    """Every field but ``task`` and ``variant`` at its default for ``device`` (the table's
+    ``cuda`` and ``cpu`` columns; on cuda the world size is the visible GPUs, at least 1).
+
+    Raises:
+        SpecError: an unknown device.
+    """
+    return fields.defaults(device, visible_gpus)
+
+
+def detect_device() -> tuple[str, int]:
+    """Return ``("cuda", visible GPU count)`` when torch sees a GPU, else ``("cpu", 0)``.
+
+    Imports torch (about two seconds), so call it only once a command needs it.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", torch.cuda.device_count()
+    return "cpu", 0
+
+
+# --------------------------------------------------------------------------- checks
+
+def check_fields(given: Mapping[str, Any]) -> None:
+    """Check each given field on its own (its row's rule), then the rules across fields that
+    the given ones allow, in an order where each refusal's fix passes the rules before it:
+    ``heads % kv_heads``, the padding's (:func:`_check_padding`), the documents' per-document
+    multiple (:func:`document_refusal`), then the variant's rules (its Ulysses degree, its
+    seqlen multiple...).
+
+    Needs no torch and accepts a partial mapping, so the CLI can refuse a bad option before
+    it detects the device. Each rule runs once the fields it reads are given (the variant's
+    when variant, seqlen and world_size are).
+
+    Raises:
+        SpecError: the first refused field, in one sentence with the fix.
+    """
+    from ringbench.variants import get_variant
+
+    for name, value in given.items():
+        fields.check(name, value)
+    heads, kv_heads = given.get("heads"), given.get("kv_heads")
+    if heads and kv_heads and heads % kv_heads:
+        fit = max(d for d in range(1, kv_heads + 1) if heads % d == 0)
+        raise SpecError(f"heads {heads} is not a multiple of kv_heads {kv_heads}; "
+                        f"pass --kv-heads with a divisor of {heads}, such as {fit}")
+    _check_padding(given)
+    reason = document_refusal(given)
+    if reason:
+        raise SpecError(reason)
+    if all(k in given for k in ("variant", "seqlen", "world_size")):
+        reason = get_variant(given["variant"]).check(
+            seqlen=fields.coerce("seqlen", given["seqlen"]), world_size=given["world_size"],
+            causal=given.get("causal", True), layout=given.get("layout") or None,
+            heads_k_stride=given.get("heads_k_stride", 0), kv_heads=given.get("kv_heads"),
+            rotate=given.get("rotate", ""), sink=given.get("sink", "none"), window=given.get("window", 0),
+            ulysses_degree=given.get("ulysses_degree", 0), heads=given.get("heads"))
+        if reason:
+            raise SpecError(reason)
+
+
+def emulation_refusal(spec: CaseSpec) -> str | None:
+    """Why ``spec`` cannot be emulated (``run --emulate``, ``emulation.py``), in one sentence with
+    the fix, or ``None`` (also when not emulated)."""
+    if not spec.emulate:
+        return None
+    from ringbench.variants import VARIANTS, get_variant
+
+    if spec.task != "run":
+        return ("emulate is a run measurement and verify checks a real distributed run; drop emulate from the "
+                "verify case")
+    variant = get_variant(spec.variant)
+    if variant.emulates:
+        return None
+    if variant.peer:
+        why = "it is a peer whose own code drives torch.distributed, which one process cannot play"
+    elif variant.varlen:
+        why = "its packed documents are checked with an all-gather, and collectives are not emulated"
+    else:
+        why = (f"its collectives ({'all-to-all' if variant.ulysses else 'all-gather'}) are not emulated, only the "
+               "ring's point-to-point transfers")
+    able = ", ".join(name for name, v in VARIANTS.items() if v.emulates)
+    return f"{spec.variant} cannot run with --emulate: {why}; emulate {able}, or run {spec.variant} without --emulate"
+
+
+def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
+    """Refuse a spec that cannot run, before any process starts.
+
+    Checks every field and the rules across them (see :func:`check_fields`: ``heads % kv_heads
+    == 0``, the padding, the per-document multiple, the variant's seqlen, head and mask rules),
+    the rest of the documents' rules, GQA support, the GPU count on cuda, and, for a named kernel
+    (not ``auto``), that it exists, runs on ``spec.device`` and takes the head dim and dtype.
+    Whether the kernel is available on this machine is :func:`resolve`'s job.
+
+    Args:
+        spec: the case.
+        visible_gpus: GPUs visible here; bounds ``world_size`` on cuda.
+
+    Raises:
+        SpecError: one sentence with the field, the value, the rule and the fix.
+    """
+    from ringbench.variants import get_variant
+
+    check_fields(spec.to_dict())
+    variant = get_variant(spec.variant)
+    for reason in (variant.check_device(spec.device), variant.check_kernel(spec.kernel)):
+        if reason:
+            raise SpecError(reason)
+    _check_docs(spec, variant)
+    if emulation_refusal(spec):
+        raise SpecError(emulation_refusal(spec))
+    if spec.emulate and spec.sink == "learnable":
+        # An off-by-one sink is emulated: it joins each row after the ring's last merge, on the
+        # rank that holds the row, and has no gradient; a learnable one's gradient is all-reduced.
+        raise SpecError(f"sink {spec.sink!r} is not emulated: its gradient is summed over the ranks by a collective "
+                        "(an all-reduce), which one process cannot play; drop --emulate, or pass --sink off-by-one "
+                        "(no gradient) or --sink none")
+    if spec.hf_model and (spec.sink != "none" or spec.doc_pad):
+        given = f"sink {spec.sink!r}" if spec.sink != "none" else f"doc_pad {spec.doc_pad}"
+        raise SpecError(f"{given} is not checked with --model, whose Llama has neither sinks nor padded documents; "
+                        "check the attention alone without --model")
+    if spec.hf_model:
+        from ringbench.case.models import check_case
+
+        check_case(spec)
+        reason = variant.model_refusal()  # a peer whose model adapter cannot run here
+        if reason:
+            raise SpecError(reason)
+    if spec.value_head_dim() != spec.head_dim and not variant.head_dim_v:
+        raise SpecError(f"head_dim_v {spec.head_dim_v} differs from head_dim {spec.head_dim}, but {spec.variant} "
+                        "assumes one head dim for q, k and v; drop --head-dim-v or use one of ringbench's own "
+                        "variants")
+    if spec.kv_heads != spec.heads and not variant.gqa:
+        raise SpecError(f"kv_heads {spec.kv_heads} differs from heads {spec.heads}, but {spec.variant} "
+                        f"does not support GQA; pass --kv-heads {spec.heads}")
+    if spec.device == "cuda":
+        if visible_gpus < 1:
+            raise SpecError("device cuda needs a visible GPU and none is visible; run on a GPU "
+                            "machine or pass --device cpu")
+        if spec.world_size > visible_gpus and not spec.emulate:  # emulated: one GPU plays every rank
+            raise SpecError(f"world_size {spec.world_size} exceeds the {visible_gpus} visible GPUs; "
+                            f"pass --world-size {visible_gpus} or fewer")
+    if spec.kernel != "auto":
+        _check_kernel(spec, _named_kernel(spec.kernel))
+
+
+def _named_kernel(name: str):
+    from ringbench.variants.kernels import get_kernel
+
+    try:
+        return get_kernel(name)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _check_kernel(spec: CaseSpec, kernel) -> None:
+    """Refuse a kernel that cannot take ``spec``'s device, head dim, dtype or packed documents
+    (the rules of ``variants.kernels.check_kernel``, the ones ``auto`` resolves by)."""
+    import torch
+
+    from ringbench.variants import get_variant
+    from ringbench.variants.kernels import check_kernel
+
+    reason = check_kernel(kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]), head_dim=spec.head_dim,
+                          head_dim_v=spec.value_head_dim(), varlen=get_variant(spec.variant).varlen,
+                          window=bool(spec.window))
+    if reason:
+        raise SpecError(reason)
+
+
+def canonical(spec: CaseSpec) -> CaseSpec:
+    """``spec`` with options that restate a default written as the default (``layout`` equal
+    to the variant's own, ``heads_k_stride`` equal to kv_heads, ``rotate`` allgather, ``head_dim_v`` equal to
+    head_dim), so one computation has one
+    case_id."""
+    from ringbench.variants import ROTATE, get_variant
+
+    changes: dict[str, Any] = {}
+    if spec.layout and spec.layout == get_variant(spec.variant).layout:
+        changes["layout"] = ""
+    if spec.heads_k_stride and spec.heads_k_stride == spec.kv_heads:
+        changes["heads_k_stride"] = 0
+    if spec.rotate == ROTATE[0]:
+        changes["rotate"] = ""
+    if spec.head_dim_v == spec.head_dim:
+        changes["head_dim_v"] = 0
+    return spec.replace(**changes) if changes else spec
+
+
+def resolve(spec: CaseSpec) -> CaseSpec:
+    """Pick the concrete kernel for ``spec`` on this machine; imports torch.
+
+    ``variants.kernels.resolve_kernel`` decides, the one resolution the variants use too:
+    ``auto`` becomes the first kernel in ``AUTO_ORDER[device]`` (among the variant's own
+    kernels, for a peer) that is available here and takes the spec's head dim and dtype
+    (and, for a varlen variant, has a varlen form). A named kernel must be available here.
+
+    Returns:
+        ``spec`` with ``kernel`` set to a concrete name.
+
+    Raises:
+        Unavailable: the variant's library is missing here (with the reason).
+        SpecError: the named kernel is unavailable (with the reason), or no kernel fits.
+    """
+    import torch
+
+    from ringbench.variants import get_variant
+    from ringbench.variants.kernels import resolve_kernel
+
+    variant = get_variant(spec.variant)
+    reason = variant.unavailable()
+    if reason:
+        raise Unavailable(f"variant {spec.variant} is unavailable here: {reason}")
+    try:
+        kernel = resolve_kernel(spec.kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]),
+                                head_dim=spec.head_dim, head_dim_v=spec.value_head_dim(), varlen=variant.varlen,
+                                window=bool(spec.window),
+                                among=variant.kernels)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    return spec if kernel.name == spec.kernel else spec.replace(kernel=kernel.name)
+
+
+# --------------------------------------------------------------------------- packed documents
+
+def _doc_multiple(spec: CaseSpec) -> int:
+    """The multiple every document length must be for ``spec``'s variant (1: any length)."""
+    from ringbench.variants import VARIANTS
+
+    variant = VARIANTS.get(spec.variant)
+    if variant is None or not variant.shard_by_document:
+        return 1
+    return variant.seqlen_multiple(spec.world_size)
+
+
+def draw_docs(kind: str, params: Mapping[str, float], seqlen: int, seed: int, multiple: int = 1) -> list[int]:
+    """Draw document lengths that fill ``seqlen`` tokens exactly.
+
+    Lengths are drawn one after another from a ``random.Random(seed)`` until they reach
+    ``seqlen``; each draw is rounded to the nearest multiple of ``multiple`` (at least
+    ``multiple``, so at least 1), and the last document is cut so that the lengths sum to
+    ``seqlen``. With ``seqlen`` a multiple of ``multiple``, the cut one is a multiple too.
+
+    Args:
+        kind, params: from :func:`parse_doc_dist`. ``lognormal``: the length is
+            ``exp(N(mu, sigma))`` with ``mu = ln(mean) - sigma**2 / 2``, so its mean is
+            ``mean`` tokens. ``uniform``: an integer from min to max, both included.
+        seqlen: tokens to fill.
+        seed: the seed; the same arguments always give the same lengths.
+        multiple: every length's required multiple (W for ring_varlen, 2W for zigzag_varlen).
+
+    Returns:
+        Positive lengths summing to ``seqlen``.
+    """
+    rng = random.Random(seed)
+    docs: list[int] = []
+    total = 0
+    while total < seqlen:
+        if kind == "lognormal":
+            x = rng.lognormvariate(math.log(params["mean"]) - params["sigma"] ** 2 / 2, params["sigma"])
+        else:
+            x = rng.randint(int(params["min"]), int(params["max"]))
+        length = max(multiple, multiple * round(x / multiple))
+        length = min(length, seqlen - total)
+        docs.append(length)
+        total += length
+    return docs
+
+
+def spec_docs(spec: CaseSpec) -> list[int] | None:
+    """The document lengths of a case, or ``None`` when it has none.
+
+    ``docs`` when given, else ``doc_dist`` drawn as :func:`resolve_docs` does.
+
+    Raises:
+        SpecError: a malformed ``docs`` or ``doc_dist``.
+    """
+    spec = resolve_docs(spec)
+    return parse_docs(spec.docs) if spec.docs else None
+
+
+def resolve_docs(spec: CaseSpec) -> CaseSpec:
+    """Turn a case's documents into plain ``docs``, ready for :func:`validate` and the worker.
+
+    ``docs`` is rewritten as comma-separated integers (``12k`` becomes ``12288``), so equal
+    documents give equal case ids. A ``doc_dist`` is drawn with the case's ``seed`` (see
+    :func:`draw_docs`) into ``docs`` and kept for the record; for ``ring_varlen`` and
+    ``zigzag_varlen`` each drawn length is rounded to the nearest multiple of W or 2W (at
+    least that multiple) and the last one cut to fill ``seqlen``, so the draw obeys their
+    per-document rule whenever ``seqlen`` does (otherwise lengths are rounded to whole tokens
+    and :func:`validate` refuses the seqlen). Idempotent; pure (no torch, no I/O).
+
+    Returns:
+        The spec with ``docs`` resolved, or ``spec`` itself when it has no documents.
+
+    Raises:
+        SpecError: a malformed ``docs`` or ``doc_dist``, or both given with different lengths.
+    """
+    drawn = None
+    if spec.doc_dist:
+        kind, params = parse_doc_dist(spec.doc_dist)
+        multiple = _doc_multiple(spec)
+        drawn = draw_docs(kind, params, spec.seqlen, spec.seed, multiple if spec.seqlen % multiple == 0 else 1)
+    if spec.docs:
+        given = parse_docs(spec.docs)
+        if drawn is not None and given != drawn:
+            raise SpecError(f"docs {spec.docs!r} and doc_dist {spec.doc_dist!r} are both given and disagree; pass "
+                            "--docs or --doc-dist, not both")
+        drawn = given
+    if drawn is None:
+        return spec
+    return spec.replace(docs=",".join(str(d) for d in drawn))
+
+
+def padded_docs(spec: CaseSpec) -> list[int] | None:
+    """The document lengths a case's layout cuts: each of :func:`spec_docs`'s real lengths
+    rounded up to a multiple of ``doc_pad`` (the lengths themselves when it is 0), or ``None``.
+
+    Raises:
+        SpecError: a malformed ``docs`` or ``doc_dist``.
+    """
+    docs = spec_docs(spec)
+    if docs is None or not spec.doc_pad:
+        return docs
+    return [-(-d // spec.doc_pad) * spec.doc_pad for d in docs]
+
+
+def _check_padding(given: Mapping[str, Any]) -> None:
+    """Refuse ``doc_pad`` where it cannot apply: no ``docs`` to pad, or no causal mask to hide it.
+
+    ``given`` may be partial (the CLI's options before the device is known): a rule runs only
+    once the fields it reads are given (``docs``, ``causal``).
+    """
+    pad = given.get("doc_pad") or 0
+    if not pad:
+        return
+    if given.get("doc_dist") or ("docs" in given and not given["docs"]):
+        why = "--doc-dist draws documents that fill seqlen" if given.get("doc_dist") else "the case has none"
+        raise SpecError(f"doc_pad {pad} pads the documents --docs gives, but {why}; pass --docs with "
+                        "the real lengths, or drop --doc-pad")
+    if given.get("causal", True) is False:
+        raise SpecError(f"doc_pad {pad} needs the causal mask, which keeps every real token from the "
+                        "padding at its document's end (ringbench's kernels take no key mask); pass --causal or "
+                        "drop --doc-pad")
+
+
+def _and(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
+
+
+def _round_to_multiples(docs: list[int], n: int, total: int | None) -> list[int]:
+    """``docs`` with every length that is not a multiple of ``n`` moved to a multiple of ``n`` next
+    to it: the nearer one (above on a tie, and above where below is 0), then, where ``total`` is
+    given and moving some of them to their other neighbour reaches it, so that they sum to ``total``."""
+    low = {i: d - d % n for i, d in enumerate(docs) if d % n}
+    out = list(docs)
+    for i, below in low.items():
+        out[i] = below + n if 2 * (docs[i] % n) >= n or below == 0 else below
+    if total is not None and total % n == 0:
+        steps = (total - sum(out)) // n
+        if steps > 0:  # up the ones rounded down, the nearest to the multiple above first
+            movable = sorted((i for i in low if out[i] == low[i]), key=lambda i: (-(docs[i] % n), -docs[i]))
+        else:  # down the ones rounded up (never to 0), the nearest to the multiple below first
+            movable = sorted((i for i in low if out[i] > low[i] and low[i]), key=lambda i: (docs[i] % n, -docs[i]))
+        if abs(steps) <= len(movable):
+            for i in movable[:abs(steps)]:
+                out[i] += n if steps > 0 else -n
+    return out
+
+
+def document_refusal(given: Mapping[str, Any], world_sizes: list[int] | None = None) -> str | None:
+    """Why a document-sharded variant (``ring_varlen``, ``zigzag_varlen``, ``usp_varlen``) cannot cut
+    the documents ``--docs`` gives, padded by ``doc_pad`` where set, or ``None``.
+
+    Every (padded) document must be a multiple of the variant's ``seqlen_multiple`` at the world
+    size (at each of ``world_sizes``, where given: their least common multiple). The sentence
+    names every document that is not, and a fix that passes this rule, the documents' sum and
+    the seqlen rule at once: ``--docs`` with each offending length moved to a multiple next to
+    it, summing to the given seqlen where that can be done (else with the ``--seqlen`` they
+    fill), padding them with ``--doc-pad`` under a causal mask, or llama3_varlen. Checked before
+    the seqlen rule, whose fix alone cannot make the documents fit. Drawn documents
+    (``doc_dist``) are left to the seqlen rule: they are drawn to the multiple once it holds.
+
+    ``given`` may be partial: nothing is refused until variant, docs and world_size are given.
+    """
+    from ringbench.variants import get_variant
+
+    sizes = world_sizes or ([given["world_size"]] if "world_size" in given else [])
+    if not given.get("variant") or not given.get("docs") or given.get("doc_dist") or not sizes:
+        return None
+    variant = get_variant(given["variant"])
+    if not variant.shard_by_document:
+        return None
+    n = math.lcm(*(variant.seqlen_multiple(w) for w in sizes))
+    if len(sizes) > 1:
+        rule = (f"{n}, which {variant.name} needs for every document at every world size given "
+                f"({', '.join(map(str, sizes))})")
+    else:
+        twice = "2 * " if variant.seqlen_multiple(1) == 2 else ""
+        rule = f"{twice}world_size = {n}, which {variant.name} needs for every document"
+    seqlen = fields.coerce("seqlen", given["seqlen"]) if isinstance(given.get("seqlen"), (int, str)) else None
+    real, pad = parse_docs(given["docs"]), given.get("doc_pad") or 0
+
+    def padded(to: int) -> list[int]:
+        return [-(-d // to) * to for d in real] if to else list(real)
+
+    def fill(lengths: list[int]) -> str:  # the --seqlen they need, where the given one is not it
+        return "" if sum(lengths) == seqlen else f" --seqlen {sum(lengths)}"
+
+    lengths = padded(pad)
+    bad = [i for i, d in enumerate(lengths) if d % n]
+    if not bad:
+        return None
+    which = (f"document {bad[0] + 1}" if len(bad) == 1 else
+             f"documents {_and([str(i + 1) for i in bad])}")
+    tokens = _and([str(lengths[i]) for i in bad])
+    multiple = "a multiple" if len(bad) == 1 else "multiples"
+    if pad:
+        fit = -(-pad // n) * n
+        head, fixes = f"doc_pad {pad} pads {which} to {tokens} tokens", [f"pass --doc-pad {fit}{fill(padded(fit))}"]
+    else:
+        head = f"{which} {'has' if len(bad) == 1 else 'have'} {tokens} token{'' if lengths[bad[0]] == 1 else 's'}"
+        moved = _round_to_multiples(real, n, seqlen)
+        fixes = [f"pass --docs {','.join(map(str, moved))}{fill(moved)}"]
+        if given.get("causal", True) is not False and not given.get("hf_model"):
+            fixes.append(f"pad the documents with --doc-pad {n}{fill(padded(n))}")
+    anywhere = get_variant("llama3_varlen")  # cuts the row, not each document: any lengths
+    if sum(lengths) % math.lcm(*(anywhere.seqlen_multiple(w) for w in sizes)) == 0:
+        fixes.append(f"use --variant {anywhere.name}{fill(lengths)}, which takes any document lengths")
+    return f"{head}, not {multiple} of {rule}; {', '.join(fixes[:-1])}{', or ' if len(fixes) > 1 else ''}{fixes[-1]}"
+
+
+def _check_docs(spec: CaseSpec, variant) -> None:
+    """Refuse documents a case's variant cannot take, or a varlen case without them (the padding
+    and the per-document multiple of the documents --docs gives are :func:`check_fields`'s)."""
+    docs = padded_docs(spec)
+    if not variant.varlen:
+        if docs is not None:
+            from ringbench.variants import names
+
+            given = "docs" if spec.docs else "doc_dist"
+            raise SpecError(f"{given} {getattr(spec, given)!r} is given, but {spec.variant} is a batch variant and "
+                            f"takes no documents; use {names(lambda v: v.varlen)}, or drop --{given.replace('_', '-')}")
+        return
+    if docs is None:
+        raise SpecError(f"{spec.variant} attends packed documents, but the case has none; pass --docs 3000,500,12k "
+                        "(lengths that sum to --seqlen) or --doc-dist lognormal:mean=4k,sigma=1")
+    if spec.batch != 1:
+        raise SpecError(f"batch {spec.batch} is not 1, but {spec.variant} packs the documents into one row; "
+                        "pass --batch 1")
+    total = sum(docs)
+    if total != spec.seqlen and spec.doc_pad:
+        raise SpecError(f"documents sum to {sum(spec_docs(spec))} tokens, {total} once each is padded to a "
+                        f"multiple of doc_pad {spec.doc_pad}, but seqlen is {spec.seqlen}; the padded documents "
+                        f"must fill the row, so pass --seqlen {total}")
+    if total != spec.seqlen:
+        raise SpecError(f"documents sum to {total} but seqlen is {spec.seqlen}; the documents must fill the row "
+                        f"exactly, so pass --seqlen {total} or documents that sum to {spec.seqlen}")
+    reason = variant.check_docs(docs, spec.world_size)
+    if reason:
+        raise SpecError(reason)
+
+
+def launch_world_size(case) -> int:
+    """The processes a case's launch starts: 1 for an emulated case, else its world size."""
+    return 1 if getattr(case, "emulate", False) else case.world_size

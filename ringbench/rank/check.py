@@ -1,0 +1,619 @@
+"""Correctness of one case: the variant against two references, under the tolerance rule.
+
+For each tensor T in (out, lse, dq, dk, dv), with T_fp64 the math kernel in float64 and
+T_single the same kernel on one device over the whole sequence::
+
+    pass  iff  max|T_variant - T_fp64| <= 2 * max|T_single - T_fp64| + floor(T)
+
+``floor(T) = 0.5 * eps(dtype) * max|T_fp64|`` is one rounding of T's dtype at T's largest
+magnitude. Each block of a context-parallel result comes back from the kernel already rounded
+to the dtype before the float32 merge, so a correct variant carries roundings that the
+single-device kernel does not; the floor admits one of them at full scale and nothing of the
+size a dropped, doubled or mis-masked block makes. It also keeps the allowance above zero
+where the single-device kernel happens to be exact.
+NaN or Inf fails, and so does a dtype or shape that differs from the input's.
+Comparing against the fp64 reference, not only against the same kernel without context
+parallelism, keeps a kernel bug from cancelling itself out (the measurement rules in README.md).
+
+The max rule hides systematic drift (an accumulation in the input dtype passes it), so each
+tensor is also held to its block-decomposition reference (:func:`shadow_check`): while the
+variant runs, its engine reports every kernel call (``variants/observe.py``), and
+:func:`_shadow` rebuilds out, lse, dq, dk and dv from those blocks in float64. A correct
+variant is one rounding away from it; a check passes only when both rules do. Variants whose
+engine reports nothing (peers) keep the max rule alone, their shadow fields null.
+
+A case with packed documents (a varlen variant, ``docs`` in the spec) builds the global
+``cu_seqlens``, shards the row as the variant does (document by document, or by row), passes
+``cu_seqlens=`` to the variant, and takes both references from the kernels' varlen form over
+the whole row.
+
+With ``spec.repeat`` above 1 (at least 2 under ``spec.require_deterministic``) the variant runs
+again on the same inputs in the same process, and every rank compares each repeat's out, lse,
+dq, dk and dv with the first's bit for bit (:func:`repeat_variant`). Any difference fails the
+case, except gradients alone differing where the kernel's backward is documented as
+nondeterministic (``Kernel.nondeterministic_backward``), which is recorded and passes unless
+``require_deterministic`` (:func:`determinism_verdict`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ringbench.rank import sink_pad as extras
+from ringbench.rank.setup import CaseSetup, case_setup, sink_logits
+from ringbench.case.fields import plural
+from ringbench.case.spec import CaseSpec
+from ringbench.variants.engines import layouts
+from ringbench.variants.instruments import observe
+from ringbench.variants.kernels.common import accumulation_dtype
+from ringbench.variants.kernels import KERNELS
+from ringbench.variants.engines.merge import merge_
+
+TENSORS = ("out", "lse", "dq", "dk", "dv")
+ERR_FACTOR = 2.0
+#: The block-decomposition rule (:func:`shadow_check`): ulps of the tensor's dtype at each element,
+#: and eps of the accumulation dtype per partial result at the largest magnitude.
+SHADOW_ULPS = 1.0
+SHADOW_EPS_PER_TERM = 4.0
+#: The shadow fields of a check entry, null where the block-decomposition check does not apply.
+SHADOW_FIELDS = ("shadow_err", "shadow_allowed", "shadow_ratio", "shadow_mean_ratio", "shadow_terms",
+                 "shadow_passed")
+
+
+def floor_for(dtype: torch.dtype, ref_max: float, world_size: int = 1) -> float:
+    """The error floor of a tensor of ``dtype`` whose largest |value| is ``ref_max``: one rounding,
+    ``0.5 * eps * ref_max``. In float64 the variant accumulates in the input dtype itself, so each
+    of its up to ``2 * world_size`` blocks may add a rounding of the output's own precision, while
+    the single-device math kernel is the reference and has no error at all: there the floor is
+    ``2 * (2 * world_size) * eps * ref_max``."""
+    eps = torch.finfo(dtype).eps
+    if dtype == torch.float64:
+        return 4 * world_size * eps * ref_max
+    return 0.5 * eps * ref_max
+
+
+def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: torch.Tensor,
+                    expected_dtype: torch.dtype, expected_shape: tuple, world_size: int = 1,
+                    floor: float = 0.0, single_ref: torch.Tensor | None = None) -> dict:
+    """Apply the tolerance rule to one tensor and return its check entry (ringbench/CONTRACTS.md).
+
+    A result of the wrong shape is a failed check with infinite error, not an exception.
+    ``floor`` raises the error floor to at least that; ``single_ref`` is what ``single`` is
+    measured against where that is not ``ref`` (``d sink``: each against what its own out and
+    lse imply, see ``sink_pad_check.references``).
+    """
+    dtype_ok = got.dtype == expected_dtype
+    shape_ok = tuple(got.shape) == tuple(expected_shape) == tuple(ref.shape)
+    if not shape_ok:
+        inf = float("inf")
+        return {"tensor": name, "err": inf, "err_single": inf, "floor": 0.0, "allowed": 0.0,
+                "ratio": inf, "mean_err": inf, "mean_err_single": inf, "finite": False,
+                "dtype_ok": dtype_ok, "shape_ok": False, "passed": False,
+                "dtype": str(got.dtype).replace("torch.", "")}
+    ref = ref.double()
+    finite_ref = torch.isfinite(ref)
+    got_d, single_d = got.double(), single.double()
+    # Where the reference is -inf (lse of a row that sees no key) the variant must match exactly.
+    finite = bool(torch.isfinite(got_d[finite_ref]).all()) and bool(
+        (got_d[~finite_ref] == ref[~finite_ref]).all())
+    diff = (got_d - ref)[finite_ref].abs()
+    diff_single = (single_d - (ref if single_ref is None else single_ref.double()))[finite_ref].abs()
+    err = float(diff.max()) if diff.numel() else 0.0
+    err_single = float(diff_single.max()) if diff_single.numel() else 0.0
+    ref_max = float(ref[finite_ref].abs().max()) if finite_ref.any() else 0.0
+    floor = max(floor, floor_for(expected_dtype, ref_max, world_size))
+    allowed = ERR_FACTOR * err_single + floor
+    ok_err = err == err and err <= allowed  # err == err is False for nan
+    return {
+        "tensor": name,
+        "err": err,
+        "err_single": err_single,
+        "floor": floor,
+        "allowed": allowed,
+        "ratio": err / allowed if allowed > 0 else (0.0 if err == 0 else float("inf")),
+        "mean_err": float(diff.mean()) if diff.numel() else 0.0,
+        "mean_err_single": float(diff_single.mean()) if diff_single.numel() else 0.0,
+        "finite": finite,
+        "dtype_ok": dtype_ok,
+        "shape_ok": shape_ok,
+        "passed": bool(ok_err and finite and dtype_ok and shape_ok),
+        "dtype": str(got.dtype).replace("torch.", ""),
+    }
+
+
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype``'s numbers at each |x| (a float64 tensor of x's shape).
+
+    ``eps(dtype) * 2**floor(log2|x|)`` for a normal |x|; below the smallest normal number, the
+    subnormal spacing ``eps * tiny``. Rounding x to ``dtype`` moves it by at most half of this.
+    """
+    info = torch.finfo(dtype)
+    _, exponent = torch.frexp(x.double().abs().clamp_min(info.tiny))  # |x| = m * 2**e, m in [0.5, 1)
+    return torch.ldexp(torch.full_like(x, info.eps / 2, dtype=torch.float64), exponent)
+
+
+def _max_rule_passed(check: dict) -> bool:
+    """Whether a check entry passed the max rule (and was well formed), whatever its shadow says."""
+    return bool(check["err"] <= check["allowed"] and check["finite"] and check["dtype_ok"] and check["shape_ok"])
+
+
+def _no_shadow(reason: str) -> dict:
+    return {**dict.fromkeys(SHADOW_FIELDS), "shadow_reason": reason}
+
+
+def shadow_check(got: torch.Tensor, shadow: torch.Tensor, dtype: torch.dtype, *, terms: int,
+                 scale: float) -> dict:
+    """Judge one tensor against its block-decomposition reference and return the shadow fields.
+
+    ``shadow`` is the float64 result rebuilt from the variant's own kernel calls (each block's
+    out and lse as the kernel returned them, merged in float64; partial gradients summed in
+    float64 at their owner). A correct variant differs from it by its float32 merge or sum and
+    one rounding to ``dtype``, so for every element::
+
+        |T - T_shadow| <= SHADOW_ULPS * ulp_dtype(T_shadow) + SHADOW_EPS_PER_TERM * terms * eps_acc * scale
+
+    with ``eps_acc`` the eps of the accumulation dtype (float32; float64 for float64 inputs),
+    ``terms`` the most partial results that met in one element, and ``scale`` the largest
+    magnitude among the shadow and its partial results. Where the shadow is not finite (the lse
+    of a row that sees no key) the variant must match it exactly.
+
+    Args:
+        got: the variant's gathered tensor.
+        shadow: the float64 reference of the same shape.
+        dtype: the dtype whose ulp applies (the input dtype; lse: its own, float32 or float64).
+        terms: the most partial results of one element, over every rank.
+        scale: the largest magnitude among the shadow and its partial results.
+
+    Returns:
+        ``shadow_err`` (max |T - T_shadow|), ``shadow_ratio`` (max over elements of the
+        difference over its allowance; pass needs <= 1), ``shadow_allowed`` (the allowance at
+        that element), ``shadow_mean_ratio`` (the mean of that ratio over the elements),
+        ``shadow_terms``, ``shadow_passed`` and ``shadow_reason`` (null).
+    """
+    if tuple(got.shape) != tuple(shadow.shape):
+        inf = float("inf")
+        return {"shadow_err": inf, "shadow_allowed": 0.0, "shadow_ratio": inf, "shadow_mean_ratio": inf,
+                "shadow_terms": terms, "shadow_passed": False, "shadow_reason": None}
+    got_d = got.double()
+    finite = torch.isfinite(shadow)
+    exact = bool((got_d[~finite] == shadow[~finite]).all())
+    diff = (got_d - shadow)[finite].abs()
+    eps_acc = torch.finfo(accumulation_dtype(dtype)).eps
+    allowed = SHADOW_ULPS * ulp(shadow[finite], dtype) + SHADOW_EPS_PER_TERM * terms * eps_acc * scale
+    if not diff.numel():
+        ratio, mean_ratio, err, at = 0.0, 0.0, 0.0, 0.0
+    else:
+        ratios = diff / allowed
+        worst = int(torch.argmax(torch.nan_to_num(ratios, nan=float("inf"))))
+        ratio, mean_ratio = float(ratios[worst]), float(ratios.mean())
+        err, at = float(diff.max()), float(allowed[worst])
+    if not exact:
+        ratio = float("inf")
+    return {"shadow_err": err, "shadow_allowed": at, "shadow_ratio": ratio, "shadow_mean_ratio": mean_ratio,
+            "shadow_terms": terms, "shadow_passed": bool(ratio <= 1.0), "shadow_reason": None}
+
+
+def _index(sel, n: int, device) -> torch.Tensor:
+    """Rows (or heads) ``sel`` of a dimension of ``n``, a slice or int64 indices, as int64 indices."""
+    if isinstance(sel, slice):
+        return torch.arange(n, device=device)[sel]
+    return sel.to(device=device, dtype=torch.int64)
+
+
+def _shadow(seen: "observe.Observation", out_shape, q_shape, k_shape, v_shape, device,
+            group) -> tuple[list, list, list] | None:
+    """This rank's float64 out, lse, dq, dk, dv rebuilt from the variant's observed kernel calls.
+
+    Forward blocks are merged in float64 in the order they came; dq partials are summed at their
+    rows; dK/dV partials are summed in a float64 buffer per owner on every rank, then over the
+    ranks (``all_reduce``), and each rank keeps its own rows. Every rank calls it.
+
+    Returns:
+        ``(tensors, terms, scales)``: the five local tensors (lse ``[B, H, S/W]``, the others in
+        their variant's shape), the most partial results of one element and the largest
+        magnitude among the partial results and the result, per tensor, over every rank; or
+        ``None`` when no rank observed a kernel call (a variant whose engine reports nothing).
+    """
+    f64 = torch.float64
+    seen_any = torch.tensor([float(len(seen))], dtype=f64, device=device)
+    dist.all_reduce(seen_any, group=group)
+    if seen_any.item() == 0:
+        return None
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    B, S, H, D = out_shape
+    Hkv = k_shape[2]
+    out = torch.zeros(out_shape, dtype=f64, device=device)
+    lse = torch.full((B, H, S), float("-inf"), dtype=f64, device=device)
+    dq = torch.zeros(q_shape, dtype=f64, device=device)
+    # dK and dV of every owner (v may have its own head dim: head_dim_v), summed over the ranks.
+    dks = torch.zeros((world_size, *k_shape), dtype=f64, device=device)
+    dvs = torch.zeros((world_size, *v_shape), dtype=f64, device=device)
+    n_q = torch.zeros((2, S, H), dtype=f64, device=device)  # partial results per (row, head): forward, dq
+    n_kv = torch.zeros((world_size, S, Hkv), dtype=f64, device=device)
+    big = torch.zeros(5, dtype=f64, device=device)  # largest |partial result| of out, lse, dq, dk, dv
+
+    def grow(i, t):
+        t = t.double()
+        t = t[torch.isfinite(t)]
+        if t.numel():
+            big[i] = torch.maximum(big[i], t.abs().max())
+
+    for b in seen.forward:
+        r, h = _index(b.rows, S, device)[:, None], _index(b.heads, H, device)
+        o, l = out[:, r, h], lse[:, h[:, None], r.T]
+        merge_(o, l, b.out.to(device, f64), b.lse.to(device, f64))
+        out[:, r, h], lse[:, h[:, None], r.T] = o, l
+        n_q[0, r, h] += 1
+        grow(0, b.out)
+        grow(1, b.lse)
+    for b in seen.dq:
+        r, h = _index(b.rows, S, device)[:, None], _index(b.heads, H, device)
+        dq[:, r, h] += b.dq.to(device, f64)
+        n_q[1, r, h] += 1
+        grow(2, b.dq)
+    for b in seen.dkv:
+        r, h = _index(b.rows, S, device)[:, None], _index(b.heads, Hkv, device)
+        dks[b.owner][:, r, h] += b.dk.to(device, f64)
+        dvs[b.owner][:, r, h] += b.dv.to(device, f64)
+        n_kv[b.owner, r, h] += 1
+        grow(3, b.dk)
+        grow(4, b.dv)
+    for t in (dks, dvs, n_kv):
+        dist.all_reduce(t, group=group)
+    dk, dv = dks[rank], dvs[rank]
+    for i, t in enumerate((out, lse, dq, dk, dv)):
+        grow(i, t)
+    terms = torch.stack([n_q[0].max(), n_q[0].max(), n_q[1].max(), n_kv.max(), n_kv.max()])
+    top = torch.cat([terms, big])
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    return [out, lse, dq, dk, dv], [int(t) for t in top[:5].tolist()], top[5:].tolist()
+
+
+class Placement:
+    """How a case's global tensors map onto the ranks, and what the variant is given with them.
+
+    Attributes:
+        shard: ``(x, rank, dim) -> x's shard`` on that rank.
+        unshard: ``(parts, dim) -> global tensor`` from every rank's shard.
+        extra: keyword arguments for the variant beyond its options (``cu_seqlens``).
+        cu_seqlens: the global int32 offsets on the case's device, or ``None`` (batch form).
+        watch: ``(source, watcher)`` ranks for :func:`cp_active` (the watcher's queries see
+            some of the source's keys), or ``None`` when no rank sees another's keys.
+        unwatched: why ``watch`` is ``None`` (one sentence, for the record's
+            ``cp_active_reason``); empty when it is not.
+        keep: bool ``[S]``, False at padding tokens (``doc_pad``), or ``None``; verify zeroes
+            the variant's padding rows (``sink_pad_check``).
+    """
+
+    keep: torch.Tensor | None = None
+
+    def __init__(self, case: CaseSetup, device: torch.device):
+        layout, docs, causal, world_size, variant = case.layout, case.docs, case.causal, case.world_size, case.variant
+        u = case.ulysses_degree
+        if docs is None:
+            self.shard = lambda x, rank, dim=1: layouts.shard(x, layout, rank, world_size, dim=dim, ulysses_degree=u)
+            self.unshard = lambda parts, dim=1: layouts.unshard(parts, layout, dim=dim, ulysses_degree=u)
+            self.cu_seqlens, self.extra = None, {}
+            self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
+            self.unwatched = ""
+            if getattr(getattr(case, "spec", None), "window", 0):
+                self._watch_window(case.spec.seqlen, world_size, case.spec.window)
+            return
+        by_doc = variant.shard_by_document
+        self.cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
+        self.extra = {"cu_seqlens": self.cu_seqlens}
+        docs_cu = self.cu_seqlens.tolist()
+        self.shard = lambda x, rank, dim=1: layouts.shard_varlen(x, docs_cu, layout, rank, world_size,
+                                                                 by_document=by_doc, dim=dim, ulysses_degree=u)
+        self.unshard = lambda parts, dim=1: layouts.unshard_varlen(parts, docs_cu, layout, by_document=by_doc,
+                                                                   dim=dim, ulysses_degree=u)
+        owner = torch.empty(docs_cu[-1], dtype=torch.int64)
+        for r in range(world_size):
+            owner[layouts.varlen_token_index(docs_cu, layout, r, world_size, by_document=by_doc,
+                                             ulysses_degree=u)] = r
+        self.watch = None
+        if getattr(getattr(case, "spec", None), "window", 0):
+            self._watch_window(docs_cu[-1], world_size, case.spec.window, docs_cu)
+            return
+        # Any document whose first token (a key every query of the document sees) lives on
+        # another rank than some of its queries gives a pair; prefer the widest one.
+        for a, b in zip(docs_cu, docs_cu[1:]):
+            first = int(owner[a]) if b > a else None
+            others = sorted(set(owner[a:b].tolist()) - {first})
+            if others and (self.watch is None or abs(others[-1] - first) > abs(self.watch[1] - self.watch[0])):
+                self.watch = (first, others[-1])
+        self.unwatched = "" if self.watch is not None else (
+            "no document crosses a rank boundary, so no rank needs another's K/V")
+
+    def _watch_window(self, seqlen: int, world_size: int, window: int, docs_cu: list[int] | None = None) -> None:
+        # Under a sliding window a document's first token is out of reach of its later queries, so
+        # the pair is found from the positions each rank holds, read from the shard function itself
+        # (so every layout, the composed Ulysses one too, is covered); a watcher's query
+        # p sees a source's key t of the same document when 0 <= p - t < window (positions of later
+        # documents are pushed a window apart, so no pair crosses a document boundary).
+        where = torch.arange(seqlen)
+        if docs_cu is not None:
+            doc = torch.searchsorted(torch.tensor(docs_cu[1:]), where, right=True)
+            where = where + doc * (seqlen + window)
+        held = [self.shard(where.view(1, seqlen), r)[0] for r in range(world_size)]
+        self.watch = None
+        for watcher in reversed(range(world_size)):
+            for source in range(world_size):
+                if source == watcher:
+                    continue
+                keys = torch.sort(held[source]).values
+                lo = torch.searchsorted(keys, held[watcher] - window + 1)
+                hi = torch.searchsorted(keys, held[watcher], right=True)
+                if bool((hi > lo).any()):
+                    self.watch = (source, watcher)
+                    break
+            if self.watch is not None:
+                break
+        self.unwatched = "" if self.watch is not None else (
+            f"under window {window} no query sees a key of another rank, so no rank needs another's K/V")
+
+    def max_seqlen(self) -> int:
+        offsets = self.cu_seqlens.tolist()
+        return max(b - a for a, b in zip(offsets, offsets[1:]))
+
+
+def _gather(t: torch.Tensor, placement: Placement, dim: int, group) -> torch.Tensor:
+    world_size = dist.get_world_size(group)
+    parts = [torch.empty_like(t) for _ in range(world_size)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return placement.unshard(parts, dim=dim)
+
+
+def global_inputs(spec: CaseSpec, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The whole-sequence q, k, v, dout of a verify case, identical on every rank (CPU seed)."""
+    B, S, H, Hkv, D, Dv = spec.batch, spec.seqlen, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim()
+    gen = torch.Generator().manual_seed(spec.seed)
+    shapes = ((B, S, H, D), (B, S, Hkv, D), (B, S, Hkv, Dv), (B, S, H, Dv))
+    return tuple(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).to(device) for s in shapes)
+
+
+def _run_variant(attention, placement, inputs, *, rank, world_size, causal, scale, group, kernel, options):
+    q, k, v, dout = (placement.shard(x, rank) for x in inputs)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    if placement.extra.get("sink") is not None:
+        placement.extra["sink"].grad = None  # its d sink is read after each run
+    out, lse = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
+                         **options, **placement.extra)
+    if placement.keep is not None:
+        out = extras.zero_padding(out, placement.shard(placement.keep, rank, dim=0))
+    out.backward(dout)
+    return out.detach(), lse, q.grad, k.grad, v.grad
+
+
+def cp_active(attention, placement, inputs, *, rank, world_size, causal, scale, group, kernel,
+              options) -> bool:
+    """Whether changing one rank's K/V changes another rank's output (a silent fall-back to local
+    attention would not). Batch form, non-causal: K/V of the last rank, output of rank 0; causal:
+    K/V of rank 0, output of the last rank, which sees it in every layout ringbench has. Packed
+    documents: ``placement.watch``, a pair of ranks that share a document."""
+    source, watcher = placement.watch
+    q, k, v = (placement.shard(x, rank) for x in inputs[:3])
+    with torch.no_grad():
+        before, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
+                              **options, **placement.extra)
+        if rank == source:
+            k, v = -k.flip(1), v.flip(1) * 2 + 1
+        after, _ = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
+                             **options, **placement.extra)
+    changed = torch.tensor([float((before.float() - after.float()).abs().max()) if rank == watcher else 0.0],
+                           device=q.device)
+    dist.all_reduce(changed, group=group)
+    return bool(changed.item() > 0)
+
+
+#: The forward pass's tensors: they must repeat bitwise even where a kernel's backward may not.
+FORWARD_TENSORS = ("out", "lse")
+#: The integer dtype whose view compares a tensor's elements bit for bit, by element size.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bitwise_difference(a: torch.Tensor | None, b: torch.Tensor | None) -> tuple[int, float]:
+    """How two results for one tensor differ, bit for bit: ``(elements whose bits differ, the
+    largest |a - b| among them)``, ``(0, 0.0)`` for the same bits.
+
+    Elements compare by their bits, so a NaN equals a NaN of the same bits and -0.0 differs from
+    0.0; a difference that involves a non-finite value is inf. A shape or dtype that differs, or
+    a tensor on one side only (``None``), is every element differing by inf.
+    """
+    if a is None and b is None:
+        return 0, 0.0
+    if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
+        return max(1, (a if a is not None else b).numel()), float("inf")
+    a, b = a.detach().contiguous().reshape(-1), b.detach().contiguous().reshape(-1)
+    bits = _BITS[a.element_size()]
+    differ = a.view(bits) != b.view(bits)
+    count = int(differ.sum())
+    if not count:
+        return 0, 0.0
+    inf = float("inf")
+    gap = torch.nan_to_num((a[differ].double() - b[differ].double()).abs(), nan=inf, posinf=inf)
+    return count, float(gap.max())
+
+
+def repeat_variant(attention, placement: Placement, inputs, first, repeats: int, **kwargs) -> dict:
+    """Run the variant ``repeats - 1`` more times on the same inputs and compare each repeat's out,
+    lse, dq, dk and dv with ``first`` (the first run's), bit for bit, on every rank.
+
+    Every rank must call it (the counts are summed over the group, the largest gaps maxed), and
+    every rank gets the same fields back.
+
+    Args:
+        attention, placement, inputs, kwargs: as :func:`_run_variant` takes them.
+        first: the first run's ``(out, lse, dq, dk, dv)`` on this rank.
+        repeats: runs in all, the first included.
+
+    Returns:
+        ``{"repeats", "deterministic", "first_difference", "differing_tensors"}``:
+        ``deterministic`` is None when ``repeats`` is 1; ``first_difference`` is
+        ``{"tensor", "repeat", "elements", "max_abs_diff"}`` for the earliest repeat (numbered
+        from 1, the first run) that differs from the first run and its first differing tensor in
+        the order out, lse, dq, dk, dv (elements summed over the ranks), or None;
+        ``differing_tensors`` names every tensor that differed in some repeat, in that order.
+    """
+    if repeats <= 1:
+        return {"repeats": 1, "deterministic": None, "first_difference": None, "differing_tensors": []}
+    device = first[0].device
+    counts = torch.zeros(repeats - 1, len(TENSORS), dtype=torch.float64, device=device)
+    gaps = torch.zeros_like(counts)
+    for r in range(repeats - 1):
+        again = _run_variant(attention, placement, inputs, **kwargs)
+        for t, (a, b) in enumerate(zip(first, again)):
+            counts[r, t], gaps[r, t] = bitwise_difference(a, b)
+        del again
+    dist.all_reduce(counts, group=kwargs.get("group"))
+    dist.all_reduce(gaps, op=dist.ReduceOp.MAX, group=kwargs.get("group"))
+    differing = [(r, t) for r in range(repeats - 1) for t in range(len(TENSORS)) if counts[r, t] > 0]
+    first_difference = None
+    if differing:
+        r, t = differing[0]
+        first_difference = {"tensor": TENSORS[t], "repeat": r + 2, "elements": int(counts[r, t]),
+                            "max_abs_diff": float(gaps[r, t])}
+    return {"repeats": repeats, "deterministic": not differing, "first_difference": first_difference,
+            "differing_tensors": [n for i, n in enumerate(TENSORS) if any(t == i for _, t in differing)]}
+
+
+def determinism_verdict(repeated: dict, *, documented: str, require: bool) -> str | None:
+    """Why the repeats fail the case (one sentence), or None when they do not.
+
+    Args:
+        repeated: :func:`repeat_variant`'s fields.
+        documented: the kernel's ``nondeterministic_backward`` (empty: none documented).
+        require: ``require_deterministic``: any difference fails.
+
+    Returns:
+        None when the repeats were the same bits (or there was one), or when only gradients
+        differed, the kernel's backward is documented as nondeterministic and ``require`` is off.
+    """
+    if repeated.get("deterministic") is not False:
+        return None
+    differing = repeated["differing_tensors"]
+    backward_only = not any(t in FORWARD_TENSORS for t in differing)
+    if documented and backward_only and not require:
+        return None
+    first = repeated["first_difference"]
+    text = (f"not deterministic: {first['tensor']} of repeat {first['repeat']} differs bitwise from repeat 1 "
+            f"({plural(first['elements'], 'element')}, max |diff| {first['max_abs_diff']:.3g})")
+    others = [t for t in differing if t != first["tensor"]]
+    if others:
+        text += f"; also differing: {', '.join(others)}"
+    if documented and backward_only:
+        text += "; the kernel's backward is documented as nondeterministic, and --require-deterministic is set"
+    return text
+
+
+def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float,
+               window: int | None = None) -> tuple[torch.Tensor, ...]:
+    """out, lse, dq, dk, dv of ``kernel`` over the whole sequence on one device (varlen form
+    over the whole packed row when the case has documents), under the case's sliding window."""
+    q, k, v, dout = inputs
+    kw = {"window": (window - 1, 0)} if window else {}
+    if placement.cu_seqlens is None:
+        out, lse = kernel.forward(q, k, v, causal, scale, **kw)
+        return (out, lse, *kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw))
+    cu, n = placement.cu_seqlens, placement.max_seqlen()
+    out, lse = kernel.forward_varlen(q, k, v, cu, cu, n, n, causal, scale, **kw)
+    return (out, lse, *kernel.backward_varlen(dout, q, k, v, out, lse, cu, cu, n, n, causal, scale, **kw))
+
+
+def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
+    """Check one ``verify`` case; every rank calls it, every rank gets the same fields back.
+
+    Args:
+        spec: the case, its kernel resolved; the whole sequence must fit on one device.
+        device: this rank's device.
+        group: the context-parallel group (default: the world).
+
+    Returns:
+        ``{"status": "ok" | "fail", "reason": str | None, "checks": [...], "cp_active": bool | None,
+        "cp_active_reason": str | None, "repeats", "deterministic", "first_difference",
+        "differing_tensors", "nondeterministic_backward": str | None}``: ``cp_active_reason`` says
+        why ``cp_active`` is None (world size 1, or no rank needs another's K/V); the repeat
+        fields are :func:`repeat_variant`'s; ``nondeterministic_backward`` is the kernel's.
+    """
+    case = case_setup(spec, group)
+    rank, world_size, variant, kernel, dtype = case.rank, case.world_size, case.variant, case.kernel, case.dtype
+    causal, scale = case.causal, case.scale
+    inputs = global_inputs(spec, dtype, device)
+    placement = Placement(case, device)
+    sink, placement.keep = sink_logits(spec, dtype, device), extras.keep_mask(case, device)
+    if sink is not None:
+        placement.extra["sink"] = sink
+    kwargs = dict(rank=rank, world_size=world_size, causal=causal, scale=scale, group=group, kernel=kernel,
+                  options=case.options)
+    with observe.observing() as seen:
+        local = _run_variant(variant.attention, placement, inputs, **kwargs)
+    dsink = None if sink is None or sink.grad is None else sink.grad.clone()
+    dims = (1, 2, 1, 1, 1)
+    gathered = [_gather(t, placement, d, group) for t, d in zip(local, dims)]
+    shadow = _shadow(seen, local[0].shape, local[2].shape, local[3].shape, local[4].shape, device, group)
+    del seen
+    if shadow is not None:
+        shadow = ([_gather(t, placement, d, group) for t, d in zip(shadow[0], dims)], *shadow[1:])
+    repeats = max(spec.repeat, 2) if spec.require_deterministic else spec.repeat
+    repeated = repeat_variant(variant.attention, placement, inputs, local, repeats, **kwargs)
+    if world_size == 1:
+        active, inactive_reason = None, "world size 1: a single rank, so no K/V is exchanged"
+    elif placement.watch is None:
+        active, inactive_reason = None, placement.unwatched
+    else:
+        active, inactive_reason = cp_active(variant.attention, placement, inputs, **kwargs), None
+
+    checks = None
+    if rank == 0 and (sink is not None or placement.keep is not None):
+        single, ref, shadow, implied = extras.references(kernel, inputs, case, placement.cu_seqlens, sink,
+                                                         placement.keep, gathered, shadow)
+    elif rank == 0:
+        single = _whole_row(kernel, inputs, placement, causal, scale, spec.window)
+        ref = _whole_row(KERNELS["math"], [x.double() for x in inputs], placement, causal, scale, spec.window)
+    if rank == 0:
+        q, k, v = inputs[:3]
+        expected = ((dtype, (*q.shape[:3], v.shape[3])), (torch.float32 if dtype != torch.float64 else dtype,
+                                       (q.shape[0], q.shape[2], ref[1].shape[2])),
+                    (dtype, q.shape), (dtype, k.shape), (dtype, v.shape))
+        checks = [tolerance_check(n, g, s, r, *e, world_size=world_size)
+                  for n, g, s, r, e in zip(TENSORS, gathered, single, ref, expected)]
+        for i, c in enumerate(checks):
+            if shadow is None:
+                why = "a peer's own engine" if variant.peer else "they run on head-sharded rows after its all-to-all"
+                c.update(_no_shadow(f"{variant.name} does not report its kernel calls ({why}), so "
+                                    "only the max rule applies"))
+                continue
+            c.update(shadow_check(gathered[i], shadow[0][i], expected[i][0], terms=shadow[1][i],
+                                  scale=shadow[2][i]))
+            c["passed"] = c["passed"] and c["shadow_passed"]
+        if sink is not None and sink.requires_grad:
+            got = dsink if dsink is not None else torch.full_like(sink.detach(), float("nan"))
+            entry = tolerance_check("dsink", got, single[5], implied["variant"], sink.dtype, tuple(sink.shape),
+                                    world_size=world_size, floor=implied["floor"], single_ref=implied["single"])
+            entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref[5]).abs().max())
+                                                           for t in (got, single[5]))
+            checks.append({**entry, **_no_shadow("d sink is summed by the engine from out and dout, not by a "
+                                                 "kernel call, so only the max rule applies")})
+    box = [checks]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0,
+                               group=group)
+    checks = box[0]
+    failed = [c["tensor"] for c in checks if not _max_rule_passed(c)]
+    drifted = [f"{c['tensor']} ({c['shadow_ratio']:.2f}x its allowance)" for c in checks
+               if c.get("shadow_passed") is False]
+    reasons = []
+    if failed:
+        reasons.append("over the tolerance or malformed: " + ", ".join(failed))
+    if drifted:
+        reasons.append("off the variant's own block decomposition (merged in float64): " + ", ".join(drifted))
+    if active is False:
+        reasons.append(f"changing one rank's K/V left the other rank's output unchanged, so "
+                       f"context parallelism was not active at world size {world_size}")
+    documented = getattr(kernel, "nondeterministic_backward", "")
+    nondeterministic = determinism_verdict(repeated, documented=documented, require=spec.require_deterministic)
+    if nondeterministic:
+        reasons.append(nondeterministic)
+    return {"status": "fail" if reasons else "ok", "reason": "; ".join(reasons) or None,
+            "checks": checks, "cp_active": active, "cp_active_reason": inactive_reason, **repeated,
+            "nondeterministic_backward": documented or None}

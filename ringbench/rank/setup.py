@@ -1,0 +1,75 @@
+"""What every rank derives from a case before it runs it: one helper for bench, check and the model check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringbench.case.fields import DTYPES, variant_options
+from ringbench.case.spec import CaseSpec, layout_of, padded_docs, spec_docs, ulysses_degree_of
+from ringbench.variants import Variant, get_variant
+from ringbench.variants.kernels import Kernel, get_kernel
+
+
+@dataclass(frozen=True)
+class CaseSetup:
+    """One case as this rank runs it.
+
+    Attributes:
+        spec: the case.
+        rank, world_size: this rank in the context-parallel group, and the group's size.
+        variant, kernel: the registry entries the case names (the kernel already resolved).
+        dtype: the input dtype, a ``torch.dtype``.
+        causal: the mask.
+        scale: the softmax scale, ``head_dim ** -0.5``.
+        options: the variant's keyword options the case sets (``layout``, ``heads_k_stride``...).
+        layout: the layout the tensors are sharded in.
+        ulysses_degree: the Ulysses degree composed into it (``layouts``; 1: the plain layout).
+        docs: the packed documents' lengths in tokens as the layout cuts them (padded to
+            ``doc_pad``), or ``None`` (batch form).
+        real_docs: their real lengths, before padding (``docs`` without ``doc_pad``).
+    """
+
+    spec: CaseSpec
+    rank: int
+    world_size: int
+    variant: Variant
+    kernel: Kernel
+    dtype: torch.dtype
+    causal: bool
+    scale: float
+    options: dict[str, Any]
+    layout: str
+    ulysses_degree: int
+    docs: list[int] | None
+    real_docs: list[int] | None = None
+
+
+def case_setup(spec: CaseSpec, group=None) -> CaseSetup:
+    """The :class:`CaseSetup` of ``spec`` on this rank of ``group`` (default: the world)."""
+    variant = get_variant(spec.variant)
+    return CaseSetup(
+        spec=spec, rank=dist.get_rank(group), world_size=dist.get_world_size(group), variant=variant,
+        kernel=get_kernel(spec.kernel), dtype=getattr(torch, DTYPES[spec.dtype]), causal=spec.causal,
+        scale=spec.head_dim ** -0.5, options=variant_options(spec), layout=layout_of(spec, variant),
+        ulysses_degree=ulysses_degree_of(spec, variant),
+        docs=padded_docs(spec) if variant.varlen else None, real_docs=spec_docs(spec) if variant.varlen else None)
+
+
+def sink_logits(spec: CaseSpec, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """The case's sink logits ``[heads]``, the same on every rank, or ``None`` (``sink`` none).
+
+    ``learnable``: drawn from the case's seed, standard normal, a leaf that requires its
+    gradient; ``off-by-one``: zeros, fixed. float32, or float64 for float64 inputs (so the
+    gradient keeps the precision the case is checked in).
+    """
+    if spec.sink == "none":
+        return None
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if spec.sink == "off-by-one":
+        return torch.zeros(spec.heads, dtype=acc, device=device)
+    gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + 19)  # apart from the inputs' stream
+    return torch.randn(spec.heads, generator=gen, dtype=torch.float32).to(acc).to(device).requires_grad_(True)

@@ -1,0 +1,213 @@
+"""Verify's side of attention sinks and padded packed documents (issue 19).
+
+The contract verify holds a variant to:
+
+- **sink** (``spec.sink``): every row's softmax has the head's sink logit in its denominator,
+  once. The variant returns ``out_f`` and ``L = logaddexp(lse, s_h)``; a learnable sink's
+  gradient (``d sink``, ``[Hq]``) is one more check entry, ``dsink``, judged by the max rule
+  (it is computed by the engine from out and dout, not by a kernel call, so it has no
+  block-decomposition reference).
+- **padding** (``spec.doc_pad``): every document of real length n is padded at its end to a
+  multiple of ``doc_pad``, and the variant sees the padded documents (so its layout cuts the
+  padded lengths). Under the causal mask no real token sees a padding token. verify zeroes the
+  padding rows of the variant's output (:func:`zero_padding`, inside autograd, so every
+  gradient that flows from them is zero too): padding rows' out, dq, dk and dv must be 0,
+  their lse is don't-care and left out of the lse check.
+
+The float64 reference never sees the padding: it runs on the real tokens alone (documents of
+the real lengths) and puts its results back at their padded positions. With a sink it is
+autograd through the math kernel's plain-torch forward and ``L = logaddexp(lse, s)``,
+``out_f = out * exp(lse - L)``, so its dq, dk, dv and d sink do not rest on the identities the
+engines use (``variants/sinks.py``). The single-device run is the case's kernel over the
+padded row, with the sink and the padding applied as verify applies them to the variant.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ringbench.rank.setup import CaseSetup
+from ringbench.variants.engines import layouts
+from ringbench.variants.kernels import KERNELS
+from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
+
+Tensor = torch.Tensor
+
+
+def keep_mask(case: CaseSetup, device) -> Tensor | None:
+    """Bool ``[S]`` over the padded packed row: True at real tokens, False at padding; ``None``
+    without ``doc_pad``."""
+    if not case.spec.doc_pad or case.docs is None:
+        return None
+    keep = torch.zeros(sum(case.docs), dtype=torch.bool)
+    start = 0
+    for real, padded in zip(case.real_docs, case.docs):
+        keep[start:start + real] = True
+        start += padded
+    return keep.to(device)
+
+
+def zero_padding(out: Tensor, keep: Tensor) -> Tensor:
+    """``out`` ``[B, S, H, D]`` with the rows where ``keep`` ``[S]`` is False set to 0
+    (differentiable: their gradient is 0)."""
+    return out * keep.to(out.dtype)[None, :, None, None]
+
+
+def real_rows(lse: Tensor, keep: Tensor | None) -> Tensor:
+    """The real rows of a global ``lse`` ``[B, H, S]`` (all of them without padding; a tensor
+    of another length is returned as it is, so its shape check fails)."""
+    if keep is None or lse.shape[-1] != keep.shape[0]:
+        return lse
+    return lse[..., keep]
+
+
+def _band(window: int) -> dict:
+    # The causal sliding window as the kernels take it: window - 1 keys back, none ahead.
+    return {"window": (window - 1, 0)} if window else {}
+
+
+def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: float, sink: Tensor | None,
+               keep: Tensor | None, window: int = 0) -> tuple[Tensor, ...]:
+    """out, lse, dq, dk, dv and d sink (or ``None``) of ``kernel`` on one device over the whole
+    (padded) row, under the case's sliding window (``window`` keys, 0: none), the sink and
+    padding applied as verify applies them to the variant."""
+    q, k, v, dout = inputs
+    kw = _band(window)
+    if cu_seqlens is None:
+        out, lse = kernel.forward(q, k, v, causal, scale, **kw)
+    else:
+        n = max(b - a for a, b in zip(cu_seqlens.tolist(), cu_seqlens.tolist()[1:]))
+        out, lse = kernel.forward_varlen(q, k, v, cu_seqlens, cu_seqlens, n, n, causal, scale, **kw)
+    if sink is not None:
+        out, lse = apply_sink(out, lse, sink.detach())
+        out = out.to(q.dtype)
+    if keep is not None:
+        out, dout = zero_padding(out, keep), zero_padding(dout, keep)
+    if cu_seqlens is None:
+        grads = kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw)
+    else:
+        grads = kernel.backward_varlen(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens, n, n, causal, scale, **kw)
+    dsink = None
+    if sink is not None and sink.requires_grad:
+        dsink = local_sink_grad(dout, out, lse, sink.detach()).to(sink.dtype)
+    return (out, lse, *grads, dsink)
+
+
+def reference_fp64(inputs, real_docs: list[int] | None, causal: bool, scale: float, sink: Tensor | None,
+                   keep: Tensor | None, window: int = 0) -> tuple[Tensor, ...]:
+    """out, lse, dq, dk, dv and d sink (or ``None``) in float64 on the real tokens alone, put
+    back at their padded positions (zeros at padding rows; lse 0 there, never compared).
+
+    Args:
+        inputs: the global q, k, v, dout (any float dtype; taken in float64).
+        real_docs: the documents' real lengths (varlen), or ``None`` (batch form).
+        causal, scale: the mask and the softmax scale.
+        sink: ``[Hq]`` sink logits, or ``None``.
+        keep: :func:`keep_mask`, or ``None``.
+        window: the causal sliding window in keys (0: none), applied within each real document:
+            padding sits at a document's end, so a real token's window over the padded document
+            holds the same real keys.
+    """
+    math = KERNELS["math"]
+    q, k, v, dout = (x.double() for x in inputs)
+    if keep is not None:
+        q, k, v, dout = (x[:, keep] for x in (q, k, v, dout))
+    cu = layouts.cu_seqlens_from_docs(real_docs, device=q.device) if real_docs is not None else None
+    n = max(real_docs) if real_docs is not None else 0
+    kw = _band(window)
+
+    def forward(q, k, v):
+        if cu is None:
+            return math.forward(q, k, v, causal, scale, **kw)
+        return math.forward_varlen(q, k, v, cu, cu, n, n, causal, scale, **kw)
+
+    if sink is None:
+        out, lse = forward(q, k, v)
+        grads = (math.backward(dout, q, k, v, out, lse, causal, scale, **kw) if cu is None else
+                 math.backward_varlen(dout, q, k, v, out, lse, cu, cu, n, n, causal, scale, **kw))
+        found = [out, lse, *grads, None]
+    else:
+        # Autograd through the plain-torch math forward: no sink identity is assumed.
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        s = sink.detach().double().clone().requires_grad_(sink.requires_grad)
+        out, lse = forward(*leaves)
+        big = torch.logaddexp(lse, s[None, :, None])
+        out = out * torch.exp(lse - big).transpose(1, 2).unsqueeze(-1)
+        (out * dout).sum().backward()
+        found = [out.detach(), big.detach(), *(x.grad for x in leaves), s.grad]
+    if keep is None:
+        return tuple(found)
+    real = keep.nonzero().flatten()
+    for i, dim in ((0, 1), (1, 2), (2, 1), (3, 1), (4, 1)):
+        t = found[i]
+        shape = list(t.shape)
+        shape[dim] = keep.shape[0]
+        found[i] = torch.zeros(shape, dtype=t.dtype, device=t.device).index_copy_(dim, real, t)
+    return tuple(found)
+
+
+def shadow_with_extras(shadow: list[Tensor], terms: list[int], sink: Tensor | None,
+                       keep: Tensor | None) -> tuple[list[Tensor], list[int]]:
+    """The block-decomposition reference with the sink and padding applied as to the variant.
+
+    The sink is one more partial result of each row (``out = 0``, ``lse = s_h``), merged in
+    float64, so out and lse count one more term; padding rows of out are zeroed.
+    """
+    out, lse, *grads = shadow
+    terms = list(terms)
+    if sink is not None:
+        out, lse = apply_sink(out, lse, sink.detach().double())
+        terms[0] += 1
+        terms[1] += 1
+    if keep is not None:
+        out = zero_padding(out, keep)
+    return [out, lse, *grads], terms
+
+
+def references(kernel, inputs, case: CaseSetup, cu_seqlens: Tensor | None, sink: Tensor | None,
+               keep: Tensor | None, gathered: list[Tensor], shadow):
+    """verify's single-device run, float64 reference and block-decomposition reference of a case
+    with a sink or padding, each a list in the order out, lse, dq, dk, dv (then d sink, or
+    ``None``); the lse of ``gathered`` and of all three keeps its real rows only (in place).
+
+    Args:
+        kernel: the case's kernel; inputs: the global q, k, v, dout.
+        case, cu_seqlens, sink, keep: the case, its padded offsets (or ``None``), its sink
+            logits (or ``None``) and :func:`keep_mask`.
+        gathered: the variant's global out, lse, dq, dk, dv.
+        shadow: ``check._shadow``'s ``(tensors, terms, scales)`` gathered, or ``None``.
+
+    Returns:
+        ``(single, ref, shadow, implied)``. ``implied`` (``None`` without a learnable sink) is
+        what ``d sink`` is judged against, since ``d sink = -sum_rows exp(s_h - L) <dout, out_f>``
+        sums S * D roundings of ``out_f`` that the variant and the single device make in
+        different orders: against float64 each one's error is an independent draw, which the
+        single device's draw does not bound (stripe, W=4, bf16, 256 tokens: 2.2x in one seed of
+        six, 0.8-1.2x in the others). So each is held to the ``d sink`` its own ``out_f``, ``L``
+        and dout imply, computed in float64, while the out and lse checks hold those to the
+        float64 reference:
+
+        - ``"variant"``, ``"single"``: ``[Hq]`` float64, implied by the gathered variant's and by
+          the single device's out and lse;
+        - ``"floor"``: the accumulation's error floor, ``eps`` of the sink's dtype times the
+          largest over the heads of the sum of its terms' magnitudes.
+    """
+    window = case.spec.window
+    single = list(single_row(kernel, inputs, cu_seqlens, case.causal, case.scale, sink, keep, window))
+    ref = list(reference_fp64(inputs, case.real_docs, case.causal, case.scale, sink, keep, window))
+    implied = None
+    if ref[5] is not None:
+        rows = slice(None) if keep is None else keep
+        dout, s = inputs[3].double()[:, rows], sink.detach().double()
+
+        def grad_of(out, lse):
+            return local_sink_grad(dout, out.double()[:, rows], lse.double()[..., rows], s)
+
+        terms = local_sink_grad(dout.abs(), ref[0][:, rows].abs(), ref[1][..., rows], s).abs()
+        implied = {"variant": grad_of(gathered[0], gathered[1]), "single": grad_of(single[0], single[1]),
+                   "floor": torch.finfo(sink.dtype).eps * float(terms.max())}
+    if shadow is not None:
+        shadow = (*shadow_with_extras(shadow[0], shadow[1], sink, keep), shadow[2])
+    for tensors in (gathered, single, ref, *((shadow[0],) if shadow is not None else ())):
+        tensors[1] = real_rows(tensors[1], keep)
+    return single, ref, shadow, implied

@@ -1,0 +1,297 @@
+"""Before a sweep starts: how long it will take, and whether this machine can hold its ranks.
+
+A case's time is its FLOPs (``bench.attention_flops``, the flash-attn convention) over the
+device's rate, plus a little per case and a start-up per launch:
+
+- ``run``: (iters + warmup) times the whole sequence's FLOPs, plus the reference (the same
+  kernel on one rank's share, ``1 / world_size`` of that), at the rate of the whole machine
+  (on CPU the ranks share its cores);
+- ``verify``: the variant and the context-parallel check (twice the FLOPs, spread over the
+  ranks), then rank 0 alone runs the single-device kernel and the float64 reference over the
+  whole sequence (three times the FLOPs, float64 counted double) on its share of the cores;
+- a model check (``verify --model``): 30 s plus its three passes at a tenth of the rate.
+
+The rate: on CPU, a float32 matmul measured here once per command (about 0.2 s; see
+:func:`cpu_matmul_rate`) times :data:`CPU_ATTENTION_EFFICIENCY`; on CUDA an assumed
+:data:`CUDA_RATE` (no GPU is touched before the launch, so the ranks get every byte of theirs).
+
+Refusals (each overridden by ``--yes``), on CPU only, where a sweep is never what the machine
+is for: a sweep estimated over :data:`CPU_LIMIT_S`; a launch with more ranks than
+:data:`RANKS_PER_CORE` per usable core; a launch whose ranks need more memory than is
+available (:func:`launch_bytes`, against ``MemAvailable`` and the cgroup's limit).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from ringbench.case.spec import launch_world_size
+from ringbench.errors import SpecError
+from ringbench.case.fields import plural
+
+#: A sweep on CPU estimated above this many seconds is refused without --yes.
+CPU_LIMIT_S = 30 * 60
+#: More ranks than this per usable core is refused on CPU without --yes.
+RANKS_PER_CORE = 4
+#: Resident memory of one CPU rank before its tensors: Python, torch, gloo (measured about
+#: 300 MB on torch 2.13; rounded up).
+RANK_BASE_BYTES = 400 * 2 ** 20
+#: Attention's rate in the flash-attn FLOP convention against the best float32 matmul's on
+#: CPU: the CPU kernel computes a causal block whole, which the convention counts as half, and
+#: softmax, gloo and shared cores take their share. Calibrated on two cores (torch 2.13, a
+#: 422 GFLOP/s matmul): ring and zigzag at 6k-16k ran at 0.11-0.26 of it, depending on the load.
+CPU_ATTENTION_EFFICIENCY = 0.2
+#: Assumed per-GPU rate on CUDA, FLOP/s: 16-bit inputs, then the others.
+CUDA_RATE = {"bf16": 150e12, "fp16": 150e12, "fp32": 30e12, "fp64": 20e12}
+#: Seconds a case costs beyond its FLOPs (set-up, the gathers of the figures).
+CASE_OVERHEAD_S = 0.2
+#: The kernels' query rows per chunk (variants/kernel_reference.py), for their score workspace.
+_CHUNK = 1024
+_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_matmul_rate() -> float:
+    """FLOP/s of float32 matmuls on every usable core here, measured once per process (the
+    command's cache): the best of about 0.2 s of 256 x 256 matmuls on one thread, times the
+    cores. One thread, because a multi-threaded matmul on shared cores measures the other
+    processes' load more than the machine."""
+    import torch
+
+    n, threads = 256, torch.get_num_threads()
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.set_num_threads(1)
+    try:
+        a @ b
+        best = float("inf")
+        end = time.perf_counter() + 0.2
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return 2.0 * n ** 3 / best * usable_cores()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def available_bytes() -> Optional[int]:
+    """Memory a new process can take here: ``MemAvailable``, lowered to the cgroup's room when
+    the command runs under a memory limit; None where neither can be read."""
+    room = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    room = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            with open("/sys/fs/cgroup/memory.current") as f:
+                cgroup_room = int(limit) - int(f.read().strip())
+            room = cgroup_room if room is None else min(room, cgroup_room)
+    except (OSError, ValueError):
+        pass
+    return room
+
+
+def _flops(case) -> float:
+    from ringbench.case.work import attention_flops
+    from ringbench.case.spec import spec_docs
+
+    docs = spec_docs(case) if case.docs else None  # real lengths: padding is not counted
+    return attention_flops(batch=case.batch, seqlen=sum(docs) if docs else case.seqlen, heads=case.heads,
+                           head_dim=case.head_dim, causal=case.causal, mode=case.mode, docs=docs,
+                           head_dim_v=case.head_dim_v, window=getattr(case, "window", 0) or None)
+
+
+def rate(case) -> float:
+    """The FLOP/s a case's launch gets: the whole machine on CPU, one GPU on CUDA."""
+    if case.device == "cuda":
+        return CUDA_RATE.get(case.dtype, 30e12)
+    return cpu_matmul_rate() * CPU_ATTENTION_EFFICIENCY
+
+
+def case_seconds(case) -> float:
+    """The estimated wall-clock seconds of one case (the module docstring says how)."""
+    r = rate(case)
+    flops = _flops(case)
+    w = case.world_size
+    if case.device == "cuda":
+        per_gpu = flops / w  # every rank on its own GPU
+        if case.task == "run":
+            turns = w // launch_world_size(case)  # emulated: one GPU runs every rank in turn
+            return CASE_OVERHEAD_S + (case.iters + case.warmup) * turns * (per_gpu + flops / w ** 2) / r
+        seconds = CASE_OVERHEAD_S + 2 * per_gpu / r + 3 * flops / r * (2 if case.dtype == "fp64" else 1)
+    elif case.task == "run":
+        seconds = CASE_OVERHEAD_S + (case.iters + case.warmup) * flops * (1 + 1 / w) / r
+    else:
+        share = max(1, usable_cores() // w) / usable_cores()  # rank 0's threads of the machine
+        seconds = CASE_OVERHEAD_S + 2 * flops / r + 3 * flops / (r * share)
+    if case.hf_model:
+        from ringbench.case.models import estimated_check_flops
+
+        seconds += 30 + estimated_check_flops(case) / (r / 10)
+    return seconds
+
+
+def launch_seconds(world_size: int, device: str) -> float:
+    """Start-up of one launch: torchrun, then every rank importing torch on the shared cores."""
+    if device == "cuda":
+        return 20.0 + 0.5 * world_size
+    return 3.0 + 1.5 * world_size / usable_cores()
+
+
+def _qkv_dims(case) -> int:
+    """Head dims summed over q, k, v and the output: queries and keys of ``head_dim``, values
+    and outputs (and their gradients) of the value head dim Dv (``--head-dim-v``)."""
+    dv = case.head_dim_v or case.head_dim
+    return case.heads * (case.head_dim + dv) + case.kv_heads * (case.head_dim + dv)
+
+
+def shard_bytes(case) -> int:
+    """The tensors of one rank's shard: inputs, outputs, gradients and K/V in flight (about three
+    copies of q, k, v and the output, values and outputs at Dv) and the kernel's float32 scores
+    of a chunk of queries against a block of the shard's size, two buffers (an all-gather
+    variant's block is the whole sequence, which this leaves out)."""
+    local = case.seqlen // case.world_size
+    tensors = 3 * case.batch * local * _qkv_dims(case) * _BYTES.get(case.dtype, 4)
+    scores = 2 * case.batch * case.heads * min(_CHUNK, local) * local * 4
+    return tensors + scores
+
+
+def rank_bytes(case) -> int:
+    """Resident memory one CPU rank of the case needs: :data:`RANK_BASE_BYTES` and its
+    :func:`shard_bytes`. verify adds, on rank 0, the whole sequence in float64 and its scores:
+    see :func:`verify_extra_bytes`."""
+    return RANK_BASE_BYTES + shard_bytes(case)
+
+
+def launch_bytes(case) -> int:
+    """Memory the case's launch needs in all: every process's :func:`rank_bytes` and rank 0's
+    :func:`verify_extra_bytes`; an emulated run (``--emulate``) is one process holding every
+    rank's shards, so one :data:`RANK_BASE_BYTES` and ``world_size`` shards."""
+    if launch_world_size(case) == 1 and case.world_size > 1:
+        return RANK_BASE_BYTES + case.world_size * shard_bytes(case) + verify_extra_bytes(case)
+    return case.world_size * rank_bytes(case) + verify_extra_bytes(case)
+
+
+def verify_extra_bytes(case) -> int:
+    """What rank 0 of a verify case holds beyond :func:`rank_bytes`: the whole sequence's inputs
+    and results in float64 (values, outputs and their gradients at Dv) and the reference's
+    float64 scores."""
+    if case.task != "verify":
+        return 0
+    whole = 5 * case.batch * case.seqlen * _qkv_dims(case) * 8
+    scores = 2 * case.batch * case.heads * min(_CHUNK, case.seqlen) * case.seqlen * 8
+    return whole + scores
+
+
+@dataclass
+class Estimate:
+    """Seconds per case (in the order given), per launch (world_size, device), and in all."""
+
+    case_s: list[float]
+    launch_s: dict[tuple[int, str], float]
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.case_s) + sum(self.launch_s.values())
+
+
+def estimate(cases: list) -> Estimate:
+    launches: dict[tuple[int, str], float] = {}
+    for case in cases:
+        launches.setdefault((case.world_size, case.device), launch_seconds(case.world_size, case.device))
+    return Estimate([case_seconds(c) for c in cases], launches)
+
+
+def duration(seconds: float) -> str:
+    """``40 s``, ``12 min``, ``3 h 10 min``."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    minutes = round(seconds / 60)
+    if minutes < 90:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _rate_text(cases: list) -> str:
+    parts = []
+    if any(c.device == "cpu" for c in cases):
+        parts.append(f"attention at about {cpu_matmul_rate() * CPU_ATTENTION_EFFICIENCY / 1e9:.0f} GFLOP/s on "
+                     f"cpu, from a {cpu_matmul_rate() / 1e9:.0f} GFLOP/s float32 matmul measured here")
+    if any(c.device == "cuda" for c in cases):
+        parts.append("cuda at an assumed " + ", ".join(f"{CUDA_RATE[d] / 1e12:.0f} TFLOP/s {d}" for d in sorted(
+            {c.dtype for c in cases if c.device == "cuda"} & CUDA_RATE.keys())) + " per GPU")
+    return "; ".join(parts)
+
+
+def _label(case) -> str:
+    from ringbench.case.fields import format_size
+
+    return f"{case.variant} S={format_size(case.seqlen)} W={case.world_size}"
+
+
+def summary(cases: list, est: Estimate) -> str:
+    """One line: ``estimate: about 2 min for 16 cases in 1 launch (cpu at ...); the longest ...``."""
+    longest = max(range(len(cases)), key=lambda i: est.case_s[i])
+    text = (f"estimate: about {duration(est.total_s)} for {plural(len(cases), 'case')} in "
+            f"{len(est.launch_s)} launch{'es' if len(est.launch_s) > 1 else ''} ({_rate_text(cases)})")
+    if len(cases) > 1:
+        text += f"; the longest, {_label(cases[longest])}, about {duration(est.case_s[longest])}"
+    return text
+
+
+def check(cases: list, est: Estimate, *, yes: bool) -> None:
+    """Refuse, unless ``yes``, what this machine should not start without asking (CPU only).
+
+    Raises:
+        SpecError: one sentence with the estimate or the need, the limit, and the flag that
+            overrides it (``--yes``).
+    """
+    if yes:
+        return
+    cpu = [i for i, c in enumerate(cases) if c.device == "cpu"]
+    if not cpu:
+        return
+    cores = usable_cores()
+    room = available_bytes()
+    for world_size in sorted({cases[i].world_size for i in cpu}, reverse=True):
+        group = [cases[i] for i in cpu if cases[i].world_size == world_size]
+        why = []
+        if max(launch_world_size(c) for c in group) > RANKS_PER_CORE * cores:
+            why.append(f"{world_size} ranks on {plural(cores, 'core')} are more than the {RANKS_PER_CORE * cores} "
+                       f"({RANKS_PER_CORE} per core) that ringbench starts without asking")
+        biggest = max(group, key=launch_bytes)
+        need = launch_bytes(biggest)
+        if room is not None and need > room:
+            held = (f"one emulating process holding {world_size} shards of about {shard_bytes(biggest) / 1e6:.0f} MB"
+                    if launch_world_size(biggest) == 1 else f"{world_size} of about {rank_bytes(biggest) / 1e6:.0f} MB")
+            why.append(f"its ranks need about {need / 1e9:.1f} GB of memory ({held}) but {room / 1e9:.1f} GB is "
+                       f"available here")
+        if why:
+            raise SpecError(f"world_size {world_size} on cpu does not fit this machine: {' and '.join(why)}; pass a "
+                            f"smaller --world-size, or --yes to start it anyway")
+    cpu_s = sum(est.case_s[i] for i in cpu) + sum(s for (w, d), s in est.launch_s.items() if d == "cpu")
+    if cpu_s > CPU_LIMIT_S:
+        longest = max(cpu, key=lambda i: est.case_s[i])
+        which = (f"{_label(cases[longest])}" if len(cpu) == 1 else
+                 f"{plural(len(cpu), 'case')}, {_label(cases[longest])} alone about {duration(est.case_s[longest])}")
+        raise SpecError(f"this sweep would take about {duration(cpu_s)} on cpu ({which}; "
+                        f"{_rate_text([cases[i] for i in cpu])}), over the {duration(CPU_LIMIT_S)} that "
+                        f"ringbench runs on cpu without asking; pass --yes to run it anyway, or a smaller "
+                        f"--seqlen, fewer --iters or fewer cases")

@@ -1,0 +1,515 @@
+"""Run one torchrun job of the worker: free port, per-rank logs, watchdog and root cause.
+
+The job runs in its own process session with its output in files, so the CLI's terminal
+stays clean and a hung job can be killed as a whole. torchrun (2.x) starts each worker in a
+session of its own too, so on timeout this module first asks torchrun to stop its workers
+(SIGTERM), then kills torchrun's session and every worker it can still find.
+
+No job outlives the process that launched it, however that process ends (``kill -9``, a
+closed terminal): on Linux torchrun is started through a small exec wrapper that sets
+``PR_SET_PDEATHSIG`` (SIGTERM: torchrun then stops its workers itself), and each worker calls
+``rank.lifeline.die_with_torchrun`` first thing (SIGKILL when torchrun dies). The results file's lease
+(``ringbench.sweep.lease``) is passed down to torchrun, so it is held until torchrun has ended.
+Torchrun's own output (its failure report included) stays in ``torchrun.stderr.log``; a
+failure is told by its root cause only (the first failing rank, its exception or signal).
+
+Layout of ``log_dir`` after a launch:
+
+- ``cases.json``: what the worker was given;
+- ``torchrun.stdout.log``, ``torchrun.stderr.log``: the launcher's own output;
+- ``torchrun/<rdzv_id>_*/attempt_0/<rank>/{stdout.log,stderr.log,error.json}``: per rank;
+- ``progress/rank<r>.txt``: the progress marks each rank wrote (last line = latest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ringbench.sweep.lease import proc_stat
+from ringbench.rank.lifeline import TORCHRUN_PID_ENV
+
+#: Seconds between SIGTERM and SIGKILL when a job is stopped.
+TERM_GRACE_S = 10.0
+#: Seconds torchrun waits for its workers after SIGTERM before it kills them itself; kept
+#: below TERM_GRACE_S so torchrun usually finishes the job cleanly on its own.
+TORCHRUN_SHUTDOWN_S = 5
+#: Seconds between two calls of ``launch``'s ``on_poll`` while the job runs.
+POLL_S = 0.5
+#: Name of the environment variable that tells each rank where to write progress marks.
+PROGRESS_ENV = "RINGBENCH_PROGRESS_DIR"
+
+_TRACEBACK_LINES = 12
+_STDERR_TAIL_LINES = 20
+
+# Run as ``python -S -c _DIE_WITH_PARENT <launcher pid> <torchrun argv...>``: ask the kernel to
+# send SIGTERM when the launcher dies, make sure it has not died already, then become torchrun
+# (exec keeps the pid and the request).
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("ringbench: the command that launched torchrun has ended; not starting it")
+os.environ["RINGBENCH_TORCHRUN_PID"] = str(os.getpid())
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+@dataclass
+class LaunchResult:
+    """The outcome of one torchrun job.
+
+    Attributes:
+        returncode: torchrun's exit status; non-zero when a rank failed or it was killed.
+        timed_out: True when the watchdog stopped the job.
+        log_dir: the folder with cases.json, the launcher's and every rank's logs.
+        failure: None on success; otherwise a short text naming the failing rank with its
+            exception and the last lines of its traceback, or, after a timeout, each rank's
+            last progress mark.
+    """
+
+    returncode: int
+    timed_out: bool
+    log_dir: Path
+    failure: str | None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port on ``host`` that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def launch(cases: list[dict], *, world_size: int, device: str, results_path: Path | str,
+           run_id: str, timeout_s: float, log_dir: Path | str | None = None,
+           module: str = "ringbench.rank.worker", env: dict[str, str] | None = None,
+           on_poll: Callable[[], None] | None = None, nnodes: int = 1, node_rank: int = 0,
+           rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> LaunchResult:
+    """Run ``python -m <module> --cases F --results R`` on ``world_size`` local ranks.
+
+    Blocks until torchrun exits or ``timeout_s`` passes. On timeout, and on Ctrl-C, the job
+    gets SIGTERM, then after ``TERM_GRACE_S`` seconds SIGKILL, so no process outlives it; a
+    KeyboardInterrupt is re-raised after that.
+
+    Args:
+        cases: the worker's cases, each a ``CaseSpec.to_dict()``; all share ``world_size``
+            and ``device``.
+        world_size: ranks to start on this host.
+        device: ``cuda`` or ``cpu``, checked against the cases. OMP_NUM_THREADS, when
+            unset, becomes the usable cores divided by ``world_size``.
+        results_path: the JSONL file rank 0 appends to.
+        run_id: the run these cases belong to; names the default log folder.
+        timeout_s: wall-clock limit for the whole job, in seconds.
+        log_dir: where cases.json and the logs go; default a fresh
+            ``<results_path.parent>/logs/<run_id>/<nnn>-w<world_size>`` folder.
+        module: the worker module to run (tests pass a stand-in).
+        env: extra environment variables for the job, laid over ``os.environ``.
+        on_poll: called every ``POLL_S`` seconds while the job runs, and once after it ends,
+            in this thread (the CLI reads the new records there to move its progress bar).
+            An exception it raises stops the job like Ctrl-C does, then propagates.
+        nnodes: hosts the job spans; ``world_size`` is the total over them, so each host
+            starts ``world_size // nnodes`` ranks. Default 1: everything here.
+        node_rank: this host's index, 0 to ``nnodes - 1`` (global rank 0, which writes the
+            records, lives on node 0).
+        rdzv_endpoint: ``HOST:PORT`` of torchrun's c10d rendezvous, the same on every node;
+            required when ``nnodes > 1``, else a free port on 127.0.0.1.
+        rdzv_id: the rendezvous id every node passes; default ``ringbench`` plus the endpoint.
+
+    Returns:
+        A LaunchResult; a failed or timed-out job is reported there, not raised.
+
+    Raises:
+        ValueError: on an empty case list, a world_size below 1, an unknown device, a
+            non-positive timeout, or a case whose world_size/device differs.
+        KeyboardInterrupt: re-raised after the job has been stopped.
+    """
+    _check_args(cases, world_size=world_size, device=device, timeout_s=timeout_s)
+    if nnodes < 1 or world_size % nnodes or not 0 <= node_rank < nnodes:
+        raise ValueError(f"nnodes ({nnodes}) must divide world_size ({world_size}) and node_rank ({node_rank}) "
+                         "must be in [0, nnodes)")
+    if nnodes > 1 and not rdzv_endpoint:
+        raise ValueError("a job over several nodes needs rdzv_endpoint HOST:PORT, the same on every node")
+    results_path = Path(results_path)
+    log_dir = Path(log_dir) if log_dir is not None else _fresh_log_dir(
+        results_path.parent / "logs" / run_id, world_size)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    progress_dir = log_dir / "progress"
+    progress_dir.mkdir(exist_ok=True)
+    cases_file = log_dir / "cases.json"
+    cases_file.write_text(json.dumps({"run_id": run_id, "cases": cases}, indent=1) + "\n")
+
+    endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(nnodes),
+        "--node-rank", str(node_rank),
+        "--nproc-per-node", str(world_size // nnodes),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", endpoint,
+        "--rdzv-id", rdzv_id or "ringbench-" + endpoint.replace(":", "-"),
+        "--log-dir", str(log_dir / "torchrun"),  # may exist; torchrun adds a job subfolder
+        "--redirects", "3",  # both streams of every rank to files
+        "-m", module,
+        "--cases", str(cases_file),
+        "--results", str(results_path),
+    ]
+    child_env = _child_env(world_size // nnodes, progress_dir, env)
+    child_env["RINGBENCH_NODE_RANK"] = str(node_rank)  # the worker's record writer lives on node 0
+    # init_process_group gives up no later than the watchdog would.
+    child_env.setdefault("RINGBENCH_PG_TIMEOUT", f"{timeout_s:g}")
+    child_env.pop(TORCHRUN_PID_ENV, None)  # the wrapper sets it; a stale one would kill the workers
+    if sys.platform.startswith("linux"):
+        cmd = [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *cmd]
+
+    from ringbench.sweep import lease  # the results file's lease, held by torchrun too while it lives
+
+    with open(log_dir / "torchrun.stdout.log", "wb") as out, \
+            open(log_dir / "torchrun.stderr.log", "wb") as err:
+        proc = subprocess.Popen(cmd, env=child_env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=err, start_new_session=True, pass_fds=lease.held_fds())
+        timed_out = False
+        deadline = time.monotonic() + timeout_s
+        try:
+            returncode = _wait(proc, deadline, on_poll)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            returncode = _stop(proc)
+        except BaseException:  # Ctrl-C, SIGTERM turned into an exception, or on_poll's error
+            _stop(proc)
+            raise
+        if on_poll is not None:
+            on_poll()  # the records of the last cases
+
+    failure = None
+    if timed_out:
+        failure = _timeout_text(log_dir, world_size, timeout_s)
+    elif returncode != 0:
+        failure = _failure_text(log_dir, world_size, returncode)
+    return LaunchResult(returncode=returncode, timed_out=timed_out, log_dir=log_dir,
+                        failure=failure)
+
+
+def _wait(proc: subprocess.Popen, deadline: float, on_poll: Callable[[], None] | None) -> int:
+    """Wait for ``proc`` until ``deadline`` (monotonic), calling ``on_poll`` between waits.
+
+    Raises:
+        subprocess.TimeoutExpired: the deadline passed with the job still running.
+    """
+    if on_poll is None:
+        return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return proc.wait(timeout=max(0.0, min(POLL_S, left)))
+        except subprocess.TimeoutExpired:
+            if left <= POLL_S:
+                raise
+        on_poll()
+
+
+def _check_args(cases: list[dict], *, world_size: int, device: str, timeout_s: float) -> None:
+    if not cases:
+        raise ValueError("launch got no cases; pass at least one CaseSpec.to_dict()")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size ({world_size!r}) must be an int >= 1")
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device ({device!r}) must be 'cuda' or 'cpu'")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s ({timeout_s!r}) must be > 0 seconds")
+    for i, case in enumerate(cases):
+        for key, want in (("world_size", world_size), ("device", device)):
+            if key == "world_size" and case.get("emulate"):
+                want = case["world_size"] if world_size == 1 else 1  # one process plays every rank
+            if key in case and case[key] != want:
+                raise ValueError(
+                    f"case {i} has {key} {case[key]!r} but this launch uses {want!r}; one "
+                    f"launch runs cases of one {key}, so group the cases by it")
+
+
+def _fresh_log_dir(base: Path, world_size: int) -> Path:
+    base.mkdir(parents=True, exist_ok=True)
+    n = len(list(base.iterdir()))
+    while True:  # mkdir is atomic, so two launches never share a folder
+        candidate = base / f"{n:03d}-w{world_size}"
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+
+
+def _child_env(world_size: int, progress_dir: Path, extra: dict[str, str] | None) -> dict:
+    env = dict(os.environ)
+    env.update(extra or {})
+    env[PROGRESS_ENV] = str(progress_dir)
+    env["PYTHONUNBUFFERED"] = "1"
+    if "OMP_NUM_THREADS" not in env:
+        # torchrun would set 1 and warn; on CPU that starves the kernels, so split the cores.
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # macOS
+            cores = os.cpu_count() or 1
+        env["OMP_NUM_THREADS"] = str(max(1, cores // world_size))
+    # Read by recent torchrun releases (2.13 does); older ones ignore it, and our own
+    # SIGKILL after TERM_GRACE_S covers them.
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(TORCHRUN_SHUTDOWN_S))
+    return env
+
+
+# --------------------------------------------------------------------------------------
+# Stopping a job without orphans
+
+
+def _descendants(root: int) -> dict[int, int]:
+    """Every live descendant of ``root`` as {pid: start time}; empty where /proc is missing."""
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return {}
+    children: dict[int, list[tuple[int, int]]] = {}
+    for pid in pids:
+        stat = proc_stat(pid)
+        if stat:
+            children.setdefault(stat[0], []).append((pid, stat[1]))
+    found: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        for pid, start in children.get(todo.pop(), []):
+            if pid not in found:
+                found[pid] = start
+                todo.append(pid)
+    return found
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    if pgid == os.getpgrp():
+        return  # never signal our own group (the CLI and the test runner live there)
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_known(procs: dict[int, int]) -> None:
+    """SIGKILL each remembered process, and its group, if it is still the same process."""
+    for pid, start in procs.items():
+        stat = proc_stat(pid)
+        if stat is None or stat[1] != start:
+            continue  # gone, or the pid now belongs to someone else
+        try:
+            _signal_group(os.getpgid(pid), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    """Stop torchrun and its workers: SIGTERM, grace, SIGKILL. Returns torchrun's status."""
+    # Remember the workers now: once torchrun dies they are re-parented and hard to find.
+    known = _descendants(proc.pid)
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=TERM_GRACE_S)
+    except subprocess.TimeoutExpired:
+        known.update(_descendants(proc.pid))
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # torchrun may have left a stubborn worker behind, or been killed before it could act.
+    _kill_known(known)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(
+            (s := proc_stat(pid)) is not None and s[1] == start for pid, start in known.items()):
+        time.sleep(0.05)
+    return proc.returncode
+
+
+# --------------------------------------------------------------------------------------
+# Explaining a failure
+
+
+def _rank_dirs(log_dir: Path) -> dict[int, Path]:
+    """{rank: newest per-rank log folder} under the torchrun log folder."""
+    dirs: dict[int, Path] = {}
+    for d in sorted((log_dir / "torchrun").glob("*/attempt_*/*"),
+                    key=lambda p: p.stat().st_mtime_ns):
+        if d.is_dir() and d.name.isdigit():
+            dirs[int(d.name)] = d  # single node, so local rank == global rank
+    return dirs
+
+
+def _read_error_file(path: Path) -> tuple[int, str] | None:
+    """(mtime in ns, text) of torchelastic's error.json; None when absent or unreadable.
+
+    The mtime orders the ranks' failures: it is when the rank wrote the file, at ns
+    resolution, where the file's own timestamp has whole seconds.
+    """
+    try:
+        data = json.loads(path.read_text())
+        message = data["message"]
+        if isinstance(message, str):
+            text = message
+        else:
+            text = message.get("message", "")
+            stack = message.get("extraInfo", {}).get("py_callstack", "").rstrip().splitlines()
+            if stack and stack[-1].strip() == text.strip():
+                stack.pop()  # the traceback ends with the message we already show
+            if stack:
+                # The innermost frames carry the cause; the outer ones are the worker's main.
+                text += "\n" + "\n".join(stack[-_TRACEBACK_LINES:])
+        return path.stat().st_mtime_ns, text
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return text.rstrip().splitlines()[-lines:]
+
+
+def _root_cause(dirs: dict[int, Path], world_size: int) -> str | None:
+    """The first failure among the ranks' error files, or None when no rank left one."""
+    errors = {}
+    for rank, d in dirs.items():
+        got = _read_error_file(d / "error.json")
+        if got:
+            errors[rank] = got
+    if not errors:
+        return None
+    # The first rank to fail is the root cause; the others usually fail on its absence.
+    rank = min(errors, key=lambda r: (errors[r][0], r))
+    others = sorted(set(errors) - {rank})
+    also = f" (ranks {others} failed after it)" if others else ""
+    return f"rank {rank}/{world_size} failed{also}: {errors[rank][1]}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _exit_text(exitcode: int, pid: int | None = None) -> str:
+    """``was killed by SIGKILL (signal 9, pid 12)`` or ``exited with status 3 (pid 12)``."""
+    at = f", pid {pid}" if pid else ""
+    if exitcode < 0:
+        return f"was killed by {_signal_name(-exitcode)} (signal {-exitcode}{at})"
+    return f"exited with status {exitcode}" + (f" (pid {pid})" if pid else "")
+
+
+_REPORT_FIELD_RE = re.compile(r"^\s*(rank|exitcode|error_file|traceback)\s*:\s*(.*)$")
+_REPORT_RANK_RE = re.compile(r"^(\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
+_REPORT_EXIT_RE = re.compile(r"^(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+
+
+def _torchrun_report(log_dir: Path) -> tuple[dict, list[dict]] | None:
+    """torchrun's failure report in its stderr: (the root cause, the other failures).
+
+    Each is ``{"rank": int, "local_rank": int, "exitcode": int, "pid": int | None}``. None
+    when torchrun wrote no report (it failed before its workers ran, or was killed itself).
+    """
+    lines = _tail(log_dir / "torchrun.stderr.log", 400)
+    roots = [i for i, ln in enumerate(lines) if ln.startswith("Root Cause")]
+    if not roots:
+        return None
+    root_at = roots[-1]  # the last report, should torchrun have restarted the job
+    start = max((i for i, ln in enumerate(lines[:root_at]) if ln.strip() == "Failures:"), default=root_at)
+    entries: list[tuple[bool, dict]] = []
+    for i, ln in enumerate(lines[start:], start):
+        m = _REPORT_FIELD_RE.match(ln)
+        if not m:
+            continue
+        key, value = m.groups()
+        if key == "rank":
+            got = _REPORT_RANK_RE.match(value)
+            rank = int(got.group(1)) if got else None
+            local = int(got.group(2)) if got and got.group(2) else rank
+            entries.append((i > root_at, {"rank": rank, "local_rank": local, "exitcode": None, "pid": None}))
+        elif key == "exitcode" and entries:
+            got = _REPORT_EXIT_RE.match(value)
+            if got:
+                entries[-1][1]["exitcode"] = int(got.group(1))
+                entries[-1][1]["pid"] = int(got.group(2)) if got.group(2) else None
+    causes = [e for is_root, e in entries if is_root and e["rank"] is not None and e["exitcode"] is not None]
+    others = [e for is_root, e in entries if not is_root and e["rank"] is not None and e["exitcode"] is not None]
+    if not causes:
+        return None
+    cause = causes[0]
+    return cause, [e for e in others if e["rank"] != cause["rank"]]
+
+
+def _last_error_line(path: Path) -> str | None:
+    """The last line of ``path`` that names an exception or an error, stripped; None when none does."""
+    for line in reversed(_tail(path, _STDERR_TAIL_LINES * 5)):
+        text = line.strip()
+        if text and re.search(r"(Error|Exception|error:|Killed|Segmentation fault|Aborted)", text):
+            return text
+    return None
+
+
+def _failure_text(log_dir: Path, world_size: int, returncode: int) -> str:
+    """The failed job's root cause, in a few lines: never torchrun's raw report, which stays in its log."""
+    dirs = _rank_dirs(log_dir)
+    cause = _root_cause(dirs, world_size)
+    if cause:
+        return cause
+    log = log_dir / "torchrun.stderr.log"
+    report = _torchrun_report(log_dir)
+    if report is not None:
+        first, others = report
+        text = f"rank {first['rank']}/{world_size} {_exit_text(first['exitcode'], first['pid'])} and left no error file"
+        if first["exitcode"] == -signal.SIGKILL:
+            text += ": killed from outside, or by the kernel's out-of-memory killer (see dmesg)"
+        stopped = [o["rank"] for o in others if o["exitcode"] == -signal.SIGTERM]
+        if stopped:
+            text += f"; torchrun then stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
+        text += "".join(f"; rank {o['rank']} {_exit_text(o['exitcode'])} after it" for o in others
+                        if o["exitcode"] != -signal.SIGTERM)
+        local = first["local_rank"]
+        tail = _tail(dirs[local] / "stderr.log", _STDERR_TAIL_LINES) if local in dirs else []
+        if first["exitcode"] >= 0 and any("Traceback" in ln or "Error" in ln for ln in tail):
+            return text + "; end of its stderr:\n" + "\n".join(tail)
+        return f"{text}; torchrun's report: {log}"
+    for rank in sorted(dirs):
+        tail = _tail(dirs[rank] / "stderr.log", _STDERR_TAIL_LINES)
+        if any("Traceback" in ln or "Error" in ln for ln in tail):
+            return f"rank {rank}/{world_size} failed; end of its stderr:\n" + "\n".join(tail)
+    last = _last_error_line(log)
+    return (f"torchrun {_exit_text(returncode)} and no rank left an error" + (f": {last}" if last else "")
+            + f"; its output: {log}")
+
+
+def last_progress(log_dir: Path | str, world_size: int) -> dict[int, str | None]:
+    """Each rank's latest progress mark in ``log_dir/progress``, None where it wrote none."""
+    marks: dict[int, str | None] = {}
+    for rank in range(world_size):
+        tail = _tail(Path(log_dir) / "progress" / f"rank{rank}.txt", 1)
+        marks[rank] = tail[0] if tail else None
+    return marks
+
+
+def _timeout_text(log_dir: Path, world_size: int, timeout_s: float) -> str:
+    marks = last_progress(log_dir, world_size)
+    lines = [f"timed out after {timeout_s:g} s; last progress mark of each rank:"]
+    lines += [f"  rank {r}: {m if m is not None else '(none written)'}" for r, m in marks.items()]
+    cause = _root_cause(_rank_dirs(log_dir), world_size)
+    if cause:  # a rank that died first often explains why the others hung
+        lines.append(cause)
+    lines.append(f"logs: {log_dir}")
+    return "\n".join(lines)

@@ -1,0 +1,4 @@
+"""The algorithms under test: the ring engine and its plans (ring, zigzag, stripe, their varlen
+forms), the all-gather engines (llama3), the all-to-all ones (ulysses, usp over ``grid``), and
+what they share: merge (and its Triton form), layouts, balanced, varlen, bands, window, sinks and
+the counted communicators (``comm``)."""

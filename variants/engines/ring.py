@@ -1,0 +1,533 @@
+"""Ring attention: K/V travel around the ring while each rank keeps its queries.
+
+The engine here serves every ring-shaped variant; a variant only says, through its *plan*,
+which part of its queries meets which part of the visiting K/V block at each step, and with
+what mask. ``ring`` is the plain contiguous layout.
+
+While an observation is held (``observe.observing``, verify's variant run), the engine reports
+every kernel call's block with its rows; otherwise it reports nothing.
+
+The backward runs the ring the other way round (:func:`_ring_backward`): it starts from the
+K/V block the forward used last and ends with each rank's own block, so the hop that brings
+a block's dK/dV home overlaps its owner's last kernel call. Each step's merge (forward) and
+gradient adds (backward) are one fused launch per step (``merge.merge_step``; ``merge.add_steps``
+takes a backward step's dq, dk and dv adds together), which also write the input dtype on the
+last one.
+
+Packed documents (the varlen variants) use the same plans: every document is sharded in the
+layout on its own, so the plan is applied to each document's local piece, and the pieces it
+selects are gathered into one varlen kernel call per step (:class:`VarlenSteps`).
+
+Source: Liu, Zaharia and Abbeel, "Ring Attention with Blockwise Transformers for Near-Infinite
+Context" (2023).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from . import bands, window as _window
+from ..instruments import emulation, observe, timeline
+from .comm import RingComm
+from ..kernels.common import accumulation_dtype
+from ..kernels import Kernel, as_kernel
+from .merge import add_steps, merge_step
+from .sinks import apply_sink, check_sink, sink_grad
+
+Tensor = torch.Tensor
+
+
+class Block(NamedTuple):
+    """Which local queries meet which rows of the visiting K/V, and whether the mask is causal."""
+
+    q: slice
+    kv: slice
+    causal: bool
+
+
+#: ``plan(step, source_rank, rank, world_size, seqlen_local, causal) -> Block | None``;
+#: ``None`` means this step contributes nothing (the K/V block is entirely in the future).
+Plan = Callable[[int, int, int, int, int, bool], "Block | None"]
+
+_ALL = slice(None)
+
+
+class Step(NamedTuple):
+    """A plan's block made concrete for one kernel call.
+
+    ``q`` and ``kv`` are local rows: a slice, or (varlen) int64 row indices. For packed
+    documents, ``cu_q`` and ``cu_k`` are the int32 offsets of the documents within the taken
+    rows, and ``max_q`` and ``max_k`` their longest lengths; ``None`` and 0 in the batch form.
+    Under a sliding window, ``parts`` are its kernel calls (``window.py``), q and kv all rows.
+    ``q_inv`` and ``kv_inv`` are the row maps of index selections, int32 ``[S/W]`` on the
+    device: the block row of every local row, -1 where the block has none (the fused merge
+    reads them); ``None`` for slices.
+    """
+
+    q: "slice | Tensor"
+    kv: "slice | Tensor"
+    causal: bool
+    cu_q: Tensor | None = None
+    cu_k: Tensor | None = None
+    max_q: int = 0
+    max_k: int = 0
+    parts: tuple = ()
+    q_inv: Tensor | None = None
+    kv_inv: Tensor | None = None
+
+
+#: ``steps(step, source_rank) -> Step | None``: what this rank computes at each ring step.
+Steps = Callable[[int, int], "Step | None"]
+
+
+def batch_steps(plan: Plan, rank: int, world_size: int, seqlen_local: int, causal: bool) -> Steps:
+    """The steps of the batch form: the plan's block, as it is."""
+
+    def steps(step: int, source: int) -> Step | None:
+        block = plan(step, source, rank, world_size, seqlen_local, causal)
+        return None if block is None else Step(block.q, block.kv, block.causal)
+
+    return steps
+
+
+class VarlenSteps:
+    """The steps of the varlen form: the plan applied to every local document piece.
+
+    Every rank holds ``lengths[d]`` tokens of document d (document-wise sharding, so the same
+    lengths on every rank and in every visiting K/V block). At each step the plan's block for
+    each document, in that document's local coordinates, picks its query rows and key rows;
+    the picked rows of all documents become one varlen call. Plans whose blocks cover every
+    document whole become plain slices, so ``ring_varlen`` never copies rows. Every step is
+    built when the object is made (once per distinct pattern), its offsets, lengths and row
+    maps on the device, and reused by forward and backward; one object serves every layer
+    of a batch through ``varlen.Documents.schedule``, so no call reads the device.
+
+    Args:
+        plan: the batch plan (``contiguous_plan``, ``zigzag_plan``, ...).
+        lengths: local tokens of each document, host ints, summing to the local row length.
+        rank, world_size, causal: as for the plan.
+        device: where the index and offset tensors live.
+
+    Raises:
+        RuntimeError: a plan that gives different masks to different documents at one step.
+    """
+
+    def __init__(self, plan: Plan, lengths: list[int], rank: int, world_size: int, causal: bool, device):
+        self.plan, self.lengths = plan, lengths
+        self.rank, self.world_size, self.causal, self.device = rank, world_size, causal, device
+        self._by_step: dict[tuple[int, int], Step | None] = {}
+        self._by_pattern: dict[tuple, Step | None] = {}
+        for step in range(world_size):
+            self(step, (rank - step) % world_size)
+
+    def __call__(self, step: int, source: int) -> Step | None:
+        if (step, source) not in self._by_step:
+            picks = []  # (document, query range, key range, mask) in local document coordinates
+            for doc, n in enumerate(self.lengths):
+                block = self.plan(step, source, self.rank, self.world_size, n, self.causal)
+                if block is not None:
+                    picks.append((doc, block.q.indices(n)[:2], block.kv.indices(n)[:2], block.causal))
+            key = tuple(picks)
+            if key not in self._by_pattern:
+                self._by_pattern[key] = self._build(picks)
+            self._by_step[(step, source)] = self._by_pattern[key]
+        return self._by_step[(step, source)]
+
+    def _build(self, picks) -> Step | None:
+        masks = {p[3] for p in picks}
+        if len(masks) > 1:
+            raise RuntimeError("the plan gave documents different masks at one step; a varlen step makes one "
+                               "kernel call, so every document must share the mask")
+        starts = [0]
+        for n in self.lengths:
+            starts.append(starts[-1] + n)
+        rows = {}
+        for side, pos in (("q", 1), ("kv", 2)):
+            covered = {p[0] for p in picks if p[pos] == (0, self.lengths[p[0]])}
+            whole = all(d in covered for d, n in enumerate(self.lengths) if n)
+            lens = [p[pos][1] - p[pos][0] for p in picks]
+            if whole:
+                sel, inv = _ALL, None
+            else:
+                idx = [torch.arange(starts[d] + a, starts[d] + b) for d, a, b in
+                       ((p[0], *p[pos]) for p in picks)]
+                sel = torch.cat(idx) if idx else torch.empty(0, dtype=torch.int64)
+                inv = torch.full((starts[-1],), -1, dtype=torch.int32)
+                inv[sel] = torch.arange(sel.numel(), dtype=torch.int32)
+                sel, inv = sel.to(self.device), inv.to(self.device)
+            rows[side] = (sel, inv, lens)
+        (q_sel, q_inv, q_lens), (kv_sel, kv_inv, kv_lens) = rows["q"], rows["kv"]
+        if sum(q_lens) == 0 or sum(kv_lens) == 0:
+            return None
+        # Documents empty on both sides add nothing; dropping them keeps the kernel's batch small.
+        kept = [(a, b) for a, b in zip(q_lens, kv_lens) if a or b]
+        return Step(q_sel, kv_sel, masks.pop(), _offsets([a for a, _ in kept], self.device),
+                    _offsets([b for _, b in kept], self.device), max(a for a, _ in kept), max(b for _, b in kept),
+                    q_inv=q_inv, kv_inv=kv_inv)
+
+
+def _offsets(lengths: list[int], device) -> Tensor:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+def _is_all(sel) -> bool:
+    return isinstance(sel, slice) and sel == _ALL
+
+
+def _rows(x: Tensor, sel, dim: int = 1) -> Tensor:
+    """Rows ``sel`` of ``x`` along ``dim`` (1 or 2): a view for a slice, a copy for indices."""
+    if isinstance(sel, slice):
+        return x[:, sel] if dim == 1 else x[:, :, sel]
+    return x.index_select(dim, sel)
+
+
+@timeline.timed("kernel")
+def _attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, st: Step, scale: float) -> tuple[Tensor, Tensor]:
+    if st.parts:
+        return _window.attend(kernel, q, k, v, st.parts, scale)
+    if st.cu_q is None:
+        return kernel.forward(q, k, v, st.causal, scale)
+    return kernel.forward_varlen(q, k, v, st.cu_q, st.cu_k, st.max_q, st.max_k, st.causal, scale)
+
+
+@timeline.timed("kernel")
+def _attend_backward(kernel: Kernel, dout, q, k, v, out, lse, st: Step, scale: float):
+    if st.parts:
+        return _window.attend_backward(kernel, dout, q, k, v, out, lse, st.parts, scale)
+    if st.cu_q is None:
+        return kernel.backward(dout, q, k, v, out, lse, st.causal, scale)
+    return kernel.backward_varlen(dout, q, k, v, out, lse, st.cu_q, st.cu_k, st.max_q, st.max_k, st.causal,
+                                  scale)
+
+
+def contiguous_plan(step: int, source: int, rank: int, world_size: int, seqlen_local: int,
+                    causal: bool) -> Block | None:
+    """The plan of the plain ring: the diagonal block is causal, later ranks' blocks are skipped."""
+    if not causal:
+        return Block(_ALL, _ALL, False)
+    if step == 0:
+        return Block(_ALL, _ALL, True)
+    return Block(_ALL, _ALL, False) if source < rank else None
+
+
+def _blocks_of(steps: Steps, rank: int, world_size: int, n_steps: int | None = None) -> int:
+    """How many of this rank's first ``n_steps`` steps make a kernel call (each one more term of a row's sum)."""
+    return sum(steps(s, (rank - s) % world_size) is not None for s in range(world_size if n_steps is None else n_steps))
+
+
+def _empty_output(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    # Nothing seen yet: out 0 (v's head dim, head_dim_v) and lse -inf.
+    B, S, H, _ = q.shape
+    out = torch.zeros((B, S, H, v.shape[3]), dtype=q.dtype, device=q.device)
+    return out, torch.full((B, H, S), float("-inf"), dtype=accumulation_dtype(q.dtype), device=q.device)
+
+
+@timeline.timed("merge")
+def _fold(out, lse, block: Step, b_out: Tensor, b_lse: Tensor, into: torch.dtype, q: Tensor, v: Tensor):
+    """Merge one block into the running output (one fused launch on CUDA); see ``merge.merge_step``."""
+    if out is None:
+        if _is_all(block.q):
+            # The first block that covers every query is the running output as it is: one term,
+            # exact in the input dtype; the next merge reads it and writes float32.
+            return b_out, b_lse
+        out, lse = _empty_output(q, v)
+    return merge_step(out, lse, block.q, b_out, b_lse, into=into, inv=block.q_inv), lse
+
+
+@timeline.timed("merge")
+def _accumulate(*jobs) -> list:
+    """Add blocks' gradients into running sums, each job ``(acc, rows, grad, into, shape, inv)``
+    as ``merge.add_step`` takes it: every add of a backward step in one fused launch on CUDA
+    (``merge.add_steps``). A job's result is ``None`` when it has neither sum nor gradient."""
+    found, todo = [None] * len(jobs), []
+    for i, (acc, rows, grad, *_rest) in enumerate(jobs):
+        if acc is None and grad is not None and _is_all(rows):
+            # The first term, as the kernel returned it: exact in the input dtype; the next add
+            # reads it and writes ``into``.
+            found[i] = grad
+        elif acc is not None or grad is not None:
+            todo.append(i)
+    for i, res in zip(todo, add_steps([jobs[i] for i in todo])):
+        found[i] = res
+    return found
+
+
+def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+                  group, kernel: Kernel, steps: Steps, lossy: frozenset = frozenset(),
+                  sink: Tensor | None = None) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
+    """The forward ring: returns out (q's dtype), lse and the K/V block this rank used last.
+
+    A row's running output stays in the input dtype while it holds one block's result, is
+    float32 while more blocks follow, and the last merge writes the input dtype: the sum of
+    an all-float32 accumulation, rounded once, without a separate cast. With a ``sink`` the
+    last merge stays in float32, the sink joins, and the result is cast once.
+    """
+    comm = RingComm(group)
+    rank, world_size = comm.rank, comm.world_size
+    acc = accumulation_dtype(q.dtype)
+    seen = observe.current()
+    n_steps = getattr(steps, "n_steps", world_size)  # a window may end the ring early
+    left = _blocks_of(steps, rank, world_size, n_steps)
+    out = lse = None
+    spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
+    kv = (k, v)
+    for step in range(n_steps):
+        timeline.step("fwd", step)
+        if step + 1 < n_steps:
+            nxt = spare[step % 2]
+            comm.send_recv(kv[0], nxt[0])
+            comm.send_recv(kv[1], nxt[1])
+            comm.commit()
+        block = steps(step, (rank - step) % world_size)
+        if block is not None:
+            b_out, b_lse = _attend(kernel, _rows(q, block.q), _rows(kv[0], block.kv), _rows(kv[1], block.kv),
+                                   block, scale)
+            if seen is not None:
+                seen.forward_block(block.q, _ALL, b_out, b_lse)
+            left -= 1
+            into = q.dtype if (left == 0 and sink is None) or "out" in lossy else acc
+            out, lse = _fold(out, lse, block, b_out, b_lse, into, q, v)
+        if step + 1 < n_steps:
+            comm.wait()
+            kv = nxt
+    if out is None:  # no block at all: every query sees no key
+        out, lse = _empty_output(q, v)
+    if sink is not None:  # the row's sink joins after its last merge, once (sinks.py)
+        out, lse = apply_sink(out, lse, sink)
+    if out.dtype != q.dtype:  # a sink, or one block that came back in another dtype
+        out = out.to(q.dtype)
+    # rank + 1's block, where the backward starts; a window that ended the ring early has none.
+    return out, lse, kv if n_steps == world_size else None
+
+
+def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                   kv_last: tuple[Tensor, Tensor], causal: bool, scale: float, group, kernel: Kernel,
+                   steps: Steps, lossy: frozenset = frozenset()) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward ring, in reverse ring order, so no dK/dV transfer is left exposed.
+
+    It starts from ``kv_last``, the K/V block of rank + 1 that the forward used last, and
+    visits the blocks of ranks + 2, + 3, ... with K/V and their dK/dV passed to rank - 1;
+    this rank's own block comes last, its kernel call overlapping the final hop that brings
+    its dK/dV home. So W - 2 K/V transfers instead of W - 1, and the final hop's wait comes
+    after the last compute. A hop's partial dK/dV holds at most i + 1 terms after visiting
+    step i: the first hop travels in the input dtype (one term, exact), later ones in float32;
+    the owner adds its own block's term and writes the input dtype.
+    """
+    kv_comm, dkv_comm = RingComm(group, reverse=True), RingComm(group, reverse=True)
+    rank, world_size = kv_comm.rank, kv_comm.world_size
+    acc = accumulation_dtype(q.dtype)
+    seen = observe.current()
+    left = _blocks_of(steps, rank, world_size)
+    windowed = hasattr(steps, "n_steps")
+    dq = None
+    spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, max(0, world_size - 2)))]
+    if world_size > 1 and kv_last is None:  # a window ended the forward early: fetch rank + 1's block
+        kv_last = (torch.empty_like(k), torch.empty_like(v))
+        kv_comm.send_recv(k, kv_last[0])
+        kv_comm.send_recv(v, kv_last[1])
+        kv_comm.commit()
+        kv_comm.wait()
+    kv = kv_last if world_size > 1 else (k, v)
+    landing = None
+    for i in range(world_size):
+        timeline.step("bwd", i)
+        own = i == world_size - 1
+        source = (rank + 1 + i) % world_size  # the last step is this rank's own block
+        if own:
+            kv = (k, v)
+        receive = i + 2 < world_size  # a K/V block for the next visiting step
+        if receive:
+            nxt = spare[i % 2]
+            kv_comm.send_recv(kv[0], nxt[0])
+            kv_comm.send_recv(kv[1], nxt[1])
+            kv_comm.commit()
+        block = steps((rank - source) % world_size, source)
+        grads = None
+        if block is not None:
+            grads = _attend_backward(kernel, _rows(dout, block.q), _rows(q, block.q), _rows(kv[0], block.kv),
+                                     _rows(kv[1], block.kv), _rows(out, block.q), _rows(lse, block.q, 2),
+                                     block, scale)
+            if seen is not None:
+                seen.dq_block(block.q, _ALL, grads[0])
+                seen.dkv_block(source, block.kv, _ALL, grads[1], grads[2])
+            left -= 1
+            into = q.dtype if left == 0 or "dq" in lossy else acc
+        dq_job = [(dq, block.q, grads[0], into, q.shape, block.q_inv)] if block is not None else []
+        if own:  # its dq joins the last dK/dV add, after the final hop
+            break
+        # The visiting block's dK/dV: this rank's term added to what ranks + 1, + 2, ... sent,
+        # in the same launch as dq's add.
+        incoming = (None, None)
+        if i > 0:
+            dkv_comm.wait()
+            incoming = landing
+        # A windowed step's gradient can be a sum of several kernel calls already (window.py).
+        hop = k.dtype if (i == 0 and not windowed) or "dkv" in lossy else acc
+        sums = _accumulate(*dq_job, *(
+            (incoming[j], block.kv if block is not None else _ALL, grads[1 + j] if grads is not None else None,
+             hop, like.shape, block.kv_inv if block is not None else None) for j, like in enumerate((k, v))))
+        dq, partial = (sums[0] if dq_job else dq), sums[-2:]
+        partial = tuple(p.to(hop).contiguous() if p is not None else torch.zeros(like.shape, dtype=hop,
+                                                                                   device=like.device)
+                        for p, like in zip(partial, (k, v)))
+        landing = (torch.empty(k.shape, dtype=hop, device=k.device), torch.empty(v.shape, dtype=hop, device=v.device))
+        dkv_comm.send_recv(partial[0], landing[0])
+        dkv_comm.send_recv(partial[1], landing[1])
+        dkv_comm.commit()
+        if receive:
+            kv_comm.wait()
+            kv = nxt
+    incoming = (None, None)
+    if world_size > 1:
+        dkv_comm.wait()
+        incoming = landing
+    rows = block.kv if block is not None else _ALL
+    inv = block.kv_inv if block is not None else None
+    *dq_sum, dk, dv = _accumulate(*dq_job, *(
+        (incoming[j], rows, grads[1 + j] if grads is not None else None, like.dtype, like.shape, inv)
+        for j, like in enumerate((k, v))))
+    dq = dq_sum[0] if dq_job else dq
+    if dq is None:
+        dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    elif dq.dtype != q.dtype:  # only when this rank's last kernel call saw none of its queries
+        dq = dq.to(q.dtype)
+    dk = dk.to(k.dtype) if dk is not None else torch.zeros_like(k)
+    dv = dv.to(v.dtype) if dv is not None else torch.zeros_like(v)
+    return dq, dk, dv
+
+
+class RingAttention(torch.autograd.Function):
+    """Autograd wrapper around the ring engine; see :func:`ring_attention`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink, causal, scale, group, kernel, steps, lossy):
+        out, lse, kv_last = _ring_forward(q, k, v, causal, scale, group, kernel, steps, lossy, sink)
+        # With a sink these are (out_f, L), with which the kernels' backward gives exact dq, dk, dv.
+        ctx.save_for_backward(q, k, v, out, lse, sink)
+        # The backward starts from the K/V block the forward used last (rank + 1's): kept, not
+        # sent again. It costs one K/V shard of memory per call until the backward.
+        ctx.kv_last = kv_last if kv_last is not None and kv_last[0] is not k else None
+        ctx.args = (causal, scale, group, kernel, steps, lossy)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, sink = ctx.saved_tensors
+        dout = dout.contiguous()
+        kv_last, ctx.kv_last = ctx.kv_last, None
+        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, kv_last, *ctx.args)
+        dsink = sink_grad(dout, out, lse, sink, ctx.args[2]) if ctx.needs_input_grad[3] else None
+        return dq, dk, dv, dsink, None, None, None, None, None, None
+
+
+def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: float | None,
+             group: dist.ProcessGroup | None, kernel: Kernel | str, plan: Plan,
+             doc_lengths: list[int] | None = None, steps: "VarlenSteps | None" = None,
+             lossy: tuple[str, ...] = (), sink: Tensor | None = None, window: int | None = None,
+             layout: str = "contiguous") -> tuple[Tensor, Tensor]:
+    """Run the ring engine with ``plan``; shared by the ring-shaped variants.
+
+    ``sink`` (``[Hq]``, see ``sinks.py``) joins every row once, after its last merge; its
+    gradient is summed over the group.
+
+    With ``doc_lengths`` (the local tokens of every document, document-wise sharding), q, k
+    and v are packed rows ``[1, S/W, H, D]`` and every step is one varlen kernel call over the
+    documents' pieces (:class:`VarlenSteps`); ``steps``, a :class:`VarlenSteps` built once for
+    the batch (``varlen.Documents.schedule``), is used as it is instead of building one.
+
+    With ``window`` (keys each query sees, itself included; causal only), the steps come from
+    the global positions of ``layout`` (the variant's: contiguous, zigzag or stripe, by document
+    with ``doc_lengths``) instead of the plan: ``window.py``.
+
+    ``lossy`` is for test fixtures only (``testing.py``), never correct: the accumulators it
+    names (``out``, the running output; ``dq``; ``dkv``, the dK/dV travelling the ring) are
+    rounded to the input dtype after every update, the low-precision accumulation verify's
+    block-decomposition check must catch.
+
+    Raises:
+        ValueError: a kernel the call cannot run with (``kernels.as_kernel``): with
+            ``doc_lengths`` one without a varlen form, with ``window`` one that takes none, the
+            message starting ``[rank r/W]``; a window that is not positive, or without ``causal``.
+    """
+    rank, world_size = emulation.rank_and_size(group)
+    prefix = f"[rank {rank}/{world_size}] "
+    _window.check_window(window, causal, prefix)
+    try:
+        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
+                           varlen=doc_lengths is not None, window=window is not None)
+    except ValueError as exc:
+        if doc_lengths is None and window is None:
+            raise
+        raise ValueError(f"{prefix}{exc}") from None
+    if window is not None:
+        steps = _window_steps(layout, q.shape[1], doc_lengths, rank, world_size, window)
+    elif doc_lengths is None:
+        steps = batch_steps(plan, rank, world_size, q.shape[1], causal)
+    else:
+        if steps is None:
+            steps = VarlenSteps(plan, doc_lengths, rank, world_size, causal, q.device)
+    if sink is not None:
+        check_sink(sink, q.shape[2], f"[rank {rank}/{world_size}] ")
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    return RingAttention.apply(q, k, v, sink, causal, scale, group, kernel, steps, frozenset(lossy))
+
+
+def _window_steps(layout: str, seqlen_local: int, doc_lengths: list[int] | None, rank: int, world_size: int,
+                  window: int) -> Steps:
+    """The steps of a windowed ring: each one's parts (``window.WindowParts``), q and kv all rows."""
+    if doc_lengths is None:
+        def runs_of(r):
+            return bands.layout_runs(layout, seqlen_local * world_size, r, world_size)
+    else:
+        def runs_of(r):
+            return bands.document_runs([n * world_size for n in doc_lengths], layout, r, world_size)
+    parts_of = _window.WindowParts(runs_of, rank, world_size, window)
+
+    def steps(step: int, source: int) -> Step | None:
+        parts = parts_of(step, source)
+        return None if parts is None else Step(_ALL, _ALL, False, parts=parts)
+
+    steps.n_steps = parts_of.n_steps
+    return steps
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
+                   softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
+                   kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
+                   sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+    """Attention over the whole sequence, each rank holding one contiguous chunk of it.
+
+    Args:
+        q: ``[B, S/W, Hq, D]``, this rank's queries (chunk ``rank`` of the contiguous layout).
+        k, v: ``[B, S/W, Hkv, D]`` with ``Hq % Hkv == 0`` (GQA), same dtype as q.
+        causal: mask key positions after the query's, globally.
+        softmax_scale: defaults to ``D ** -0.5``.
+        group: the context-parallel process group (default: the world).
+        kernel: a :class:`Kernel` or its name; ``auto`` (default) takes the best one available
+            for the tensors' device and dtype.
+        cu_seqlens: not taken by this batch form; must be ``None``.
+        sink: ``[Hq]`` float32 sink logits (``sinks.py``), or ``None``; differentiable.
+        window: a causal sliding window of this many keys (query p sees keys p - window + 1 .. p);
+            ``None``: none. Steps outside it make no kernel call, and the forward ring stops
+            after the last step any rank needs (``window.py``).
+
+    Returns:
+        ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32
+        ``[B, Hq, S/W]`` (float64 for float64 inputs), not differentiable; with a sink, the
+        row's ``logaddexp(lse, s_h)``.
+
+    Raises:
+        ValueError: ``cu_seqlens`` given, a sink that is not ``[Hq]``, shapes the kernel refuses, or a
+            window that is not positive, without ``causal``, or on a kernel that takes none.
+    """
+    if cu_seqlens is not None:
+        raise ValueError("ring is the batch form and takes no cu_seqlens; use ring_varlen")
+    return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
+                    plan=contiguous_plan, sink=sink, window=window, layout="contiguous")

@@ -1,0 +1,117 @@
+"""The sliding window in the ring engine: each step's block as the parts its window leaves.
+
+With ``window=L`` the ring engine (``ring.run_ring``) no longer asks the variant's plan which
+rows meet: it takes the global positions of this rank's query rows and of the visiting block's
+key rows (``bands``: contiguous, zigzag and stripe, batch or document by document) and keeps
+the pairs inside the window. A step whose block lies wholly outside every query's window
+makes no kernel call. One that is left is one or more :class:`bands.Part` (zigzag's two
+chunks make up to four), each one kernel call with its own flash-attn window, merged here
+into the step's result over all local rows; the engine then merges that as it merges any
+block. Backward sums the parts' gradients the same way.
+
+Transfers: in forward the ring stops after the last step some rank needs (:attr:`WindowParts.n_steps`;
+contiguous ``ring`` with a window shorter than a rank's chunk needs step 1 only), so later K/V
+are neither sent nor waited on. Backward keeps every step's transfer, because dK/dV must
+travel the whole ring back to their owner; its steps outside the window make no kernel call.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from . import bands
+from ..kernels.common import accumulation_dtype
+from ..kernels import Kernel
+from .merge import merge_
+
+Tensor = torch.Tensor
+
+
+def check_window(window, causal: bool, prefix: str = "") -> None:
+    """Refuse a window a variant cannot take.
+
+    Raises:
+        ValueError: a window that is not a positive int, or one without the causal mask (the
+            message starts with ``prefix``).
+    """
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"{prefix}window {window!r} must be a positive number of keys (each query sees the "
+                         "window's most recent keys, itself included); pass window=4096, or None for none")
+    if not causal:
+        raise ValueError(f"{prefix}a sliding window is causal (query p sees keys p - window + 1 .. p), so it needs "
+                         "causal=True; pass causal=True or window=None")
+
+
+class WindowParts:
+    """``(step, source) -> parts | None`` of one rank's ring under a window, from the runs of every rank.
+
+    Args:
+        runs_of: ``rank -> list[bands.Run]``, the positions every rank holds (the same on all ranks).
+        rank, world_size: this rank and the ring's size.
+        window: keys each query sees, itself included.
+
+    Attributes:
+        n_steps: ring steps until the last one in which some rank has a part (at least 1).
+    """
+
+    def __init__(self, runs_of: Callable[[int], Sequence[bands.Run]], rank: int, world_size: int, window: int):
+        runs = [list(runs_of(r)) for r in range(world_size)]
+        self.parts = {}
+        self.n_steps = 1
+        for r in range(world_size):
+            for step in range(world_size):
+                source = (r - step) % world_size
+                parts = bands.block_parts(runs[r], runs[source], window)
+                if parts:
+                    self.n_steps = max(self.n_steps, step + 1)
+                    if r == rank:
+                        self.parts[step] = parts
+
+    def __call__(self, step: int, source: int):
+        return self.parts.get(step)
+
+
+def _whole(parts, q: Tensor, k: Tensor) -> bool:
+    return len(parts) == 1 and parts[0].q == (0, q.shape[1]) and parts[0].kv == (0, k.shape[1])
+
+
+def attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, parts, scale: float) -> tuple[Tensor, Tensor]:
+    """out ``[B, Sq, Hq, Dv]`` and lse ``[B, Hq, Sq]`` of one windowed step over all of q's rows: the
+    parts' kernel calls merged (float32, or float64 for float64 inputs; a single part that covers
+    the block is the kernel's own result); rows no part covers get out 0 and lse ``-inf``."""
+    if _whole(parts, q, k):
+        p = parts[0]
+        return kernel.forward(q, k, v, False, scale, window=p.window)
+    acc = accumulation_dtype(q.dtype)
+    B, S, H = q.shape[:3]
+    out = torch.zeros(B, S, H, v.shape[3], dtype=acc, device=q.device)  # v's head dim (head_dim_v)
+    lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
+    for p in parts:
+        rows, keys = slice(*p.q), slice(*p.kv)
+        o, l = kernel.forward(q[:, rows], k[:, keys], v[:, keys], False, scale, window=p.window)
+        merge_(out[:, rows], lse[:, :, rows], o, l)
+    return out, lse
+
+
+def attend_backward(kernel: Kernel, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                    parts, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of one windowed step (``out`` and ``lse`` the final ones of q's rows): the
+    parts' gradients summed (float32, or the kernel's own for a single part that covers the block)."""
+    if _whole(parts, q, k):
+        return kernel.backward(dout, q, k, v, out, lse, False, scale, window=parts[0].window)
+    acc = accumulation_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+    for p in parts:
+        rows, keys = slice(*p.q), slice(*p.kv)
+        g = kernel.backward(dout[:, rows], q[:, rows], k[:, keys], v[:, keys], out[:, rows], lse[:, :, rows],
+                            False, scale, window=p.window)
+        dq[:, rows] += g[0]
+        dk[:, keys] += g[1]
+        dv[:, keys] += g[2]
+    return dq, dk, dv

@@ -1,0 +1,333 @@
+"""Local attention backends behind one contract.
+
+Every backend takes q ``[B, Sq, Hq, D]`` and k, v ``[B, Sk, Hkv, D]`` (``Hq % Hkv == 0``) and
+returns ``out`` with q's shape and dtype and ``lse`` as float32 ``[B, Hq, Sq]`` (float64 for
+float64 inputs, which only the math and cpu kernels take): the natural
+log-sum-exp of each query row's scaled scores, ``-inf`` for a row that sees no key.
+Backends differ in their own lse layout and in how they mark empty rows; each backend's module
+converts at the boundary, so variants only ever see ringbench's layout.
+
+A causal call requires ``Sq == Sk`` (the mask is ``key <= query``); backends disagree on how
+to align a causal mask of a rectangular block, so ringbench never asks for one.
+
+The varlen (packed documents) form, on the kernels that have one (``Kernel.varlen``), takes
+q ``[1, Sq, Hq, D]`` and k, v ``[1, Sk, Hkv, D]``, each a row of documents packed end to end,
+plus int32 ``cu_seqlens_q`` and ``cu_seqlens_k`` of the same length N + 1: document i's queries
+are rows ``cu_seqlens_q[i]:cu_seqlens_q[i+1]`` and its keys ``cu_seqlens_k[i]:cu_seqlens_k[i+1]``.
+Attention stays inside each document. Its causal mask is aligned bottom-right, document by
+document: with ``lq`` queries and ``lk`` keys, query i sees key j iff ``j <= i + lk - lq``, so a
+block of queries can be the last ``lq`` tokens of a document whose keys start earlier (the
+FlashAttention-2 varlen convention). Documents may be empty on either side; a query that sees
+no key gets out 0 and lse ``-inf``. lse comes back as ``[1, Hq, Sq]``, as in the batch form.
+
+A sliding window (``window=(left, right)``, on the kernels with ``Kernel.takes_window``) is
+flash-attn's convention, aligned bottom-right: with ``m`` queries and ``n`` keys (per document
+in the varlen form), query i sees key j iff ``i + (n - m) - left <= j <= i + (n - m) + right``;
+``None`` on a side is unbounded there. With ``causal`` the right side is 0 (flash-attn's rule),
+and a window call may be rectangular. ringbench's variants pass ``causal=False`` with both
+sides given. ``window=None`` (the default) is the mask of ``causal`` alone.
+
+This module holds :class:`Kernel`, the registry (:data:`KERNELS`, :data:`AUTO_ORDER`) and the one
+resolution of kernel names (:func:`check_kernel`, :func:`resolve_kernel`, :func:`as_kernel`). The
+backends are in ``kernel_reference.py`` (math, cpu), ``kernel_torch_cuda.py`` (torch-flash, cudnn,
+torch-efficient) and ``kernel_flash_attn.py`` (flash-attn, flash-attn-4 over ``fa4.py``); what
+they share in ``kernel_common.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+
+from . import fa4
+from .common import _cuda_unavailable
+from .flash_attn import (_fa4_backward, _fa4_backward_varlen, _fa4_forward, _fa4_forward_varlen, _fa4_version,
+                         _flash_attn_backward, _flash_attn_backward_varlen, _flash_attn_forward,
+                         _flash_attn_forward_varlen, _flash_attn_unavailable, _flash_attn_version)
+from .reference import (_cpu_backward, _cpu_backward_varlen, _cpu_forward, _cpu_forward_varlen, _math_backward,
+                        _math_backward_varlen, _math_forward, _math_forward_varlen)
+from .torch_cuda import (_cudnn_backward, _cudnn_forward, _cudnn_notes, _cudnn_unavailable, _efficient_backward,
+                         _efficient_forward, _torch_flash_backward, _torch_flash_backward_varlen,
+                         _torch_flash_forward, _torch_flash_forward_varlen, _torch_flash_unavailable)
+
+Tensor = torch.Tensor
+
+#: Order in which ``auto`` picks a kernel on each device type.
+AUTO_ORDER = {"cuda": ("flash-attn-4", "flash-attn", "torch-flash", "cudnn", "math"), "cpu": ("cpu", "math")}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One local attention backend.
+
+    Attributes:
+        name: the name users pass to ``--kernel``.
+        device_type: ``"cuda"`` or ``"cpu"``; ``"any"`` for the math kernel.
+        dtypes: input dtypes the backend accepts.
+        max_head_dim: the largest head dim the backend takes (``None``: no limit).
+        head_dim_multiple: head dims must be a multiple of this.
+        forward: ``(q, k, v, causal, softmax_scale) -> (out, lse)``.
+        backward: ``(dout, q, k, v, out, lse, causal, softmax_scale) -> (dq, dk, dv)``;
+            gradients in the input dtype (math: float32 or float64).
+        unavailable: a function returning why the backend cannot run here, or ``None``.
+        forward_varlen: ``(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            causal, softmax_scale) -> (out, lse)``, the packed-documents form (module
+            docstring), or ``None`` when the kernel has none.
+        backward_varlen: ``(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+            max_seqlen_k, causal, softmax_scale) -> (dq, dk, dv)``, or ``None``.
+        no_varlen: why there is no varlen form, when there is none.
+        takes_window: forward and backward (both forms) take ``window=(left, right)`` (module
+            docstring); ``no_window`` says why a kernel does not.
+        head_dim_v: whether it takes a value head dim apart from the query/key one (v
+            ``[..., Dv]``, out ``[..., Hq, Dv]``: MLA shapes such as 192/128).
+        version: a function naming what serves the calls and its version, for the records
+            (``"flash-attn-4 4.0.0b36"``); ``None`` where unknown.
+        notes: a function returning what records should say about how the kernel ran the
+            calls of this process (cudnn: K/V expanded because the op refused native GQA).
+        nondeterministic_backward: why the backward pass, as ringbench calls it, is not bitwise
+            repeatable, with the source that documents it; empty where it is (``cpu``, ``math``).
+            ``verify --repeat`` records it and does not fail gradients (dq, dk, dv) that differ
+            between repeats for it, unless ``--require-deterministic``; out or lse that differ fail.
+    """
+
+    name: str
+    device_type: str
+    dtypes: tuple[torch.dtype, ...]
+    max_head_dim: int | None
+    head_dim_multiple: int
+    forward: Callable[..., tuple[Tensor, Tensor]] = field(repr=False)
+    backward: Callable[..., tuple[Tensor, Tensor, Tensor]] = field(repr=False)
+    unavailable: Callable[[], str | None] = field(repr=False, default=lambda: None)
+    forward_varlen: Callable[..., tuple[Tensor, Tensor]] | None = field(repr=False, default=None)
+    backward_varlen: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = field(repr=False, default=None)
+    no_varlen: str = ""
+    nondeterministic_backward: str = ""
+    head_dim_v: bool = False
+    version: Callable[[], str | None] = field(repr=False, default=lambda: f"torch {torch.__version__}")
+    notes: Callable[[], list[str]] = field(repr=False, default=lambda: [])
+    takes_window: bool = False
+    no_window: str = ""
+
+    @property
+    def varlen(self) -> bool:
+        """Whether the kernel has the packed-documents form."""
+        return self.forward_varlen is not None
+
+    def check_varlen(self) -> str | None:
+        """Return why this kernel cannot run packed documents, or ``None`` when it can."""
+        if self.varlen:
+            return None
+        names = ", ".join(n for n, k in KERNELS.items() if k.varlen and k.device_type in (self.device_type, "any"))
+        return (f"the {self.name} kernel has no varlen form in ringbench ({self.no_varlen}); "
+                f"pass --kernel with one of {names} or auto")
+
+    def check_head_dim(self, head_dim: int, head_dim_v: int | None = None) -> str | None:
+        """Return why ``head_dim`` (and the value head dim ``head_dim_v``, when given) is refused by
+        this kernel, or ``None`` when it is fine."""
+        if head_dim_v is not None and head_dim_v != head_dim:
+            if not self.head_dim_v:
+                takers = ", ".join(n for n, k in KERNELS.items() if k.head_dim_v)
+                return (f"head_dim_v {head_dim_v} differs from head_dim {head_dim}, which the {self.name} kernel "
+                        f"cannot take (it needs one head dim for q, k and v); kernels that can: {takers}")
+            reason = self.check_head_dim(head_dim_v)
+            if reason:
+                return reason.replace("head_dim", "head_dim_v", 1)
+        if head_dim <= 0:
+            return f"head_dim {head_dim} must be positive"
+        if self.max_head_dim is not None and head_dim > self.max_head_dim:
+            return f"head_dim {head_dim} exceeds {self.max_head_dim}, the largest the {self.name} kernel takes"
+        if head_dim % self.head_dim_multiple:
+            return (f"head_dim {head_dim} is not a multiple of {self.head_dim_multiple}, "
+                    f"which the {self.name} kernel needs")
+        return None
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+# Where the CUDA kernels' backward passes are documented as nondeterministic (Kernel.nondeterministic_backward).
+_NONDET_FLASH_ATTN = ("flash-attn's backward is deterministic only when called with deterministic=True, which "
+                      "ringbench does not pass (flash_attn_interface.py: 'deterministic: bool. Whether to use the "
+                      "deterministic implementation of the backward pass ... The forward pass is always "
+                      "deterministic.')")
+_NONDET_FA4 = ("flash-attn-4's backward accumulates dq with atomic adds unless called with deterministic=True, "
+               "which ringbench does not pass (flash_attn/cute/interface.py, _flash_attn_bwd's deterministic "
+               "argument, default False)")
+_NONDET_TORCH = ("PyTorch's {op} warns that '{name} defaults to a non-deterministic algorithm' "
+                 "(aten/src/ATen/native/transformers/cuda/attention_backward.cu); ringbench does not call "
+                 "torch.use_deterministic_algorithms(True)")
+
+KERNELS: dict[str, Kernel] = {
+    k.name: k
+    for k in (
+        Kernel("flash-attn-4", "cuda", _HALF, 256, 8, _fa4_forward, _fa4_backward, fa4.unavailable,
+               _fa4_forward_varlen, _fa4_backward_varlen, nondeterministic_backward=_NONDET_FA4, head_dim_v=True,
+               takes_window=True,
+               version=_fa4_version, notes=fa4.notes),
+        Kernel("flash-attn", "cuda", _HALF, 256, 8, _flash_attn_forward, _flash_attn_backward,
+               _flash_attn_unavailable, _flash_attn_forward_varlen, _flash_attn_backward_varlen,
+               nondeterministic_backward=_NONDET_FLASH_ATTN, version=_flash_attn_version, takes_window=True),
+        Kernel("torch-flash", "cuda", _HALF, 256, 8, _torch_flash_forward, _torch_flash_backward,
+               _torch_flash_unavailable, _torch_flash_forward_varlen, _torch_flash_backward_varlen,
+               nondeterministic_backward=_NONDET_TORCH.format(name="Flash Attention", op="_flash_attention_backward"),
+               takes_window=True),
+        Kernel("cudnn", "cuda", _HALF, 128, 8, _cudnn_forward, _cudnn_backward, _cudnn_unavailable,
+               no_varlen="cuDNN's ragged-offset attention is not wired up or verified",
+               nondeterministic_backward=_NONDET_TORCH.format(name="cuDNN Attention", op="_cudnn_attention_backward"),
+               version=lambda: f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}",
+               notes=_cudnn_notes, no_window="PyTorch's cuDNN attention op takes no window size"),
+        Kernel("torch-efficient", "cuda", (*_HALF, torch.float32), 128, 8, _efficient_forward, _efficient_backward,
+               _cuda_unavailable, no_varlen="the memory-efficient op's varlen form is not wired up or verified",
+               nondeterministic_backward=_NONDET_TORCH.format(name="Memory Efficient attention",
+                                                              op="_efficient_attention_backward"),
+               no_window="PyTorch's memory-efficient attention op takes no window size"),
+        Kernel("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16, torch.float16), None, 1,
+               _cpu_forward, _cpu_backward, forward_varlen=_cpu_forward_varlen,
+               backward_varlen=_cpu_backward_varlen, takes_window=True),
+        Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
+               _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
+               backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True),
+    )
+}
+
+
+def get_kernel(name: str) -> Kernel:
+    """Return the kernel registered as ``name``.
+
+    Raises:
+        ValueError: when no kernel has that name; the message lists the valid ones.
+    """
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"kernel {name!r} is unknown; choose one of {', '.join(KERNELS)} or auto") from None
+
+
+#: The short names of the input dtypes (the CLI's ``--dtype`` values), in the order messages list them.
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def kernels_for(device_type: str, kernels: Mapping[str, Kernel] | None = None) -> list[str]:
+    """Names of the kernels that run on ``device_type`` (its own and the ``any`` ones), in registry order."""
+    registry = KERNELS if kernels is None else kernels
+    return [n for n, k in registry.items() if k.device_type in (device_type, "any")]
+
+
+def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None = None,
+                 head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None,
+                 window: bool = False, kernels: Mapping[str, Kernel] | None = None) -> str | None:
+    """Why ``kernel`` cannot take a call on ``device_type``, or ``None`` when it can.
+
+    The rules, in order: a varlen call (packed documents) needs a kernel with a varlen form;
+    a sliding window (``window``) one that takes a window; the kernel must run on ``device_type``; it must take ``head_dim`` and ``dtype`` (each
+    checked when given; ``head_dim_v``, the value head dim, with it). Availability on this
+    machine is :func:`resolve_kernel`'s last rule.
+    The reason is one sentence naming the value, the rule and the fix.
+
+    Args:
+        kernels: the registry the fixes name kernels from (default :data:`KERNELS`).
+    """
+    registry = KERNELS if kernels is None else kernels
+    if varlen and not kernel.varlen:
+        names = [n for n in kernels_for(device_type, registry) if registry[n].varlen]
+        return (f"the {kernel.name} kernel has no varlen form in ringbench ({kernel.no_varlen}); "
+                f"pass --kernel with one of {', '.join(names)} or auto")
+    if window and not kernel.takes_window:
+        names = [n for n in kernels_for(device_type, registry) if registry[n].takes_window]
+        return (f"the {kernel.name} kernel cannot take a sliding window ({kernel.no_window}); "
+                f"pass --kernel with one of {', '.join(names)} or auto")
+    if kernel.device_type not in (device_type, "any"):
+        return (f"kernel {kernel.name!r} runs on {kernel.device_type}, not {device_type}; "
+                f"pass --kernel with one of {', '.join(kernels_for(device_type, registry))} or auto")
+    if head_dim is not None:
+        reason = kernel.check_head_dim(head_dim, head_dim_v)
+        if reason:
+            return f"{reason}; pass another --head-dim{'-v' if 'head_dim_v' in reason else ''} or --kernel"
+    if dtype is not None and dtype not in kernel.dtypes:
+        taken = [short for d, short in DTYPE_NAMES.items() if d in kernel.dtypes]
+        return (f"dtype {DTYPE_NAMES.get(dtype, dtype)} is not supported by the {kernel.name} kernel, which takes "
+                f"{' and '.join(taken) if len(taken) < 3 else ', '.join(taken)}; pass --dtype {taken[0]}")
+    return None
+
+
+def _unavailable(kernel: Kernel) -> str | None:
+    reason = kernel.unavailable()
+    return f"kernel {kernel.name!r} is unavailable here: {reason}; pass another --kernel or auto" if reason else None
+
+
+def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = None, head_dim: int | None = None,
+                   varlen: bool = False, among: tuple[str, ...] = (), head_dim_v: int | None = None,
+                   window: bool = False,
+                   kernels: Mapping[str, Kernel] | None = None) -> Kernel:
+    """The kernel a call on ``device_type`` runs with: the one named, or for ``auto`` the first of
+    ``AUTO_ORDER[device_type]`` that passes every rule of :func:`check_kernel` for ``dtype``,
+    ``head_dim`` and ``varlen`` and is available here.
+
+    The one resolution of kernel names: the variants (through :func:`as_kernel`) and the
+    harness's spec resolution both call it.
+
+    Args:
+        name: a kernel name or ``auto``.
+        device_type: ``cpu`` or ``cuda``.
+        dtype, head_dim: the call's input dtype and head dim; ``None``: not checked.
+        head_dim_v: the value head dim where it differs (``None``: the same as ``head_dim``).
+        varlen: the call takes packed documents, so the kernel needs a varlen form.
+        window: the call has a sliding window, so the kernel must take one.
+        among: for ``auto``, the only kernels it may pick (a peer's own); empty: any.
+        kernels: the registry to resolve in (default :data:`KERNELS`); a test passes stand-ins.
+
+    Raises:
+        ValueError: an unknown name, a named kernel that breaks a rule or is unavailable here,
+            or no kernel for ``auto``: one sentence with the value, the rule and the fix.
+    """
+    registry = KERNELS if kernels is None else kernels
+    rules = dict(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, varlen=varlen, window=window,
+                 kernels=registry)
+    if name != "auto":
+        if name not in registry:
+            raise ValueError(f"kernel {name!r} is unknown; choose one of {', '.join(registry)} or auto")
+        kern = registry[name]
+        reason = check_kernel(kern, device_type, **rules) or _unavailable(kern)
+        if reason:
+            raise ValueError(reason)
+        return kern
+    if device_type not in AUTO_ORDER:
+        raise ValueError(f"kernel auto has no kernels for device type {device_type!r}; run on "
+                         f"{' or '.join(AUTO_ORDER)}")
+    refusals = []
+    for candidate in AUTO_ORDER[device_type]:
+        if candidate not in registry or (among and candidate not in among):
+            continue
+        kern = registry[candidate]
+        reason = check_kernel(kern, device_type, **rules) or _unavailable(kern)
+        if reason is None:
+            return kern
+        refusals.append(reason.split(";")[0])
+    wanted = [w for w in ("packed documents" if varlen else "", "a sliding window" if window else "",
+                          f"head_dim {head_dim}" if head_dim is not None else "",
+                          f"head_dim_v {head_dim_v}" if head_dim_v not in (None, head_dim) else "",
+                          f"dtype {DTYPE_NAMES.get(dtype, dtype)}" if dtype is not None else "") if w]
+    what = f" for {', '.join(wanted[:-1])} and {wanted[-1]}" if len(wanted) > 1 else "".join(f" for {w}" for w in wanted)
+    raise ValueError(f"kernel auto found no kernel on {device_type}{what} ({'; '.join(refusals)}); "
+                     f"change --dtype or --head-dim{'-v' if head_dim_v not in (None, head_dim) else ''}")
+
+
+def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | None = None, *,
+              head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None,
+              window: bool = False) -> Kernel:
+    """The kernel object a variant calls: a name (or ``auto``) resolved by :func:`resolve_kernel`
+    for the call's device type, dtype, head dim and form; a :class:`Kernel` checked by the same
+    rules (:func:`check_kernel`) but for availability, which its caller has settled.
+
+    Raises:
+        ValueError: as :func:`resolve_kernel`.
+    """
+    if isinstance(kernel, Kernel):
+        reason = check_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen,
+                              head_dim_v=head_dim_v, window=window)
+        if reason:
+            raise ValueError(reason)
+        return kernel
+    return resolve_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen, head_dim_v=head_dim_v,
+                          window=window)

@@ -1,0 +1,262 @@
+"""The kernels that need no GPU library: ``math`` (ringbench's own torch ops, on any device and in
+float64 too, the reference the other kernels are checked against) and ``cpu`` (PyTorch's CPU
+flash op), each in the batch and the varlen (packed documents) form of the contract in :mod:`kernels`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .common import Window, _check_shapes, _check_varlen, accumulation_dtype, band_mask, band_of
+
+Tensor = torch.Tensor
+
+
+# --------------------------------------------------------------------------- math
+
+def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
+                  chunk: int = 1024, *, window=None) -> tuple[Tensor, Tensor]:
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
+    return _math_forward_core(q, k, v, causal, softmax_scale, chunk, band=band)
+
+
+def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
+                       chunk: int = 1024, causal_offset: int = 0, band: Window | None = None) -> tuple[Tensor, Tensor]:
+    # causal: query row i sees key j iff j <= i + causal_offset (0: the square mask).
+    # band (window): the mask is the band alone, aligned bottom-right (the docstring of kernels.py).
+    B, Sq, Hq, D = q.shape
+    Hkv, Dv = k.shape[2], v.shape[3]
+    G = Hq // Hkv
+    acc = accumulation_dtype(q.dtype)
+    # [B, Hkv, G, S, D]: GQA without repeating K/V.
+    qg = q.to(acc).reshape(B, Sq, Hkv, G, D).permute(0, 2, 3, 1, 4)
+    kf = k.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
+    vf = v.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
+    out = torch.empty(B, Hkv, G, Sq, Dv, dtype=acc, device=q.device)
+    lse = torch.empty(B, Hkv, G, Sq, dtype=acc, device=q.device)
+    keys = torch.arange(k.shape[1], device=q.device)
+    for s in range(0, Sq, chunk):
+        e = min(s + chunk, Sq)
+        # Under the causal mask the chunk's rows see no key past e - 1 + causal_offset.
+        n = min(k.shape[1], max(0, e + causal_offset)) if causal and band is None else k.shape[1]
+        scores = (qg[:, :, :, s:e] @ kf[:, :, :, :n].transpose(-1, -2)) * softmax_scale
+        scores = _masked(scores, s, e, n, Sq, keys, causal, causal_offset, band)
+        lse_c = torch.logsumexp(scores, dim=-1)
+        p = torch.exp(scores - lse_c.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
+        out[:, :, :, s:e] = p @ vf[:, :, :, :n]
+        lse[:, :, :, s:e] = lse_c
+    out = out.permute(0, 3, 1, 2, 4).reshape(B, Sq, Hq, Dv).to(q.dtype)
+    return out, lse.reshape(B, Hq, Sq)
+
+
+def _masked(scores: Tensor, s: int, e: int, n: int, Sq: int, keys: Tensor, causal: bool, causal_offset: int,
+            band: Window | None) -> Tensor:
+    """A chunk's scores (query rows s..e-1 of Sq against keys 0..n-1 of ``keys``) under the
+    window ``band`` (aligned bottom-right) or the causal mask shifted by ``causal_offset``."""
+    if band is not None:
+        seen = band_mask(e - s, n, band, scores.device, row0=s + keys.shape[0] - Sq)
+        return scores.masked_fill(~seen, -math.inf)
+    if causal:
+        rows = torch.arange(s, e, device=scores.device) + causal_offset
+        return scores.masked_fill(keys[None, :n] > rows[:, None], -math.inf)
+    return scores
+
+
+def _math_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                   causal: bool, softmax_scale: float, chunk: int = 1024, *,
+                   window=None) -> tuple[Tensor, Tensor, Tensor]:
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
+    return _math_backward_core(dout, q, k, v, out, lse, causal, softmax_scale, chunk, band=band)
+
+
+def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                        causal: bool, softmax_scale: float, chunk: int = 1024,
+                        causal_offset: int = 0, band: Window | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    B, Sq, Hq, D = q.shape
+    Hkv, Dv = k.shape[2], v.shape[3]
+    G = Hq // Hkv
+    acc = accumulation_dtype(q.dtype)
+
+    def grouped(x: Tensor) -> Tensor:
+        return x.to(acc).reshape(B, x.shape[1], Hkv, G, x.shape[3]).permute(0, 2, 3, 1, 4)
+
+    qg, dog, og = grouped(q), grouped(dout), grouped(out)
+    lseg = lse.to(acc).reshape(B, Hkv, G, Sq)
+    kf = k.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
+    vf = v.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
+    delta = (dog * og).sum(-1)  # [B, Hkv, G, Sq]
+    dq = torch.empty_like(qg)
+    dk = torch.zeros(B, Hkv, k.shape[1], D, dtype=acc, device=q.device)
+    dv = torch.zeros(B, Hkv, k.shape[1], Dv, dtype=acc, device=q.device)
+    keys = torch.arange(k.shape[1], device=q.device)
+    for s in range(0, Sq, chunk):
+        e = min(s + chunk, Sq)
+        n = min(k.shape[1], max(0, e + causal_offset)) if causal and band is None else k.shape[1]
+        kn, vn = kf[:, :, :, :n], vf[:, :, :, :n]
+        scores = (qg[:, :, :, s:e] @ kn.transpose(-1, -2)) * softmax_scale
+        scores = _masked(scores, s, e, n, Sq, keys, causal, causal_offset, band)
+        lse_c = lseg[:, :, :, s:e].unsqueeze(-1)
+        p = torch.exp(scores - lse_c.clamp_min(torch.finfo(acc).min))
+        dp = dog[:, :, :, s:e] @ vn.transpose(-1, -2)
+        ds = p * (dp - delta[:, :, :, s:e].unsqueeze(-1)) * softmax_scale
+        dq[:, :, :, s:e] = ds @ kn
+        dk[:, :, :n] += (ds.transpose(-1, -2) @ qg[:, :, :, s:e]).sum(2)
+        dv[:, :, :n] += (p.transpose(-1, -2) @ dog[:, :, :, s:e]).sum(2)
+    dq = dq.permute(0, 3, 1, 2, 4).reshape(B, Sq, Hq, D)
+    return dq.to(q.dtype), dk.permute(0, 2, 1, 3).to(k.dtype), dv.permute(0, 2, 1, 3).to(v.dtype)
+
+
+# --------------------------------------------------------------------------- cpu
+
+def _cpu_mask(q: Tensor, k: Tensor, band: Window) -> tuple[Tensor, Tensor]:
+    # The CPU op takes an additive mask in q's dtype; it gives a row that sees no key out 0
+    # and lse 0, so those rows are returned too, to be set to ringbench's -inf.
+    seen = band_mask(q.shape[1], k.shape[1], band, q.device, row0=k.shape[1] - q.shape[1])
+    mask = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill_(~seen, -math.inf)
+    return mask, ~seen.any(-1)
+
+
+def _cpu_forward(q, k, v, causal, softmax_scale, *, window=None):
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
+    mask, empty = _cpu_mask(q, k, band) if band is not None else (None, None)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal and band is None, attn_mask=mask,
+        scale=softmax_scale)
+    out, lse = out.transpose(1, 2), lse if q.dtype == torch.float64 else lse.float()
+    if empty is not None and empty.any():
+        out = out.masked_fill(empty[None, :, None, None], 0)
+        lse = lse.masked_fill(empty, -math.inf)
+    return out, lse
+
+
+def _cpu_backward(dout, q, k, v, out, lse, causal, softmax_scale, *, window=None):
+    band = band_of(window, causal)
+    _check_shapes(q, k, v, causal and band is None)
+    mask = None
+    if band is not None:
+        mask, empty = _cpu_mask(q, k, band)
+        lse = lse.masked_fill(empty, math.inf)  # exp(-inf - inf) = 0 for the rows that see nothing
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        out.transpose(1, 2), lse.contiguous(), 0.0, causal and band is None, attn_mask=mask, scale=softmax_scale)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+# --------------------------------------------------------------------------- varlen
+
+def _documents(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqlen_q: int,
+               seqlen_k: int) -> list[tuple[int, int, int, int]]:
+    """(first query row, end, first key row, end) of every document, the offsets checked."""
+    bounds = []
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, seqlen_q), ("cu_seqlens_k", cu_seqlens_k, seqlen_k)):
+        offsets = cu.tolist()
+        if offsets[0] != 0 or offsets[-1] != total or any(b < a for a, b in zip(offsets, offsets[1:])):
+            raise ValueError(f"{name} {offsets[:4]}{'...' if len(offsets) > 4 else ''} ending at {offsets[-1]} "
+                             f"does not run from 0, non-decreasing, to the {total} packed tokens; "
+                             "fix the offsets")
+        bounds.append(offsets)
+    cq, ck = bounds
+    return [(cq[i], cq[i + 1], ck[i], ck[i + 1]) for i in range(len(cq) - 1)]
+
+
+def _math_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                         softmax_scale, *, window=None):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
+    out = q.new_zeros(*q.shape[:3], v.shape[3])
+    lse = torch.full((1, q.shape[2], q.shape[1]), -math.inf, dtype=accumulation_dtype(q.dtype), device=q.device)
+    for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
+        if qe > qs and ke > ks:
+            o, l = _math_forward_core(q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], causal, softmax_scale,
+                                      causal_offset=(ke - ks) - (qe - qs), band=band)
+            out[:, qs:qe] = o
+            lse[:, :, qs:qe] = l
+    return out, lse
+
+
+def _math_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          causal, softmax_scale, *, window=None):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
+        if qe > qs and ke > ks:
+            g = _math_backward_core(dout[:, qs:qe], q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], out[:, qs:qe],
+                                    lse[:, :, qs:qe], causal, softmax_scale,
+                                    causal_offset=(ke - ks) - (qe - qs), band=band)
+            dq[:, qs:qe], dk[:, ks:ke], dv[:, ks:ke] = g
+    return dq, dk, dv
+
+
+def _square_parts(lq: int, lk: int, causal: bool) -> list[tuple[slice, slice, bool]]:
+    """One document's bottom-right-aligned attention as calls a square-causal kernel can make:
+    (query rows, key rows, causal) with every causal part square."""
+    if not causal:
+        return [(slice(0, lq), slice(0, lk), False)]
+    offset = lk - lq
+    if offset < 0:  # the first -offset queries precede every key: no call, out 0, lse -inf
+        return [(slice(-offset, lq), slice(0, lk), True)]
+    parts = [(slice(0, lq), slice(offset, lk), True)]
+    if offset:
+        parts.append((slice(0, lq), slice(0, offset), False))  # keys before the query block: all seen
+    return parts
+
+
+def _cpu_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                        softmax_scale, *, window=None):
+    from ..engines.merge import merge_
+
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
+    acc = accumulation_dtype(q.dtype)
+    out = torch.zeros_like(q)
+    lse = torch.full((1, q.shape[2], q.shape[1]), -math.inf, dtype=acc, device=q.device)
+    for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
+        lq, lk = qe - qs, ke - ks
+        if not (lq and lk):
+            continue
+        if band is not None:  # the window's mask takes a rectangular document as it is
+            out[:, qs:qe], lse[:, :, qs:qe] = _cpu_forward(q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], False, softmax_scale,
+                                                           window=band)
+            continue
+        parts = _square_parts(lq, lk, causal)
+        qd, kd, vd = q[:, qs:qe], k[:, ks:ke], v[:, ks:ke]
+        if len(parts) == 1 and parts[0][0] == slice(0, lq):
+            out[:, qs:qe], lse[:, :, qs:qe] = _cpu_forward(qd, kd, vd, parts[0][2], softmax_scale)
+            continue
+        o_acc = torch.zeros(qd.shape, dtype=acc, device=q.device)
+        l_acc = torch.full((1, q.shape[2], lq), -math.inf, dtype=acc, device=q.device)
+        for rows, keys, c in parts:
+            o, l = _cpu_forward(qd[:, rows], kd[:, keys], vd[:, keys], c, softmax_scale)
+            merge_(o_acc[:, rows], l_acc[:, :, rows], o, l)
+        out[:, qs:qe], lse[:, :, qs:qe] = o_acc, l_acc
+    return out, lse
+
+
+def _cpu_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         causal, softmax_scale, *, window=None):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    band = band_of(window, causal)
+    acc = accumulation_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+    for qs, qe, ks, ke in _documents(cu_seqlens_q, cu_seqlens_k, q.shape[1], k.shape[1]):
+        if not (qe > qs and ke > ks):
+            continue
+        parts = _square_parts(qe - qs, ke - ks, causal) if band is None else [(slice(0, qe - qs), slice(0, ke - ks),
+                                                                                False)]
+        for rows, keys, c in parts:
+            r = slice(qs + rows.start, qs + rows.stop)
+            kk = slice(ks + keys.start, ks + keys.stop)
+            g = _cpu_backward(dout[:, r], q[:, r], k[:, kk], v[:, kk], out[:, r], lse[:, :, r], c, softmax_scale,
+                              window=band)
+            dq[:, r] += g[0]
+            dk[:, kk] += g[1]
+            dv[:, kk] += g[2]
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
