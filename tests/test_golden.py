@@ -1,0 +1,113 @@
+"""Golden records: the same specs give the same records before and after a restructure.
+
+``tests/data/golden/make.py`` ran a few cheap cases through the CLI (its ``COMMANDS``: verify over
+``verify.toml``, 8 cases at world sizes 1, 2 and 4; run over 8 cases at world size 4) and stored
+their records beside it. These tests run the same commands again and compare each new record
+with the stored one of the same ``case_id``, field by field. They use only the CLI and json, so
+they need no change when modules move.
+
+Left out (``VARIES``), the keys that differed between two runs of each command on one machine,
+and the ones that describe the machine or the commit rather than the case:
+
+- ``run_id``, ``created_at``: a fresh id and date per command; ``elapsed_s``: wall seconds.
+- ``time_ms``, ``per_rank_time_ms``, ``ref_time_ms``: timings; ``imbalance``, ``tflops_per_gpu``,
+  ``ref_tflops``, ``efficiency`` and ``bus_gib_s`` are computed from them.
+- ``peak_tflops``: on CPU a matmul rate measured in each launch.
+- ``env``: hostname, platform, python, torch and ringbench versions, git_commit (which the
+  restructure itself changes); its ``kernel`` repeats the record's compared ``kernel``.
+
+Everything else is compared exactly, floats bitwise: the spec, status, checks (verify's errors
+and allowances per tensor, which repeat bit for bit on CPU with the fixed seed), FLOPs, bytes
+sent, predicted pairs, memory (null on CPU). Bitwise holds for one torch build on one CPU, so the
+comparison is skipped under another torch; on another machine, regenerate on main first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+GOLDEN = Path(__file__).parent / "data" / "golden"
+_spec = importlib.util.spec_from_file_location("golden_make", GOLDEN / "make.py")
+make = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make)
+
+VARIES = {"run_id", "created_at", "elapsed_s", "time_ms", "per_rank_time_ms", "ref_time_ms", "imbalance",
+          "tflops_per_gpu", "ref_tflops", "efficiency", "bus_gib_s", "peak_tflops", "env"}
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _label(record: dict) -> str:
+    spec = record.get("spec") or {}
+    return (f"{spec.get('task')} {spec.get('variant')} W={spec.get('world_size')} S={spec.get('seqlen')}"
+            f" (case_id {record.get('case_id')})")
+
+
+def _flat(value, path: str = "") -> dict:
+    """``{"checks[out].err": 4.3e-07, ...}``: list items named by their ``tensor`` where they have one."""
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{path}.{key}" if path else key).items()}
+    if isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
+        return {k: v for i, item in enumerate(value)
+                for k, v in _flat(item, f"{path}[{item.get('tensor', i) if isinstance(item, dict) else i}]").items()}
+    return {path: value}
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    old = _flat({k: v for k, v in old.items() if k not in VARIES})
+    new = _flat({k: v for k, v in new.items() if k not in VARIES})
+    missing = object()
+    lines = []
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key, missing), new.get(key, missing)
+        if a is missing or b is missing:
+            lines.append(f"{key} {'added' if a is missing else 'removed'}: {b if a is missing else a!r}")
+        elif (a != b or type(a) is not type(b)) and not (a != a and b != b):  # 1 is not 1.0; NaN is NaN
+            lines.append(f"{key} changed: {a!r} -> {b!r}")
+    return lines
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(make.COMMANDS))
+def test_golden_same_commands_give_the_same_records(tmp_path, name):
+    import torch  # only to name the build the stored floats came from
+
+    stored = _read(GOLDEN / name)
+    if stored[0]["env"]["torch"] != torch.__version__:
+        pytest.skip(f"{name} was made with torch {stored[0]['env']['torch']}, not {torch.__version__}: "
+                    "regenerate it on main first (tests/data/golden/make.py)")
+    out = tmp_path / "out"
+    make.ringbench(make.COMMANDS[name], out)
+    fresh = _read(out / name)
+
+    old, new = {r["case_id"]: r for r in stored}, {r["case_id"]: r for r in fresh}
+    problems = [f"stored case with no new record: {_label(old[c])}" for c in old.keys() - new.keys()]
+    problems += [f"new record with no stored case: {_label(new[c])}" for c in new.keys() - old.keys()]
+    if problems and len(stored) == len(fresh):  # say what moved in the spec, pairing by position
+        for i, (a, b) in enumerate(zip(stored, fresh)):
+            if a["case_id"] != b["case_id"]:
+                problems += [f"{_label(a)} at position {i}: {line}"
+                             for line in _differences({"spec": a["spec"]}, {"spec": b["spec"]})]
+    problems += [f"{_label(old[c])}: {line}" for c in old.keys() & new.keys() for line in _differences(old[c], new[c])]
+    assert not problems, f"{name}: {len(problems)} differences from the golden records\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("name", list(make.COMMANDS))
+def test_golden_records_of_main_load_and_resume_runs_nothing(tmp_path, name):
+    """Records written by today's main load, and --resume takes each of their cases as done."""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(GOLDEN / name, out / name)
+    stored = _read(GOLDEN / name)
+    shown = make.ringbench(make.COMMANDS[name], out, "--resume", "--json").stdout
+    ran = _read(out / name)[len(stored):]
+    assert not ran, f"--resume ran {len(ran)} cases of {name} again: " + "; ".join(map(_label, ran))
+    assert [json.loads(line) for line in shown.splitlines()] == stored  # printed as reused, unchanged
