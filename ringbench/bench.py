@@ -158,7 +158,7 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         group: the context-parallel group (default: the world).
 
     Returns:
-        The run fields of the record (ringbench/CONTRACTS.md), identical on every rank.
+        The run fields of the record (docs/contracts.md), identical on every rank.
 
     Raises:
         RuntimeError: a TFLOP/s above the device's peak, or a multi-rank run that sent nothing.

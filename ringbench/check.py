@@ -75,7 +75,7 @@ def floor_for(dtype: torch.dtype, ref_max: float, world_size: int = 1) -> float:
 def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: torch.Tensor,
                     expected_dtype: torch.dtype, expected_shape: tuple, world_size: int = 1,
                     floor: float = 0.0, single_ref: torch.Tensor | None = None) -> dict:
-    """Apply the tolerance rule to one tensor and return its check entry (ringbench/CONTRACTS.md).
+    """Apply the tolerance rule to one tensor and return its check entry (docs/contracts.md).
 
     A result of the wrong shape is a failed check with infinite error, not an exception.
     ``floor`` raises the error floor to at least that; ``single_ref`` is what ``single`` is
