@@ -1,4 +1,4 @@
-"""The timing protocol, the FLOP count and the memory figures of one case (the measurement rules in README.md)."""
+"""The timing protocol, the FLOP count and the memory figures of one case (the rules in docs/methodology.md)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ size a dropped, doubled or mis-masked block makes. It also keeps the allowance a
 where the single-device kernel happens to be exact.
 NaN or Inf fails, and so does a dtype or shape that differs from the input's.
 Comparing against the fp64 reference, not only against the same kernel without context
-parallelism, keeps a kernel bug from cancelling itself out (the measurement rules in README.md).
+parallelism, keeps a kernel bug from cancelling itself out (verify's rules in docs/verify.md).
 
 The max rule hides systematic drift (an accumulation in the input dtype passes it), so each
 tensor is also held to its block-decomposition reference (:func:`shadow_check`): while the
