@@ -330,7 +330,7 @@ def test_compare_never_contests_rows_of_different_windows(tmp_path):
 
 def test_compare_peer_lists_name_every_peer_family_of_the_registry():
     """The legend's peers come from the registry (``Variant.peer``), so yunchang's count as ring-flash-attn's
-    do; README's lists of the peers say the same."""
+    do; the lists of the peers in README.md and docs/ say the same."""
     from ringbench.present.compare.render import contest_legend, peer_names
     from ringbench.present.compare.pivot import Contest
     from ringbench.variants import VARIANTS
@@ -341,6 +341,7 @@ def test_compare_peer_lists_name_every_peer_family_of_the_registry():
         assert variant.peer == (name in names.split(", ") or f"{name.split('_')[0]}_*" in names.split(", ")), name
     legend = contest_legend(Contest(winners={(0, 0)}, vs_peer={(0, 0): 1.2}, best_factorization=set()))
     assert f"against the best peer variant ({names}) there" in legend
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    lists = re.findall(r"[Pp]eers \((torch_cp[^)]*)\)", readme)
+    root = Path(__file__).parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    lists = re.findall(r"[Pp]eers \((torch_cp[^)]*)\)", "\n".join(p.read_text(encoding="utf-8") for p in pages))
     assert lists and all(found == names for found in lists), lists

@@ -1,4 +1,4 @@
-"""Every row of README's exit-code table of ``run`` and ``verify``, one test per row, through the CLI.
+"""Every row of docs/operations.md's exit-code table of ``run`` and ``verify``, one test per row, through the CLI.
 
 0 every case passed; 1 a case failed and every case was reported by its own launch; 2 bad
 input; 3 a launch failed or timed out before a case reported (a killed rank: its case's record
@@ -105,8 +105,8 @@ def test_exit_2_bad_input_is_refused_before_anything_starts(tmp_path):
 
 def test_exit_3_a_killed_rank_records_error_and_the_sweep_goes_on(tmp_path):
     """The rank running zigzag is killed: the sweep records zigzag as error with the launch's
-    failure, runs stripe in a fresh launch, and exits 3 although every status is one of README's
-    exit-1 statuses."""
+    failure, runs stripe in a fresh launch, and exits 3 although every status is one of the exit-1
+    statuses of docs/operations.md's table."""
     log_dir = tmp_path / "logs" / "000-w2"
     (log_dir / "progress").mkdir(parents=True)
     (log_dir / "progress" / "rank1.txt").write_text("2026-12-01T00:00:00+00:00 case 2/3 start zigzag S=1024\n")

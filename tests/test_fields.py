@@ -12,15 +12,15 @@ from ringbench.case import fields
 from ringbench.errors import SpecError
 from ringbench.case.spec import CaseSpec, default_fields
 
-CONTRACTS = Path(__file__).parents[1] / "ringbench" / "CONTRACTS.md"
+CONTRACTS = Path(__file__).parents[1] / "docs" / "contracts.md"
 
 
 def test_fields_table_in_contracts_is_the_generated_one():
     text = CONTRACTS.read_text(encoding="utf-8")
     found = re.search(r"<!-- fields:begin -->\n(.*?)<!-- fields:end -->", text, re.S)
-    assert found, "CONTRACTS.md lost its fields:begin/fields:end markers"
+    assert found, "docs/contracts.md lost its fields:begin/fields:end markers"
     assert found.group(1) == fields.markdown_table(), (
-        "ringbench/CONTRACTS.md's field table differs from ringbench.case.fields.markdown_table(); paste the new one")
+        "docs/contracts.md's field table differs from ringbench.case.fields.markdown_table(); paste the new one")
 
 
 def test_fields_casespec_is_generated_from_the_table():
@@ -86,7 +86,7 @@ def test_fields_every_option_of_run_and_verify_is_a_row():
 def test_fields_help_says_who_takes_an_option_and_what_its_values_mean():
     """--window names every variant that takes one (the registry's ``takes_window``: the Ulysses ones
     too), --layout does not tie balanced to a causal mask, which it runs without too, and
-    --ulysses-degree says what 0 is, as CONTRACTS.md does."""
+    --ulysses-degree says what 0 is, as docs/contracts.md does."""
     from ringbench.case.spec import validate
     from ringbench.variants import VARIANTS
 

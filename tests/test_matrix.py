@@ -287,15 +287,15 @@ def test_default_cpu_matrix_with_the_test_variants(tmp_path):
     assert (tmp_path / "matrix.png").exists() and (tmp_path / "matrix.md").exists()
 
 
-def test_correct_says_dsink_is_checked_too_and_readme_points_at_its_picture(tmp_path):
-    """A learnable sink's cells check dsink as well, and the Markdown's legend says so; README's
-    sentence on the picture's age points where the picture is (above it)."""
+def test_correct_says_dsink_is_checked_too_and_the_matrix_page_points_at_its_picture(tmp_path):
+    """A learnable sink's cells check dsink as well, and the Markdown's legend says so; the matrix
+    page's sentence on the picture's age points where the picture is (above it)."""
     from pathlib import Path
 
     assert "dsink with a learnable sink" in mx.CLASS_MEANING["correct"]
     text = mx_render.write(_classified_grid(), tmp_path / "m", {})["md"].read_text()
     assert "| correct | every check passed: out, lse, dq, dk and dv" in text and "dsink with a learnable sink" in text
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## The matrix"):readme.index("## A real model")]
+    section = (Path(__file__).parents[1] / "docs" / "matrix.md").read_text(encoding="utf-8")
+    assert section.startswith("# The matrix")
     assert "the picture below" not in section
     assert section.index("![ringbench matrix") < section.index("the picture above predates those two axes")

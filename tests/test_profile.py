@@ -286,7 +286,7 @@ def test_contracts_say_only_the_peers_report_no_spans():
 
     from ringbench.variants import VARIANTS
 
-    text = (Path(__file__).parents[1] / "ringbench" / "CONTRACTS.md").read_text(encoding="utf-8")
+    text = (Path(__file__).parents[1] / "docs" / "contracts.md").read_text(encoding="utf-8")
     entry = text[text.index("per_rank_busy_ms    spec.profile only"):text.index("busy_imbalance      max / min")]
     assert "the peers" in entry
     assert not [n for n, v in VARIANTS.items() if not v.peer and re.search(rf"\b{n}\b", entry)], entry

@@ -398,14 +398,16 @@ def test_padding_run_counts_real_tokens_and_times_the_sink(tmp_path):
     assert rec["flops_per_gpu"] == 3.5 * 2.0 * (438 ** 2 + 300 ** 2) * 4 * 32 / 2
 
 
-def test_readme_verify_rule_says_how_dsink_is_held():
-    """README's max-rule paragraph lists out, lse, dq, dk and dv; a learnable sink's dsink is held to the
-    same rule against what the variant's own out and lse imply, as the sinks section says at length."""
+def test_docs_verify_rule_says_how_dsink_is_held():
+    """docs/verify.md's max-rule paragraph lists out, lse, dq, dk and dv; a learnable sink's dsink is held to
+    the same rule against what the variant's own out and lse imply, as the sinks section of
+    docs/variants-and-kernels.md says at length."""
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    start = readme.index("Verify's rule has two parts")
-    paragraph = readme[start:readme.index("\n\n", start)]
+    docs = Path(__file__).parents[1] / "docs"
+    verify = (docs / "verify.md").read_text(encoding="utf-8")
+    start = verify.index("Verify's rule has two parts")
+    paragraph = verify[start:verify.index("\n\n", start)]
     assert "`dsink`" in paragraph and "own out and lse imply" in paragraph, paragraph
-    assert "(#attention-sinks-and-padded-documents)" in paragraph
-    assert "### Attention sinks and padded documents" in readme
+    assert "(variants-and-kernels.md#attention-sinks-and-padded-documents)" in paragraph
+    assert "\n## Attention sinks and padded documents\n" in (docs / "variants-and-kernels.md").read_text(encoding="utf-8")

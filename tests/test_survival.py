@@ -151,7 +151,7 @@ def test_survival_two_plain_sweeps_share_the_file_but_not_beside_a_resume(tmp_pa
     out = tmp_path / "out"
     out.mkdir()
     plain = _hold(out / "runs.jsonl", exclusive=False)
-    try:  # README: two sweeps may append to one file at once
+    try:  # docs/operations.md: two sweeps may append to one file at once
         got = runner.invoke(app, ["run", *SMALL, "--out", str(out)], obj=OneRecordLauncher())
         assert got.exit_code == 0, got.output
     finally:

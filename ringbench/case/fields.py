@@ -9,7 +9,7 @@ it as an option, and its own check. Generated from :data:`FIELDS`:
 - the ``run`` and ``verify`` options (``ringbench.case.options``);
 - scenario key validation, the variant options, table labels and the error-growth grouping
   key (every case field but the world size);
-- the field table of ``ringbench/CONTRACTS.md`` (:func:`markdown_table`, kept equal by a test).
+- the field table of ``docs/contracts.md`` (:func:`markdown_table`, kept equal by a test).
 
 Adding a case field is one row here plus its check. Torch-free: a bad value is refused in
 milliseconds, before any process starts.
@@ -565,7 +565,7 @@ def fields_of(command: str) -> tuple[Field, ...]:
 
 
 def markdown_table() -> str:
-    """The field table of ``ringbench/CONTRACTS.md``: field, type, defaults, case_id, option, meaning."""
+    """The field table of ``docs/contracts.md``: field, type, defaults, case_id, option, meaning."""
     rows = ["| field | type | default (cuda / cpu) | in case_id | option | meaning |",
             "|---|---|---|---|---|---|"]
     for f in FIELDS:

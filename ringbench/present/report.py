@@ -1,6 +1,6 @@
 """Presenting records: rich tables for the terminal and JUnit XML for CI.
 
-Everything here reads the record dicts of ringbench/CONTRACTS.md and nothing else; it imports no
+Everything here reads the record dicts of docs/contracts.md and nothing else; it imports no
 torch, so a report of old results works on a machine without GPUs.
 """
 

@@ -1,4 +1,4 @@
-"""The timing protocol, the FLOP count and the memory figures of one case (the measurement rules in README.md)."""
+"""The timing protocol, the FLOP count and the memory figures of one case (the rules in docs/methodology.md)."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         group: the context-parallel group (default: the world).
 
     Returns:
-        The run fields of the record (ringbench/CONTRACTS.md), identical on every rank.
+        The run fields of the record (docs/contracts.md), identical on every rank.
 
     Raises:
         RuntimeError: a TFLOP/s above the device's peak, or a multi-rank run that sent nothing.

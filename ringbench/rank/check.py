@@ -13,7 +13,7 @@ size a dropped, doubled or mis-masked block makes. It also keeps the allowance a
 where the single-device kernel happens to be exact.
 NaN or Inf fails, and so does a dtype or shape that differs from the input's.
 Comparing against the fp64 reference, not only against the same kernel without context
-parallelism, keeps a kernel bug from cancelling itself out (the measurement rules in README.md).
+parallelism, keeps a kernel bug from cancelling itself out (verify's rules in docs/verify.md).
 
 The max rule hides systematic drift (an accumulation in the input dtype passes it), so each
 tensor is also held to its block-decomposition reference (:func:`shadow_check`): while the
@@ -76,7 +76,7 @@ def floor_for(dtype: torch.dtype, ref_max: float, world_size: int = 1) -> float:
 def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: torch.Tensor,
                     expected_dtype: torch.dtype, expected_shape: tuple, world_size: int = 1,
                     floor: float = 0.0, single_ref: torch.Tensor | None = None) -> dict:
-    """Apply the tolerance rule to one tensor and return its check entry (ringbench/CONTRACTS.md).
+    """Apply the tolerance rule to one tensor and return its check entry (docs/contracts.md).
 
     A result of the wrong shape is a failed check with infinite error, not an exception.
     ``floor`` raises the error floor to at least that; ``single_ref`` is what ``single`` is

@@ -1,6 +1,6 @@
 """The per-rank entry point that torchrun starts: runs every case of one launch in order.
 
-``python -m ringbench.rank.worker --cases FILE --results FILE`` (ringbench/CONTRACTS.md). The lowest
+``python -m ringbench.rank.worker --cases FILE --results FILE`` (docs/contracts.md). The lowest
 rank on node 0 (rank 0 on one node) appends one record per case as soon as the case ends, so
 a later crash loses nothing.
 """

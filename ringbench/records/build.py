@@ -2,7 +2,7 @@
 
 The worker builds the records of the cases it ran, the sweep those of the cases no launch
 reported (a crash, a timeout) or that could not run here (skipped); both go through
-:func:`build`, so every record of every status has the same fields (ringbench/CONTRACTS.md).
+:func:`build`, so every record of every status has the same fields (docs/contracts.md).
 Torch-free.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from ringbench.case import work
 
-#: Version of the record layout in ringbench/CONTRACTS.md; bump it when a field changes meaning.
+#: Version of the record layout in docs/contracts.md; bump it when a field changes meaning.
 SCHEMA_VERSION = 1
 #: Every status a record can hold.
 STATUSES = ("ok", "fail", "oom", "timeout", "error", "skipped")

@@ -6,7 +6,7 @@ that no launch reported.
 ``launch`` function), follows the records as they are appended, and gives every case a record
 whatever happens to its launch (``ringbench.records.build``).
 
-Exit codes (:class:`Outcome`, the table in README.md): 0 every case passed, 1 a case failed
+Exit codes (:class:`Outcome`, the table in docs/operations.md): 0 every case passed, 1 a case failed
 (fail, oom, error) and every case reported its own record, 3 a launch failed or timed out
 before some case reported (a rank died or was killed, or the watchdog fired; the sweep recorded
 that case as error, oom or timeout), whatever else failed, 130/143 interrupted by

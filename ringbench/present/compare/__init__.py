@@ -1,6 +1,6 @@
 """``ringbench compare``: result records as a pivot table, a plot, and a regression gate.
 
-Everything here reads the records of ringbench/CONTRACTS.md through :func:`ringbench.records.store.load`
+Everything here reads the records of docs/contracts.md through :func:`ringbench.records.store.load`
 and imports no torch; pandas and matplotlib are imported inside the functions that need them.
 
 Which records count. Only ``run`` records with status ``ok``; the others are counted and

@@ -1,6 +1,6 @@
 """Records as a pandas frame: read, filtered by ``--where``, the latest record of each case.
 
-Reads the records of ringbench/CONTRACTS.md through :func:`ringbench.records.store.load`; pandas is
+Reads the records of docs/contracts.md through :func:`ringbench.records.store.load`; pandas is
 imported inside the functions. The frame has one row per record, its columns flattened
 (``spec.seqlen``, ``env.torch``), with every ``spec.<field>`` also under its short name
 (``seqlen``) and the short names listed in ``frame.attrs["aliases"]``.

@@ -10,7 +10,7 @@ from ringbench.errors import SpecError
 
 #: The classes a cell can end in, in the order legends list them.
 CLASSES = ("correct", "mismatch", "unsupported", "oom", "timeout", "error")
-#: What each class means (the README, the Markdown and ``--help`` say the same).
+#: What each class means (docs/matrix.md, the Markdown and ``--help`` say the same).
 CLASS_MEANING = {
     "correct": "every check passed: out, lse, dq, dk and dv within verify's tolerance of float64 attention, "
                "and dsink with a learnable sink within it of the gradient the variant's own out and lse imply; "
