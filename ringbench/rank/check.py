@@ -316,7 +316,7 @@ class Placement:
             self.cu_seqlens, self.extra = None, {}
             self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
             self.unwatched = ""
-            if getattr(getattr(case, "spec", None), "window", 0):
+            if case.spec.window:
                 self._watch_window(case.spec.seqlen, world_size, case.spec.window)
             return
         by_doc = variant.shard_by_document
@@ -332,7 +332,7 @@ class Placement:
             owner[layouts.varlen_token_index(docs_cu, layout, r, world_size, by_document=by_doc,
                                              ulysses_degree=u)] = r
         self.watch = None
-        if getattr(getattr(case, "spec", None), "window", 0):
+        if case.spec.window:
             self._watch_window(docs_cu[-1], world_size, case.spec.window, docs_cu)
             return
         # Any document whose first token (a key every query of the document sees) lives on
