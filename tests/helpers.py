@@ -62,6 +62,62 @@ def live_cmdlines_with(needle: str) -> list[str]:
     return found
 
 
+def attention_fp64(q, k, v, *, scale: float, causal: bool = False, window: tuple | None = None,
+                   cu_seqlens: list[int] | None = None, cu_seqlens_k: list[int] | None = None,
+                   key_bias=None):
+    """Softmax attention in float64 through one dense mask: the tests' reference, written apart
+    from ringbench's kernels.
+
+    Args:
+        q: ``[B, Sq, Hq, D]``, any float dtype (taken in float64).
+        k: ``[B, Sk, Hkv, D]``; v: ``[B, Sk, Hkv, Dv]`` (Dv may differ from D: head_dim_v), with
+            ``Hq % Hkv == 0`` (GQA: each K/V head repeated ``Hq / Hkv`` times).
+        scale: the softmax scale.
+        causal: query i of a document of ``lq`` queries and ``lk`` keys sees key j only when
+            ``j <= i + lk - lq`` (bottom-right aligned; top-left when ``lq == lk``).
+        window: ``(left, right)``: query i sees key j only when
+            ``-right <= i + lk - lq - j <= left``; ``None`` on a side: unbounded there. Applied
+            with ``causal`` too (which then bounds the right side at 0).
+        cu_seqlens: packed documents (``B == 1``): document d is query rows
+            ``cu_seqlens[d]:cu_seqlens[d+1]``; ``None``: one document of every row.
+        cu_seqlens_k: its key rows, the same number of documents; default ``cu_seqlens``.
+        key_bias: float ``[Sk]`` added to every score of that key, or ``None``.
+
+    Returns:
+        ``(out, lse)``: out float64 ``[B, Sq, Hq, Dv]`` (0 where a query sees no key) and lse
+        float64 ``[B, Hq, Sq]`` (``-inf`` there); differentiable in q, k, v when they require grad.
+    """
+    import math
+
+    import torch
+
+    sq, sk = q.shape[1], k.shape[1]
+    cu_q = cu_seqlens if cu_seqlens is not None else [0, sq]
+    cu_k = cu_seqlens_k if cu_seqlens_k is not None else (cu_seqlens if cu_seqlens is not None else [0, sk])
+    seen = torch.zeros(sq, sk, dtype=torch.bool)
+    for qs, qe, ks, ke in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
+        # How far key j lies behind query i's diagonal key, in this document.
+        behind = torch.arange(qe - qs)[:, None] + (ke - ks) - (qe - qs) - torch.arange(ke - ks)[None, :]
+        block = torch.ones(qe - qs, ke - ks, dtype=torch.bool)
+        if causal:
+            block &= behind >= 0
+        if window is not None and window[0] is not None:
+            block &= behind <= window[0]
+        if window is not None and window[1] is not None:
+            block &= behind >= -window[1]
+        seen[qs:qe, ks:ke] = block
+    groups = q.shape[2] // k.shape[2]
+    k, v = (t.double().repeat_interleave(groups, dim=2) for t in (k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), k) * scale
+    if key_bias is not None:
+        scores = scores + key_bias.double()
+    scores = scores.masked_fill(~seen, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    # A row that sees no key has lse -inf: clamped, its weights are exp(-inf) = 0, not NaN.
+    p = torch.exp(scores - lse[..., None].clamp_min(-1e300))
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
 def slow_when(value, condition: bool):
     """``value`` as a ``parametrize`` entry, marked ``slow`` when ``condition`` holds (same test id)."""
     return pytest.param(value, marks=pytest.mark.slow) if condition else value

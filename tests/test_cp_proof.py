@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,14 +20,22 @@ from helpers import read_jsonl, ringbench
 from ringbench.rank import check
 from ringbench.present import report
 from ringbench.case.spec import CaseSpec, default_fields, resolve
+from ringbench.rank.setup import CaseSetup
 from ringbench.variants import get_variant
+from ringbench.variants.kernels import get_kernel
 
 NO_CROSSING = "no document crosses a rank boundary, so no rank needs another's K/V"
 
 
 def _placement(variant: str, world_size: int, docs=None, causal=True) -> check.Placement:
+    # Rank 0's CaseSetup of the case, built without a process group (case_setup asks the group).
     v = get_variant(variant)
-    case = SimpleNamespace(layout=v.layout, docs=docs, causal=causal, world_size=world_size, variant=v, ulysses_degree=1)
+    spec = CaseSpec.from_dict({**default_fields("cpu", 0), "task": "verify", "variant": variant,
+                               "world_size": world_size, "causal": causal,
+                               **({"seqlen": sum(docs), "docs": ",".join(map(str, docs))} if docs else {})})
+    case = CaseSetup(spec=spec, rank=0, world_size=world_size, variant=v, kernel=get_kernel("math"),
+                     dtype=torch.float32, causal=causal, scale=spec.head_dim ** -0.5, options={}, layout=v.layout,
+                     ulysses_degree=1, docs=docs)
     return check.Placement(case, torch.device("cpu"))
 
 

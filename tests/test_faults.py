@@ -93,7 +93,7 @@ def test_faults_raise_on_one_rank_records_its_rank_and_traceback(tmp_path, monke
     # The root cause from rank 1's torchelastic error file: its rank, the exception, its traceback.
     assert crashed["reason"].startswith("rank 1/2 failed"), crashed["reason"]
     assert "RuntimeError: [rank 1/2] injected fault" in crashed["reason"]
-    assert re.search(r'File ".*testing\.py", line \d+, in fault_raise_attention', crashed["reason"])
+    assert re.search(r'File ".*fixtures/broken\.py", line \d+, in fault_raise_attention', crashed["reason"])
     assert_good(records, "ring", "zigzag")
     assert _live_cmdlines_with(str(out / "logs")) == []
 

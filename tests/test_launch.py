@@ -237,3 +237,23 @@ def test_launch_torchrun_killed_takes_its_ranks_with_it(tmp_path, worker_env):
     while (left := _live_cmdlines_with(str(log_dir / "cases.json"))) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == []
+
+
+def test_launch_failures_file_carries_torchelastics_root_cause_and_exit_statuses(tmp_path):
+    """What ``sweep.torchrun`` writes from torchelastic's ChildFailedError is what the failure text
+    is told from: the earliest failure is the root cause, the others follow (no torchrun needed)."""
+    import json
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from ringbench.sweep.torchrun import failures_record
+
+    killed = ProcessFailure(local_rank=1, pid=4242, exitcode=-signal.SIGKILL, error_file=str(tmp_path / "none"))
+    stopped = ProcessFailure(local_rank=0, pid=4241, exitcode=-signal.SIGTERM, error_file=str(tmp_path / "none"))
+    killed.timestamp, stopped.timestamp = 100, 101
+    error = ChildFailedError("ringbench.rank.worker", {0: stopped, 1: killed})
+    (tmp_path / launch_mod.FAILURES_FILE).write_text(json.dumps(failures_record(error)))
+    text = launch_mod._failure_text(tmp_path, 2, 1)
+    assert text == ("rank 1/2 was killed by SIGKILL (signal 9, pid 4242) and left no error file: killed from "
+                    "outside, or by the kernel's out-of-memory killer (see dmesg); torchrun then stopped rank 0; "
+                    f"torchrun's report: {tmp_path / 'torchrun.stderr.log'}"), text

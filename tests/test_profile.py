@@ -8,12 +8,12 @@ the gloo launch checks the breakdown of a real world-size-2 run and of an emulat
 from __future__ import annotations
 
 import io
-import math
 import re
 
 import pytest
 import torch
 
+from helpers import attention_fp64
 from ringbench.present import profile as present_profile
 from ringbench.rank import profile
 from ringbench.errors import SpecError
@@ -29,23 +29,13 @@ def _spec(**changes) -> CaseSpec:
                                **changes})
 
 
-def _attention_fp64(q, k, v):
-    """Causal softmax attention in float64; q ``[B, S, Hq, D]``, k, v ``[B, S, Hkv, D]`` (GQA by repeat)."""
-    groups = q.shape[2] // k.shape[2]
-    k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
-    n = q.shape[1]
-    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
-    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v)
-
-
 @pytest.mark.parametrize("name", ["ring", "zigzag", "stripe"])
 def test_emulation_out_and_dq_equal_fp64_attention(name):
     world_size, seqlen = 4, 64
     gen = torch.Generator().manual_seed(1)
     q, k, v, dout = (torch.randn(1, seqlen, h, 8, generator=gen, dtype=torch.float64) for h in (2, 1, 1, 2))
     q.requires_grad_(True)
-    want = _attention_fp64(q, k, v)
+    want, _ = attention_fp64(q, k, v, causal=True, scale=8 ** -0.5)
     want.backward(dout)
     layout = get_variant(name).layout
     shard = [[layouts.shard(t, layout, r, world_size).detach().contiguous() for t in (q, k, v, dout)]

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import attention_fp64
 from ringbench.variants import LAYOUT_CHUNKS, TESTING_ENV, TESTING_VARIANTS, VARIANTS, get_variant, list_variants
 from ringbench.variants.engines import layouts
 from ringbench.variants.kernels import AUTO_ORDER, KERNELS, as_kernel, check_kernel, get_kernel, resolve_kernel
@@ -27,35 +28,6 @@ Tensor = torch.Tensor
 
 
 # --------------------------------------------------------------------------- helpers
-
-def attention_fp64(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float,
-                   key_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Plain softmax attention in float64, written independently of ringbench's kernels.
-
-    Args:
-        q: ``[B, Sq, Hq, D]``, any float dtype.
-        k, v: ``[B, Sk, Hkv, D]`` with ``Hq % Hkv == 0`` (GQA by repeating K/V heads).
-        causal: mask ``key > query`` (needs ``Sq == Sk``).
-        scale: softmax scale.
-        key_bias: optional float64 ``[Sk]`` added to every score of that key.
-
-    Returns:
-        out float64 ``[B, Sq, Hq, D]`` and lse float64 ``[B, Hq, Sq]``; differentiable
-        with respect to q, k, v when they require grad.
-    """
-    groups = q.shape[2] // k.shape[2]
-    q, k, v = q.double(), k.double(), v.double()
-    k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if key_bias is not None:
-        scores = scores + key_bias
-    if causal:
-        sq, sk = q.shape[1], k.shape[1]
-        scores = scores.masked_fill(torch.ones(sq, sk, dtype=torch.bool).triu(1), -math.inf)
-    lse = torch.logsumexp(scores, dim=-1)
-    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v)
-    return out, lse
-
 
 def report(label: str, got: Tensor, want: Tensor) -> tuple[float, float]:
     """Print and return the max and mean |got - want| over the entries where ``want`` is finite."""

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from helpers import attention_fp64
 from ringbench.case.work import attention_flops
 from ringbench.case.spec import (CaseSpec, SpecError, check_fields, default_fields, draw_docs, parse_doc_dist,
                                  parse_docs, resolve, resolve_docs, spec_docs, validate)
@@ -26,38 +27,6 @@ from ringbench.variants.engines.zigzag import zigzag_plan
 
 Tensor = torch.Tensor
 VARLEN = ("ring_varlen", "zigzag_varlen", "llama3_varlen")
-
-
-# --------------------------------------------------------------------------- reference
-
-def attention_docs_fp64(q: Tensor, k: Tensor, v: Tensor, cu_q: list[int], cu_k: list[int], *, causal: bool,
-                        scale: float) -> tuple[Tensor, Tensor]:
-    """Packed-documents attention in float64 through one dense mask, written apart from the kernels.
-
-    Args:
-        q: ``[1, Sq, Hq, D]``; k, v: ``[1, Sk, Hkv, D]``, ``Hq % Hkv == 0`` (K/V heads repeated).
-        cu_q, cu_k: document offsets, the same number of documents; document i is query rows
-            ``cu_q[i]:cu_q[i+1]`` and key rows ``cu_k[i]:cu_k[i+1]``.
-        causal: bottom-right aligned per document: query i of lq sees key j of lk iff
-            ``j <= i + lk - lq``.
-        scale: softmax scale.
-
-    Returns:
-        out float64 ``[1, Sq, Hq, D]`` (0 where a query sees no key) and lse float64
-        ``[1, Hq, Sq]`` (``-inf`` there); differentiable in q, k, v.
-    """
-    mask = torch.zeros(q.shape[1], k.shape[1], dtype=torch.bool)
-    for qs, qe, ks, ke in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]):
-        i = torch.arange(qe - qs)[:, None]
-        j = torch.arange(ke - ks)[None, :]
-        mask[qs:qe, ks:ke] = (j <= i + (ke - ks) - (qe - qs)) if causal else True
-    groups = q.shape[2] // k.shape[2]
-    kk, vv = k.double().repeat_interleave(groups, 2), v.double().repeat_interleave(groups, 2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), kk) * scale
-    scores = scores.masked_fill(~mask, -math.inf)
-    lse = torch.logsumexp(scores, dim=-1)
-    p = torch.exp(scores - lse.unsqueeze(-1).clamp_min(-1e300))
-    return torch.einsum("bhqk,bkhd->bqhd", p, vv), lse
 
 
 def _max_diff(label: str, got: Tensor, want: Tensor) -> float:
@@ -90,7 +59,7 @@ def test_kernels_varlen_matches_dense_mask_reference(kernel_name, causal, doc_ca
     k = torch.randn(1, cu_k[-1], 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, cu_k[-1], 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     dout = torch.randn(1, cu_q[-1], 4, 8, generator=gen, dtype=torch.float64)
-    want_out, want_lse = attention_docs_fp64(q, k, v, cu_q, cu_k, causal=causal, scale=0.3)
+    want_out, want_lse = attention_fp64(q, k, v, cu_seqlens=cu_q, cu_seqlens_k=cu_k, causal=causal, scale=0.3)
     want_out.backward(dout)
     kern = KERNELS[kernel_name]
     tq, tk = torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32)
@@ -277,7 +246,7 @@ def test_varlen_variants_world_size_one_match_reference(solo_group, variant):
     k = torch.randn(1, 64, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 64, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     dout = torch.randn(1, 64, 4, 8, generator=gen, dtype=torch.float64)
-    want_out, want_lse = attention_docs_fp64(q, k, v, cu_list, cu_list, causal=True, scale=0.3)
+    want_out, want_lse = attention_fp64(q, k, v, cu_seqlens=cu_list, causal=True, scale=0.3)
     want = torch.autograd.grad(want_out, (q, k, v), dout)
     out, lse = get_variant(variant).attention(q, k, v, causal=True, softmax_scale=0.3, kernel="math",
                                               cu_seqlens=layouts.cu_seqlens_from_docs(docs))

@@ -6,31 +6,19 @@ the refusals (exit code 2, one sentence) through the CLI in-process.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from helpers import attention_fp64
 from ringbench.case import work
 from ringbench.case.work import attention_flops
 from ringbench.cli import app
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs
 from ringbench.variants.engines import balanced, bands, layouts
-from ringbench.variants.kernels.common import band_mask
 from ringbench.variants.kernels import KERNELS, check_kernel, resolve_kernel
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
-
-
-def _dense(q, k, v, seen, scale):
-    """Attention with the bool mask ``seen [Sq, Sk]`` in float64, by autograd-able torch ops."""
-    groups = q.shape[2] // k.shape[2]
-    kk, vv = k.repeat_interleave(groups, 2), v.repeat_interleave(groups, 2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, kk).mul(scale).masked_fill(~seen, -math.inf)
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - lse[..., None].clamp_min(-1e300)).nan_to_num(0)
-    return torch.einsum("bhqk,bkhd->bqhd", p, vv), lse
 
 
 # (Sq, Sk, window, causal): square, rectangular both ways, unbounded sides, rows that see nothing.
@@ -49,8 +37,7 @@ def test_window_kernel_matches_dense_mask(name, sq, sk, window, causal):
     k = torch.randn(1, sk, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, sk, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     dout = torch.randn(1, sq, 4, 8, generator=gen, dtype=torch.float64)
-    seen = band_mask(sq, sk, (window[0], 0 if causal else window[1]), row0=sk - sq)
-    ref_out, ref_lse = _dense(q, k, v, seen, 0.3)
+    ref_out, ref_lse = attention_fp64(q, k, v, causal=causal, window=window, scale=0.3)
     ref_grads = torch.autograd.grad(ref_out, (q, k, v), dout)
     ref_out, ref_lse = ref_out.detach(), ref_lse.detach()
     q, k, v = q.detach(), k.detach(), v.detach()

@@ -19,9 +19,6 @@ from ringbench.case.fields import BY_NAME, GROWTH_KEY, VARIANT_OPTIONS, format_s
 from ringbench.present.formatting import (MISSING, FitTable, compact_table, docs_count, kernel_ran, milliseconds,
                                           number, rate, ratio_text, record_field, text)
 
-#: Statuses a verify case can end with besides ``ok`` and ``fail``; counted as errors.
-ERROR_STATUSES = ("error", "timeout", "oom")
-
 _STATUS_STYLE = {"ok": "green", "skipped": "yellow"}
 #: The bus GiB/s cell of a run whose bytes cannot be counted (``bytes_counted: false``).
 NOT_COUNTED = "not counted"

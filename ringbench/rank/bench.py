@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -166,21 +167,44 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
 
     mine = measure_rank(spec, step, reference, inputs=(q, k, v), device=device, group=group, ref_docs=ref_docs,
                         local=local)
-    gathered: list = [None] * world_size
+    gathered: list[RankMeasure] = [None] * world_size
     dist.all_gather_object(gathered, mine, group=group)
     return run_fields(spec, variant, gathered, device=device, group=group)
 
 
+@dataclass(frozen=True)
+class RankMeasure:
+    """One rank's figures of a ``run`` case (:func:`measure_rank`); :func:`run_fields` takes one
+    per rank, gathered in rank order (they travel by pickle, so they hold plain numbers and dicts).
+
+    Attributes:
+        time_ms: the median of the variant's timed iterations, in ms.
+        ref_time_ms: the median of the reference's (the same kernel on the rank's share), in ms.
+        bytes_sent, bytes_received: bytes this rank's counted transfers moved per iteration.
+        peak_allocated_gib, peak_reserved_gib: the device's peak memory over the timed
+            iterations, in GiB; ``None`` off CUDA.
+        ref_flops: the FLOPs of one reference iteration.
+        profile: the rank's ``profile.measure`` breakdown, or ``None`` (``spec.profile`` off).
+    """
+
+    time_ms: float
+    ref_time_ms: float
+    bytes_sent: float
+    bytes_received: float
+    peak_allocated_gib: float | None
+    peak_reserved_gib: float | None
+    ref_flops: float
+    profile: dict | None
+
+
 def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[], None], *, inputs: tuple,
-                 device: torch.device, group, ref_docs: list[int] | None, local: int) -> tuple:
+                 device: torch.device, group, ref_docs: list[int] | None, local: int) -> RankMeasure:
     """Time one rank's iterations, its reference and (``spec.profile``) its spans.
 
     ``inputs`` (q, k, v) lose their grads before the reference runs.
 
     Returns:
-        ``(median ms, reference median ms, bytes sent and received per iteration, peak allocated
-        and reserved GiB or None, reference FLOPs, profile breakdown or None)``, the tuple
-        :func:`run_fields` takes one of per rank.
+        This rank's :class:`RankMeasure`.
     """
     from ringbench.rank import profile
 
@@ -206,13 +230,14 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
     ref_flops = attention_flops(batch=spec.batch, seqlen=local, heads=spec.heads, head_dim=spec.head_dim,
                                 causal=spec.causal, mode=spec.mode, docs=ref_docs, head_dim_v=spec.value_head_dim(),
                                 window=spec.window or None)
-    return (statistics.median(times), statistics.median(ref_times), sent, received,
-            peak_alloc, peak_reserved, ref_flops, spans)
+    return RankMeasure(time_ms=statistics.median(times), ref_time_ms=statistics.median(ref_times),
+                       bytes_sent=sent, bytes_received=received, peak_allocated_gib=peak_alloc,
+                       peak_reserved_gib=peak_reserved, ref_flops=ref_flops, profile=spans)
 
 
-def run_fields(spec: CaseSpec, variant, gathered: list, *, device: torch.device, group=None,
+def run_fields(spec: CaseSpec, variant, gathered: list[RankMeasure], *, device: torch.device, group=None,
                emulated: bool = False) -> dict:
-    """The run fields of a record from every rank's :func:`measure_rank` tuple (rank order).
+    """The run fields of a record from every rank's :class:`RankMeasure` (rank order).
 
     ``emulated``: the ranks ran in turn in one process (``ringbench/emulation.py``); no byte
     crossed a link, so ``bus_gib_s`` is null.
@@ -223,10 +248,10 @@ def run_fields(spec: CaseSpec, variant, gathered: list, *, device: torch.device,
     from ringbench.rank import profile
 
     world_size, cuda = spec.world_size, device.type == "cuda"
-    per_rank = [g[0] for g in gathered]
+    per_rank = [g.time_ms for g in gathered]
     time_ms = max(per_rank)
-    slowest_ref = max(gathered, key=lambda g: g[1])
-    ref_ms, ref_flops = slowest_ref[1], slowest_ref[6]
+    slowest_ref = max(gathered, key=lambda g: g.ref_time_ms)
+    ref_ms, ref_flops = slowest_ref.ref_time_ms, slowest_ref.ref_flops
     real = spec_docs(spec) if variant.varlen else None  # real lengths: padding is not counted
     flops_per_gpu = attention_flops(batch=spec.batch, seqlen=sum(real) if real else spec.seqlen, heads=spec.heads,
                                     head_dim=spec.head_dim, causal=spec.causal, mode=spec.mode, docs=real,
@@ -234,7 +259,7 @@ def run_fields(spec: CaseSpec, variant, gathered: list, *, device: torch.device,
     tflops = flops_per_gpu / (time_ms * 1e-3) / 1e12
     ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
     # None: the variant's bytes go where the counters cannot see them (Variant.traffic_counted).
-    max_sent = max(g[2] for g in gathered) if variant.traffic_counted else None
+    max_sent = max(g.bytes_sent for g in gathered) if variant.traffic_counted else None
     fields = {
         "time_ms": time_ms,
         "per_rank_time_ms": per_rank,
@@ -245,15 +270,15 @@ def run_fields(spec: CaseSpec, variant, gathered: list, *, device: torch.device,
         "ref_time_ms": ref_ms,
         "ref_tflops": ref_tflops,
         "efficiency": tflops / ref_tflops if ref_tflops > 0 else None,
-        "peak_allocated_gib": max(g[4] for g in gathered) if cuda else None,
-        "peak_reserved_gib": max(g[5] for g in gathered) if cuda else None,
+        "peak_allocated_gib": max(g.peak_allocated_gib for g in gathered) if cuda else None,
+        "peak_reserved_gib": max(g.peak_reserved_gib for g in gathered) if cuda else None,
         "bytes_sent": int(max_sent) if max_sent is not None else None,
-        "bytes_received": int(max(g[3] for g in gathered)) if max_sent is not None else None,
+        "bytes_received": int(max(g.bytes_received for g in gathered)) if max_sent is not None else None,
         "bus_gib_s": max_sent / GIB / (time_ms * 1e-3) if world_size > 1 and max_sent is not None and not emulated
         else None,
         # False: bytes_sent is null because it is not counted, not because nothing was sent.
         "bytes_counted": variant.traffic_counted,
-        **profile.record_fields([g[7] for g in gathered]),
+        **profile.record_fields([g.profile for g in gathered]),
     }
     # The datasheet's peak, else one measured in this launch (again before it refuses a result).
     peak = case_peak(device, spec.dtype, group=group, tflops=tflops)

@@ -37,11 +37,13 @@ nondeterministic (``Kernel.nondeterministic_backward``), which is recorded and p
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 
 from ringbench.rank import sink_pad as extras
-from ringbench.rank.setup import CaseSetup, case_setup, sink_logits
+from ringbench.rank.setup import CaseSetup, Results, case_setup, sink_logits
 from ringbench.case.fields import plural
 from ringbench.case.spec import CaseSpec
 from ringbench.variants.engines import layouts
@@ -201,8 +203,26 @@ def _index(sel, n: int, device) -> torch.Tensor:
     return sel.to(device=device, dtype=torch.int64)
 
 
+class Shadow(NamedTuple):
+    """The block-decomposition reference (:func:`_shadow`): what :func:`shadow_check` holds each
+    tensor to.
+
+    Attributes:
+        tensors: the float64 out, lse, dq, dk, dv rebuilt from the variant's kernel calls
+            (``dsink`` ``None``), this rank's rows or gathered into global tensors.
+        terms: per tensor (``TENSORS`` order), the most partial results that met in one element,
+            over every rank.
+        scales: per tensor, the largest magnitude among its partial results and the result,
+            over every rank.
+    """
+
+    tensors: Results
+    terms: list[int]
+    scales: list[float]
+
+
 def _shadow(seen: "observe.Observation", out_shape, q_shape, k_shape, v_shape, device,
-            group) -> tuple[list, list, list] | None:
+            group) -> Shadow | None:
     """This rank's float64 out, lse, dq, dk, dv rebuilt from the variant's observed kernel calls.
 
     Forward blocks are merged in float64 in the order they came; dq partials are summed at their
@@ -210,10 +230,9 @@ def _shadow(seen: "observe.Observation", out_shape, q_shape, k_shape, v_shape, d
     ranks (``all_reduce``), and each rank keeps its own rows. Every rank calls it.
 
     Returns:
-        ``(tensors, terms, scales)``: the five local tensors (lse ``[B, H, S/W]``, the others in
-        their variant's shape), the most partial results of one element and the largest
-        magnitude among the partial results and the result, per tensor, over every rank; or
-        ``None`` when no rank observed a kernel call (a variant whose engine reports nothing).
+        The :class:`Shadow` of this rank's rows (lse ``[B, H, S/W]``, the others in their
+        variant's shape); or ``None`` when no rank observed a kernel call (a variant whose engine
+        reports nothing).
     """
     f64 = torch.float64
     seen_any = torch.tensor([float(len(seen))], dtype=f64, device=device)
@@ -267,7 +286,7 @@ def _shadow(seen: "observe.Observation", out_shape, q_shape, k_shape, v_shape, d
     terms = torch.stack([n_q[0].max(), n_q[0].max(), n_q[1].max(), n_kv.max(), n_kv.max()])
     top = torch.cat([terms, big])
     dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
-    return [out, lse, dq, dk, dv], [int(t) for t in top[:5].tolist()], top[5:].tolist()
+    return Shadow(Results(out, lse, dq, dk, dv), [int(t) for t in top[:5].tolist()], top[5:].tolist())
 
 
 class Placement:
@@ -297,7 +316,7 @@ class Placement:
             self.cu_seqlens, self.extra = None, {}
             self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
             self.unwatched = ""
-            if getattr(getattr(case, "spec", None), "window", 0):
+            if case.spec.window:
                 self._watch_window(case.spec.seqlen, world_size, case.spec.window)
             return
         by_doc = variant.shard_by_document
@@ -313,7 +332,7 @@ class Placement:
             owner[layouts.varlen_token_index(docs_cu, layout, r, world_size, by_document=by_doc,
                                              ulysses_degree=u)] = r
         self.watch = None
-        if getattr(getattr(case, "spec", None), "window", 0):
+        if case.spec.window:
             self._watch_window(docs_cu[-1], world_size, case.spec.window, docs_cu)
             return
         # Any document whose first token (a key every query of the document sees) lives on
@@ -373,7 +392,9 @@ def global_inputs(spec: CaseSpec, dtype: torch.dtype, device: torch.device) -> t
     return tuple(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).to(device) for s in shapes)
 
 
-def _run_variant(attention, placement, inputs, *, rank, world_size, causal, scale, group, kernel, options):
+def _run_variant(attention, placement, inputs, *, rank, world_size, causal, scale, group, kernel,
+                 options) -> Results:
+    """This rank's out, lse, dq, dk, dv of one run of the variant on its shards of ``inputs``."""
     q, k, v, dout = (placement.shard(x, rank) for x in inputs)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     if placement.extra.get("sink") is not None:
@@ -383,7 +404,7 @@ def _run_variant(attention, placement, inputs, *, rank, world_size, causal, scal
     if placement.keep is not None:
         out = extras.zero_padding(out, placement.shard(placement.keep, rank, dim=0))
     out.backward(dout)
-    return out.detach(), lse, q.grad, k.grad, v.grad
+    return Results(out.detach(), lse, q.grad, k.grad, v.grad)
 
 
 def cp_active(attention, placement, inputs, *, rank, world_size, causal, scale, group, kernel,
@@ -445,7 +466,7 @@ def repeat_variant(attention, placement: Placement, inputs, first, repeats: int,
 
     Args:
         attention, placement, inputs, kwargs: as :func:`_run_variant` takes them.
-        first: the first run's ``(out, lse, dq, dk, dv)`` on this rank.
+        first: the first run's :class:`Results` on this rank.
         repeats: runs in all, the first included.
 
     Returns:
@@ -458,12 +479,12 @@ def repeat_variant(attention, placement: Placement, inputs, first, repeats: int,
     """
     if repeats <= 1:
         return {"repeats": 1, "deterministic": None, "first_difference": None, "differing_tensors": []}
-    device = first[0].device
+    device = first.out.device
     counts = torch.zeros(repeats - 1, len(TENSORS), dtype=torch.float64, device=device)
     gaps = torch.zeros_like(counts)
     for r in range(repeats - 1):
         again = _run_variant(attention, placement, inputs, **kwargs)
-        for t, (a, b) in enumerate(zip(first, again)):
+        for t, (_, a, b) in enumerate(zip(TENSORS, first, again)):
             counts[r, t], gaps[r, t] = bitwise_difference(a, b)
         del again
     dist.all_reduce(counts, group=kwargs.get("group"))
@@ -508,17 +529,17 @@ def determinism_verdict(repeated: dict, *, documented: str, require: bool) -> st
 
 
 def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float,
-               window: int | None = None) -> tuple[torch.Tensor, ...]:
+               window: int | None = None) -> Results:
     """out, lse, dq, dk, dv of ``kernel`` over the whole sequence on one device (varlen form
     over the whole packed row when the case has documents), under the case's sliding window."""
     q, k, v, dout = inputs
     kw = {"window": (window - 1, 0)} if window else {}
     if placement.cu_seqlens is None:
         out, lse = kernel.forward(q, k, v, causal, scale, **kw)
-        return (out, lse, *kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw))
+        return Results(out, lse, *kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw))
     cu, n = placement.cu_seqlens, placement.max_seqlen()
     out, lse = kernel.forward_varlen(q, k, v, cu, cu, n, n, causal, scale, **kw)
-    return (out, lse, *kernel.backward_varlen(dout, q, k, v, out, lse, cu, cu, n, n, causal, scale, **kw))
+    return Results(out, lse, *kernel.backward_varlen(dout, q, k, v, out, lse, cu, cu, n, n, causal, scale, **kw))
 
 
 def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
@@ -549,12 +570,16 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     with observe.observing() as seen:
         local = _run_variant(variant.attention, placement, inputs, **kwargs)
     dsink = None if sink is None or sink.grad is None else sink.grad.clone()
-    dims = (1, 2, 1, 1, 1)
-    gathered = [_gather(t, placement, d, group) for t, d in zip(local, dims)]
-    shadow = _shadow(seen, local[0].shape, local[2].shape, local[3].shape, local[4].shape, device, group)
+    dims = (1, 2, 1, 1, 1)  # the sequence dimension of out, lse, dq, dk, dv
+
+    def gather(tensors: Results) -> Results:
+        return Results(*(_gather(t, placement, d, group) for t, d in zip(tensors, dims)))
+
+    gathered = gather(local)._replace(dsink=dsink)
+    shadow = _shadow(seen, local.out.shape, local.dq.shape, local.dk.shape, local.dv.shape, device, group)
     del seen
     if shadow is not None:
-        shadow = ([_gather(t, placement, d, group) for t, d in zip(shadow[0], dims)], *shadow[1:])
+        shadow = shadow._replace(tensors=gather(shadow.tensors))
     repeats = max(spec.repeat, 2) if spec.require_deterministic else spec.repeat
     repeated = repeat_variant(variant.attention, placement, inputs, local, repeats, **kwargs)
     if world_size == 1:
@@ -566,33 +591,34 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
 
     checks = None
     if rank == 0 and (sink is not None or placement.keep is not None):
-        single, ref, shadow, implied = extras.references(kernel, inputs, case, placement.cu_seqlens, sink,
-                                                         placement.keep, gathered, shadow)
+        gathered, single, ref, shadow, implied = extras.references(kernel, inputs, case, placement.cu_seqlens,
+                                                                   sink, placement.keep, gathered, shadow)
     elif rank == 0:
         single = _whole_row(kernel, inputs, placement, causal, scale, spec.window)
         ref = _whole_row(KERNELS["math"], [x.double() for x in inputs], placement, causal, scale, spec.window)
     if rank == 0:
         q, k, v = inputs[:3]
         expected = ((dtype, (*q.shape[:3], v.shape[3])), (torch.float32 if dtype != torch.float64 else dtype,
-                                       (q.shape[0], q.shape[2], ref[1].shape[2])),
+                                       (q.shape[0], q.shape[2], ref.lse.shape[2])),
                     (dtype, q.shape), (dtype, k.shape), (dtype, v.shape))
         checks = [tolerance_check(n, g, s, r, *e, world_size=world_size)
                   for n, g, s, r, e in zip(TENSORS, gathered, single, ref, expected)]
-        for i, c in enumerate(checks):
-            if shadow is None:
-                why = "a peer's own engine" if variant.peer else "they run on head-sharded rows after its all-to-all"
+        if shadow is None:
+            why = "a peer's own engine" if variant.peer else "they run on head-sharded rows after its all-to-all"
+            for c in checks:
                 c.update(_no_shadow(f"{variant.name} does not report its kernel calls ({why}), so "
                                     "only the max rule applies"))
-                continue
-            c.update(shadow_check(gathered[i], shadow[0][i], expected[i][0], terms=shadow[1][i],
-                                  scale=shadow[2][i]))
-            c["passed"] = c["passed"] and c["shadow_passed"]
+        else:
+            for c, got, rebuilt, (want_dtype, _), terms, scale in zip(checks, gathered, shadow.tensors, expected,
+                                                                       shadow.terms, shadow.scales):
+                c.update(shadow_check(got, rebuilt, want_dtype, terms=terms, scale=scale))
+                c["passed"] = c["passed"] and c["shadow_passed"]
         if sink is not None and sink.requires_grad:
-            got = dsink if dsink is not None else torch.full_like(sink.detach(), float("nan"))
-            entry = tolerance_check("dsink", got, single[5], implied["variant"], sink.dtype, tuple(sink.shape),
+            got = gathered.dsink if gathered.dsink is not None else torch.full_like(sink.detach(), float("nan"))
+            entry = tolerance_check("dsink", got, single.dsink, implied["variant"], sink.dtype, tuple(sink.shape),
                                     world_size=world_size, floor=implied["floor"], single_ref=implied["single"])
-            entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref[5]).abs().max())
-                                                           for t in (got, single[5]))
+            entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref.dsink).abs().max())
+                                                           for t in (got, single.dsink))
             checks.append({**entry, **_no_shadow("d sink is summed by the engine from out and dout, not by a "
                                                  "kernel call, so only the max rule applies")})
     box = [checks]

@@ -57,7 +57,7 @@ def emulate_case(spec: CaseSpec, *, device) -> dict:
     # gradient to all-reduce; so it is emulated (spec.validate refuses a learnable one).
     sink = sink_logits(spec, dtype, device)
     options = {**variant_options(spec), **({"sink": sink} if sink is not None else {})}
-    gathered = []
+    gathered: list[bench.RankMeasure] = []
     # Under a sliding window the reference attends the rank's share with the same window.
     ref_kw, ref_causal = ({"window": (spec.window - 1, 0)}, False) if spec.window else ({}, spec.causal)
     for rank, (q, k, v, dout) in enumerate(inputs):

@@ -1,6 +1,6 @@
 """A rank's lifeline: a worker never outlives the torchrun that started it.
 
-``sweep.launch`` starts torchrun through an exec wrapper that puts torchrun's pid in
+``sweep.launch`` runs torchrun inside ``sweep.torchrun``, which puts torchrun's pid in
 :data:`TORCHRUN_PID_ENV`; the worker calls :func:`die_with_torchrun` first thing.
 """
 
@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 
-#: Set in torchrun's environment by the exec wrapper (torchrun's own pid); the workers it
+#: Set in torchrun's environment by ``sweep.torchrun`` (torchrun's own pid); the workers it
 #: starts compare it with their parent's pid (see :func:`die_with_torchrun`).
 TORCHRUN_PID_ENV = "RINGBENCH_TORCHRUN_PID"
 _PR_SET_PDEATHSIG = 1

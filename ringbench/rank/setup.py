@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -73,3 +73,28 @@ def sink_logits(spec: CaseSpec, dtype: torch.dtype, device: torch.device) -> tor
         return torch.zeros(spec.heads, dtype=acc, device=device)
     gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + 19)  # apart from the inputs' stream
     return torch.randn(spec.heads, generator=gen, dtype=torch.float32).to(acc).to(device).requires_grad_(True)
+
+
+
+class Results(NamedTuple):
+    """What verify compares: a case's out, lse, dq, dk and dv, and its d sink.
+
+    The same tensors come from the variant (one rank's shards, or gathered into global
+    tensors), the single-device run, the float64 reference and the block-decomposition
+    reference. The first five are ``check.TENSORS``, in that order; zip with it to take them.
+
+    Attributes:
+        out: ``[B, S, Hq, Dv]``, the input dtype (float64 for the references).
+        lse: ``[B, Hq, S]``, float32 (float64 for float64 inputs and the references).
+        dq: q's shape, ``[B, S, Hq, D]``; dk: k's, ``[B, S, Hkv, D]``; dv: v's, ``[B, S, Hkv, Dv]``.
+        dsink: ``[Hq]``, the sink's dtype, where the case learns a sink; else ``None``.
+
+    S is the global length, or ``S / W`` for one rank's shards.
+    """
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    dsink: torch.Tensor | None = None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ringbench.rank.setup import CaseSetup
+from ringbench.rank.setup import CaseSetup, Results
 from ringbench.variants.engines import layouts
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
@@ -67,7 +67,7 @@ def _band(window: int) -> dict:
 
 
 def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: float, sink: Tensor | None,
-               keep: Tensor | None, window: int = 0) -> tuple[Tensor, ...]:
+               keep: Tensor | None, window: int = 0) -> Results:
     """out, lse, dq, dk, dv and d sink (or ``None``) of ``kernel`` on one device over the whole
     (padded) row, under the case's sliding window (``window`` keys, 0: none), the sink and
     padding applied as verify applies them to the variant."""
@@ -90,11 +90,11 @@ def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: f
     dsink = None
     if sink is not None and sink.requires_grad:
         dsink = local_sink_grad(dout, out, lse, sink.detach()).to(sink.dtype)
-    return (out, lse, *grads, dsink)
+    return Results(out, lse, *grads, dsink=dsink)
 
 
 def reference_fp64(inputs, real_docs: list[int] | None, causal: bool, scale: float, sink: Tensor | None,
-                   keep: Tensor | None, window: int = 0) -> tuple[Tensor, ...]:
+                   keep: Tensor | None, window: int = 0) -> Results:
     """out, lse, dq, dk, dv and d sink (or ``None``) in float64 on the real tokens alone, put
     back at their padded positions (zeros at padding rows; lse 0 there, never compared).
 
@@ -136,24 +136,24 @@ def reference_fp64(inputs, real_docs: list[int] | None, causal: bool, scale: flo
         (out * dout).sum().backward()
         found = [out.detach(), big.detach(), *(x.grad for x in leaves), s.grad]
     if keep is None:
-        return tuple(found)
+        return Results(*found)
     real = keep.nonzero().flatten()
     for i, dim in ((0, 1), (1, 2), (2, 1), (3, 1), (4, 1)):
         t = found[i]
         shape = list(t.shape)
         shape[dim] = keep.shape[0]
         found[i] = torch.zeros(shape, dtype=t.dtype, device=t.device).index_copy_(dim, real, t)
-    return tuple(found)
+    return Results(*found)
 
 
-def shadow_with_extras(shadow: list[Tensor], terms: list[int], sink: Tensor | None,
-                       keep: Tensor | None) -> tuple[list[Tensor], list[int]]:
+def shadow_with_extras(shadow: Results, terms: list[int], sink: Tensor | None,
+                       keep: Tensor | None) -> tuple[Results, list[int]]:
     """The block-decomposition reference with the sink and padding applied as to the variant.
 
     The sink is one more partial result of each row (``out = 0``, ``lse = s_h``), merged in
     float64, so out and lse count one more term; padding rows of out are zeroed.
     """
-    out, lse, *grads = shadow
+    out, lse = shadow.out, shadow.lse
     terms = list(terms)
     if sink is not None:
         out, lse = apply_sink(out, lse, sink.detach().double())
@@ -161,24 +161,25 @@ def shadow_with_extras(shadow: list[Tensor], terms: list[int], sink: Tensor | No
         terms[1] += 1
     if keep is not None:
         out = zero_padding(out, keep)
-    return [out, lse, *grads], terms
+    return shadow._replace(out=out, lse=lse), terms
 
 
 def references(kernel, inputs, case: CaseSetup, cu_seqlens: Tensor | None, sink: Tensor | None,
-               keep: Tensor | None, gathered: list[Tensor], shadow):
+               keep: Tensor | None, gathered: Results, shadow):
     """verify's single-device run, float64 reference and block-decomposition reference of a case
-    with a sink or padding, each a list in the order out, lse, dq, dk, dv (then d sink, or
-    ``None``); the lse of ``gathered`` and of all three keeps its real rows only (in place).
+    with a sink or padding; the lse of each, and of ``gathered``, keeps its real rows only.
 
     Args:
         kernel: the case's kernel; inputs: the global q, k, v, dout.
         case, cu_seqlens, sink, keep: the case, its padded offsets (or ``None``), its sink
             logits (or ``None``) and :func:`keep_mask`.
-        gathered: the variant's global out, lse, dq, dk, dv.
-        shadow: ``check._shadow``'s ``(tensors, terms, scales)`` gathered, or ``None``.
+        gathered: the variant's global :class:`Results`.
+        shadow: ``check._shadow``'s :class:`check.Shadow`, its tensors gathered, or ``None``.
 
     Returns:
-        ``(single, ref, shadow, implied)``. ``implied`` (``None`` without a learnable sink) is
+        ``(gathered, single, ref, shadow, implied)``: ``gathered`` with its lse's real rows,
+        ``single`` and ``ref`` :class:`Results` (with d sink, or ``None``), ``shadow`` with
+        the sink and padding applied (or ``None``). ``implied`` (``None`` without a learnable sink) is
         what ``d sink`` is judged against, since ``d sink = -sum_rows exp(s_h - L) <dout, out_f>``
         sums S * D roundings of ``out_f`` that the variant and the single device make in
         different orders: against float64 each one's error is an independent draw, which the
@@ -193,21 +194,21 @@ def references(kernel, inputs, case: CaseSetup, cu_seqlens: Tensor | None, sink:
           largest over the heads of the sum of its terms' magnitudes.
     """
     window = case.spec.window
-    single = list(single_row(kernel, inputs, cu_seqlens, case.causal, case.scale, sink, keep, window))
-    ref = list(reference_fp64(inputs, case.real_docs, case.causal, case.scale, sink, keep, window))
+    single = single_row(kernel, inputs, cu_seqlens, case.causal, case.scale, sink, keep, window)
+    ref = reference_fp64(inputs, case.real_docs, case.causal, case.scale, sink, keep, window)
     implied = None
-    if ref[5] is not None:
+    if ref.dsink is not None:
         rows = slice(None) if keep is None else keep
         dout, s = inputs[3].double()[:, rows], sink.detach().double()
 
         def grad_of(out, lse):
             return local_sink_grad(dout, out.double()[:, rows], lse.double()[..., rows], s)
 
-        terms = local_sink_grad(dout.abs(), ref[0][:, rows].abs(), ref[1][..., rows], s).abs()
-        implied = {"variant": grad_of(gathered[0], gathered[1]), "single": grad_of(single[0], single[1]),
+        terms = local_sink_grad(dout.abs(), ref.out[:, rows].abs(), ref.lse[..., rows], s).abs()
+        implied = {"variant": grad_of(gathered.out, gathered.lse), "single": grad_of(single.out, single.lse),
                    "floor": torch.finfo(sink.dtype).eps * float(terms.max())}
     if shadow is not None:
-        shadow = (*shadow_with_extras(shadow[0], shadow[1], sink, keep), shadow[2])
-    for tensors in (gathered, single, ref, *((shadow[0],) if shadow is not None else ())):
-        tensors[1] = real_rows(tensors[1], keep)
-    return single, ref, shadow, implied
+        tensors, terms = shadow_with_extras(shadow.tensors, shadow.terms, sink, keep)
+        shadow = shadow._replace(tensors=tensors._replace(lse=real_rows(tensors.lse, keep)), terms=terms)
+    gathered, single, ref = (t._replace(lse=real_rows(t.lse, keep)) for t in (gathered, single, ref))
+    return gathered, single, ref, shadow, implied

@@ -6,17 +6,21 @@ session of its own too, so on timeout this module first asks torchrun to stop it
 (SIGTERM), then kills torchrun's session and every worker it can still find.
 
 No job outlives the process that launched it, however that process ends (``kill -9``, a
-closed terminal): on Linux torchrun is started through a small exec wrapper that sets
+closed terminal): torchrun runs inside ``ringbench.sweep.torchrun``, which on Linux sets
 ``PR_SET_PDEATHSIG`` (SIGTERM: torchrun then stops its workers itself), and each worker calls
 ``rank.lifeline.die_with_torchrun`` first thing (SIGKILL when torchrun dies). The results file's lease
 (``ringbench.sweep.lease``) is passed down to torchrun, so it is held until torchrun has ended.
 Torchrun's own output (its failure report included) stays in ``torchrun.stderr.log``; a
-failure is told by its root cause only (the first failing rank, its exception or signal).
+failure is told by its root cause only (the first failing rank, its exception or signal), read
+from the ranks' ``error.json`` and, for a rank that left none (killed by a signal), from the
+exit statuses torchrun saw (``torchrun.failures.json``), never from torchrun's text.
 
 Layout of ``log_dir`` after a launch:
 
 - ``cases.json``: what the worker was given;
 - ``torchrun.stdout.log``, ``torchrun.stderr.log``: the launcher's own output;
+- ``torchrun.failures.json``: each failed rank's exit status and pid, and the root cause, when
+  torchrun ended because ranks failed (``ringbench.sweep.torchrun``);
 - ``torchrun/<rdzv_id>_*/attempt_0/<rank>/{stdout.log,stderr.log,error.json}``: per rank;
 - ``progress/rank<r>.txt``: the progress marks each rank wrote (last line = latest).
 """
@@ -35,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ringbench.sweep.lease import proc_stat
+import psutil
+
 from ringbench.rank.lifeline import TORCHRUN_PID_ENV
 
 #: Seconds between SIGTERM and SIGKILL when a job is stopped.
@@ -50,18 +55,8 @@ PROGRESS_ENV = "RINGBENCH_PROGRESS_DIR"
 
 _TRACEBACK_LINES = 12
 _STDERR_TAIL_LINES = 20
-
-# Run as ``python -S -c _DIE_WITH_PARENT <launcher pid> <torchrun argv...>``: ask the kernel to
-# send SIGTERM when the launcher dies, make sure it has not died already, then become torchrun
-# (exec keeps the pid and the request).
-_DIE_WITH_PARENT = """\
-import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
-if os.getppid() != int(sys.argv[1]):
-    sys.exit("ringbench: the command that launched torchrun has ended; not starting it")
-os.environ["RINGBENCH_TORCHRUN_PID"] = str(os.getpid())
-os.execv(sys.argv[2], sys.argv[2:])
-"""
+#: What ``ringbench.sweep.torchrun`` writes when ranks failed (its module docstring).
+FAILURES_FILE = "torchrun.failures.json"
 
 
 @dataclass
@@ -149,8 +144,12 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
     cases_file.write_text(json.dumps({"run_id": run_id, "cases": cases}, indent=1) + "\n")
 
     endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    failures_file = log_dir / FAILURES_FILE
+    failures_file.unlink(missing_ok=True)  # a reused log folder's, from an earlier launch
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
+        # torchrun inside a wrapper that dies with this process and keeps the ranks' exit statuses
+        sys.executable, "-m", "ringbench.sweep.torchrun", str(os.getpid()), str(failures_file),
+        "-m", "torch.distributed.run",
         "--nnodes", str(nnodes),
         "--node-rank", str(node_rank),
         "--nproc-per-node", str(world_size // nnodes),
@@ -168,8 +167,6 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
     # init_process_group gives up no later than the watchdog would.
     child_env.setdefault("RINGBENCH_PG_TIMEOUT", f"{timeout_s:g}")
     child_env.pop(TORCHRUN_PID_ENV, None)  # the wrapper sets it; a stale one would kill the workers
-    if sys.platform.startswith("linux"):
-        cmd = [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *cmd]
 
     from ringbench.sweep import lease  # the results file's lease, held by torchrun too while it lives
 
@@ -270,25 +267,23 @@ def _child_env(world_size: int, progress_dir: Path, extra: dict[str, str] | None
 # Stopping a job without orphans
 
 
-def _descendants(root: int) -> dict[int, int]:
-    """Every live descendant of ``root`` as {pid: start time}; empty where /proc is missing."""
+def _descendants(root: int) -> dict[int, psutil.Process]:
+    """Every live descendant of ``root`` as {pid: its psutil.Process}; empty when ``root`` is gone.
+
+    A ``psutil.Process`` remembers its process's start time, so it never acts on a reused pid.
+    """
     try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
+        return {p.pid: p for p in psutil.Process(root).children(recursive=True)}
+    except psutil.Error:
         return {}
-    children: dict[int, list[tuple[int, int]]] = {}
-    for pid in pids:
-        stat = proc_stat(pid)
-        if stat:
-            children.setdefault(stat[0], []).append((pid, stat[1]))
-    found: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        for pid, start in children.get(todo.pop(), []):
-            if pid not in found:
-                found[pid] = start
-                todo.append(pid)
-    return found
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is still the process it was and has not ended (a zombie has)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -300,16 +295,15 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _kill_known(procs: dict[int, int]) -> None:
+def _kill_known(procs: dict[int, psutil.Process]) -> None:
     """SIGKILL each remembered process, and its group, if it is still the same process."""
-    for pid, start in procs.items():
-        stat = proc_stat(pid)
-        if stat is None or stat[1] != start:
+    for proc in procs.values():
+        if not _running(proc):
             continue  # gone, or the pid now belongs to someone else
         try:
-            _signal_group(os.getpgid(pid), signal.SIGKILL)
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            _signal_group(os.getpgid(proc.pid), signal.SIGKILL)
+            proc.kill()
+        except (ProcessLookupError, PermissionError, psutil.Error):
             pass
 
 
@@ -327,8 +321,7 @@ def _stop(proc: subprocess.Popen) -> int:
     # torchrun may have left a stubborn worker behind, or been killed before it could act.
     _kill_known(known)
     deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and any(
-            (s := proc_stat(pid)) is not None and s[1] == start for pid, start in known.items()):
+    while time.monotonic() < deadline and any(_running(p) for p in known.values()):
         time.sleep(0.05)
     return proc.returncode
 
@@ -413,45 +406,20 @@ def _exit_text(exitcode: int, pid: int | None = None) -> str:
     return f"exited with status {exitcode}" + (f" (pid {pid})" if pid else "")
 
 
-_REPORT_FIELD_RE = re.compile(r"^\s*(rank|exitcode|error_file|traceback)\s*:\s*(.*)$")
-_REPORT_RANK_RE = re.compile(r"^(\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
-_REPORT_EXIT_RE = re.compile(r"^(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+def _torchrun_failures(log_dir: Path) -> tuple[dict, list[dict]] | None:
+    """The ranks torchrun saw fail, from ``torchrun.failures.json``: (the root cause, the others).
 
-
-def _torchrun_report(log_dir: Path) -> tuple[dict, list[dict]] | None:
-    """torchrun's failure report in its stderr: (the root cause, the other failures).
-
-    Each is ``{"rank": int, "local_rank": int, "exitcode": int, "pid": int | None}``. None
-    when torchrun wrote no report (it failed before its workers ran, or was killed itself).
+    Each is ``{"rank": int, "local_rank": int, "exitcode": int, "pid": int | None}`` (and its
+    ``timestamp``), the others in torchelastic's order. None when the file is absent or
+    unreadable (torchrun failed before its workers ran, or was killed itself).
     """
-    lines = _tail(log_dir / "torchrun.stderr.log", 400)
-    roots = [i for i, ln in enumerate(lines) if ln.startswith("Root Cause")]
-    if not roots:
+    try:
+        data = json.loads((log_dir / FAILURES_FILE).read_text())
+        failures, root = data["failures"], data["root_rank"]
+        (cause,) = [f for f in failures if f["rank"] == root]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    root_at = roots[-1]  # the last report, should torchrun have restarted the job
-    start = max((i for i, ln in enumerate(lines[:root_at]) if ln.strip() == "Failures:"), default=root_at)
-    entries: list[tuple[bool, dict]] = []
-    for i, ln in enumerate(lines[start:], start):
-        m = _REPORT_FIELD_RE.match(ln)
-        if not m:
-            continue
-        key, value = m.groups()
-        if key == "rank":
-            got = _REPORT_RANK_RE.match(value)
-            rank = int(got.group(1)) if got else None
-            local = int(got.group(2)) if got and got.group(2) else rank
-            entries.append((i > root_at, {"rank": rank, "local_rank": local, "exitcode": None, "pid": None}))
-        elif key == "exitcode" and entries:
-            got = _REPORT_EXIT_RE.match(value)
-            if got:
-                entries[-1][1]["exitcode"] = int(got.group(1))
-                entries[-1][1]["pid"] = int(got.group(2)) if got.group(2) else None
-    causes = [e for is_root, e in entries if is_root and e["rank"] is not None and e["exitcode"] is not None]
-    others = [e for is_root, e in entries if not is_root and e["rank"] is not None and e["exitcode"] is not None]
-    if not causes:
-        return None
-    cause = causes[0]
-    return cause, [e for e in others if e["rank"] != cause["rank"]]
+    return cause, [f for f in failures if f["rank"] != root]
 
 
 def _last_error_line(path: Path) -> str | None:
@@ -470,7 +438,7 @@ def _failure_text(log_dir: Path, world_size: int, returncode: int) -> str:
     if cause:
         return cause
     log = log_dir / "torchrun.stderr.log"
-    report = _torchrun_report(log_dir)
+    report = _torchrun_failures(log_dir)
     if report is not None:
         first, others = report
         text = f"rank {first['rank']}/{world_size} {_exit_text(first['exitcode'], first['pid'])} and left no error file"

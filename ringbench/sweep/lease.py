@@ -16,8 +16,8 @@ there is no stale state to clean. The lock's open file is passed to torchrun too
 file until its torchrun has stopped its workers; the workers die with torchrun
 (``launch.die_with_torchrun``), and torchrun with the CLI.
 
-Each holder writes one JSON line (pid, process start time, host, command, mode) into the lock
-file, so a refusal can name the sweep that holds it. When every holder named there has ended
+Each holder writes one JSON line (pid, process start time in seconds since the epoch as
+``psutil`` gives it, host, command, mode) into the lock file, so a refusal can name the sweep that holds it. When every holder named there has ended
 but the lock is still held (the killed CLI's torchrun is stopping its workers), the newcomer
 waits up to :data:`STOPPING_WAIT_S` seconds for it, then refuses naming the processes that
 still hold the file.
@@ -35,6 +35,8 @@ import socket
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 from ringbench.errors import RingbenchError
 
@@ -62,24 +64,15 @@ def held_fds() -> tuple[int, ...]:
     return tuple(sorted(_HELD))
 
 
-def proc_stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time in clock ticks) of a live process, from /proc; None if gone (or a zombie).
+def _start_time(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds since the epoch (``psutil``); None if it is gone.
 
     The start time tells a pid from its reuse.
     """
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
-    # The command name may hold spaces and parens; the fields after its last ')' do not.
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return None if fields[0] in (b"Z", b"X") else (int(fields[1]), int(fields[19]))
-
-
-def _start_ticks(pid: int) -> int | None:
-    stat = proc_stat(pid)
-    return None if stat is None else stat[1]
 
 
 def _alive(holder: dict) -> bool:
@@ -89,22 +82,19 @@ def _alive(holder: dict) -> bool:
     pid = holder.get("pid")
     if not isinstance(pid, int):
         return False
-    if not os.path.exists("/proc/self/stat"):  # no /proc (macOS): a signal 0 says whether it exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return _start_ticks(pid) == holder.get("start")
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() == holder.get("start")
+    except psutil.AccessDenied:
+        return True  # it exists, and it is not ours to inspect
+    except psutil.Error:
+        return False
 
 
 def _cmdline(pid: int) -> str:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline()).strip()
+    except psutil.Error:
         return ""
 
 
@@ -112,24 +102,14 @@ def _openers(path: Path) -> list[int]:
     """Pids of this host's processes (other than this one) that have ``path`` open."""
     target = os.path.realpath(path)
     found = []
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return []
-    for pid in pids:
-        if pid == os.getpid():
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
             continue
         try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
+            if any(f.path == target for f in proc.open_files()):
+                found.append(proc.pid)
+        except psutil.Error:
             continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
-                    found.append(pid)
-                    break
-            except OSError:
-                continue
     return found
 
 
@@ -211,7 +191,7 @@ def acquire(results_path: Path, *, exclusive: bool, on_wait=None) -> Lease:
                     on_wait(f"the sweep that held {results_path} (pid {ended}) has ended; waiting up to "
                             f"{STOPPING_WAIT_S:g} s for its processes to stop")
             time.sleep(_POLL_S)
-        me = {"pid": os.getpid(), "start": _start_ticks(os.getpid()), "host": socket.gethostname(),
+        me = {"pid": os.getpid(), "start": _start_time(os.getpid()), "host": socket.gethostname(),
               "mode": "resume" if exclusive else "run",
               "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "command": shlex.join(["ringbench", *sys.argv[1:]])}

@@ -6,10 +6,10 @@
 ``CASES.json`` is a JSON list of case objects (see :func:`run_case` for the fields). Every
 rank builds the same global q, k, v and dout from the case's seed, takes its shard with
 ``ringbench.variants.engines.layouts.shard``, runs the variant's ``attention`` forward and backward,
-and all-gathers and unshards out, lse, dq, dk and dv. Rank 0 computes the float64 math
-reference while rank 1 (when there is one) runs the single-device kernel; rank 0 then checks
+and all-gathers and unshards out, lse, dq, dk and dv. Rank 0 computes the float64
+reference (the tests' one, ``tests/helpers.py``'s ``attention_fp64``) while rank 1 (when there is one) runs the single-device kernel; rank 0 then checks
 each tensor with ``ringbench.rank.check.tolerance_check`` (MEASUREMENT.md's rule: the variant's max error
-against the float64 math kernel must stay within twice the same kernel's single-device error
+against the float64 reference must stay within twice the same kernel's single-device error
 plus a dtype floor) and appends one JSON line per case to ``RESULTS.jsonl`` as soon as the
 case ends, so a later hang loses nothing. A case that raises is recorded with
 ``status: "error"`` and the next case runs.
@@ -25,16 +25,20 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from ringbench.rank.check import tolerance_check
-from ringbench.records.envinfo import warm_cpu_math
-from ringbench.variants import get_variant
-from ringbench.variants.engines import layouts
-from ringbench.variants.kernels import KERNELS, get_kernel
+# Under torchrun this script's folder (tests/dist) heads sys.path; the tests' shared helpers sit one up.
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from helpers import attention_fp64  # noqa: E402
+from ringbench.rank.check import tolerance_check  # noqa: E402
+from ringbench.records.envinfo import warm_cpu_math  # noqa: E402
+from ringbench.variants import get_variant  # noqa: E402
+from ringbench.variants.engines import layouts  # noqa: E402
+from ringbench.variants.kernels import get_kernel  # noqa: E402
 
 TENSORS = ("out", "lse", "dq", "dk", "dv")
 #: The sequence dimension of each gathered tensor: lse is [B, H, S], the others [B, S, H, D].
@@ -85,11 +89,12 @@ def _single(inputs, kernel, causal: bool, scale: float) -> list[torch.Tensor]:
 
 
 def _fp64(inputs, causal: bool, scale: float) -> list[torch.Tensor]:
-    """The float64 math kernel over the whole sequence: out, lse, dq, dk, dv."""
-    math_kernel = KERNELS["math"]
-    q64, k64, v64, d64 = (t.double() for t in inputs)
-    r_out, r_lse = math_kernel.forward(q64, k64, v64, causal, scale)
-    return [r_out, r_lse, *math_kernel.backward(d64, q64, k64, v64, r_out, r_lse, causal, scale)]
+    """The tests' float64 attention (``helpers.attention_fp64``) over the whole sequence, its
+    gradients by autograd: out, lse, dq, dk, dv."""
+    q64, k64, v64 = (t.double().requires_grad_(True) for t in inputs[:3])
+    r_out, r_lse = attention_fp64(q64, k64, v64, causal=causal, scale=scale)
+    grads = torch.autograd.grad(r_out, (q64, k64, v64), inputs[3].double())
+    return [r_out.detach(), r_lse.detach(), *grads]
 
 
 def _references(inputs, kernel, causal: bool, scale: float):
