@@ -1,4 +1,4 @@
-"""Text for tables: the missing-value mark, numbers, case fields, and reading a record's fields.
+"""Text for tables: the missing-value mark, numbers and case fields.
 
 Shared by ``ringbench.present.report`` (record dicts) and ``ringbench.present.compare`` (pandas frames), so
 a value reads the same in every table. Torch-free and pandas-free.
@@ -17,7 +17,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from ringbench.case.fields import OPTIONAL_DEFAULTS, format_size
+from ringbench.case.fields import format_size
 
 #: What a table shows where a value is absent.
 MISSING = "-"
@@ -114,34 +114,6 @@ def cell_text(name: str, value: Any) -> str:
     if name == "docs" and isinstance(value, str) and docs_count(value):
         return docs_count(value)
     return axis_text(name, value)
-
-
-# --------------------------------------------------------------------------- record fields
-
-def spec_of(record: dict) -> dict:
-    """The record's ``spec`` dict; ``{}`` when it has none."""
-    spec = record.get("spec")
-    return spec if isinstance(spec, dict) else {}
-
-
-def record_field(record: dict, name: str) -> Any:
-    """A case field of a record dict: its spec's value, else the record's own key, else, for an
-    optional field a record written before it existed lacks, the field's default (``""``, 0).
-
-    Returns:
-        The value; None when the record does not hold a field that has no default.
-    """
-    spec = spec_of(record)
-    if name in spec:
-        return spec[name]
-    value = record.get(name)
-    return OPTIONAL_DEFAULTS.get(name) if value is None else value
-
-
-def kernel_ran(record: dict) -> Any:
-    """The kernel that ran (the record's ``kernel``), else the one its spec asked for."""
-    kernel = record.get("kernel")
-    return kernel if kernel is not None else spec_of(record).get("kernel")
 
 
 # --------------------------------------------------------------------------- names that fit

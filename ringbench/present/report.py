@@ -16,8 +16,9 @@ from rich.console import Console
 from rich.text import Text
 
 from ringbench.case.fields import BY_NAME, GROWTH_KEY, VARIANT_OPTIONS, format_size
-from ringbench.present.formatting import (MISSING, FitTable, compact_table, docs_count, kernel_ran, milliseconds,
-                                          number, rate, ratio_text, record_field, text)
+from ringbench.present.formatting import (MISSING, FitTable, compact_table, docs_count, milliseconds, number, rate,
+                                          ratio_text, text)
+from ringbench.records.access import kernel_ran, record_field
 
 #: Statuses a verify case can end with besides ``ok`` and ``fail``; counted as errors.
 ERROR_STATUSES = ("error", "timeout", "oom")
