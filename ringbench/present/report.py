@@ -135,7 +135,8 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
 
     The figures, the case and the status never wrap or shorten; on a narrow terminal (80
     columns) the shape wraps at spaces, and where a word still would not fit, known names are
-    abbreviated (``tflash``) with a legend under the table (:class:`ringbench.present.formatting.FitTable`).
+    abbreviated (``tflash``) with a legend under the table; where the columns cannot fit at all,
+    each row is a block of ``header: value`` lines (:class:`ringbench.present.formatting.FitTable`).
 
     Args:
         records: record dicts as ``results.read_records`` returns them.
@@ -308,8 +309,9 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     when it ran repeats, ``cp-active`` when context parallelism was not shown active (FAIL, or
     n/a with the reason the case cannot show it).
     The numbers never wrap or shorten; on a narrow terminal the case label, tensor and note wrap
-    at spaces, commas, ``/``, ``=`` and ``:``, and where a word still would not fit, names are
-    shortened (``tflash``; parameters as ``L1.in_norm``) with a legend under the table. The notes
+    at spaces, commas, ``/`` and ``:``, and where a word still would not fit, names are
+    shortened (``tflash``; parameters as ``L1.in_norm``) with a legend under the table, or each
+    row becomes a block of ``header: value`` lines. No number or word is split. The notes
     the variants left and the summary come last, so the verdict is the last line.
 
     Args:
