@@ -75,14 +75,16 @@ def test_compare_pivot_at_80_columns_splits_no_word(files, by):
 
 
 def test_compare_pivot_too_wide_for_80_columns_says_so():
-    # Seven row fields and five columns of "417.8 ×1.29*": 98 columns at the narrowest. It still
-    # fits the terminal (the widest label columns fold), and says how wide it would need to be.
+    # Seven row fields and five columns of "417.8 ×1.29*": 87 columns at the narrowest. It is
+    # stacked, a block per row, every word whole, and says how wide it would need to be.
     table = compare.pivot(_frame("llama3-8b.jsonl", "peers.jsonl", "varlen.jsonl"))
     narrow = _render(compare.print_pivot, table, NARROW)
     assert max(map(len, narrow.splitlines())) <= NARROW and "…" not in narrow
-    assert re.search(r"some words are folded: this table needs \d+ columns to show them whole, and has 80",
+    assert re.search(r"one block per row: side by side, this table needs \d+ columns, and has 80",
                      re.sub(r"\s+", " ", narrow)), narrow
-    assert "some words are folded" not in _render(compare.print_pivot, table, 120)
+    assert "some words are folded" not in narrow
+    assert_no_split_word(re.sub(r"one block per row: .*\n", "", narrow), _render(compare.print_pivot, table, WIDE))
+    assert "one block per row" not in _render(compare.print_pivot, table, 120)
 
 
 def test_compare_pivot_abbreviates_with_a_legend_and_markdown_keeps_full_names():
@@ -177,13 +179,101 @@ def test_variants_table_splits_no_word(width):
 
 
 def test_wrap_breaks_only_after_a_separator():
-    spans = formatting._line_spans("zigzag_varlen docs=100,900,3096 lognormal:mean=8k,sigma=1", 15)
-    text = "zigzag_varlen docs=100,900,3096 lognormal:mean=8k,sigma=1"
-    assert [text[a:b] for a, b in spans] == ["zigzag_varlen", "docs=100,900,", "3096 lognormal:",
-                                             "mean=8k,sigma=1"]
-    # A part too wide at the coarse breaks (after , and :) breaks after = or /.
-    dist = "dist:mean=8192,sigma=1"
-    assert [dist[a:b] for a, b in formatting._line_spans(dist, 6)] == ["dist:", "mean=", "8192,", "sigma=", "1"]
+    from rich.text import Text
+
+    def lines(plain: str, width: int) -> list[str]:
+        console = Console(width=width, file=io.StringIO())
+        return [line.plain.rstrip() for line in formatting.break_words(Text(plain), width).wrap(console, width)]
+
+    assert lines("zigzag_varlen docs=100,900,3096 lognormal:mean=8k,sigma=1", 15) == [
+        "zigzag_varlen", "docs=100,900,", "3096 lognormal:", "mean=8k,sigma=1"]
+    # After a / too; never inside a piece, even one wider than the column (no table is that narrow).
+    assert lines("W2 16k 32/8×128", 6) == ["W2 16k", "32/", "8×128"]
+    assert formatting.break_words(Text("dist:mean=8192,sigma=1"), 6).plain == "dist:\nmean=8192,\nsigma=1"
+
+
+# --------------------------------------------------------------------------- tables at any width
+
+#: A piece of a token that a table may end a line after (as ``formatting.break_words`` does).
+PIECE = re.compile(r"[^\s,/:]*[,/:]|[^\s,/:]+")
+STACKED = re.compile(r"one block per row: side by side, this table needs (\d+) columns, and has (\d+)")
+
+
+RULE = re.compile(r"[\u2500-\u257f]+")  # box drawing: a table's rules and frame
+
+
+def _pieces(text: str) -> set[str]:
+    # A stacked block writes "header:", so a trailing colon is not part of what is compared.
+    return {p.rstrip(":") for token in RULE.sub(" ", text).split() for p in PIECE.findall(token)} - {""}
+
+
+def assert_no_split_token(narrow: str, wide: str, width: int) -> None:
+    """Every whitespace token printed at ``width`` is made of whole pieces of the tokens the same
+    table prints wide (or of their declared abbreviations, or of the stacked form's note)."""
+    lines = narrow.splitlines()
+    assert max(map(len, lines)) <= width, narrow
+    assert "…" not in narrow, narrow
+    names = formatting.Names(short=True)
+    known = _pieces(wide) | _pieces(names.text(wide)) | _pieces(names.legend() or "")
+    stacked = STACKED.search(re.sub(r"\s+", " ", narrow))
+    if stacked:
+        known |= _pieces(stacked.group())
+    broken = sorted(_pieces(narrow) - known)
+    assert not broken, f"tokens split at {width} columns: {broken}\n{narrow}"
+
+
+def _pivot(*names: str):
+    return compare.pivot(_frame(*names))
+
+
+TABLES = {
+    "run efficient": (report.print_run_table, lambda: read_records(H200X2 / "efficient.runs.jsonl")),
+    "run peers": (report.print_run_table, lambda: read_records(H200X2 / "peers.jsonl")),
+    "verify efficient": (report.print_verify_table, lambda: read_records(H200X2 / "efficient.verify.jsonl")),
+    "verify model": (report.print_verify_table, lambda: read_records(H200X2 / "llama-small.verify.jsonl")),
+    "verify documents": (report.print_verify_table,
+                         lambda: read_records(REFERENCE / "2026-12-01-h200" / "restructure.verify.jsonl")),
+    "growth": (report.print_growth_table, lambda: [_model_check(w) for w in (1, 2, 4)]),
+    "compare peers": (compare.print_pivot, lambda: _pivot("peers.jsonl")),
+    "compare mixed": (compare.print_pivot, lambda: _pivot("llama3-8b.jsonl", "peers.jsonl", "varlen.jsonl")),
+    "gate": (compare.print_gate, lambda: compare.gate(
+        [H200X2 / "llama3-8b.first.jsonl"], [H200X2 / "llama3-8b.jsonl"],
+        [compare.parse_threshold("tflops:-5%"), compare.parse_threshold("time:+5%")])),
+}
+
+
+@pytest.mark.parametrize("width", [30, 40, 60, 80, 120])
+@pytest.mark.parametrize("name", list(TABLES))
+def test_table_at_any_width_splits_no_number_or_word(name, width):
+    fn, data = TABLES[name]
+    arg = data()
+    # The prose after the table (the numbered reasons, which quote tracebacks and paths, and the
+    # worst parameter's full name) is left to the terminal to wrap.
+    narrow = re.split(r"^\[1\] |^.*: worst(?: |$)", _render(fn, arg, width), flags=re.M)[0]
+    assert_no_split_token(narrow, _render(fn, arg, WIDE), width)
+    if width == 120 and name != "compare mixed":
+        assert "one block per row" not in narrow  # side by side wherever it can be
+
+
+def test_table_stacks_each_row_as_header_value_lines_when_too_wide():
+    records = read_records(H200X2 / "efficient.runs.jsonl")
+    narrow = _render(report.print_run_table, records, 30)
+    assert STACKED.search(re.sub(r"\s+", " ", narrow)), narrow
+    lines = [line.rstrip() for line in narrow.splitlines()]
+    first = lines.index(next(line for line in lines if line.startswith("case:")))
+    assert re.fullmatch(r"case: +zigzag", lines[first]) and re.fullmatch(r"ms: +29\.44", lines[first + 6])
+    assert lines.count("") >= len(records) - 1  # a blank line between blocks
+    assert "abbreviations: teff = torch-efficient" in re.sub(r"\s+", " ", narrow)
+
+
+@pytest.mark.parametrize("width", [30, 40])
+def test_compare_cli_on_a_narrow_terminal_splits_no_number_or_word(width):
+    path = str(Path(__file__).parent / "data" / "main-2026-12-01.runs.jsonl")
+    narrow = CliRunner(env={"COLUMNS": str(width), "NO_COLOR": "1"}).invoke(app, ["compare", path])
+    wide = CliRunner(env={"COLUMNS": "1000", "NO_COLOR": "1"}).invoke(app, ["compare", path])
+    assert narrow.exit_code == 0 and wide.exit_code == 0, narrow.output
+    assert_no_split_token(narrow.stdout, wide.stdout, width)
+    assert "0.000569" in narrow.stdout.split()
 
 
 # --------------------------------------------------------------------------- verify's verdict last

@@ -1,4 +1,5 @@
-"""Text for tables: the missing-value mark, numbers, case fields, and reading a record's fields.
+"""Text for tables: the missing-value mark, numbers and case fields; and :class:`FitTable`, a rich
+table that fits its terminal without splitting a number or a word.
 
 Shared by ``ringbench.present.report`` (record dicts) and ``ringbench.present.compare`` (pandas frames), so
 a value reads the same in every table. Torch-free and pandas-free.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 from rich import box
 from rich.cells import cell_len
@@ -17,7 +18,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from ringbench.case.fields import OPTIONAL_DEFAULTS, format_size
+from ringbench.case.fields import format_size
+from ringbench.present.names import Names, short_param  # noqa: F401 (short_param: the tables' public names)
 
 #: What a table shows where a value is absent.
 MISSING = "-"
@@ -116,543 +118,198 @@ def cell_text(name: str, value: Any) -> str:
     return axis_text(name, value)
 
 
-# --------------------------------------------------------------------------- record fields
-
-def spec_of(record: dict) -> dict:
-    """The record's ``spec`` dict; ``{}`` when it has none."""
-    spec = record.get("spec")
-    return spec if isinstance(spec, dict) else {}
-
-
-def record_field(record: dict, name: str) -> Any:
-    """A case field of a record dict: its spec's value, else the record's own key, else, for an
-    optional field a record written before it existed lacks, the field's default (``""``, 0).
-
-    Returns:
-        The value; None when the record does not hold a field that has no default.
-    """
-    spec = spec_of(record)
-    if name in spec:
-        return spec[name]
-    value = record.get(name)
-    return OPTIONAL_DEFAULTS.get(name) if value is None else value
-
-
-def kernel_ran(record: dict) -> Any:
-    """The kernel that ran (the record's ``kernel``), else the one its spec asked for."""
-    kernel = record.get("kernel")
-    return kernel if kernel is not None else spec_of(record).get("kernel")
-
-
-# --------------------------------------------------------------------------- names that fit
-
-#: Known names a table writes shorter when, in full, some word would not fit its column on a
-#: narrow terminal; the table's legend spells out each one it used. Field names are shortened
-#: as the case labels write them (``W=2``, ``KV=8``, ``D=128``, ``stride=1``).
-ABBREVIATIONS: dict[str, str] = {
-    "torch-flash": "tflash",
-    "torch-efficient": "teff",
-    "flash-attn": "fattn",
-    "llama3_varlen": "l3_varlen",
-    "zigzag_varlen": "zz_varlen",
-    "ring_varlen": "r_varlen",
-    "rfa_llama3_varlen": "rfa_l3_varlen",
-    "world_size": "W",
-    "kv_heads": "KV",
-    "head_dim": "D",
-    "heads_k_stride": "stride",
-    "doc_dist": "dist",
-    "hf_model": "model",
-}
-#: Words of model parameter names (``model.layers.1.input_layernorm.weight``) written shorter,
-#: beside ``layers.<n>`` -> ``L<n>`` and the leading ``model.`` and trailing ``.weight`` left out
-#: (``L1.in_norm``): what tells two parameters apart stays.
-PARAM_WORDS: dict[str, str] = {
-    "self_attn": "attn",
-    "input_layernorm": "in_norm",
-    "post_attention_layernorm": "post_norm",
-    "embed_tokens": "embed",
-}
-#: A name in a cell: letters, digits, ``_``, ``.`` and ``-``; what a cell never splits.
-_NAME = re.compile(r"[\w.\-]+")
-_PARAM = re.compile(r"[A-Za-z_]\w*(?:\.\w+)+")
-
-
-def short_param(name: str) -> str:
-    """A model parameter's name the short way (``model.layers.1.input_layernorm.weight`` ->
-    ``L1.in_norm``, ``model.layers.0.self_attn.q_proj.weight`` -> ``L0.attn.q_proj``); a name
-    that is not a dotted parameter path comes back as it is."""
-    return Names(short=True).word(name)
-
-
-class Names:
-    """Writes the names in a table in full or, when ``short``, with :data:`ABBREVIATIONS` and
-    short parameter names (:data:`PARAM_WORDS`), and remembers what it shortened for the legend.
-
-    Only whole names are replaced (``torch-flash`` in ``zigzag torch-flash``, not inside a
-    longer name), so every name in a table is either whole or a declared abbreviation.
-    """
-
-    def __init__(self, short: bool) -> None:
-        self.short = short
-        self.used: dict[str, str] = {}  # abbreviation -> full name, in order of first use
-        self.param_rules: dict[str, None] = {}  # parameter rules used, in order
-
-    def word(self, name: str) -> str:
-        """One name, shortened when ``short`` and known."""
-        if not self.short:
-            return name
-        if name in ABBREVIATIONS:
-            self.used.setdefault(ABBREVIATIONS[name], name)
-            return ABBREVIATIONS[name]
-        if not _PARAM.fullmatch(name):
-            return name
-        parts, out = name.split("."), []
-        if parts[0] == "model" and len(parts) > 1:
-            parts = parts[1:]
-            self.param_rules.setdefault("model. left out")
-        if parts[-1] == "weight" and len(parts) > 1:
-            parts = parts[:-1]
-            self.param_rules.setdefault(".weight left out")
-        i = 0
-        while i < len(parts):
-            if parts[i] == "layers" and i + 1 < len(parts) and parts[i + 1].isdigit():
-                out.append(f"L{parts[i + 1]}")
-                self.param_rules.setdefault("L<n> = layers.<n>")
-                i += 2
-                continue
-            if parts[i] in PARAM_WORDS:
-                self.param_rules.setdefault(f"{PARAM_WORDS[parts[i]]} = {parts[i]}")
-            out.append(PARAM_WORDS.get(parts[i], parts[i]))
-            i += 1
-        return ".".join(out)
-
-    def text(self, value: str) -> str:
-        """Every name in ``value`` as :meth:`word` writes it."""
-        return _NAME.sub(lambda m: self.word(m.group()), value) if self.short else value
-
-    def rich(self, value: Text) -> Text:
-        """As :meth:`text`, for rich text: a shortened name keeps the style it had."""
-        if not self.short:
-            return value
-        plain = value.plain
-        out = Text(style=value.style, justify=value.justify, overflow=value.overflow, no_wrap=value.no_wrap,
-                   end=value.end)
-        last = 0
-        for match in _NAME.finditer(plain):
-            short = self.word(match.group())
-            if short == match.group():
-                continue
-            start, end = match.span()
-            out.append_text(value[last:start])
-            whole = value[start:end]
-            piece = Text(short, style=whole.style)
-            for span in whole.spans:
-                if span.start == 0 and span.end >= len(whole):
-                    piece.stylize(span.style)
-            out.append_text(piece)
-            last = end
-        out.append_text(value[last:])
-        return out
-
-    def cell(self, value: Any) -> Any:
-        """A cell or header with its names written as :meth:`text` does; other renderables as they are."""
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, Text):
-            return self.rich(value)
-        return value
-
-    def legend(self) -> str | None:
-        """``abbreviations: tflash = torch-flash, W = world_size; in parameter names: ...``;
-        None when nothing was shortened."""
-        parts = []
-        if self.used:
-            parts.append("abbreviations: " + ", ".join(f"{s} = {full}" for s, full in self.used.items()))
-        if self.param_rules:
-            parts.append("in parameter names: " + ", ".join(self.param_rules))
-        return "; ".join(parts) or None
-
-
-# --------------------------------------------------------------------------- cells that wrap
-
-#: A piece of a word that may end a line: up to and including a comma, ``/``, ``=`` or ``:``.
-_PIECE = re.compile(r"[^,/=:]*[,/=:]|[^,/=:]+")
-
-
-def _pieces(word: str) -> list[str]:
-    return _PIECE.findall(word)
-
-
-class Wrap:
-    """Cell text that wraps at spaces and, inside a word too long for its column, only after a
-    comma, ``/``, ``=`` or ``:``: never in the middle of a name or a number.
-
-    Its narrowest width is its longest such piece, so a table laid out by :func:`fit_columns`
-    never splits a word. Strings get the console's highlighting, as a string cell would.
-    """
-
-    def __init__(self, text: str | Text) -> None:
-        self.text = text
-
-    def _rich(self, console: Console) -> Text:
-        if isinstance(self.text, Text):
-            return self.text
-        return console.render_str(self.text, markup=False, emoji=False)
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        lines = self._rich(console).plain.split("\n")
-        narrowest = max((cell_len(p) for line in lines for word in line.split() for p in _pieces(word)), default=0)
-        widest = max((cell_len(line.strip()) for line in lines), default=0)
-        return Measurement(narrowest, widest)
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        text = self._rich(console)
-        width = max(1, options.max_width)
-        lines: list[Text] = []
-        for line in text.split("\n", allow_blank=True):
-            lines += [line[a:b] for a, b in _line_spans(line.plain, width)]
-        yield Text("\n").join(lines)
-
-
-def _line_spans(plain: str, width: int) -> list[tuple[int, int]]:
-    """Where the lines of ``plain`` start and end at ``width``: breaks at spaces; a word wider
-    than ``width`` breaks after a comma or ``:`` (between list entries, ``mean=8k,``), and a
-    part still too wide after ``=`` or ``/``; only a piece wider than ``width`` folds."""
-    units: list[tuple[int, int]] = []
-    for word in re.finditer(r"\S+", plain):
-        units += _split(plain, *word.span(), width, (_COARSE, _PIECE))
-    if not units:
-        return [(0, 0)]
-    spans: list[tuple[int, int]] = []
-    first, last = units[0]
-    for a, b in units[1:]:
-        if cell_len(plain[first:b]) <= width:
-            last = b
-        else:
-            spans.append((first, last))
-            first, last = a, b
-    spans.append((first, last))
-    return spans
-
-
-#: The coarser break points inside a word: after a comma or ``:``.
-_COARSE = re.compile(r"[^,:]*[,:]|[^,:]+")
-
-
-def _split(plain: str, start: int, end: int, width: int, levels: tuple[re.Pattern, ...]) -> list[tuple[int, int]]:
-    """``plain[start:end]`` as units no wider than ``width``, split at the first level's break
-    points, a unit still too wide at the next level's, and folded when no level is left."""
-    if cell_len(plain[start:end]) <= width:
-        return [(start, end)]
-    if not levels:
-        out, a = [], start
-        while a < end:
-            b = a + 1
-            while b < end and cell_len(plain[a:b + 1]) <= width:
-                b += 1
-            out.append((a, b))
-            a = b
-        return out
-    out = []
-    for piece in levels[0].finditer(plain, start, end):
-        out += _split(plain, *piece.span(), width, levels[1:])
-    return out
-
-
-class Fit(NamedTuple):
-    """How a table was laid out by :func:`fit_columns`."""
-
-    #: The narrowest width the table takes with every word whole: it fits when that is at most
-    #: the width asked for.
-    needed: int
-    #: About how many lines its rows take (the wrapping columns counted; the header included).
-    lines: int
-
-
-def fit_columns(table: Table, console: Console, options: ConsoleOptions, width: int, *,
-                force: bool = False, spans: dict[int, list[int]] | None = None) -> Fit:
-    """Give ``table``'s columns widths that fit ``width`` with no word split (see :class:`Wrap`).
-
-    A table that fits with every column at its widest is left as rich lays it out. Otherwise
-    each column gets its narrowest width (its longest unbreakable piece; a ``no_wrap`` column its
-    widest), and the room left goes, a few characters at a time, where it saves the most lines
-    (:class:`_Lines`); what saves none goes to the columns that need the least more first.
-
-    Args:
-        force: when even the narrowest widths do not fit, narrow the widest wrapping columns
-            further (their longest words fold; the fewest columns that make it fit, none below
-            4 characters) instead of leaving the table as it was.
-        spans: column -> for each row, how many rows its cell may flow down
-            (:meth:`FitTable._spans`), so a label that runs down beside its rows costs no line.
-    """
-    wide = options.update_width(10_000)
-    ranges = []
-    for column in table.columns:
-        found = [Measurement.get(console, wide, cell) for cell in (column.header, *column.cells) if cell is not None]
-        low = max((m.minimum for m in found), default=1)
-        high = max((m.maximum for m in found), default=1)
-        if column.width is not None or column.no_wrap:
-            low = high = column.width if column.width is not None else high
-        if column.min_width is not None:
-            low, high = max(low, column.min_width), max(high, column.min_width)
-        if column.max_width is not None:
-            high = max(low, min(high, column.max_width))
-        ranges.append((max(low, 1), max(high, 1)))
-    saved = [column.width for column in table.columns]
-    for column in table.columns:
-        column.width = 1
-    overhead = Measurement.get(console, wide, table).maximum - len(table.columns)
-    for column, before in zip(table.columns, saved):
-        column.width = before
-    room = width - overhead
-    needed = overhead + sum(low for low, _ in ranges)
-    lines = _Lines(table, ranges, spans or {})
-    if sum(high for _, high in ranges) <= room:
-        return Fit(needed, lines.total([high for _, high in ranges]))
-    widths = [low for low, _ in ranges]
-    if needed > width:
-        if not force:
-            return Fit(needed, lines.total(widths))
-        # Fold as few columns as can be: the widest wrapping column first, down to 4 characters,
-        # then the next; the columns of numbers (no_wrap) keep their width.
-        wraps = [i for i, column in enumerate(table.columns) if not column.no_wrap and column.width is None]
-        for i in sorted(wraps, key=lambda i: -widths[i]):
-            widths[i] -= min(max(0, widths[i] - 4), sum(widths) - room)
-            if sum(widths) <= room:
-                break
-    spare = lines.spend(widths, max(0, room - sum(widths)))
-    for i in sorted(range(len(ranges)), key=lambda i: ranges[i][1] - ranges[i][0]):
-        give = min(max(0, ranges[i][1] - widths[i]), spare)
-        widths[i] += give
-        spare -= give
-    for column, w in zip(table.columns, widths):
-        column.width = w
-    return Fit(needed, lines.total(widths))
-
-
-class _Lines:
-    """Counts the lines a table's rows take at given column widths.
-
-    A row is as tall as its tallest wrapping cell; rows that read the same in every wrapping
-    column are counted once, times how often they occur, so a long verify table costs little."""
-
-    def __init__(self, table: Table, ranges: list[tuple[int, int]], spans: dict[int, list[int]]) -> None:
-        self.ranges = ranges
-        self.wraps = [i for i, column in enumerate(table.columns) if not column.no_wrap]
-        # A cell as (its text, how many rows it may flow down); the header never flows.
-        texts = [[(_plain(column.header), 1),
-                  *zip(map(_plain, column.cells), spans.get(i) or [1] * len(table.rows))]
-                 for i, column in ((i, table.columns[i]) for i in self.wraps)]
-        self.rows: dict[tuple[tuple[str, int], ...], int] = {}
-        for row in zip(*texts):
-            self.rows[row] = self.rows.get(row, 0) + 1
-        self.memo: dict[tuple[str, int], int] = {}
-        self.plain_rows = len(table.rows) + 1 if not self.wraps else 0
-
-    def lines(self, text: str, width: int) -> int:
-        if (text, width) not in self.memo:
-            self.memo[(text, width)] = sum(len(_line_spans(line, width)) for line in text.split("\n"))
-        return self.memo[(text, width)]
-
-    def total(self, widths: list[int]) -> int:
-        # A cell that flows down n rows adds lines only past what those rows hold (one each).
-        return self.plain_rows + sum(
-            count * max(max(1, self.lines(t, widths[i]) - (span - 1)) for (t, span), i in zip(row, self.wraps))
-            for row, count in self.rows.items())
-
-    def spend(self, widths: list[int], spare: int) -> int:
-        """Hand ``spare`` characters to the wrapping columns where they save the most lines per
-        character (``widths`` is changed in place); returns what is left when no character
-        saves a line."""
-        current = self.total(widths)
-        while spare > 0:
-            best: tuple[float, int, int, int] | None = None
-            for i in self.wraps:
-                for k in range(1, min(spare, self.ranges[i][1] - widths[i]) + 1):
-                    trial = list(widths)
-                    trial[i] += k
-                    got = self.total(trial)
-                    if got < current:
-                        if best is None or (current - got) / k > best[0]:
-                            best = ((current - got) / k, i, k, got)
-                        break
-            if best is None:
-                break
-            _, i, k, current = best
-            widths[i] += k
-            spare -= k
-        return spare
-
-
-def _plain(cell: Any) -> str:
-    """The text of a cell as it wraps; ``""`` for a cell that does not wrap."""
-    if isinstance(cell, Wrap):
-        return cell.text.plain if isinstance(cell.text, Text) else cell.text
-    return ""
-
-
 # --------------------------------------------------------------------------- tables
 
-class FitTable:
-    """A table that fits the console it is printed on without splitting a word.
+#: A piece of a word that a line may end after: up to and including a comma, ``/`` or ``:``
+#: (``docs=100,``, ``32/``, ``lognormal:``), else the whole word. No line breaks inside a piece.
+_PIECE = re.compile(r"[^\s,/:]*[,/:]|[^\s,/:]+")
+_WORD = re.compile(r"\S+")
+#: Wider than any table: the width to measure a cell at its widest.
+_WIDE = 10_000
 
-    Columns and rows are added as to a ``rich.table.Table`` (``add_column``, ``add_row``). When
-    printed, the table is laid out for the console's width: columns that may wrap (every column
-    not ``no_wrap``) wrap only at spaces, commas, ``/``, ``=`` and ``:`` (:class:`Wrap`); when
-    even that cannot fit, known names are abbreviated (:class:`Names`) and a dim legend under
-    the table says what each abbreviation stands for; then a compact table puts one space
-    between its columns instead of two. A boxed table (``compact=False``) drops its frame
-    (compact, a blank line between sections) before any name is abbreviated, and where the frame
-    would make its cells wrap more. ``no_wrap`` columns (the numbers) never wrap, except a
-    column added with ``squeeze=True``, which wraps at its spaces when nothing else makes the
-    table fit (``417.8`` over ``×1.29*``). Only when even that cannot fit do the
-    widest columns fold their longest words, and a dim line under the table says how many
-    columns it needs to show every word whole.
+
+def break_words(text: Text, width: int) -> Text:
+    """``text`` with a line break after a separator (:data:`_PIECE`) inside each word wider than
+    ``width``, so that rich, which wraps at spaces, never has to fold a word there."""
+    plain, offsets = text.plain, []
+    for word in _WORD.finditer(plain):
+        start = word.start()
+        for piece in _PIECE.finditer(plain, word.start(), word.end()):
+            if piece.start() > start and cell_len(plain[start:piece.end()]) > width:
+                offsets.append(piece.start())
+                start = piece.start()
+    return Text("\n").join(text.divide(offsets)) if offsets else text
+
+
+def _shrink(ranges: list[tuple[int, int]], cells: list[list[int]], room: int) -> list[int]:
+    """Column widths from ``(narrowest, widest)`` ranges that sum to at most ``room``: one
+    character at a time from the column where that makes the fewest cells (their widths in
+    ``cells``) wrap further, the widest of those first; none below its narrowest."""
+    widths = [high for _, high in ranges]
+    for _ in range(sum(widths) - room):
+        i = min((i for i, (low, _) in enumerate(ranges) if widths[i] > low),
+                key=lambda i: (sum(w >= widths[i] for w in cells[i]), -widths[i]))
+        widths[i] -= 1
+    return widths
+
+
+class FitTable:
+    """A ``rich.table.Table`` that fits the console it is printed on and never splits a number
+    or a word across lines.
+
+    Columns and rows are added as to a rich table (``add_column``, ``add_row``). A ``no_wrap``
+    column (the numbers) is as wide as its widest cell; any other column wraps at spaces and,
+    inside a word too long for it, after a comma, ``/`` or ``:`` (:func:`break_words`), so it is
+    never narrower than its longest such piece. When printed, the first of these that fits the
+    console's width is shown: the boxed table (``compact=False``) when nothing in it wraps; the
+    table without its frame; the same with known names abbreviated (``tflash``, with a dim legend
+    under it); one space between columns instead of two; the ``squeeze`` columns wrapping at
+    their spaces (``417.8`` over ``×1.29*``). When none fits, each row becomes a block of
+    ``header: value`` lines, and a dim line says how wide the table would need to be.
 
     A column added with ``flow=True`` lets a cell's wrapped lines run down into the empty cells
     under it in the same section (a case label beside its tensors), instead of making its row
     taller.
 
     Args:
-        title: the title, above the table on the left; None for none.
-        compact: no outer frame and one space of padding (:func:`compact_table`); False: rich's
-            boxed table.
+        title: printed above the table, wrapped at the console's width; None for none.
+        compact: False: rich's boxed table where it fits unwrapped; True: never a frame.
     """
 
     def __init__(self, title: str | None = None, *, compact: bool = True) -> None:
         self.title = title
         self.compact = compact
-        self.columns: list[tuple[Any, dict[str, Any]]] = []
-        self.flow: list[bool] = []
-        self.squeeze: list[bool] = []
-        self.needed = 0  # the narrowest width of the last layout with every word whole
-        self.rows: list[tuple[list[Any], dict[str, Any]]] = []
+        self.columns: list[tuple[Any, dict[str, Any], bool, bool]] = []  # header, keywords, flow, squeeze
+        self.rows: list[tuple[list[Any], bool]] = []  # cells, end_section
 
     def add_column(self, header: Any = "", *, flow: bool = False, squeeze: bool = False, **kwargs: Any) -> None:
-        """A column, with ``rich.table.Table.add_column``'s keywords (``overflow`` is ignored:
-        a column either wraps as :class:`Wrap` does or is ``no_wrap``), ``flow`` and ``squeeze``."""
+        """A column, with ``rich.table.Table.add_column``'s keywords (``overflow`` is the table's
+        to choose), ``flow`` and ``squeeze``."""
         kwargs.pop("overflow", None)
-        self.columns.append((header, kwargs))
-        self.flow.append(flow)
-        self.squeeze.append(squeeze)
+        self.columns.append((header, kwargs, flow, squeeze))
 
-    def add_row(self, *cells: Any, **kwargs: Any) -> None:
-        """A row, with ``rich.table.Table.add_row``'s keywords (``end_section``...)."""
-        self.rows.append((list(cells), kwargs))
-
-    @property
-    def row_count(self) -> int:
-        return len(self.rows)
-
-    def build(self, names: Names, rows: list[tuple[list[Any], dict[str, Any]]] | None = None, *,
-              squeeze: bool = False, style: str | None = None) -> Table:
-        """The rich table, its names written by ``names``; ``rows`` instead of the rows added;
-        ``squeeze``: the ``squeeze`` columns wrap; ``style``: ``boxed``, ``compact`` or ``tight``
-        (compact with one space between columns instead of two); None: the table's own."""
-        style = style or ("compact" if self.compact else "boxed")
-        if style == "boxed":
-            table = Table(title=self.title, title_justify="left")
-        else:
-            table = Table(title=self.title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
-                          pad_edge=False, collapse_padding=True, padding=(0, 0) if style == "tight" else (0, 1))
-        columns = [(header, {k: v for k, v in kwargs.items() if k not in ("no_wrap", "min_width")})
-                   if squeeze and squeezed else (header, kwargs)
-                   for (header, kwargs), squeezed in zip(self.columns, self.squeeze)]
-        wraps = [not kwargs.get("no_wrap", False) for _, kwargs in columns]
-        for (header, kwargs), wrap in zip(columns, wraps):
-            header = names.cell(header)
-            table.add_column(Wrap(header) if wrap and isinstance(header, (str, Text)) else header, **kwargs)
-        for cells, kwargs in self.rows if rows is None else rows:
-            shown = [names.cell(c) for c in cells]
-            table.add_row(*(Wrap(c) if wrap and isinstance(c, (str, Text)) else c for c, wrap in zip(shown, wraps)),
-                          **kwargs)
-        return table
-
-    def layout(self, console: Console, options: ConsoleOptions) -> tuple[Table, Names]:
-        """The rich table laid out for ``options.max_width``, in full names when they fit, else
-        abbreviated; with the :class:`Names` that wrote it (for the legend)."""
-        # (short names, style, squeeze): each stage gives up a little more of the look. Whole
-        # names come before the frame: a boxed table first goes compact, then abbreviates.
-        stages = [(False, "boxed", False)] if not self.compact else []
-        stages += [(False, "compact", False), (True, "compact", False), (True, "tight", False)]
-        stages += [(True, "tight", True)] if any(self.squeeze) else []
-        chosen: tuple[Table, Names, Fit, tuple] | None = None
-        for n, stage in enumerate(stages):
-            short, style, squeeze = stage
-            names = Names(short)
-            table = self.build(names, squeeze=squeeze, style=style)
-            fit = fit_columns(table, console, options, options.max_width, force=n == len(stages) - 1,
-                              spans={c: self._spans(c) for c, flow in enumerate(self.flow) if flow})
-            fits = fit.needed <= options.max_width
-            if chosen is not None:  # the boxed table fits: this is the same table without its frame
-                if fits and fit.lines < chosen[2].lines:
-                    chosen = (table, names, fit, stage)
-                break
-            if fits or n == len(stages) - 1:
-                chosen = (table, names, fit, stage)
-                if style != "boxed":
-                    break
-        assert chosen is not None
-        table, names, fit, (short, style, squeeze) = chosen
-        self.needed = fit.needed
-        widths = [column.width for column in table.columns]
-        if any(self.flow) and any(w is not None for w in widths):
-            table = self.build(names, self._flowed(console, names, widths), squeeze=squeeze, style=style)
-            for column, w in zip(table.columns, widths):
-                column.width = w
-        return table, names
-
-    def _spans(self, c: int) -> list[int]:
-        """For each row, how many rows its cell in column ``c`` may flow down: itself and the
-        empty cells under it up to the end of its section (1 for an empty cell)."""
-        rows, spans, i = self.rows, [1] * len(self.rows), 0
-        while i < len(rows):
-            below = i + 1
-            if isinstance(rows[i][0][c] if c < len(rows[i][0]) else None, (str, Text)) and str(rows[i][0][c]):
-                while (below < len(rows) and not rows[below - 1][1].get("end_section")
-                       and c < len(rows[below][0]) and rows[below][0][c] == ""):
-                    below += 1
-                spans[i] = below - i
-            i = below
-        return spans
-
-    def _flowed(self, console: Console, names: Names, widths: list[int | None]) -> list[tuple[list[Any], dict]]:
-        """The rows with each ``flow`` column's wrapped lines moved down into the empty cells
-        under them, up to the end of the section; the last cell keeps what is left."""
-        rows = [(list(cells), dict(kwargs)) for cells, kwargs in self.rows]
-        for c, flow in enumerate(self.flow):
-            if not flow or widths[c] is None:
-                continue
-            for i, slots in enumerate(self._spans(c)):
-                if slots == 1 and not (c < len(rows[i][0]) and isinstance(rows[i][0][c], (str, Text))):
-                    continue
-                cell = rows[i][0][c]
-                if not str(cell):
-                    continue
-                text = names.cell(cell)
-                text = text if isinstance(text, Text) else console.render_str(text, markup=False, emoji=False)
-                lines = [text[a:b] for line in text.split("\n", allow_blank=True)
-                         for a, b in _line_spans(line.plain, widths[c])]
-                for k in range(slots):
-                    part = lines[k:] if k == slots - 1 else lines[k:k + 1]
-                    rows[i + k][0][c] = Text("\n").join(part) if part else ""
-        return rows
+    def add_row(self, *cells: Any, end_section: bool = False) -> None:
+        """A row of cells (str or rich renderables), ``end_section`` as in rich."""
+        self.rows.append(([*cells, *[""] * (len(self.columns) - len(cells))], end_section))
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        table, names = self.layout(console, options)
+        if self.title:
+            yield Text(self.title, style="table.title")
+        stages = [("boxed", False, False)] if not self.compact else []
+        stages += [("compact", False, False), ("compact", True, False), ("tight", True, False)]
+        stages += [("tight", True, True)] if any(squeeze for *_, squeeze in self.columns) else []
+        note = None
+        for frame, short, squeeze in stages:
+            names = Names(short)
+            table, needed = self._layout(console, options, names, frame, squeeze)
+            if table is not None:
+                break
+        else:
+            names = Names(True)
+            table, widest = self._stacked(console, options, names)
+            note = f"one block per row: side by side, this table needs {needed} columns, and has {options.max_width}"
+            if widest > options.max_width:
+                note += f"; some words are folded: they need {widest} columns to show whole"
         yield table
-        legend = names.legend()
-        if legend:
-            yield Text(legend, style="dim")
-        if self.needed > options.max_width:
-            yield Text(f"some words are folded: this table needs {self.needed} columns to show them whole, "
-                       f"and has {options.max_width}", style="dim")
+        for line in (names.legend(), note):
+            if line:
+                yield Text(line, style="dim")
+
+    def _layout(self, console: Console, options: ConsoleOptions, names: Names, frame: str, squeeze: bool,
+                force: bool = False) -> tuple[Table | None, int]:
+        """The rich table in ``frame`` (``boxed``, ``compact``, ``tight`` or ``grid``), its names
+        written by ``names``, ``squeeze`` columns wrapping when ``squeeze``; None when it does not
+        fit ``options.max_width`` with every word whole (unless ``force``); with the width it needs."""
+        keywords = [{k: v for k, v in kw.items() if not (squeeze and squeezed and k in ("no_wrap", "min_width"))}
+                    for _, kw, _, squeezed in self.columns]
+        wraps = [not kw.get("no_wrap", False) for kw in keywords]
+        # Cells that wrap become rich text (no markup, as a label is data), measured by their pieces.
+        grid = [[console.render_str(c, markup=False, emoji=False) if wrap and isinstance(c, str) else c
+                 for c, wrap in zip(map(names.cell, cells), wraps)]
+                for cells in ([header for header, *_ in self.columns], *(cells for cells, _ in self.rows))]
+        wide = options.update_width(_WIDE)
+        ranges, cell_widths = [], []
+        for i, kw in enumerate(keywords):
+            found = [(c, Measurement.get(console, wide, c)) for c in (row[i] for row in grid)]
+            cell_widths.append([m.maximum for _, m in found])
+            high = max((m.maximum for _, m in found), default=1)
+            low = max((max(map(cell_len, _PIECE.findall(c.plain)), default=0) if isinstance(c, Text) else m.minimum
+                       for c, m in found), default=1) if wraps[i] else high
+            low = max(low, kw.get("min_width") or 0, 1)
+            ranges.append((low, max(low, high if kw.get("max_width") is None else min(high, kw["max_width"]))))
+        probe = self._frame(frame)
+        for _ in keywords:
+            probe.add_column(width=1)
+        overhead = Measurement.get(console, wide, probe).maximum - len(keywords)
+        room = options.max_width - overhead
+        needed = overhead + sum(low for low, _ in ranges)
+        if not force and (needed > options.max_width or (frame == "boxed" and sum(h for _, h in ranges) > room)):
+            return None, needed
+        widths = _shrink(ranges, cell_widths, room)
+        body = [[break_words(c, w) if wrap and isinstance(c, Text) else c for c, w, wrap in zip(row, widths, wraps)]
+                for row in grid]
+        for c, (*_, flow, _) in enumerate(self.columns):
+            if flow:
+                self._flow(console, body[1:], c, widths[c])
+        table = self._frame(frame)
+        for header, kw, w, wrap in zip(body[0], keywords, widths, wraps):
+            rest = {k: v for k, v in kw.items() if k not in ("width", "min_width", "max_width")}
+            # Fold is safe where it wraps: no piece is wider than the column.
+            table.add_column(header, width=w, **rest, **({"overflow": "fold"} if wrap else {}))
+        for cells, (_, end) in zip(body[1:], self.rows):
+            table.add_row(*cells, end_section=end)
+        return table, needed
+
+    def _flow(self, console: Console, body: list[list[Any]], c: int, width: int) -> None:
+        """Run each cell of column ``c`` down into the empty cells under it, up to the end of its
+        section: one wrapped line each, the last one the rest (``body`` is changed in place)."""
+        i = 0
+        while i < len(body):
+            j = i + 1
+            while j < len(body) and not self.rows[j - 1][1] and not str(body[j][c]):
+                j += 1
+            if j > i + 1 and isinstance(body[i][c], Text):
+                lines = list(body[i][c].wrap(console, width))
+                for k in range(i, j):
+                    body[k][c] = Text("\n").join(lines[k - i:] if k == j - 1 else lines[k - i:k - i + 1])
+            i = j
+
+    def _stacked(self, console: Console, options: ConsoleOptions, names: Names) -> tuple[Table, int]:
+        """Each row as a block of ``header: value`` lines (cells that hold something), a blank
+        line between blocks; the headers in a column of their own where the values fit beside
+        them, else at the start of each value. With the width its longest piece needs."""
+        heads = [" ".join(str(header).split()) + ":" for header, *_ in self.columns]
+        blocks = [[(h, c) for h, c in zip(heads, cells) if str(c)] for cells, _ in self.rows]
+        beside, under = FitTable(), FitTable()
+        beside.add_column(no_wrap=True, style="bold")
+        beside.add_column()
+        under.add_column()
+        for n, block in enumerate(blocks):
+            for h, c in block:
+                beside.add_row(h, c)
+                under.add_row(Text.assemble((h, "bold"), " ", c))
+            if n < len(blocks) - 1:
+                beside.add_row("", "")
+                under.add_row("")
+        table, _ = beside._layout(console, options, names, "grid", False)
+        if table is not None:
+            return table, 0
+        table, widest = under._layout(console, options, names, "grid", False, force=True)
+        return table, widest
+
+    @staticmethod
+    def _frame(frame: str) -> Table:
+        """An empty rich table: ``boxed`` (rich's own), ``compact`` (no outer frame, a rule under
+        the header, two spaces between columns), ``tight`` (one space) or ``grid`` (no header)."""
+        if frame == "boxed":
+            return Table()
+        if frame == "grid":
+            return Table.grid(padding=(0, 1))
+        return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
+                     padding=(0, 0) if frame == "tight" else (0, 1))
 
 
 def compact_table(title: str | None) -> FitTable:
-    """A table with no outer frame and one space of padding, so that about 50 columns of
-    numbers fit next to the labels on an 80-column terminal; it fits its console without
-    splitting a word (:class:`FitTable`)."""
+    """A table with no frame, so that about 50 columns of numbers fit next to the labels on an
+    80-column terminal, and no word split (:class:`FitTable`)."""
     return FitTable(title, compact=True)
-

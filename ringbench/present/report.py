@@ -16,8 +16,9 @@ from rich.console import Console
 from rich.text import Text
 
 from ringbench.case.fields import BY_NAME, GROWTH_KEY, VARIANT_OPTIONS, format_size
-from ringbench.present.formatting import (MISSING, FitTable, compact_table, docs_count, kernel_ran, milliseconds,
-                                          number, rate, ratio_text, record_field, text)
+from ringbench.present.formatting import (MISSING, FitTable, compact_table, docs_count, milliseconds, number, rate,
+                                          ratio_text, text)
+from ringbench.records.access import kernel_ran, record_field
 
 _STATUS_STYLE = {"ok": "green", "skipped": "yellow"}
 #: The bus GiB/s cell of a run whose bytes cannot be counted (``bytes_counted: false``).
@@ -131,7 +132,8 @@ def print_run_table(records: list[dict], console: Console | None = None) -> None
 
     The figures, the case and the status never wrap or shorten; on a narrow terminal (80
     columns) the shape wraps at spaces, and where a word still would not fit, known names are
-    abbreviated (``tflash``) with a legend under the table (:class:`ringbench.present.formatting.FitTable`).
+    abbreviated (``tflash``) with a legend under the table; where the columns cannot fit at all,
+    each row is a block of ``header: value`` lines (:class:`ringbench.present.formatting.FitTable`).
 
     Args:
         records: record dicts as ``results.read_records`` returns them.
@@ -304,8 +306,9 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
     when it ran repeats, ``cp-active`` when context parallelism was not shown active (FAIL, or
     n/a with the reason the case cannot show it).
     The numbers never wrap or shorten; on a narrow terminal the case label, tensor and note wrap
-    at spaces, commas, ``/``, ``=`` and ``:``, and where a word still would not fit, names are
-    shortened (``tflash``; parameters as ``L1.in_norm``) with a legend under the table. The notes
+    at spaces, commas, ``/`` and ``:``, and where a word still would not fit, names are
+    shortened (``tflash``; parameters as ``L1.in_norm``) with a legend under the table, or each
+    row becomes a block of ``header: value`` lines. No number or word is split. The notes
     the variants left and the summary come last, so the verdict is the last line.
 
     Args:

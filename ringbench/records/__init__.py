@@ -1,2 +1,3 @@
 """Records: the builder every status goes through (``build``), the append-only JSONL store and
-its loader (``store``), and the environment a record carries (``envinfo``)."""
+its loader (``store``), the environment a record carries (``envinfo``), and reading a record's
+case fields (``access``)."""

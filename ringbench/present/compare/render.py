@@ -60,9 +60,10 @@ def print_pivot(p: Pivot, console: Console | None = None) -> None:
     The best value among rows that differ only in their variant is marked ``*``, and
     ringbench's variants show ``×N``, their value against the best peer's (see
     :func:`ringbench.present.compare.pivot.contest`). A panel's fields are written on its first row only.
-    On a narrow terminal the row labels wrap only at spaces, commas, ``/``, ``=`` and ``:``;
-    where a name still would not fit, known names are abbreviated (``W``, ``tflash``) and a legend under
-    the table spells them out (:class:`ringbench.present.formatting.FitTable`). Markdown and JSON keep
+    On a narrow terminal the row labels wrap only at spaces, commas, ``/`` and ``:``; where a name
+    still would not fit, known names are abbreviated (``W``, ``tflash``) and a legend under the table
+    spells them out, and where the columns cannot fit at all each row becomes a block of
+    ``header: value`` lines (:class:`ringbench.present.formatting.FitTable`). Markdown and JSON keep
     the full names.
     """
     console = console or Console()
@@ -72,7 +73,7 @@ def print_pivot(p: Pivot, console: Console | None = None) -> None:
     table = compact_table(None)
     rows = p.rows()
     for name in p.index:
-        # Row labels wrap at spaces, commas, /, = and : (or are abbreviated, with a legend, where
+        # Row labels wrap at spaces, commas, / and : (or are abbreviated, with a legend, where
         # a name would not fit); the numbers never shrink.
         table.add_column(name)
     for j, value in enumerate(p.columns()):
