@@ -41,7 +41,7 @@ def _counts(inst: instruments.Instruments) -> tuple[int, int]:
 # --------------------------------------------------------------------------- world size 1
 
 @pytest.mark.dist
-def test_counting_dist_patches_while_held_and_puts_everything_back(solo_group):
+def test_dist_patch_is_held_while_its_context_is_open_and_puts_everything_back(solo_group):
     originals = {name: getattr(dist, name) for name in (*RULES, "P2POp")}
     with instruments.open(count_dist=True):
         with instruments.open(count_dist=True):  # nested holds are one hold
@@ -130,7 +130,7 @@ def _pair(rank: int, store_path: str, out_dir: str) -> None:
     record("plain_uncounted", plain)
     with instruments.open(count_dist=True):
         record("plain_counted", plain)
-        record("ring_under_counting_dist", ring)  # RingComm counts; the patched call adds nothing
+        record("ring_under_the_patch", ring)  # RingComm counts; the patched call adds nothing
         record("collectives", each_collective)
 
         def plain_from_a_thread():
@@ -161,7 +161,7 @@ def test_counts_at_world_size_two_follow_the_rules_and_count_each_byte_once(tmp_
         assert found["scatter"] == [64, 64, 3.0]  # the 64-byte shard x (W - 1); 1 + 2 summed
         assert found["plain_uncounted"] == [0, 0, float(other)]  # outside the patch: unseen
         assert found["plain_counted"] == [128 + 128 + 64, 128 + 128 + 64, float(other)]
-        assert found["ring_under_counting_dist"][:2] == [192, 192]
+        assert found["ring_under_the_patch"][:2] == [192, 192]
         assert found["plain_from_a_thread"] == found["plain_counted"]
         sent, received, (reduced, broadcast) = found["collectives"]
         assert (reduced, broadcast) == (2.0, 0.0)  # the real calls ran
