@@ -23,6 +23,7 @@ import torch
 from ringbench.rank import check
 from ringbench.present import report
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
+from ringbench.variants import instruments
 from ringbench.variants.instruments import observe
 
 from helpers import torchrun_cases
@@ -189,14 +190,15 @@ def test_drift_shadow_check_needs_exact_non_finite_values_and_refuses_nan_and_sh
 
 def test_drift_observation_holds_copies_and_does_not_nest():
     assert observe.current() is None
-    with observe.observing() as seen:
+    with instruments.open(observe=True) as inst:
+        seen = inst.observation
         assert observe.current() is seen
         out, lse = torch.ones(1, 2, 1, 4), torch.zeros(1, 1, 2)
         seen.forward_block(slice(None), slice(None), out, lse)
         out.add_(1)  # an engine updates its accumulator in place after reporting it
         assert torch.equal(seen.forward[0].out, torch.ones(1, 2, 1, 4))
         with pytest.raises(RuntimeError, match="do not nest"):
-            with observe.observing():
+            with instruments.open(observe=True):
                 pass
     assert observe.current() is None and len(seen) == 1
 
@@ -239,8 +241,9 @@ def test_drift_observing_changes_nothing_the_ring_computes(solo_group):
         return out.detach(), lse, *(t.grad for t in leaves)
 
     plain = run()
-    with observe.observing() as seen:
+    with instruments.open(observe=True) as inst:
         observed = run()
+    seen = inst.observation
     assert len(seen.forward) == len(seen.dq) == len(seen.dkv) == 1  # one block at world size 1
     assert all(torch.equal(a, b) for a, b in zip(plain, observed))
 

@@ -18,10 +18,10 @@ from ringbench.present import profile as present_profile
 from ringbench.rank import profile
 from ringbench.errors import SpecError
 from ringbench.case.spec import CaseSpec, default_fields, validate
-from ringbench.variants.instruments import emulation, timeline
+from ringbench.variants import instruments
+from ringbench.variants.instruments import timeline
 from ringbench.variants import get_variant
 from ringbench.variants.engines import layouts
-from ringbench.variants.engines.comm import TRAFFIC, reset_traffic
 
 
 def _spec(**changes) -> CaseSpec:
@@ -41,20 +41,20 @@ def test_emulation_out_and_dq_equal_fp64_attention(name):
     shard = [[layouts.shard(t, layout, r, world_size).detach().contiguous() for t in (q, k, v, dout)]
              for r in range(world_size)]
     outs, dqs = [], []
-    reset_traffic()
-    for rank, (qr, kr, vr, dr) in enumerate(shard):
-        qr.requires_grad_(True)
-        with emulation.emulating(rank, world_size, [(s[1], s[2]) for s in shard]):
-            out, _ = get_variant(name).attention(qr, kr, vr, causal=True, kernel="math")
-            out.backward(dr)
-        outs.append(out.detach())
-        dqs.append(qr.grad)
+    with instruments.open(traffic=True) as counted:
+        for rank, (qr, kr, vr, dr) in enumerate(shard):
+            qr.requires_grad_(True)
+            with instruments.open(emulation=instruments.Emulation(rank, world_size, [(s[1], s[2]) for s in shard])):
+                out, _ = get_variant(name).attention(qr, kr, vr, causal=True, kernel="math")
+                out.backward(dr)
+            outs.append(out.detach())
+            dqs.append(qr.grad)
     got_out, got_dq = layouts.unshard(outs, layout), layouts.unshard(dqs, layout)
     err_out, err_dq = (got_out - want).abs().max().item(), (got_dq - q.grad).abs().max().item()
     print(f"{name}: max |out - fp64| {err_out:.2e}, max |dq - fp64| {err_dq:.2e}")
     assert err_out < 1e-12 and err_dq < 1e-12
     # Each rank would send its K/V W-1 times forward and backward, and dK/dV W times.
-    assert TRAFFIC.bytes_sent > 0 and TRAFFIC.bytes_sent == TRAFFIC.bytes_received
+    assert counted.traffic.bytes_sent > 0 and counted.traffic.bytes_sent == counted.traffic.bytes_received
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -87,7 +87,8 @@ def test_timeline_records_one_span_per_outer_call_inside_iterations_only():
         inner()
 
     outer()  # nothing recorded, nothing raised
-    with timeline.recording(torch.device("cpu")) as tl:
+    with instruments.open(timeline=torch.device("cpu")) as inst:
+        tl = inst.timeline
         outer()  # outside an iteration
         tl.begin_iteration()
         timeline.step("bwd", 3)

@@ -1,7 +1,9 @@
-"""Traffic counted where it is sent (variants/comm.py), and what ``run`` records of it.
+"""Traffic counted where it is sent (variants/engines/comm.py, variants/instruments/traffic.py),
+and what ``run`` records of it.
 
-- The counting helpers and :func:`counting_dist` at world size 1 (what is patched, and put
-  back) and 2 (the byte counts, with real transfers between two gloo processes).
+- The counting helpers and the patch of ``torch.distributed`` (``instruments.open(count_dist=True)``)
+  at world size 1 (what is patched, and put back) and 2 (the byte counts, with real transfers
+  between two gloo processes).
 - Under real torchrun: a peer-like variant whose bytes go through plain ``torch.distributed``
   calls is counted and not refused; a variant declared ``traffic_counted=False`` records
   ``bytes_sent: null``; a variant that never communicates is still refused (``fault_silent``,
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,8 +23,10 @@ import torch.multiprocessing as mp
 
 from helpers import read_jsonl, ringbench
 from ringbench.rank.bench import refusal
+from ringbench.variants import instruments
 from ringbench.variants.engines import comm
-from ringbench.variants.engines.comm import TRAFFIC, RingComm, counting_dist, reset_traffic
+from ringbench.variants.engines.comm import RingComm
+from ringbench.variants.instruments.traffic import RULES
 
 SMALL = ["--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
          "--head-dim", "16", "--iters", "3", "--warmup", "1"]
@@ -29,26 +34,26 @@ SMALL = ["--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "
 SHARD = 128 * 1 * 16 * 4
 
 
-def _counts() -> tuple[int, int]:
-    return TRAFFIC.bytes_sent, TRAFFIC.bytes_received
+def _counts(inst: instruments.Instruments) -> tuple[int, int]:
+    return inst.traffic.bytes_sent, inst.traffic.bytes_received
 
 
 # --------------------------------------------------------------------------- world size 1
 
 @pytest.mark.dist
-def test_counting_dist_patches_while_held_and_puts_everything_back(solo_group):
-    originals = {name: getattr(dist, name) for name in (*comm.RULES, "P2POp")}
-    with counting_dist():
-        with counting_dist():  # nested holds are one hold
-            assert all(getattr(dist, name) is not originals[name] for name in comm.RULES)
+def test_dist_patch_is_held_while_its_context_is_open_and_puts_everything_back(solo_group):
+    originals = {name: getattr(dist, name) for name in (*RULES, "P2POp")}
+    with instruments.open(count_dist=True):
+        with instruments.open(count_dist=True):  # nested holds are one hold
+            assert all(getattr(dist, name) is not originals[name] for name in RULES)
         assert dist.isend is not originals["isend"]
         # P2POp takes the counted isend and stores the real one, as batch_isend_irecv needs.
         op = dist.P2POp(dist.isend, torch.zeros(2), 0)
         assert op.op is originals["isend"] and isinstance(op, originals["P2POp"])
-        reset_traffic()
-        t = torch.arange(6.0)
-        dist.all_reduce(t)  # a real call: W = 1 moves nothing, and the sum is itself
-        assert torch.equal(t, torch.arange(6.0)) and _counts() == (0, 0)
+        with instruments.open(traffic=True) as inst:
+            t = torch.arange(6.0)
+            dist.all_reduce(t)  # a real call: W = 1 moves nothing, and the sum is itself
+        assert torch.equal(t, torch.arange(6.0)) and _counts(inst) == (0, 0)
     assert {name: getattr(dist, name) for name in originals} == originals
 
 
@@ -70,9 +75,9 @@ def _pair(rank: int, store_path: str, out_dir: str) -> None:
     found: dict[str, list] = {}
 
     def record(name, fn):
-        reset_traffic()
-        value = fn()
-        found[name] = [*_counts(), value]
+        with instruments.open(traffic=True) as inst:
+            value = fn()
+        found[name] = [*_counts(inst), value]
 
     x = torch.full((4, 8), float(rank))  # 128 bytes
     y = torch.empty_like(x)
@@ -96,7 +101,7 @@ def _pair(rank: int, store_path: str, out_dir: str) -> None:
         return part[0, 0].item()
 
     def plain():
-        # A peer's own calls, as ring-flash-attn makes them: counted only under counting_dist.
+        # A peer's own calls, as ring-flash-attn makes them: counted only under the patch (count_dist).
         ops = [dist.P2POp(dist.isend, x, other), dist.P2POp(dist.irecv, y, other)]
         for req in dist.batch_isend_irecv(ops):
             req.wait()
@@ -123,10 +128,21 @@ def _pair(rank: int, store_path: str, out_dir: str) -> None:
     record("gather", gather)
     record("scatter", scatter)
     record("plain_uncounted", plain)
-    with counting_dist():
+    with instruments.open(count_dist=True):
         record("plain_counted", plain)
-        record("ring_under_counting_dist", ring)  # RingComm counts; the patched call adds nothing
+        record("ring_under_the_patch", ring)  # RingComm counts; the patched call adds nothing
         record("collectives", each_collective)
+
+        def plain_from_a_thread():
+            # A thread that sees no context of its own (autograd's device thread running a
+            # peer's CUDA backward): counted in the context open under the patch's holder.
+            result = []
+            worker = threading.Thread(target=lambda: result.append(plain()))
+            worker.start()
+            worker.join()
+            return result[0]
+
+        record("plain_from_a_thread", plain_from_a_thread)
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(found))
     dist.barrier()
     dist.destroy_process_group()
@@ -143,9 +159,10 @@ def test_counts_at_world_size_two_follow_the_rules_and_count_each_byte_once(tmp_
         assert found["ring"] == [192, 192, float(other)]  # both sends of the batch, once
         assert found["gather"] == [128, 128, [0.0] * 4 + [1.0] * 4]  # the 128-byte shard to W - 1 = 1 rank
         assert found["scatter"] == [64, 64, 3.0]  # the 64-byte shard x (W - 1); 1 + 2 summed
-        assert found["plain_uncounted"] == [0, 0, float(other)]  # outside counting_dist: unseen
+        assert found["plain_uncounted"] == [0, 0, float(other)]  # outside the patch: unseen
         assert found["plain_counted"] == [128 + 128 + 64, 128 + 128 + 64, float(other)]
-        assert found["ring_under_counting_dist"][:2] == [192, 192]
+        assert found["ring_under_the_patch"][:2] == [192, 192]
+        assert found["plain_from_a_thread"] == found["plain_counted"]
         sent, received, (reduced, broadcast) = found["collectives"]
         assert (reduced, broadcast) == (2.0, 0.0)  # the real calls ran
         assert (sent, received) == ((128 + 64 + 32 + 12, 128 + 32) if rank == 0 else (128 + 32, 128 + 64 + 32 + 12))

@@ -15,7 +15,7 @@ from ringbench.rank.setup import case_setup, sink_logits
 from ringbench.rank.peaks import Peak, case_peak
 from ringbench.case.spec import CaseSpec, spec_docs
 from ringbench.variants.engines import layouts, varlen
-from ringbench.variants.engines.comm import TRAFFIC, reset_traffic
+from ringbench.variants import instruments
 
 GIB = 1024 ** 3
 
@@ -210,16 +210,16 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
 
     iters, warmup = spec.iters, spec.warmup
     cuda = device.type == "cuda"
-    # Warm up before resetting the counters, so allocator growth and traffic of the warm-up
+    # Warm up before opening the counters, so allocator growth and traffic of the warm-up
     # stay out of the figures.
     for _ in range(warmup):
         step()
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    reset_traffic()
-    times = time_iterations(step, iters=iters, warmup=0, device=device, group=group)
-    sent, received = TRAFFIC.bytes_sent / iters, TRAFFIC.bytes_received / iters
+    with instruments.open(traffic=True) as inst:
+        times = time_iterations(step, iters=iters, warmup=0, device=device, group=group)
+    sent, received = inst.traffic.bytes_sent / iters, inst.traffic.bytes_received / iters
     peak_alloc = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
     peak_reserved = torch.cuda.max_memory_reserved(device) / GIB if cuda else None
     spans = profile.measure(step, iters=iters, device=device, group=group) if spec.profile else None

@@ -47,6 +47,7 @@ from ringbench.rank.setup import CaseSetup, Results, case_setup, sink_logits
 from ringbench.case.fields import plural
 from ringbench.case.spec import CaseSpec
 from ringbench.variants.engines import layouts
+from ringbench.variants import instruments
 from ringbench.variants.instruments import observe
 from ringbench.variants.kernels.common import accumulation_dtype
 from ringbench.variants.kernels import KERNELS
@@ -567,8 +568,9 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         placement.extra["sink"] = sink
     kwargs = dict(rank=rank, world_size=world_size, causal=causal, scale=scale, group=group, kernel=kernel,
                   options=case.options)
-    with observe.observing() as seen:
+    with instruments.open(observe=True) as inst:
         local = _run_variant(variant.attention, placement, inputs, **kwargs)
+    seen = inst.observation
     dsink = None if sink is None or sink.grad is None else sink.grad.clone()
     dims = (1, 2, 1, 1, 1)  # the sequence dimension of out, lse, dq, dk, dv
 

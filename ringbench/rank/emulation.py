@@ -3,7 +3,7 @@
 The sweep launches an emulated case as a single-rank job (``case.spec.launch_world_size``), and its
 worker calls :func:`emulate_case`: it draws every rank's shards from the seed exactly as the W
 ranks of a real run would (``bench.rank_inputs``), then, rank by rank, runs that rank's
-schedule under ``variants.emulation.emulating``, where the ring's transfers are device copies
+schedule under ``instruments.open(emulation=...)``, where the ring's transfers are device copies
 of the K/V blocks the rank would receive. Each rank is warmed up and timed like a real one
 (``bench.measure_rank``), so its time is its compute alone: kernels, merges, copies and the
 host's launches, with no link and no waiting for a slower rank.
@@ -44,7 +44,7 @@ def emulate_case(spec: CaseSpec, *, device) -> dict:
     from ringbench.rank import bench
     from ringbench.rank.setup import sink_logits
     from ringbench.case.fields import DTYPES, variant_options
-    from ringbench.variants.instruments import emulation
+    from ringbench.variants import instruments
     from ringbench.variants import get_variant
     from ringbench.variants.kernels import get_kernel
 
@@ -70,7 +70,7 @@ def emulate_case(spec: CaseSpec, *, device) -> dict:
                 if backward:
                     kernel.backward(dout, q, k, v, out, lse, ref_causal, scale, **ref_kw)
 
-        with emulation.emulating(rank, world_size, shards):
+        with instruments.open(emulation=instruments.Emulation(rank, world_size, shards)):
             gathered.append(bench.measure_rank(spec, step, reference, inputs=(q, k, v), device=device, group=None,
                                                ref_docs=None, local=local))
     fields = bench.run_fields(spec, variant, gathered, device=device, emulated=True)

@@ -38,9 +38,10 @@ def measure(step: Callable[[], None], *, iters: int, device, group=None) -> dict
     """
     import torch.distributed as dist
 
-    from ringbench.variants.instruments import timeline
+    from ringbench.variants import instruments
 
-    with timeline.recording(device) as tl:
+    with instruments.open(timeline=device) as inst:
+        tl = inst.timeline
         for _ in range(iters):
             if dist.is_initialized():
                 dist.barrier(group=group)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from . import layouts
 from . import comm
+from .. import instruments
 from ..instruments import observe, timeline
 from ..kernels.common import accumulation_dtype
 from ..kernels import Kernel, as_kernel
@@ -187,6 +188,7 @@ class GatheredAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sink, forward_fn, backward_fn, *args):
+        instruments.carry(ctx)  # the backward reports to these, on whichever thread autograd runs it
         out, lse, saved = forward_fn(q, k, v, *args)
         if sink is not None:
             out, lse = apply_sink(out, lse, sink)
@@ -198,6 +200,7 @@ class GatheredAttention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @instruments.carried
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, sink = ctx.saved_tensors
         dout = dout.contiguous()

@@ -4,7 +4,7 @@ The engine here serves every ring-shaped variant; a variant only says, through i
 which part of its queries meets which part of the visiting K/V block at each step, and with
 what mask. ``ring`` is the plain contiguous layout.
 
-While an observation is held (``observe.observing``, verify's variant run), the engine reports
+While an observation is open (``instruments.open(observe=True)``, verify's variant run), the engine reports
 every kernel call's block with its rows; otherwise it reports nothing.
 
 The backward runs the ring the other way round (:func:`_ring_backward`): it starts from the
@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from . import bands, window as _window
+from .. import instruments
 from ..instruments import emulation, observe, timeline
 from .comm import RingComm
 from ..kernels.common import accumulation_dtype
@@ -407,6 +408,7 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sink, causal, scale, group, kernel, steps, lossy):
+        instruments.carry(ctx)  # the backward reports to these, on whichever thread autograd runs it
         out, lse, kv_last = _ring_forward(q, k, v, causal, scale, group, kernel, steps, lossy, sink)
         # With a sink these are (out_f, L), with which the kernels' backward gives exact dq, dk, dv.
         ctx.save_for_backward(q, k, v, out, lse, sink)
@@ -418,6 +420,7 @@ class RingAttention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @instruments.carried
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, sink = ctx.saved_tensors
         dout = dout.contiguous()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .. import instruments
 from ..instruments import observe, timeline
 from ..rules import ulysses_rule
 from .comm import all_reduce, all_to_all_single
@@ -89,6 +90,7 @@ class UlyssesRing(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sink, causal, scale, grid: Grid, kernel, steps):
+        instruments.carry(ctx)  # the backward reports to these, on whichever thread autograd runs it
         heads = q.shape[2] // grid.ulysses_degree
         mine = slice(grid.ulysses_rank * heads, (grid.ulysses_rank + 1) * heads)  # this rank's heads after the a2a
         sink_h = sink[mine] if sink is not None else None
@@ -108,6 +110,7 @@ class UlyssesRing(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @instruments.carried
     def backward(ctx, dout, _dlse):
         qh, kh, vh, out_h, lse_h, sink = ctx.saved_tensors
         causal, scale, grid, kernel, steps, replicas, mine = ctx.args

@@ -1,6 +1,7 @@
 """One process playing one rank of a ring of any size: transfers become device copies (``run --emulate``).
 
-While :func:`emulating` is held, the ring engine asks :func:`rank_and_size` for its rank and
+While an instrument context with an emulation is open (``instruments.open(emulation=...)``,
+``context.py``), the ring engine asks :func:`rank_and_size` for its rank and
 world size, and :class:`comm.RingComm` hands its transfers to :meth:`Emulation.transfer`
 instead of ``torch.distributed``. No process group is needed: the emulated rank runs its own
 schedule alone, and what it would receive is copied on its device from the shards of every
@@ -27,14 +28,13 @@ Source: issue 15, item 8.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
-from . import timeline
+from . import context, timeline
 
 Tensor = torch.Tensor
 
@@ -92,34 +92,14 @@ class Emulation:
         return []
 
 
-_current: Emulation | None = None
-
-
 def current() -> Emulation | None:
-    """The emulation being held, or ``None`` (a real distributed run)."""
-    return _current
+    """The emulation open for the code running now, or ``None`` (a real distributed run)."""
+    return context.current().emulation
 
 
 def rank_and_size(group=None) -> tuple[int, int]:
-    """This rank and the ring's size: the emulated ones while :func:`emulating` is held, else ``group``'s."""
-    if _current is not None:
-        return _current.rank, _current.world_size
+    """This rank and the ring's size: the emulated ones while an emulation is open, else ``group``'s."""
+    emulated = context.current().emulation
+    if emulated is not None:
+        return emulated.rank, emulated.world_size
     return dist.get_rank(group), dist.get_world_size(group)
-
-
-@contextlib.contextmanager
-def emulating(rank: int, world_size: int, shards: Sequence[Sequence[Tensor]]) -> Iterator[Emulation]:
-    """Play rank ``rank`` of a ring of ``world_size`` while the body runs (see :class:`Emulation`).
-
-    Raises:
-        RuntimeError: an emulation is already held in this process.
-        ValueError: see :class:`Emulation`.
-    """
-    global _current
-    if _current is not None:
-        raise RuntimeError("an emulation is already held; emulations do not nest, so end the first before starting another")
-    _current = Emulation(rank, world_size, shards)
-    try:
-        yield _current
-    finally:
-        _current = None

@@ -1,6 +1,7 @@
 """Observing a variant's own decomposition: every kernel call's result, with the rows it belongs to.
 
-While :func:`observing` is held, ringbench's engines (the ring engine of ``ring.py`` and the
+While an instrument context with an observation is open (``instruments.open(observe=True)``,
+``context.py``), ringbench's engines (the ring engine of ``ring.py`` and the
 all-gather engines of ``llama3.py`` and ``llama3_varlen.py``) report each local kernel call:
 
 - forward: the local query rows and query heads of the call, and the block's out and lse
@@ -14,20 +15,22 @@ out and lse merged, dq partials summed, dK/dV partials summed at their owner. A 
 variant differs from that only by its float32 merge and one final rounding to the input dtype;
 an accumulation in a lower precision stands out.
 
-When no observation is held, :func:`current` is ``None`` and the engines report nothing: one
-module-level read per kernel call, no copy, no extra work in a timed run. Peers (``torch_cp``,
+When no observation is open, :func:`current` is ``None`` and the engines report nothing: one
+context-variable read per engine call, no copy, no extra work in a timed run. Peers (``torch_cp``,
 ``rfa_*``) run their own engines and report nothing, so an observation of one stays empty.
-Observations do not nest and are not thread-safe (one per process, as a verify case runs).
+Observations do not nest.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, NamedTuple
+from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
 from ..engines import layouts
+from . import context
 
 Tensor = torch.Tensor
 
@@ -60,7 +63,7 @@ class KeyGrad(NamedTuple):
 
 
 class Observation:
-    """What the engines reported while :func:`observing` was held, in call order.
+    """What the engines reported while its instrument context was open, in call order.
 
     Every tensor is a detached copy taken when it was reported, so later in-place updates of
     the engine's accumulators do not reach it.
@@ -102,43 +105,19 @@ class Observation:
                 self.dkv_block(owner, local, heads, dk.index_select(1, picked), dv.index_select(1, picked))
 
 
-_current: Observation | None = None
-
-
 def current() -> Observation | None:
-    """The observation being held, or ``None`` (the engines then report nothing)."""
-    return _current
+    """The observation open for the code running now, or ``None`` (the engines then report nothing)."""
+    return context.current().observation
 
 
-@contextlib.contextmanager
-def observing() -> Iterator[Observation]:
-    """Hold an :class:`Observation` while the body runs (forward and backward of one call).
-
-    Raises:
-        RuntimeError: another observation is already held in this process.
-    """
-    global _current
-    if _current is not None:
-        raise RuntimeError("an observation is already held; observations do not nest, so end the first "
-                           "before starting another")
-    _current = Observation()
-    try:
-        yield _current
-    finally:
-        _current = None
-
-
-@contextlib.contextmanager
-def hidden() -> Iterator[None]:
-    """Hide the observation being held while the body runs, so the engines report nothing.
+def hidden() -> contextlib.AbstractContextManager:
+    """While the body runs, the observation open now is hidden, so the engines report nothing.
 
     For an engine that runs another engine on re-sharded tensors (ulysses and usp run the ring
     engine on head-sharded rows after an all-to-all): the inner engine's rows and heads are not
     the variant's own, so its reports would mislead the block-decomposition reference.
     """
-    global _current
-    held, _current = _current, None
-    try:
-        yield
-    finally:
-        _current = held
+    inst = context.current()
+    if inst.observation is None:
+        return contextlib.nullcontext()
+    return context.nested(replace(inst, observation=None, inner=None))

@@ -1,6 +1,7 @@
 """Time spans of a ring's kernel calls, merges and communication waits, per step (``run --profile``).
 
-While :func:`recording` is held, the functions the ring engine (``ring.py``) and its
+While an instrument context with a timeline is open (``instruments.open(timeline=device)``,
+``context.py``), the functions the ring engine (``ring.py``) and its
 communicator (``comm.py``) wrap with :func:`timed`, and the all-gather engines' (``llama3.py``,
 ``llama3_varlen.py``) :func:`span` blocks and the Ulysses engine's all-to-all (``ulysses.py``),
 record one span each: its kind, the phase
@@ -21,8 +22,8 @@ The kinds:
 
 Spans do not nest: a span opened inside another is not recorded, so the parts of one
 iteration never overlap on one stream and their sum stays within its wall time. When nothing
-is recorded, :func:`timed` costs one module-level read per call; :func:`step` too.
-Recordings do not nest and are not thread-safe (one per process).
+is recorded, :func:`timed` costs one context-variable read per call; :func:`step` too.
+Recordings do not nest.
 
 Source: issue 15, item 7 (where each rank's time goes).
 """
@@ -36,12 +37,10 @@ from typing import Callable, Iterator
 
 import torch
 
-#: Span kinds, in the order tables and plots show them.
-KINDS = ("kernel", "merge", "comm")
-
+from . import context
 
 class Timeline:
-    """The marks of every iteration recorded while :func:`recording` was held.
+    """The marks of every iteration recorded while its instrument context was open.
 
     Args:
         device: where the timed work runs; CUDA events on ``cuda``, ``perf_counter`` otherwise.
@@ -88,26 +87,21 @@ class Timeline:
                 for begin, end, spans in self._iterations]
 
 
-_current: Timeline | None = None
-
-
 def current() -> Timeline | None:
-    """The timeline being recorded, or ``None``."""
-    return _current
+    """The timeline open for the code running now, or ``None``."""
+    return context.current().timeline
 
 
 def step(phase: str, index: int) -> None:
     """Announce the ring step the engine starts now (``phase`` ``fwd`` or ``bwd``); the spans
     that follow carry it. Nothing happens unless a timeline is recorded."""
-    if _current is not None:
-        _current.phase, _current.step = phase, index
+    tl = context.current().timeline
+    if tl is not None:
+        tl.phase, tl.step = phase, index
 
 
 @contextlib.contextmanager
-def span(kind: str) -> Iterator[None]:
-    """The body is one span of ``kind`` while a timeline is recorded inside an iteration (and no
-    other span is open); otherwise nothing is recorded."""
-    tl = _current
+def _span(tl: Timeline | None, kind: str) -> Iterator[None]:
     if tl is None or tl._spans is None or tl._open:
         yield
         return
@@ -120,33 +114,22 @@ def span(kind: str) -> Iterator[None]:
         tl._open = False
 
 
+def span(kind: str) -> contextlib.AbstractContextManager:
+    """The body is one span of ``kind`` while a timeline is recorded inside an iteration (and no
+    other span is open); otherwise nothing is recorded."""
+    return _span(context.current().timeline, kind)
+
+
 def timed(kind: str) -> Callable[[Callable], Callable]:
     """Decorate a function so that each call is one :func:`span` of ``kind``; when nothing is
     recorded the call goes straight through."""
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def run(*args, **kwargs):
-            if _current is None:
+            tl = context.current().timeline  # the one context read of the call
+            if tl is None:
                 return fn(*args, **kwargs)
-            with span(kind):
+            with _span(tl, kind):
                 return fn(*args, **kwargs)
         return run
     return wrap
-
-
-@contextlib.contextmanager
-def recording(device: torch.device) -> Iterator[Timeline]:
-    """Hold a :class:`Timeline` for ``device`` while the body runs.
-
-    Raises:
-        RuntimeError: another timeline is already being recorded in this process.
-    """
-    global _current
-    if _current is not None:
-        raise RuntimeError("a timeline is already being recorded; recordings do not nest, so end the first "
-                           "before starting another")
-    _current = Timeline(device)
-    try:
-        yield _current
-    finally:
-        _current = None
