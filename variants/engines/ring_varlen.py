@@ -64,15 +64,8 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tru
         q: ``[1, S/W, Hq, D]``: this rank's chunk of every document, in document order
             (``layouts.shard_varlen(x, cu_seqlens, "contiguous", rank, W, by_document=True)``).
         k, v: ``[1, S/W, Hkv, D]`` in the same layout, ``Hq % Hkv == 0``.
-        causal: mask keys after the query's position within its document.
-        softmax_scale: defaults to ``D ** -0.5``.
-        group: the context-parallel process group (default: the world).
-        kernel: a :class:`Kernel` with a varlen form (math, cpu, torch-flash) or its name; ``auto``
-            (default) picks the first available one with a varlen form.
-        cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets (0, ..., S), identical on
-            every rank; every document length a multiple of W. Or the ``varlen.Documents``
-            that ``varlen.prepare`` made of them once per batch: then nothing is checked or
-            built again, and nothing is read back from the device.
+        causal, softmax_scale, group, kernel: as in :func:`llama3_varlen.llama3_varlen_attention`.
+        cu_seqlens: as there, but every document length a multiple of W.
         sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
         window: a causal sliding window of this many keys within each document, as in
             :func:`ring.ring_attention`.

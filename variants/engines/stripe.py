@@ -40,18 +40,9 @@ def stripe_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding every W-th token.
 
-    Args:
-        q: ``[B, S/W, Hq, D]``: tokens ``rank, rank + W, rank + 2W, ...``
-            (``layouts.shard(x, "stripe", rank, W)``), so ``S % W == 0``.
-        k, v: ``[B, S/W, Hkv, D]`` in the same layout, ``Hq % Hkv == 0``.
-        causal, softmax_scale, group, kernel: as in :func:`ring.ring_attention`.
-        cu_seqlens: not taken by this batch form; must be ``None``.
-        sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
-        window: a causal sliding window of this many keys, as in :func:`ring.ring_attention`.
-
-    Returns:
-        ``out`` ``[B, S/W, Hq, D]`` in q's dtype, in the stripe layout; ``lse`` float32
-        ``[B, Hq, S/W]``, not differentiable.
+    Takes and returns what :func:`zigzag.zigzag_attention` does, in the stripe layout: q, k and
+    v hold tokens ``rank, rank + W, rank + 2W, ...`` (``layouts.shard(x, "stripe", rank, W)``),
+    so ``S % W == 0``, and out comes back in it.
 
     Raises:
         ValueError: ``cu_seqlens`` given, or shapes the kernel refuses.
