@@ -32,12 +32,6 @@ def layout_of(spec, variant) -> str:
     return spec.layout or variant.layout
 
 
-def ulysses_degree_of(spec, variant) -> int:
-    """The Ulysses degree composed into a case's layout (``layouts``' ``ulysses_degree``): the
-    resolved case's own for the Ulysses-ring hybrids (usp), 1 for every other variant."""
-    return variant.layout_degree(spec.world_size, spec.ulysses_degree)
-
-
 def resolve_options(spec: CaseSpec) -> CaseSpec:
     """``spec`` with the options its variant takes as they run (``Variant.resolve``, each
     option's own resolver: ``ulysses_degree`` 0 becomes the variant's default degree), so

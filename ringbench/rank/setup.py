@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ringbench.case.fields import DTYPES, variant_options
-from ringbench.case.spec import CaseSpec, layout_of, padded_docs, spec_docs, ulysses_degree_of
+from ringbench.case.spec import CaseSpec, layout_of, padded_docs, spec_docs
 from ringbench.variants import Variant, get_variant
 from ringbench.variants.kernels import Kernel, get_kernel
 from ringbench.variants.kernels.common import Window, window_band
@@ -59,7 +59,7 @@ def case_setup(spec: CaseSpec, group=None) -> CaseSetup:
         spec=spec, rank=dist.get_rank(group), world_size=dist.get_world_size(group), variant=variant,
         kernel=get_kernel(spec.kernel), dtype=getattr(torch, DTYPES[spec.dtype]), causal=spec.causal,
         scale=spec.head_dim ** -0.5, options=variant_options(spec), layout=layout_of(spec, variant),
-        ulysses_degree=ulysses_degree_of(spec, variant), band=window_band(spec.window),
+        ulysses_degree=variant.layout_degree(spec.world_size, spec.ulysses_degree), band=window_band(spec.window),
         docs=padded_docs(spec) if variant.varlen else None, real_docs=spec_docs(spec) if variant.varlen else None)
 
 
