@@ -26,6 +26,7 @@ from ringbench import __version__
 from ringbench.case import options
 from ringbench.errors import RingbenchError, SpecError
 from ringbench.case.fields import plural
+from ringbench.case.types import Refused
 from ringbench.case.options import (JSON_HELP, JUNIT_HELP, NNODES_HELP, NODE_RANK_HELP, OUT_HELP, RDZV_ENDPOINT_HELP,
                                     RDZV_ID_HELP, RESUME_HELP, SCENARIO_HELP, TIMEOUT_HELP, YES_HELP)
 
@@ -37,6 +38,14 @@ class _OnceCommand(typer.core.TyperCommand):
     silently by keeping the last (``--layout a --layout b``)."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
+        self._refuse_twice(args)
+        try:
+            return super().parse_args(ctx, args)
+        except Refused as exc:  # a value its type refused: ringbench's one sentence, exit 2
+            _error(str(exc.error))
+            raise typer.Exit(EXIT_USAGE) from None
+
+    def _refuse_twice(self, args: list[str]) -> None:
         options = [p for p in self.params if p.param_type_name == "option" and not p.multiple and not p.count]
         single = {name: p for p in options if not p.is_flag for name in p.opts}
         pairs = {name: p for p in options if p.is_flag and p.secondary_opts for name in (*p.opts, *p.secondary_opts)}
@@ -62,7 +71,6 @@ class _OnceCommand(typer.core.TyperCommand):
                        "give it once")
                 raise typer.Exit(EXIT_USAGE)
             seen[param.name] = (name, value, shown)
-        return super().parse_args(ctx, args)
 
 
 app = typer.Typer(
@@ -98,13 +106,14 @@ def run(
     scenario: Optional[str] = typer.Option(None, "--scenario", help=SCENARIO_HELP),
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    timeout: Optional[str] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
-                                          metavar=options.FLOAT),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
+                                          metavar=options.FLOAT, parser=options.TIMEOUT),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
     yes: bool = typer.Option(False, "--yes", help=YES_HELP),
-    nnodes: Optional[str] = typer.Option(None, "--nnodes", help=NNODES_HELP, show_default=False, metavar=options.INT),
-    node_rank: Optional[str] = typer.Option(None, "--node-rank", help=NODE_RANK_HELP, show_default=False,
-                                            metavar=options.INT),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help=NNODES_HELP, show_default=False, metavar=options.INT,
+                                         parser=options.NNODES),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", help=NODE_RANK_HELP, show_default=False,
+                                            metavar=options.INT, parser=options.NODE_RANK),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
     rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP),
 ) -> None:
@@ -122,13 +131,14 @@ def verify(
     junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help=JUNIT_HELP),
     out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    timeout: Optional[str] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
-                                          metavar=options.FLOAT),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
+                                          metavar=options.FLOAT, parser=options.TIMEOUT),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
     yes: bool = typer.Option(False, "--yes", help=YES_HELP),
-    nnodes: Optional[str] = typer.Option(None, "--nnodes", help=NNODES_HELP, show_default=False, metavar=options.INT),
-    node_rank: Optional[str] = typer.Option(None, "--node-rank", help=NODE_RANK_HELP, show_default=False,
-                                            metavar=options.INT),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help=NNODES_HELP, show_default=False, metavar=options.INT,
+                                         parser=options.NNODES),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", help=NODE_RANK_HELP, show_default=False,
+                                            metavar=options.INT, parser=options.NODE_RANK),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
     rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP),
 ) -> None:
@@ -142,7 +152,7 @@ def verify(
 
 
 def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional[str], out: Path, json_out: bool,
-           timeout: Optional[str], resume: bool, nodes: tuple, junit_xml: Optional[Path] = None,
+           timeout: Optional[float], resume: bool, nodes: tuple, junit_xml: Optional[Path] = None,
            yes: bool = False) -> None:
     """Build the cases of a run or verify command, sweep them, print the tables; exits.
 
@@ -152,7 +162,6 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
     from ringbench.sweep import build, run as sweep
 
     with _usage_errors():
-        timeout_s = options.check_timeout(timeout)
         options.check_given(case)
         nnodes, node_args = options.check_nodes(*nodes)
         if resume and nnodes > 1:
@@ -164,7 +173,7 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
     from ringbench.records.store import warnings_on_stderr
 
     with warnings_on_stderr():  # a damaged line of the results file: one sentence, no Python source
-        outcome = sweep.run_sweep(cases, task=task, out=out, timeout_s=timeout_s, resume=resume, nodes=node_args,
+        outcome = sweep.run_sweep(cases, task=task, out=out, timeout_s=timeout, resume=resume, nodes=node_args,
                                   skipped=skipped, launcher=launcher, yes=yes)
     if outcome.records:
         _report(task, outcome.records, json_out=json_out, junit_xml=junit_xml)
@@ -366,10 +375,10 @@ def matrix_command(
     ctx: typer.Context,
     device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu. Default: cuda when a GPU is "
                                          "visible, else cpu.", show_default=False),
-    world_size: Optional[List[str]] = typer.Option(None, "--world-size", help="A world size (one panel each); "
+    world_size: Optional[List[int]] = typer.Option(None, "--world-size", help="A world size (one panel each); "
                                                    "repeat for several. Default: 2 and 4 on cpu; 2, 4 and 8 up "
                                                    "to the visible GPUs on cuda.", show_default=False,
-                                                   metavar=options.INT_LIST),
+                                                   metavar=options.INT_LIST, parser=options.WORLD_SIZE),
     variant: Optional[List[str]] = typer.Option(None, "--variant", help="Keep only this implementation's row; "
                                                 "repeat for several. Default: every variant and peer.",
                                                 show_default=False),
@@ -379,8 +388,8 @@ def matrix_command(
     out: Path = typer.Option(Path("results/matrix"), "--out", help="Folder for matrix.jsonl (one object per "
                              "cell), matrix.md, matrix.png and the verify records (verify.jsonl). Default: "
                              "results/matrix.", show_default=False),
-    timeout: Optional[str] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
-                                          metavar=options.FLOAT),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
+                                          metavar=options.FLOAT, parser=options.TIMEOUT),
     resume: bool = typer.Option(False, "--resume", help="Reuse every cell that already has a record in "
                                 "OUT/verify.jsonl (a mismatch, error or refusal is a result too) and verify only "
                                 "the others. Default: verify every cell."),
@@ -399,11 +408,9 @@ def matrix_command(
     if test_variants:
         os.environ["RINGBENCH_TEST_VARIANTS"] = "1"  # torchrun's workers inherit it
     with _usage_errors():
-        timeout_s = options.check_timeout(timeout)
-        sizes = [options.WORLD_SIZE.from_text(w) for w in world_size] if world_size else None
-        grid = mx.build_grid(device=device, world_sizes=sizes, variants=variant, axes=axis)
+        grid = mx.build_grid(device=device, world_sizes=world_size or None, variants=variant, axes=axis)
         options.check_out(out, None)
-    code = mx.run(grid, out=out, timeout_s=timeout_s, resume=resume, launcher=ctx.obj, yes=yes)
+    code = mx.run(grid, out=out, timeout_s=timeout, resume=resume, launcher=ctx.obj, yes=yes)
     if code:
         raise typer.Exit(code)
     paths = mx_render.write(grid, out)

@@ -17,7 +17,6 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers import CLI_ENV, read_jsonl
-from ringbench.case import fields
 from ringbench.errors import SpecError
 from ringbench.present import matrix as mx_render
 from ringbench.sweep import matrix as mx
@@ -60,17 +59,24 @@ def test_cell_fields_change_one_thing_from_the_base():
     assert "docs" not in mx.cell_fields(varlen, "causal", 2, "cpu")
 
 
-def test_columns_without_their_case_field_are_unsupported_until_it_exists():
+def test_window_and_mla_columns_carry_their_case_fields():
     ring = _variant("ring")
     window, mla = mx.cell_fields(ring, "window", 2, "cpu"), mx.cell_fields(ring, "mla", 2, "cpu")
-    if "window" in fields.BY_NAME:
-        assert window["window"] == window["seqlen"] // 4
-    else:
-        assert window == mx.NO_WINDOW
-    if "head_dim_v" in fields.BY_NAME:
-        assert (mla["head_dim"], mla["head_dim_v"]) == mx.MLA_HEAD_DIMS
-    else:
-        assert mla == mx.NO_HEAD_DIM_V
+    assert window["window"] == window["seqlen"] // 4
+    assert (mla["head_dim"], mla["head_dim_v"]) == mx.MLA_HEAD_DIMS
+
+
+def test_a_column_whose_option_a_variant_does_not_declare_is_refused_by_the_declaration():
+    """The window and sink columns ask every implementation; one that does not declare the option
+    (``Variant.options``) is unsupported in the spec's own sentence, with a spec for its record."""
+    grid = mx.build_grid(device="cpu", world_sizes=[2], variants=["ring", "rfa_ring"], axes=["mask", "sink"])
+    assert grid.cell("ring", 2, "window").refusal is None
+    window = grid.cell("rfa_ring", 2, "window")
+    assert window.refusal.startswith("rfa_ring cannot take a sliding window (--window 64); use one of ring, zigzag")
+    assert window.case is not None and window.case.window == 64
+    sink = grid.cell("rfa_ring", 2, "learnable")
+    assert sink.refusal.startswith("rfa_ring takes no attention sink (sink 'learnable')"), sink.refusal
+    assert mx_render.refusal_topic(window.refusal) == "window" and mx_render.refusal_topic(sink.refusal) == "sink"
 
 
 def test_build_grid_refuses_per_cell_in_the_implementations_own_words():
@@ -87,9 +93,8 @@ def test_build_grid_refuses_per_cell_in_the_implementations_own_words():
     assert grid.cell("ring_varlen", 2, "packed").refusal is None
     assert "torch_cp cannot run on cpu" in grid.cell("torch_cp", 2, "fp16").refusal
     assert "does not support non-causal" in grid.cell("torch_cp", 2, "full").refusal
-    if "window" not in fields.BY_NAME:
-        window = grid.cell("ring", 2, "window")
-        assert window.refusal == mx.NO_WINDOW and window.case is None
+    window = grid.cell("ring", 2, "window")
+    assert window.refusal is None and window.case.window == window.case.seqlen // 4
     ids = [c.case_id for c in grid.cells if c.case is not None]
     assert len(ids) == len(set(ids))
 
@@ -128,7 +133,7 @@ def _record(status, *, variant="ring", reason=None, ratios=None):
 
 
 def test_the_picture_names_what_a_refusal_is_about():
-    assert mx_render.refusal_topic(mx.NO_WINDOW) == "no field"
+    assert mx_render.refusal_topic("rfa_ring cannot take a sliding window (--window 64); use one of ring") == "window"
     assert mx_render.refusal_topic("seqlen 510 is not a multiple of 2 * world_size = 4, which zigzag needs; use 512") == "length"
     assert mx_render.refusal_topic("document 0 has 129 tokens, not a multiple of world_size = 2, which ring_varlen "
                             "needs; make it 130") == "doc length"

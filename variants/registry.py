@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
-from .rules import LAYOUT_CHUNKS, default_ulysses_degree, document_rule, factorizations, ulysses_rule
+from .rules import (HEADS_K_STRIDE, LAYOUT_CHUNKS, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW, Option,
+                    document_rule, layouts, ulysses_rule)
+
 
 def names(which: Callable[["Variant"], bool]) -> str:
     """The listed variants (test-only ones left out) for which ``which`` holds, as ``a, b or c``."""
@@ -34,9 +36,10 @@ class Variant:
         shard_by_document: varlen only: every document is cut in ``layout`` on its own, so
             every document length must be a multiple of ``seqlen_multiple(W)``; otherwise the
             packed row is cut as one sequence and documents may straddle ranks.
-        layouts: other layouts it takes through its ``layout`` keyword (``layout`` first).
-        options: keyword options its ``attention`` takes beyond the common contract, such
-            as ``heads_k_stride``.
+        options: the options it takes beyond the common contract, name -> rule
+            (``rules.OPTIONS``: ``sink``, ``layout`` with the layouts it takes, ``heads_k_stride``,
+            ``rotate``, ``ulysses_degree``, ``window``); :meth:`check` refuses the others when set,
+            and ``--help`` and the matrix read it too.
         devices: the device types it runs on; ``devices_reason`` says why not the others.
         kernels: the only kernels it runs with (peers bring their own, or name what serves
             their kernel calls); empty: any kernel.
@@ -61,10 +64,6 @@ class Variant:
         emulates: one process can play each of its ranks in turn (``run --emulate``,
             ``emulation.py``): its only communication is the ring engine's point-to-point
             exchange, which emulation replaces by device copies.
-        sink: its ``attention`` takes ``sink=``, a ``[Hq]`` tensor of sink logits, and applies
-            it once per row with its gradient (``sinks.py``); peers do not.
-        takes_window: its ``attention`` takes ``window=L``, a causal sliding window of L keys;
-            the others refuse a case with one.
         traffic_counted: its bytes go through ringbench's counted communicators
             (``comm``), directly or under a counting ``session``; False where they cannot be
             seen (torch_cp: DTensor and functional collectives): records then say
@@ -80,8 +79,7 @@ class Variant:
     gqa: bool = True
     varlen: bool = False
     shard_by_document: bool = False
-    layouts: tuple[str, ...] = ()
-    options: tuple[str, ...] = ()
+    options: Mapping[str, Option] = field(default_factory=dict, hash=False)
     devices: tuple[str, ...] = ("cpu", "cuda")
     devices_reason: str = ""
     kernels: tuple[str, ...] = ()
@@ -94,69 +92,82 @@ class Variant:
     peer: bool = False
     traffic_counted: bool = True
     emulates: bool = False
-    sink: bool = False
-    takes_window: bool = False
     ulysses: str = ""
 
-    def ulysses_degree(self, world_size: int, option: int = 0, heads: int = 1, kv_heads: int | None = None) -> int:
-        """The Ulysses degree this variant runs a case with: W (``ulysses="world"``), ``option``
-        or its default (``"option"``), else 1 (no all-to-all)."""
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        """The layouts it takes through its ``layout`` keyword beside its own."""
+        return tuple(c for c in self.options["layout"].choices if c != self.layout) if "layout" in self.options else ()
+
+    @property
+    def sink(self) -> bool:
+        """Its ``attention`` takes ``sink=``, a ``[Hq]`` tensor of sink logits, applied once per row
+        with its gradient (``sinks.py``)."""
+        return "sink" in self.options
+
+    @property
+    def takes_window(self) -> bool:
+        """Its ``attention`` takes ``window=L``, a causal sliding window of L keys."""
+        return "window" in self.options
+
+    @property
+    def keywords(self) -> tuple[str, ...]:
+        """The options a caller passes to its ``attention`` as plain keywords (``layout``...)."""
+        return tuple(n for n, o in self.options.items() if o.keyword)
+
+    def ulysses_degree(self, world_size: int, degree: int = 0) -> int:
+        """The Ulysses degree a case runs with, from its resolved ``ulysses_degree`` (see
+        :meth:`resolve`): W (``ulysses="world"``), ``degree`` (``"option"``), else 1 (no all-to-all)."""
         if self.ulysses == "world":
             return world_size
-        if self.ulysses == "option":
-            return option if option > 0 else default_ulysses_degree(world_size, heads, kv_heads)
-        return 1
+        return degree if self.ulysses == "option" else 1
 
-    def layout_degree(self, world_size: int, option: int = 0, heads: int = 1, kv_heads: int | None = None) -> int:
+    def layout_degree(self, world_size: int, degree: int = 0) -> int:
         """The Ulysses degree composed into this variant's layout (``layouts``' ``ulysses_degree``):
-        that of an ``"option"`` variant, else 1 (a whole-group Ulysses shards contiguously)."""
-        return self.ulysses_degree(world_size, option, heads, kv_heads) if self.ulysses == "option" else 1
+        the resolved ``degree`` of an ``"option"`` variant, else 1 (a whole-group Ulysses shards
+        contiguously)."""
+        return degree if self.ulysses == "option" else 1
+
+    def resolve(self, case: Mapping[str, Any]) -> dict[str, Any]:
+        """The options this variant takes, as ``case`` (field -> value) runs them: each by its
+        rule's resolver (``ulysses_degree`` 0 becomes the default degree). The one resolution."""
+        return {name: rule.resolve(self, case.get(name, rule.unset), case) for name, rule in self.options.items()}
+
+    def option_refusal(self, name: str, value: Any) -> str | None:
+        """Why this variant refuses option ``name`` set to ``value`` because it does not declare
+        it (``options``), in one sentence, or ``None``."""
+        rule = OPTIONS[name]
+        if name in self.options or not rule.given(self, value):
+            return None
+        return rule.refuse(self, value, [n for n, v in VARIANTS.items() if name in v.options])
 
     def seqlen_multiple(self, world_size: int, layout: str | None = None) -> int:
         """The number the global seqlen must be a multiple of at ``world_size`` (``balanced``: W)."""
         return LAYOUT_CHUNKS.get(layout or self.layout, 1) * world_size
 
-    def check(self, *, seqlen: int, world_size: int, causal: bool, layout: str | None = None,
-              heads_k_stride: int = 0, kv_heads: int | None = None, rotate: str = "",
-              sink: str = "none", window: int = 0, ulysses_degree: int = 0,
-              heads: int | None = None) -> str | None:
+    def check(self, *, seqlen: int, world_size: int, causal: bool, heads: int | None = None,
+              kv_heads: int | None = None, **options: Any) -> str | None:
         """Return the one-sentence reason this variant refuses the case, or ``None``.
 
-        ``ulysses_degree`` -1 is ``auto`` (one case per factorization, expanded by the harness)."""
-        if sink != "none" and not self.sink:
-            return (f"{self.name} takes no attention sink (sink {sink!r}), since only ringbench's own engines "
-                    "apply one once per row; pass --sink none or use a ringbench variant such as zigzag")
-        allowed = (self.layout, *self.layouts)
-        if layout and layout not in allowed:
-            return (f"layout {layout!r} is not one {self.name} takes; choose "
-                    f"{' or '.join(allowed)}")
-        if heads_k_stride and "heads_k_stride" not in self.options:
-            return f"{self.name} takes no heads_k_stride; it is an option of all-gather variants such as llama3"
-        if rotate and "rotate" not in self.options:
-            return f"{self.name} takes no rotate; it is an option of torch_cp (PyTorch's context parallel)"
-        if ulysses_degree and "ulysses_degree" not in self.options:
-            return (f"{self.name} takes no ulysses_degree; it is an option of the Ulysses-ring hybrids "
-                    f"({names(lambda v: 'ulysses_degree' in v.options)}), so drop --ulysses-degree or use one of them")
-        if ulysses_degree > 0 and world_size % ulysses_degree:
-            return (f"ulysses_degree {ulysses_degree} does not divide world_size {world_size}, and {self.name} "
-                    f"runs a ring of world_size / ulysses_degree groups; pass one of "
-                    f"{', '.join(map(str, factorizations(world_size)))} or auto")
-        if self.ulysses and heads is not None and ulysses_degree >= 0:
-            degree = (world_size if self.ulysses == "world" else ulysses_degree) or None
-            reason = ulysses_rule(heads, kv_heads, degree, self.name, world_size=world_size,
-                                  whole=self.ulysses == "world") if degree else None
+        ``options``: the case's option fields (``rules.OPTIONS``: ``layout``, ``window``...),
+        unset where left out. An option it does not declare is refused when set; then each
+        declared one's rule runs (``ulysses_degree`` -1 is ``auto``: one case per
+        factorization, expanded by the harness), then the mask and the seqlen rules."""
+        case = {"world_size": world_size, "causal": causal, "heads": heads, "kv_heads": kv_heads, **options}
+        for name in OPTIONS:
+            reason = self.option_refusal(name, options.get(name, OPTIONS[name].unset))
             if reason:
                 return reason
-        if heads_k_stride and kv_heads is not None and not 1 <= heads_k_stride <= kv_heads:
-            return (f"heads_k_stride {heads_k_stride} must be between 1 and kv_heads = {kv_heads}; "
-                    f"pass --heads-k-stride {kv_heads} or fewer")
-        if window and not self.takes_window:
-            takers = ", ".join(n for n, v in VARIANTS.items() if v.takes_window)
-            return f"{self.name} cannot take a sliding window (--window {window}); use one of {takers}"
-        if window and not causal:
-            return (f"a sliding window is causal (query p sees keys p - window + 1 .. p), so --window {window} "
-                    "needs --causal; drop --no-causal or --window")
-        layout = layout or self.layout
+        if self.ulysses == "world" and heads is not None:
+            reason = ulysses_rule(heads, kv_heads, world_size, self.name, world_size=world_size, whole=True)
+            if reason:
+                return reason
+        for name in OPTIONS:
+            rule = self.options.get(name)
+            reason = rule.check(self, options.get(name, rule.unset), case) if rule else None
+            if reason:
+                return reason
+        layout = options.get("layout") or self.layout
         if causal and not self.causal:
             return f"{self.name} does not support causal attention; pass --no-causal"
         if not causal and not self.non_causal:
@@ -246,48 +257,48 @@ class Variant:
         module, func = target.split(":")
         return getattr(importlib.import_module(f"{__package__}.{module}"), func)
 
+#: What ringbench's own engines take: a sink applied once per row, and a sliding window.
+_OWN: dict[str, Option] = {"sink": SINK, "window": WINDOW}
 
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("ring", "contiguous", "engines.ring:ring_attention",
-                "basic ring: contiguous chunks, K/V passed around the ring", emulates=True, sink=True,
-                takes_window=True),
+                "basic ring: contiguous chunks, K/V passed around the ring", emulates=True, options=_OWN),
         Variant("zigzag", "zigzag", "engines.zigzag:zigzag_attention",
-                "ring over the zigzag layout, balanced under a causal mask", emulates=True, sink=True,
-                takes_window=True),
+                "ring over the zigzag layout, balanced under a causal mask", emulates=True, options=_OWN),
         Variant("stripe", "stripe", "engines.stripe:stripe_attention",
                 "ring over the stripe layout (token t on rank t mod W), balanced under a causal mask",
-                emulates=True, sink=True, takes_window=True),
+                emulates=True, options=_OWN),
         Variant("llama3", "zigzag", "engines.llama3:llama3_attention",
                 "all-gather K/V (in head groups), zigzag layout for causal balance",
-                layouts=("contiguous",), options=("heads_k_stride",), sink=True, takes_window=True),
+                options={**_OWN, "layout": layouts("zigzag", "contiguous"), "heads_k_stride": HEADS_K_STRIDE}),
         Variant("ring_varlen", "contiguous", "engines.ring_varlen:ring_varlen_attention",
                 "packed documents, each cut into W chunks, basic ring", varlen=True, shard_by_document=True,
-                sink=True, takes_window=True),
+                options=_OWN),
         Variant("zigzag_varlen", "zigzag", "engines.ring_varlen:zigzag_varlen_attention",
                 "packed documents, each in the zigzag layout, ring balanced under a causal mask",
-                varlen=True, shard_by_document=True, sink=True, takes_window=True),
+                varlen=True, shard_by_document=True, options=_OWN),
         Variant("llama3_varlen", "contiguous", "engines.llama3_varlen:llama3_varlen_attention",
                 "packed documents, contiguous row (or balanced: each document cut head-tail), all-gather K/V; "
-                "any document boundaries", varlen=True, layouts=("balanced",), options=("heads_k_stride",),
-                sink=True, takes_window=True),
+                "any document boundaries", varlen=True,
+                options={**_OWN, "layout": layouts("contiguous", "balanced"), "heads_k_stride": HEADS_K_STRIDE}),
         Variant("ulysses", "contiguous", "engines.ulysses:ulysses_attention",
                 "DeepSpeed-Ulysses: all-to-all from sequence to head sharding, the kernel over the whole "
-                "sequence for H/W heads, all-to-all back", ulysses="world", sink=True, takes_window=True),
+                "sequence for H/W heads, all-to-all back", ulysses="world", options=_OWN),
         Variant("ulysses_varlen", "contiguous", "engines.ulysses:ulysses_varlen_attention",
                 "packed documents, contiguous row, Ulysses all-to-all; the kernel takes the global "
-                "cu_seqlens, any document boundaries", varlen=True, ulysses="world", sink=True, takes_window=True),
+                "cu_seqlens, any document boundaries", varlen=True, ulysses="world", options=_OWN),
         Variant("usp", "zigzag", "engines.usp:usp_attention",
                 "USP: Ulysses inside groups of --ulysses-degree ranks, a zigzag ring across the groups",
-                options=("ulysses_degree",), ulysses="option", sink=True, takes_window=True),
+                options={**_OWN, "ulysses_degree": ULYSSES_DEGREE}, ulysses="option"),
         Variant("usp_varlen", "zigzag", "engines.usp:usp_varlen_attention",
                 "packed documents, each in the zigzag layout over the ring, Ulysses inside groups of "
-                "--ulysses-degree ranks", varlen=True, shard_by_document=True, options=("ulysses_degree",),
-                ulysses="option", sink=True, takes_window=True),
+                "--ulysses-degree ranks", varlen=True, shard_by_document=True, options={**_OWN, "ulysses_degree": ULYSSES_DEGREE},
+                ulysses="option"),
         Variant("torch_cp", "zigzag", "peers.torch_cp:torch_cp_attention",
                 "peer: PyTorch's context_parallel around SDPA (head-tail balancing, all-gather or all-to-all "
-                "rotation)", non_causal=False, options=("rotate",), devices=("cuda",),
+                "rotation)", non_causal=False, options={"rotate": ROTATE_RULE}, devices=("cuda",),
                 devices_reason="PyTorch's context parallel dispatches only its CUDA SDPA backends "
                                "(flash, efficient, cuDNN)",
                 kernels=("torch-flash", "cudnn", "torch-efficient"), availability="peers.torch_cp:unavailable_reason",
@@ -297,7 +308,7 @@ VARIANTS: dict[str, Variant] = {
                   "where it is installed, else by ringbench's kernel (torch-flash on CUDA, cpu or math)",
                   varlen=varlen, non_causal=non_causal, kernels=("flash-attn", "torch-flash", "cpu", "math"),
                   availability="peers.rfa:varlen_unavailable_reason" if varlen else "peers.rfa:unavailable_reason", peer=True,
-                  options=("heads_k_stride",) if varlen else (), session="peers.rfa:session", case_notes="peers.rfa:served_notes",
+                  options={"heads_k_stride": HEADS_K_STRIDE} if varlen else {}, session="peers.rfa:session", case_notes="peers.rfa:served_notes",
                   model_check="peers.rfa:hf_adapter_unavailable_reason", head_dim_v=False)
           for name, layout, func, varlen, non_causal in (
               ("ring", "contiguous", "ring_flash_attn_func", False, True),
@@ -307,7 +318,7 @@ VARIANTS: dict[str, Variant] = {
         *(Variant(f"yc_{name}", layout, f"peers.yunchang:yc_{name}_attention",
                   f"peer: yunchang's {what}; its flash-attn calls are served by the flash-attn package where "
                   "it is installed, else by ringbench's kernel (torch-flash on CUDA, cpu or math)",
-                  options=("ulysses_degree",) if name == "usp" else (), ulysses=ulysses,
+                  options={"ulysses_degree": ULYSSES_DEGREE} if name == "usp" else {}, ulysses=ulysses,
                   kernels=("flash-attn", "torch-flash", "cpu", "math"), availability="peers.yunchang:unavailable_reason",
                   session="engines.comm:dist_session", head_dim_v=False, peer=True)
           for name, layout, ulysses, what in (
@@ -327,9 +338,9 @@ TESTING_VARIANTS: dict[str, Variant] = {
         Variant("broken_merge", "contiguous", "fixtures.broken:broken_merge_attention",
                 "test only: a ring whose merge drops the last block"),
         Variant("sink_every_block", "contiguous", "fixtures.broken:sink_every_block_attention",
-                "test only: a ring that adds the sink to every block instead of once per row", sink=True),
+                "test only: a ring that adds the sink to every block instead of once per row", options={"sink": SINK}),
         Variant("drift_dsink", "contiguous", "fixtures.broken:drift_dsink_attention",
-                "test only: a ring whose d sink comes back rounded to the input dtype", sink=True),
+                "test only: a ring whose d sink comes back rounded to the input dtype", options={"sink": SINK}),
         Variant("drift_out", "contiguous", "fixtures.broken:drift_out_attention",
                 "test only: a ring that rounds the running output to the input dtype after every merge"),
         Variant("drift_dq", "contiguous", "fixtures.broken:drift_dq_attention",

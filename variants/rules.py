@@ -1,10 +1,14 @@
 """The torch-free rules that the registry and the engines share: how many chunks each layout cuts
-per rank, and which document lengths and Ulysses degrees a variant can take.
+per rank, which document lengths and Ulysses degrees a variant can take, and the variant options
+(:class:`Option`: window, sink, layout, Ulysses degree...), each with its refusal and its resolver.
 
 Plain data and arithmetic, so the harness can refuse a bad spec before any process starts.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 #: Chunks per rank of each layout: the global seqlen must be a multiple of this times W.
 LAYOUT_CHUNKS = {"contiguous": 1, "zigzag": 2, "stripe": 1}
@@ -85,3 +89,140 @@ def default_ulysses_degree(world_size: int, heads: int, kv_heads: int | None = N
 def factorizations(world_size: int) -> list[int]:
     """The Ulysses degrees U of every factorization ``U x R = world_size``, ascending."""
     return [d for d in range(1, world_size + 1) if world_size % d == 0]
+
+
+def resolve_ulysses_degree(degree: int | None, world_size: int, heads: int, kv_heads: int | None = None) -> int:
+    """The Ulysses degree a hybrid (usp) runs with: ``degree`` where given (above 0), else
+    :func:`default_ulysses_degree`. The one home of "0 means the default"."""
+    return degree if degree and degree > 0 else default_ulysses_degree(world_size, heads, kv_heads)
+
+
+# --------------------------------------------------------------------------- variant options
+
+def _and(items) -> str:
+    items = list(items)
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def _or(items) -> str:
+    items = list(items)
+    return ", ".join(items[:-1]) + " or " + items[-1] if len(items) > 1 else "".join(items)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A case field that some variants take and the others refuse, and its rule.
+
+    A variant declares the options it takes in ``Variant.options`` (name -> rule); the harness's
+    check, ``--help``'s "taken by" and the matrix read that declaration. An option that is not
+    declared is refused with :meth:`refusal` when set.
+
+    Attributes:
+        name: the case field (``window``).
+        unset: the field's value when not given.
+        refuse: ``(variant, value, takers) -> sentence`` for a variant that does not take it;
+            ``takers`` are the names of the variants that do.
+        keyword: the caller passes it to the variant's ``attention`` as a plain keyword (the
+            sink is a tensor the rank makes, not a keyword the case gives).
+    """
+
+    name: str
+    refuse: Callable[[Any, Any, list], str]
+    unset: Any = 0
+    keyword: bool = True
+
+    def given(self, variant, value) -> bool:
+        """Whether ``value`` asks ``variant`` for something."""
+        return value is not None and value != self.unset
+
+    def check(self, variant, value, case: Mapping[str, Any]) -> str | None:
+        """The variant's rule for a value it takes, given the rest of the case; ``None``: fine."""
+        return None
+
+    def resolve(self, variant, value, case: Mapping[str, Any]):
+        """The value a case runs with (the default where unset); most options are themselves."""
+        return value
+
+
+@dataclass(frozen=True)
+class Layouts(Option):
+    """``layout``: the layouts a variant takes, its own first. A variant that declares none
+    takes its own only."""
+
+    choices: tuple[str, ...] = ()
+
+    def given(self, variant, value) -> bool:
+        return bool(value) and value != variant.layout
+
+    def check(self, variant, value, case):
+        if value and value not in self.choices:
+            return self.refuse(variant, value, [])
+        return None
+
+
+def _refuse_layout(variant, value, takers) -> str:
+    allowed = variant.options["layout"].choices if "layout" in variant.options else (variant.layout,)
+    return f"layout {value!r} is not one {variant.name} takes; choose {' or '.join(allowed)}"
+
+
+def layouts(*choices: str) -> Layouts:
+    """The ``layout`` option of a variant taking ``choices`` (its own first)."""
+    return Layouts("layout", _refuse_layout, unset="", choices=choices)
+
+
+@dataclass(frozen=True)
+class HeadsKStride(Option):
+    def check(self, variant, value, case):
+        kv_heads = case.get("kv_heads")
+        if value and kv_heads is not None and not 1 <= value <= kv_heads:
+            return (f"heads_k_stride {value} must be between 1 and kv_heads = {kv_heads}; "
+                    f"pass --heads-k-stride {kv_heads} or fewer")
+        return None
+
+
+@dataclass(frozen=True)
+class UlyssesDegree(Option):
+    """``ulysses_degree`` of the Ulysses-ring hybrids: -1 is auto (one case per factorization,
+    expanded by the harness), 0 the default (:func:`resolve_ulysses_degree`)."""
+
+    def check(self, variant, value, case):
+        world_size, heads = case["world_size"], case.get("heads")
+        if value > 0 and world_size % value:
+            return (f"ulysses_degree {value} does not divide world_size {world_size}, and {variant.name} "
+                    f"runs a ring of world_size / ulysses_degree groups; pass one of "
+                    f"{', '.join(map(str, factorizations(world_size)))} or auto")
+        if value > 0 and heads is not None:
+            return ulysses_rule(heads, case.get("kv_heads"), value, variant.name, world_size=world_size)
+        return None
+
+    def resolve(self, variant, value, case):
+        if value < 0:  # auto: the harness expands it first
+            return value
+        return resolve_ulysses_degree(value, case["world_size"], case["heads"], case.get("kv_heads"))
+
+
+@dataclass(frozen=True)
+class Window(Option):
+    def check(self, variant, value, case):
+        if value and not case.get("causal", True):
+            return (f"a sliding window is causal (query p sees keys p - window + 1 .. p), so --window {value} "
+                    "needs --causal; drop --no-causal or --window")
+        return None
+
+
+SINK = Option("sink", lambda v, value, takers: (
+    f"{v.name} takes no attention sink (sink {value!r}), since only ringbench's own engines apply one once per "
+    "row; pass --sink none or use a ringbench variant such as zigzag"), unset="none", keyword=False)
+HEADS_K_STRIDE = HeadsKStride("heads_k_stride", lambda v, value, takers: (
+    f"{v.name} takes no heads_k_stride; it is an option of all-gather variants such as llama3"))
+ROTATE_RULE = Option("rotate", lambda v, value, takers: (
+    f"{v.name} takes no rotate; it is an option of torch_cp (PyTorch's context parallel)"), unset="")
+ULYSSES_DEGREE = UlyssesDegree("ulysses_degree", lambda v, value, takers: (
+    f"{v.name} takes no ulysses_degree; it is an option of the Ulysses-ring hybrids ({_or(takers)}), so drop "
+    "--ulysses-degree or use one of them"))
+WINDOW = Window("window", lambda v, value, takers: (
+    f"{v.name} cannot take a sliding window (--window {value}); use one of {', '.join(takers)}"))
+
+#: Every variant option, in the order a case's options are checked.
+OPTIONS: dict[str, Option] = {o.name: o for o in (SINK, layouts(), HEADS_K_STRIDE, ROTATE_RULE, ULYSSES_DEGREE,
+                                                  WINDOW)}

@@ -146,7 +146,7 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
                          f"such as zigzag")
     if kernel != "auto":
         get_kernel(kernel)
-    allowed = set(v.options) | ({"layout"} if v.layouts else set())
+    allowed = set(v.keywords)
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ValueError(f"option {unknown[0]!r} is not one {variant} takes; it takes "

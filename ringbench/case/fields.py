@@ -1,29 +1,34 @@
-"""The case fields: one row each, the single home of everything a case field needs.
+"""The case fields: :class:`CaseSpec`, whose every attribute carries its :class:`Field` row, the
+single home of everything a case field needs.
 
-A row gives the field's name, its type, how text becomes a value (``128k``), its default
-on each device, the help text with its units, how a table labels it, whether it is part of
-``case_id``, whether it goes to the variant's ``attention`` as a keyword, which commands take
-it as an option, and its own check. Generated from :data:`FIELDS`:
+A row gives the field's help text with its units, how text becomes a value (``128k``), its
+default on each device, how a table labels it, whether it is part of ``case_id``, which commands
+take it as an option, and its own check; its name and type are the attribute's. Whether it is a
+variant option (and which variants take it) is the variants' declaration (``Variant.options``).
+Generated from the rows (:data:`FIELDS`, read from ``dataclasses.fields(CaseSpec)``):
 
-- ``ringbench.case.spec.CaseSpec`` (its attributes and their docs);
-- the ``run`` and ``verify`` options (``ringbench.case.options``);
+- the ``run`` and ``verify`` options (``ringbench.case.options``), each parsed by its type;
 - scenario key validation, the variant options, table labels and the error-growth grouping
   key (every case field but the world size);
 - the field table of ``docs/contracts.md`` (:func:`markdown_table`, kept equal by a test).
 
-Adding a case field is one row here plus its check. Torch-free: a bad value is refused in
+Adding a case field is one attribute here plus its check. Torch-free: a bad value is refused in
 milliseconds, before any process starts.
 """
 
-from __future__ import annotations
-
+import dataclasses
+import hashlib
+import json
 import math
 import re
+import typing
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, Mapping
 
+from ringbench.case.types import ValueType, whole
 from ringbench.errors import SpecError
+from ringbench.variants import OPTIONS, ROTATE, VARIANTS, get_variant
 
 #: Short dtype names users type, mapped to the ``torch`` attribute they mean.
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
@@ -77,20 +82,6 @@ def parse_size(text: str, *, name: str = "seqlen") -> int:
         raise SpecError(f"{name} {raw!r} is {count} tokens, above the limit of {MAX_SEQLEN} (1024M); "
                         "use a smaller size")
     return count
-
-
-def parse_whole(text: Any, *, name: str, option: str, example: int) -> int:
-    """Parse an option's whole number (``--world-size 4``), given as text so that a bad one is
-    ringbench's one sentence, not the parser's box.
-
-    Raises:
-        SpecError: not a whole number, naming ``name``, the text and ``option`` with ``example``.
-    """
-    try:
-        return int(str(text).strip())
-    except ValueError:
-        raise SpecError(f"{name} {text!r} is not a whole number; pass {option} with an integer, such as "
-                        f"{example}") from None
 
 
 def format_size(count: int) -> str:
@@ -240,8 +231,6 @@ def _at_least(low: int) -> Callable[[str, Any], None]:
 
 
 def _check_variant(name: str, value: str) -> None:
-    from ringbench.variants import get_variant
-
     try:
         get_variant(value)
     except ValueError as exc:
@@ -268,13 +257,7 @@ def _if_set(check: Callable[[str, Any], Any]) -> Callable[[str, Any], None]:
 
 
 def _rotations() -> tuple[str, ...]:
-    from ringbench.variants import ROTATE
-
     return ROTATE
-
-
-def _parse_window(text: str) -> int:
-    return parse_size(text, name="window")
 
 
 def _check_window(name: str, value: int) -> None:
@@ -283,12 +266,17 @@ def _check_window(name: str, value: int) -> None:
                         "--window 4k, or leave it out for none")
 
 
-def _window_takers() -> str:
-    """The variants that take a sliding window (``Variant.takes_window``), as ``a, b and c``."""
-    from ringbench.variants import VARIANTS
+def takers(option: str) -> list[str]:
+    """The variants that declare ``option`` (``Variant.options``), in registry order."""
+    return [n for n, v in VARIANTS.items() if option in v.options]
 
-    found = [n for n, v in VARIANTS.items() if v.takes_window]
-    return ", ".join(found[:-1]) + " and " + found[-1]
+
+def _taken_by(name: str) -> str:
+    """The help's generated ``; taken by: a, b and c`` of a variant option, else ``""``."""
+    if name not in OPTIONS:
+        return ""
+    found = takers(name)
+    return "; taken by: " + (", ".join(found[:-1]) + " and " + found[-1] if len(found) > 1 else "".join(found))
 
 
 def _check_model(name: str, value: str) -> None:
@@ -299,14 +287,22 @@ def _check_model(name: str, value: str) -> None:
 
 # --------------------------------------------------------------------------- the table
 
+#: The metadata key of a CaseSpec attribute's :class:`Field` row.
+ROW = "row"
+_SIZE = {name: ValueType("size", lambda text, name=name: parse_size(text, name=name)) for name in ("seqlen", "window")}
+#: ``--ulysses-degree``: a whole number or ``auto``.
+ULYSSES_DEGREE = ValueType("degree", lambda text: parse_ulysses_degree(text))
+
+
 @dataclass(frozen=True)
 class Field:
-    """One case field.
+    """One case field: the row a :class:`CaseSpec` attribute carries in its metadata.
 
     Attributes:
-        name: the attribute of ``CaseSpec`` and the key of records and scenarios.
-        type: ``int``, ``str`` or ``bool``.
-        help: what it is, with its units; the options' help adds the defaults.
+        name, type: the attribute's (filled in from ``CaseSpec``); ``type`` is ``int``, ``str``
+            or ``bool``.
+        help: what it is, with its units; the options' help adds the defaults. A variant
+            option's help ends with the variants that take it (generated, ``; taken by: ...``).
         cuda, cpu: its default on each device (:data:`VISIBLE_GPUS` for cuda's world size);
             ``None``: no default (``task``, ``variant``: every case gives them).
         default_text: how the help states the default when the values alone would not say it.
@@ -316,16 +312,14 @@ class Field:
             what is computed, only how often and on which numbers).
         optional: added after the first records were written: left out of ``case_id`` at its
             default, so the ids of older records stay what they were.
-        variant_option: passed to the variant's ``attention`` as a keyword when set.
         commands: the commands that take it as an option.
         flag: the option's name; default ``--`` + name with dashes.
-        parse: text -> value, for options given as text (``seqlen``: ``128k``).
+        parse: the type that reads its text (``seqlen``: a size such as ``128k``); ``None``: an
+            int field reads a whole number, a text field takes the text.
         check: ``(name, value)`` -> None, raising SpecError: the field's own rule, alone.
         repeatable: the option may be given several times (one case per value).
     """
 
-    name: str
-    type: type
     help: str
     cuda: Any = None
     cpu: Any = None
@@ -333,12 +327,13 @@ class Field:
     label: str | None = None
     in_case_id: bool = True
     optional: bool = False
-    variant_option: bool = False
     commands: tuple[str, ...] = TASKS
     flag: str = ""
-    parse: Callable[[str], Any] | None = None
+    parse: ValueType | None = None
     check: Callable[[str, Any], None] | None = None
     repeatable: bool = False
+    name: str = ""
+    type: type = object
 
     @property
     def option(self) -> str:
@@ -350,6 +345,20 @@ class Field:
         """The value a record written before this field existed holds (optional fields)."""
         return self.cpu
 
+    @property
+    def variant_option(self) -> bool:
+        """Passed to the variant's ``attention`` as a keyword when set (``rules.OPTIONS``' keywords)."""
+        return self.name in OPTIONS and OPTIONS[self.name].keyword
+
+    @property
+    def value_type(self) -> ValueType | None:
+        """The type its option's text is parsed by where it enters (``None``: plain text or a flag)."""
+        if self.parse is not None:
+            return self.parse
+        if self.type is int:
+            return whole(self.name, self.option, self.cpu if isinstance(self.cpu, int) else 1)
+        return None
+
     def default_help(self) -> str:
         """``Default: cuda 16k, cpu 4k.`` or ``Default: 1.``, from the row."""
         if self.default_text:
@@ -358,19 +367,6 @@ class Field:
         if self.cuda == self.cpu:
             return f"Default: {show(self.cuda)}."
         return f"Default: cuda {self.cuda if self.cuda == VISIBLE_GPUS else show(self.cuda)}, cpu {show(self.cpu)}."
-
-    def from_text(self, text: str) -> Any:
-        """The value of an option given as text: the row's parser, or a whole number for an int field.
-
-        Raises:
-            SpecError: text that is not a value of this field, naming the option.
-        """
-        if self.parse is not None:
-            return self.parse(text)
-        if self.type is int:
-            return parse_whole(text, name=self.name, option=self.option,
-                               example=self.cpu if isinstance(self.cpu, int) else 1)
-        return text
 
     def text(self, value: Any) -> str:
         """The value as a label names it: ``W=2``, ``16k``, ``non-causal``."""
@@ -381,109 +377,172 @@ class Field:
         return self.label.format(value) if self.label else str(value)
 
 
+def row(help: str, cuda: Any = None, cpu: Any = None, **kw: Any) -> Any:
+    """A :class:`CaseSpec` attribute carrying its :class:`Field` row; an optional one defaults
+    to its cpu default (the value older records lack it at)."""
+    field = Field(help, cuda, cpu, **kw)
+    default = cpu if field.optional else dataclasses.MISSING
+    return dataclasses.field(default=default, metadata={ROW: field})
+
+
 _POSITIVE, _ZERO_OR_MORE = _at_least(1), _at_least(0)
 
-FIELDS: tuple[Field, ...] = (
-    Field("task", str, "`run` (measure) or `verify` (compare against single-device attention)",
-          commands=(), check=_one_of(lambda: TASKS)),
-    Field("variant", str, "the context-parallel variant, a registry name (`ringbench variants` lists them "
-          "and says which can run here)", repeatable=True, check=_check_variant),
-    Field("kernel", str, "the local attention kernel: flash-attn-4, flash-attn, torch-flash, cudnn, "
-          "torch-efficient (cuda), cpu, math (any device), or auto: the first one available here that takes the "
-          "dtype, head dims and form, flash-attn-4 first on CUDA (never auto once launched)", "auto", "auto",
-          repeatable=True, check=_check_kernel_name),
-    Field("device", str, "run on cuda (NCCL, one GPU per rank) or cpu (gloo)",
-          default_text="cuda when a GPU is visible, else cpu; a scenario that names its device (smoke says "
-                       "cpu) keeps it unless this is given", check=_one_of(lambda: DEVICES)),
-    Field("world_size", int, "ranks in the context-parallel group, one process each", VISIBLE_GPUS, 2,
-          label="W={}", repeatable=True, check=_POSITIVE),
-    Field("batch", int, "sequences per batch (B)", 1, 1, label="B={}", check=_POSITIVE),
-    Field("seqlen", int, "global tokens per sequence (S), split across the ranks; a whole number with an "
-          "optional k (x1024) or M (x1024^2) suffix, such as 4096, 128k or 1M", 16 * 1024, 4 * 1024,
-          parse=parse_size, repeatable=True, check=_check_seqlen),
-    Field("heads", int, "query heads (Hq)", 32, 4, label="H={}", check=_POSITIVE),
-    Field("kv_heads", int, "key/value heads (Hkv); divides heads, fewer than heads is GQA", 8, 2, label="KV={}",
-          check=_POSITIVE),
-    Field("head_dim", int, "channels per head (D)", 128, 32, label="D={}", check=_POSITIVE),
-    Field("dtype", str, "input dtype: bf16, fp16, fp32 or fp64", "bf16", "fp32", check=_one_of(lambda: tuple(DTYPES))),
-    Field("causal", bool, "causal mask (--causal) or every key visible (--no-causal)", True, True,
-          default_text="causal", flag="--causal/--no-causal", check=None),
-    Field("mode", str, "what one iteration times: fwd (forward) or fwd_bwd (forward and backward); verify "
-          "always checks both", "fwd_bwd", "fwd_bwd", commands=("run",), check=_one_of(lambda: MODES)),
-    Field("iters", int, "timed iterations per case", 20, 10, in_case_id=False, commands=("run",), check=_POSITIVE),
-    Field("warmup", int, "untimed warm-up iterations before timing (0 allowed)", 5, 3, in_case_id=False,
-          commands=("run",), check=_ZERO_OR_MORE),
-    Field("seed", int, "seed of the random inputs (0 or more)", 0, 0, in_case_id=False, check=_ZERO_OR_MORE),
-    Field("head_dim_v", int, "channels per value head (Dv) where they differ from head_dim, as in MLA "
-          "(192/128); out has Dv channels; 0: the same as head_dim. Only some kernels take it "
-          "(flash-attn-4, math)", 0, 0, default_text="head_dim", label="Dv={}", optional=True,
-          check=_ZERO_OR_MORE),
-    Field("layout", str, "the layout of the sequence over the ranks, for variants that take several (llama3: "
-          "zigzag or contiguous; llama3_varlen: contiguous, or balanced: each document cut head-tail, which "
-          "balances the causal mask's work; both take either mask)", "", "",
-          default_text="the variant's own", optional=True, variant_option=True),
-    Field("heads_k_stride", int, "K/V heads gathered at a time by all-gather variants (llama3, llama3_varlen); "
-          "while one group computes, the next group's gather is in flight; 0: all of them in one gather", 0, 0,
-          default_text="all K/V heads in one gather", label="stride={}", optional=True, variant_option=True,
-          check=_ZERO_OR_MORE),
-    Field("docs", str, "packed documents of a varlen variant: lengths in tokens separated by commas (sizes such "
-          "as 12k, 0 for an empty document), in row order, summing to seqlen; ring_varlen needs each a "
-          "multiple of the world size, zigzag_varlen of twice it, llama3_varlen takes any",
-          "", "", default_text="none", optional=True, check=_if_set(lambda name, value: parse_docs(value))),
-    Field("doc_dist", str, "draw the documents with the seed until they fill seqlen: lognormal:mean=4k,sigma=1 "
-          "(mean length in tokens, sigma of its log) or uniform:min=512,max=8k; lengths are rounded to the "
-          "variant's multiple", "", "", default_text="none", optional=True,
-          check=_if_set(lambda name, value: parse_doc_dist(value))),
-    Field("doc_pad", int, "pad every document given by --docs to a multiple of this many tokens, the padding at "
-          "the document's end (so under the causal mask no real token sees it); --docs gives the real lengths, "
-          "seqlen the padded row, FLOPs count real tokens; padding rows' out and gradients are zero and their lse "
-          "is not compared; 0: no padding", 0, 0, default_text="no padding", label="pad={}", optional=True,
-          check=_ZERO_OR_MORE),
-    Field("rotate", str, "how torch_cp (PyTorch's context parallel) moves K/V: allgather (gather once) or "
-          "alltoall (one block per step)", "", "",
-          default_text="allgather, PyTorch's own", optional=True, variant_option=True,
-          check=_if_set(_one_of(_rotations))),
-    Field("sink", str, "attention sink, one logit per query head joining every softmax row once: learnable "
-          "(float32 logits drawn from the seed; verify checks their gradient too) or off-by-one (0, fixed, no "
-          "gradient); ringbench's own variants only", "none", "none", default_text="none", label="sink={}",
-          optional=True,
-          check=_one_of(lambda: SINKS)),
-    Field("window", int, "a causal sliding window: each query sees this many most recent keys of its sequence or "
-          "document, itself included (query p sees keys p - L + 1 .. p); a size such as 4096 or 4k; taken by "
-          f"{_window_takers()} on the flash-attn-4, flash-attn, torch-flash, cpu and math kernels", 0, 0,
-          default_text="none", label="window={}", optional=True, variant_option=True, parse=_parse_window,
-          check=_check_window),
-    Field("ulysses_degree", int, "ranks in each Ulysses group of the Ulysses-ring hybrids (usp, usp_varlen, "
-          "yc_usp), which run a ring of world_size / ulysses_degree groups; a divisor of the world size that "
-          "divides heads (and divides kv_heads or is a multiple of it), 0: the largest such divisor, or auto: one "
-          "case per factorization of the world size", 0, 0,
-          default_text="the largest the heads allow; 0 for the other variants",
-          label="U={}", optional=True, variant_option=True, parse=parse_ulysses_degree, check=_check_ulysses_degree),
-    Field("hf_model", str, "check a whole model instead of attention alone: a random-initialised Llama "
-          "(llama-tiny: 256 tokens, for CPU; llama-small: 16k tokens, for GPUs) through the Hugging Face "
-          "adapter; it fixes seqlen, batch, heads, kv_heads and head_dim; needs the hf extra", "", "", default_text="the attention check", optional=True, commands=("verify",),
-          flag="--model", check=_if_set(_check_model)),
-    Field("repeat", int, "times each case runs in the same launch; above 1, out, lse, dq, dk and dv must be "
-          "bitwise the same in every repeat (a determinism check: the first differing tensor and repeat are "
-          "recorded, and the case fails unless only the gradients differ and its kernel's backward is documented "
-          "as nondeterministic); 1: once, no determinism verdict", 1, 1, in_case_id=False, optional=True,
-          commands=("verify",), check=_POSITIVE),
-    Field("require_deterministic", bool, "fail a case whose repeats differ at all, also where its kernel's "
-          "backward is documented as nondeterministic (flash-attn, torch-flash, cudnn, torch-efficient); runs at "
-          "least 2 repeats", False, False, default_text="off", in_case_id=False, optional=True,
-          commands=("verify",), flag="--require-deterministic", check=None),
-    Field("profile", bool, "after the timed iterations, run as many again with a span around every kernel call, "
-          "merge and communication wait, per rank and per step (CUDA events, read after the iterations; "
-          "perf_counter on cpu): records gain profile, per_rank_busy_ms and busy_imbalance, the command prints a "
-          "breakdown per rank (kernel, merge, exposed communication, other) and writes OUT/profile-<case_id>.png",
-          False, False, default_text="off", in_case_id=False, optional=True, commands=("run",), flag="--profile",
-          check=None),
-    Field("emulate", bool, "one process on one device plays every rank in turn, the ring's transfers replaced "
-          "by device copies of the K/V blocks each rank would receive (drawn from the same seeds): compute-only "
-          "time per rank and the efficiency bound at world_size, in records that say emulated: true; ring, "
-          "zigzag and stripe only, no process group of world_size ranks needed", False, False, default_text="off",
-          optional=True, commands=("run",), flag="--emulate", check=None),
-)
+
+@dataclass(frozen=True)
+class CaseSpec:
+    task: str = row("`run` (measure) or `verify` (compare against single-device attention)",
+                    commands=(), check=_one_of(lambda: TASKS))
+    variant: str = row("the context-parallel variant, a registry name (`ringbench variants` lists them and says "
+                       "which can run here)", repeatable=True, check=_check_variant)
+    kernel: str = row("the local attention kernel: flash-attn-4, flash-attn, torch-flash, cudnn, torch-efficient "
+                      "(cuda), cpu, math (any device), or auto: the first one available here that takes the dtype, "
+                      "head dims and form, flash-attn-4 first on CUDA (never auto once launched)", "auto", "auto",
+                      repeatable=True, check=_check_kernel_name)
+    device: str = row("run on cuda (NCCL, one GPU per rank) or cpu (gloo)",
+                      default_text="cuda when a GPU is visible, else cpu; a scenario that names its device (smoke "
+                                   "says cpu) keeps it unless this is given", check=_one_of(lambda: DEVICES))
+    world_size: int = row("ranks in the context-parallel group, one process each", VISIBLE_GPUS, 2, label="W={}",
+                          repeatable=True, check=_POSITIVE)
+    batch: int = row("sequences per batch (B)", 1, 1, label="B={}", check=_POSITIVE)
+    seqlen: int = row("global tokens per sequence (S), split across the ranks; a whole number with an optional k "
+                      "(x1024) or M (x1024^2) suffix, such as 4096, 128k or 1M", 16 * 1024, 4 * 1024,
+                      parse=_SIZE["seqlen"], repeatable=True, check=_check_seqlen)
+    heads: int = row("query heads (Hq)", 32, 4, label="H={}", check=_POSITIVE)
+    kv_heads: int = row("key/value heads (Hkv); divides heads, fewer than heads is GQA", 8, 2, label="KV={}",
+                        check=_POSITIVE)
+    head_dim: int = row("channels per head (D)", 128, 32, label="D={}", check=_POSITIVE)
+    dtype: str = row("input dtype: bf16, fp16, fp32 or fp64", "bf16", "fp32", check=_one_of(lambda: tuple(DTYPES)))
+    causal: bool = row("causal mask (--causal) or every key visible (--no-causal)", True, True,
+                       default_text="causal", flag="--causal/--no-causal")
+    mode: str = row("what one iteration times: fwd (forward) or fwd_bwd (forward and backward); verify always "
+                    "checks both", "fwd_bwd", "fwd_bwd", commands=("run",), check=_one_of(lambda: MODES))
+    iters: int = row("timed iterations per case", 20, 10, in_case_id=False, commands=("run",), check=_POSITIVE)
+    warmup: int = row("untimed warm-up iterations before timing (0 allowed)", 5, 3, in_case_id=False,
+                      commands=("run",), check=_ZERO_OR_MORE)
+    seed: int = row("seed of the random inputs (0 or more)", 0, 0, in_case_id=False, check=_ZERO_OR_MORE)
+    head_dim_v: int = row("channels per value head (Dv) where they differ from head_dim, as in MLA (192/128); out "
+                          "has Dv channels; 0: the same as head_dim. Only some kernels take it (flash-attn-4, math)",
+                          0, 0, default_text="head_dim", label="Dv={}", optional=True, check=_ZERO_OR_MORE)
+    layout: str = row("the layout of the sequence over the ranks, for variants that take several (llama3: zigzag or "
+                      "contiguous; llama3_varlen: contiguous, or balanced: each document cut head-tail, which "
+                      "balances the causal mask's work; both take either mask)", "", "",
+                      default_text="the variant's own", optional=True)
+    heads_k_stride: int = row("K/V heads gathered at a time by all-gather variants; while one group computes, the "
+                              "next group's gather is in flight; 0: all of them in one gather", 0, 0,
+                              default_text="all K/V heads in one gather", label="stride={}", optional=True,
+                              check=_ZERO_OR_MORE)
+    docs: str = row("packed documents of a varlen variant: lengths in tokens separated by commas (sizes such as 12k, "
+                    "0 for an empty document), in row order, summing to seqlen; ring_varlen needs each a multiple of "
+                    "the world size, zigzag_varlen of twice it, llama3_varlen takes any", "", "",
+                    default_text="none", optional=True, check=_if_set(lambda name, value: parse_docs(value)))
+    doc_dist: str = row("draw the documents with the seed until they fill seqlen: lognormal:mean=4k,sigma=1 (mean "
+                        "length in tokens, sigma of its log) or uniform:min=512,max=8k; lengths are rounded to the "
+                        "variant's multiple", "", "", default_text="none", optional=True,
+                        check=_if_set(lambda name, value: parse_doc_dist(value)))
+    doc_pad: int = row("pad every document given by --docs to a multiple of this many tokens, the padding at the "
+                       "document's end (so under the causal mask no real token sees it); --docs gives the real "
+                       "lengths, seqlen the padded row, FLOPs count real tokens; padding rows' out and gradients are "
+                       "zero and their lse is not compared; 0: no padding", 0, 0, default_text="no padding",
+                       label="pad={}", optional=True, check=_ZERO_OR_MORE)
+    rotate: str = row("how torch_cp (PyTorch's context parallel) moves K/V: allgather (gather once) or alltoall (one "
+                      "block per step)", "", "", default_text="allgather, PyTorch's own", optional=True,
+                      check=_if_set(_one_of(_rotations)))
+    sink: str = row("attention sink, one logit per query head joining every softmax row once: learnable (float32 "
+                    "logits drawn from the seed; verify checks their gradient too) or off-by-one (0, fixed, no "
+                    "gradient)", "none", "none", default_text="none",
+                    label="sink={}", optional=True, check=_one_of(lambda: SINKS))
+    window: int = row("a causal sliding window: each query sees this many most recent keys of its sequence or "
+                      "document, itself included (query p sees keys p - L + 1 .. p); a size such as 4096 or 4k; on "
+                      "the flash-attn-4, flash-attn, torch-flash, cpu and math kernels", 0, 0, default_text="none",
+                      label="window={}", optional=True, parse=_SIZE["window"], check=_check_window)
+    ulysses_degree: int = row("ranks in each Ulysses group of the Ulysses-ring hybrids, which run a ring of "
+                              "world_size / ulysses_degree groups; a divisor of the world size that divides heads "
+                              "(and divides kv_heads or is a multiple of it), 0: the largest such divisor, or auto: "
+                              "one case per factorization of the world size", 0, 0,
+                              default_text="the largest the heads allow; 0 for the other variants", label="U={}",
+                              optional=True, parse=ULYSSES_DEGREE, check=_check_ulysses_degree)
+    hf_model: str = row("check a whole model instead of attention alone: a random-initialised Llama (llama-tiny: 256 "
+                        "tokens, for CPU; llama-small: 16k tokens, for GPUs) through the Hugging Face adapter; it "
+                        "fixes seqlen, batch, heads, kv_heads and head_dim; needs the hf extra", "", "",
+                        default_text="the attention check", optional=True, commands=("verify",), flag="--model",
+                        check=_if_set(_check_model))
+    repeat: int = row("times each case runs in the same launch; above 1, out, lse, dq, dk and dv must be bitwise the "
+                      "same in every repeat (a determinism check: the first differing tensor and repeat are "
+                      "recorded, and the case fails unless only the gradients differ and its kernel's backward is "
+                      "documented as nondeterministic); 1: once, no determinism verdict", 1, 1, in_case_id=False,
+                      optional=True, commands=("verify",), check=_POSITIVE)
+    require_deterministic: bool = row("fail a case whose repeats differ at all, also where its kernel's backward is "
+                                      "documented as nondeterministic (flash-attn, torch-flash, cudnn, "
+                                      "torch-efficient); runs at least 2 repeats", False, False, default_text="off",
+                                      in_case_id=False, optional=True, commands=("verify",),
+                                      flag="--require-deterministic")
+    profile: bool = row("after the timed iterations, run as many again with a span around every kernel call, merge "
+                        "and communication wait, per rank and per step (CUDA events, read after the iterations; "
+                        "perf_counter on cpu): records gain profile, per_rank_busy_ms and busy_imbalance, the command "
+                        "prints a breakdown per rank (kernel, merge, exposed communication, other) and writes "
+                        "OUT/profile-<case_id>.png", False, False, default_text="off", in_case_id=False,
+                        optional=True, commands=("run",), flag="--profile")
+    emulate: bool = row("one process on one device plays every rank in turn, the ring's transfers replaced by device "
+                        "copies of the K/V blocks each rank would receive (drawn from the same seeds): compute-only "
+                        "time per rank and the efficiency bound at world_size, in records that say emulated: true; "
+                        "ring, zigzag and stripe only, no process group of world_size ranks needed", False, False,
+                        default_text="off", optional=True, commands=("run",), flag="--emulate")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form records hold, field order as in the table."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CaseSpec":
+        """Build a spec from ``to_dict()`` output (or a record's ``spec``), checking each field's type.
+
+        Optional fields a record written before them lacks take their default.
+
+        Raises:
+            SpecError: a missing or unknown field, or a value of the wrong type.
+        """
+        unknown = [k for k in data if k not in BY_NAME]
+        if unknown:
+            raise SpecError(f"field {unknown[0]!r} is not a case field; use one of {', '.join(NAMES)}")
+        missing = [k for k in NAMES if k not in data and k not in OPTIONAL_DEFAULTS]
+        if missing:
+            raise SpecError(f"field {missing[0]!r} is missing from the case; give every field of "
+                            "CaseSpec.to_dict()")
+        return cls(**{k: coerce(k, data[k]) for k in NAMES if k in data})
+
+    def case_id(self) -> str:
+        """A stable 12-hex-digit sha1 of every field in the case_id (all but iters, warmup and seed).
+
+        Optional fields left at their defaults are left out, so ids stay those of records
+        written before the field existed.
+        """
+        keyed = {k: v for k, v in self.to_dict().items()
+                 if k not in NOT_IN_CASE_ID and not (k in OPTIONAL_DEFAULTS and v == OPTIONAL_DEFAULTS[k])}
+        blob = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+    def value_head_dim(self) -> int:
+        """The value head dim Dv: ``head_dim_v``, or ``head_dim`` where it is 0."""
+        return self.head_dim_v or self.head_dim
+
+    def replace(self, **changes: Any) -> "CaseSpec":
+        """A copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+
+def _rows() -> tuple[Field, ...]:
+    """The rows of CaseSpec's attributes, each with its name, its type and its generated help."""
+    hints = typing.get_type_hints(CaseSpec)
+    return tuple(dataclasses.replace(f.metadata[ROW], name=f.name, type=hints[f.name],
+                                     help=f.metadata[ROW].help + _taken_by(f.name))
+                 for f in dataclasses.fields(CaseSpec))
+
+
+FIELDS: tuple[Field, ...] = _rows()
+CaseSpec.__doc__ = "\n".join(
+    ["One case: a variant, a kernel and a shape on ``world_size`` ranks.", "",
+     "Each attribute carries its :class:`Field` row (``dataclasses.fields(CaseSpec)[i].metadata['row']``).", "",
+     "Attributes:"] + [f"    {f.name} ({f.type.__name__}): {f.help}." for f in FIELDS])
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
@@ -514,7 +573,7 @@ def coerce(name: str, value: Any) -> Any:
     if field is None:
         raise SpecError(f"field {name!r} is not a case field; use one of {', '.join(NAMES)}")
     if field.parse is not None and isinstance(value, str):
-        return field.parse(value)
+        return field.parse.parse(value)
     ok = isinstance(value, field.type) and not (field.type is int and isinstance(value, bool))
     if not ok:
         kind = type(value).__name__

@@ -22,6 +22,7 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from ringbench.case import fields
+from ringbench.case.types import SECONDS, whole
 from ringbench.errors import SpecError
 
 OUT_HELP = "Folder for the records; run appends to OUT/runs.jsonl, verify to OUT/verify.jsonl. Default: results."
@@ -65,11 +66,12 @@ def _case_parameters(command: str) -> list[inspect.Parameter]:
     """One typer option per field that ``command`` takes, in table order."""
     params = []
     for f in fields.fields_of(command):
-        # Numbers come in as text and are read by the row (fields.Field.from_text), so a bad one
-        # gets ringbench's one sentence, not the parser's box.
-        kind = str if f.parse is not None or f.type is int else f.type
+        # A typed field's text is parsed once, here, by its type (fields.Field.value_type), whose
+        # refusal is ringbench's one sentence, not the parser's box; the help shows the text.
+        kind = str if f.value_type is not None else f.type
         annotation = Optional[List[kind]] if f.repeatable else Optional[kind]
-        option = typer.Option(None, *f.option.split(" "), help=_option_help(f), show_default=False)
+        option = typer.Option(None, *f.option.split(" "), help=_option_help(f), show_default=False,
+                              parser=f.value_type)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=annotation))
     return params
@@ -105,18 +107,16 @@ def with_case_options(command: str) -> Callable:
 #: How the help shows an option taken as text and read as a number here (as typer shows a typed one).
 INT, INT_LIST, FLOAT = "<int>", "<list[int]>", "<float>"
 #: ``matrix --world-size`` reads its values as the case field does.
-WORLD_SIZE = fields.BY_NAME["world_size"]
+WORLD_SIZE = fields.BY_NAME["world_size"].value_type
+#: The types of ``--timeout``, ``--nnodes`` and ``--node-rank``.
+TIMEOUT, NNODES, NODE_RANK = SECONDS, whole("nnodes", "--nnodes", 1), whole("node-rank", "--node-rank", 0)
 
 
 def check_given(given: dict[str, Any]) -> None:
-    """Refuse bad case option values before the (slow, torch-importing) device detection."""
+    """Refuse bad case option values (already parsed into their types) before the (slow,
+    torch-importing) device detection."""
     from ringbench.case.spec import check_fields, document_refusal
 
-    for key, value in list(given.items()):
-        field = fields.BY_NAME[key]
-        if field.type is not str:
-            given[key] = ([field.from_text(v) if isinstance(v, str) else v for v in value] if isinstance(value, list)
-                          else field.from_text(value) if isinstance(value, str) else value)
     for key, value in given.items():
         for item in value if isinstance(value, list) else [value]:
             check_fields({key: item})
@@ -133,25 +133,6 @@ def check_given(given: dict[str, Any]) -> None:
     _check_seqlen_fits_every_world_size(given)
     for combo in combos:  # the variant's seqlen rule, at every world size
         check_fields(combo)
-
-
-def check_timeout(text: Optional[str]) -> Optional[float]:
-    """``--timeout``'s seconds, or ``None`` where it is not given.
-
-    Raises:
-        SpecError: not a number, or not between 0 and a week.
-    """
-    if text is None:
-        return None
-    try:
-        timeout = float(str(text).strip())
-    except ValueError:
-        raise SpecError(f"timeout {text!r} is not a number of seconds; pass --timeout with a number, such as "
-                        "600") from None
-    if not 0 < timeout < 7 * 24 * 3600:
-        raise SpecError(f"timeout {timeout:g} must be positive and under a week (604800 s); pass --timeout with a "
-                        "number of seconds, such as 600")
-    return timeout
 
 
 def _check_seqlen_fits_every_world_size(given: dict[str, Any]) -> None:
@@ -176,14 +157,13 @@ def _check_seqlen_fits_every_world_size(given: dict[str, Any]) -> None:
 _HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
 
 
-def check_nodes(nnodes: Optional[str], node_rank: Optional[str], endpoint: Optional[str],
+def check_nodes(nnodes: Optional[int], node_rank: Optional[int], endpoint: Optional[str],
                 rdzv_id: Optional[str]) -> tuple[int, dict]:
-    """Refuse bad multi-node options (``--nnodes`` and ``--node-rank`` as given, text or ``None``
+    """Refuse bad multi-node options (``--nnodes`` and ``--node-rank`` as parsed, or ``None``
     for the defaults 1 and 0); the number of nodes, and the keyword arguments ``launch`` takes
     for them."""
-    nnodes = 1 if nnodes is None else fields.parse_whole(nnodes, name="nnodes", option="--nnodes", example=1)
-    node_rank = (0 if node_rank is None else
-                 fields.parse_whole(node_rank, name="node-rank", option="--node-rank", example=0))
+    nnodes = 1 if nnodes is None else nnodes
+    node_rank = 0 if node_rank is None else node_rank
     if not 1 <= nnodes <= 4096:
         raise SpecError(f"nnodes {nnodes} must be from 1 to 4096; pass --nnodes with the number of hosts")
     if not 0 <= node_rank < nnodes:

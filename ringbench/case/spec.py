@@ -11,77 +11,15 @@ against the variant's rules (they fill the row, batch 1, the per-document multip
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import math
 import random
 from typing import Any, Mapping
 
 from ringbench.case import fields
+from ringbench.case.fields import (DEVICES, DTYPES, MAX_SEQLEN, MODES, TASKS, CaseSpec, format_size,  # noqa: F401
+                                   parse_doc_dist, parse_docs, parse_size, plural, variant_options)
 from ringbench.errors import SpecError, Unavailable
-from ringbench.case.fields import (DTYPES, MAX_SEQLEN, MODES, TASKS, DEVICES, format_size, parse_doc_dist,
-                                   parse_docs, parse_size, plural, variant_options)
-
-
-class _CaseMethods:
-    """The methods of :class:`CaseSpec`, whose fields come from :data:`ringbench.case.fields.FIELDS`."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form records hold, field order as in the table."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CaseSpec":
-        """Build a spec from ``to_dict()`` output (or a record's ``spec``), checking each field's type.
-
-        Optional fields a record written before them lacks take their default.
-
-        Raises:
-            SpecError: a missing or unknown field, or a value of the wrong type.
-        """
-        unknown = [k for k in data if k not in fields.BY_NAME]
-        if unknown:
-            raise SpecError(f"field {unknown[0]!r} is not a case field; use one of {', '.join(fields.NAMES)}")
-        missing = [k for k in fields.NAMES if k not in data and k not in fields.OPTIONAL_DEFAULTS]
-        if missing:
-            raise SpecError(f"field {missing[0]!r} is missing from the case; give every field of "
-                            "CaseSpec.to_dict()")
-        return cls(**{k: fields.coerce(k, data[k]) for k in fields.NAMES if k in data})
-
-    def case_id(self) -> str:
-        """A stable 12-hex-digit sha1 of every field in the case_id (all but iters, warmup and seed).
-
-        Optional fields left at their defaults are left out, so ids stay those of records
-        written before the field existed.
-        """
-        keyed = {k: v for k, v in self.to_dict().items()
-                 if k not in fields.NOT_IN_CASE_ID
-                 and not (k in fields.OPTIONAL_DEFAULTS and v == fields.OPTIONAL_DEFAULTS[k])}
-        blob = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha1(blob.encode()).hexdigest()[:12]
-
-    def value_head_dim(self) -> int:
-        """The value head dim Dv: ``head_dim_v``, or ``head_dim`` where it is 0."""
-        return self.head_dim_v or self.head_dim
-
-    def replace(self, **changes: Any) -> "CaseSpec":
-        """A copy with ``changes`` applied."""
-        return dataclasses.replace(self, **changes)
-
-
-def _case_doc() -> str:
-    lines = ["One case: a variant, a kernel and a shape on ``world_size`` ranks.", "",
-             "Generated from :data:`ringbench.case.fields.FIELDS`, one attribute per row.", "", "Attributes:"]
-    lines += [f"    {f.name} ({f.type.__name__}): {f.help}." for f in fields.FIELDS]
-    return "\n".join(lines)
-
-
-CaseSpec = dataclasses.make_dataclass(
-    "CaseSpec",
-    [(f.name, f.type) if not f.optional else (f.name, f.type, dataclasses.field(default=f.default))
-     for f in fields.FIELDS],
-    bases=(_CaseMethods,), frozen=True, namespace={"__doc__": _case_doc(), "__module__": __name__})
+from ringbench.variants import OPTIONS, ROTATE, VARIANTS, factorizations, get_variant, names, ulysses_rule
 
 
 def field_names() -> tuple[str, ...]:
@@ -94,26 +32,28 @@ def layout_of(spec, variant) -> str:
     return spec.layout or variant.layout
 
 
-def ulysses_degree_of(spec, variant) -> int:
-    """The Ulysses degree composed into a case's layout (``layouts``' ``ulysses_degree``): the
-    case's own for the Ulysses-ring hybrids (usp), 1 for every other variant."""
-    return variant.layout_degree(spec.world_size, spec.ulysses_degree, spec.heads, spec.kv_heads)
-
-
-def expand_ulysses_degree(spec: "CaseSpec") -> list["CaseSpec"]:
-    """The cases ``spec`` stands for: ``ulysses_degree`` auto becomes one case per factorization
-    U x R of the world size whose U the heads allow (``variants.ulysses_rule``), ascending; unset
-    (0) becomes the variant's default, so records name the degree that ran. Other variants'
-    cases are returned as they are (``validate`` refuses a degree they do not take)."""
-    from ringbench.variants import VARIANTS, factorizations, ulysses_rule
-
+def resolve_options(spec: CaseSpec) -> CaseSpec:
+    """``spec`` with the options its variant takes as they run (``Variant.resolve``, each
+    option's own resolver: ``ulysses_degree`` 0 becomes the variant's default degree), so
+    records name what ran and the ranks read it, never resolving again."""
     variant = VARIANTS.get(spec.variant)
-    if variant is None or "ulysses_degree" not in variant.options or spec.ulysses_degree > 0:
-        return [spec]
-    if spec.ulysses_degree == fields.AUTO_DEGREE:
+    if variant is None:
+        return spec
+    changes = {k: v for k, v in variant.resolve(spec.to_dict()).items() if v != getattr(spec, k)}
+    return spec.replace(**changes) if changes else spec
+
+
+def expand_ulysses_degree(spec: CaseSpec) -> list[CaseSpec]:
+    """The cases ``spec`` stands for, each with its options resolved (:func:`resolve_options`):
+    ``ulysses_degree`` auto becomes one case per factorization U x R of the world size whose U
+    the heads allow (``variants.ulysses_rule``), ascending; unset (0) becomes the variant's
+    default. Other variants' cases are returned as they are (``validate`` refuses a degree they
+    do not take)."""
+    variant = VARIANTS.get(spec.variant)
+    if variant is not None and "ulysses_degree" in variant.options and spec.ulysses_degree == fields.AUTO_DEGREE:
         return [spec.replace(ulysses_degree=u) for u in factorizations(spec.world_size)
                 if ulysses_rule(spec.heads, spec.kv_heads, u, spec.variant) is None]
-    return [spec.replace(ulysses_degree=variant.ulysses_degree(spec.world_size, 0, spec.heads, spec.kv_heads))]
+    return [resolve_options(spec)]
 
 
 def default_fields(device: str, visible_gpus: int) -> dict[str, Any]:
@@ -154,8 +94,6 @@ def check_fields(given: Mapping[str, Any]) -> None:
     Raises:
         SpecError: the first refused field, in one sentence with the fix.
     """
-    from ringbench.variants import get_variant
-
     for name, value in given.items():
         fields.check(name, value)
     heads, kv_heads = given.get("heads"), given.get("kv_heads")
@@ -170,10 +108,8 @@ def check_fields(given: Mapping[str, Any]) -> None:
     if all(k in given for k in ("variant", "seqlen", "world_size")):
         reason = get_variant(given["variant"]).check(
             seqlen=fields.coerce("seqlen", given["seqlen"]), world_size=given["world_size"],
-            causal=given.get("causal", True), layout=given.get("layout") or None,
-            heads_k_stride=given.get("heads_k_stride", 0), kv_heads=given.get("kv_heads"),
-            rotate=given.get("rotate", ""), sink=given.get("sink", "none"), window=given.get("window", 0),
-            ulysses_degree=given.get("ulysses_degree", 0), heads=given.get("heads"))
+            causal=given.get("causal", True), heads=given.get("heads"), kv_heads=given.get("kv_heads"),
+            **{name: given[name] for name in OPTIONS if name in given})
         if reason:
             raise SpecError(reason)
 
@@ -183,7 +119,6 @@ def emulation_refusal(spec: CaseSpec) -> str | None:
     the fix, or ``None`` (also when not emulated)."""
     if not spec.emulate:
         return None
-    from ringbench.variants import VARIANTS, get_variant
 
     if spec.task != "run":
         return ("emulate is a run measurement and verify checks a real distributed run; drop emulate from the "
@@ -218,8 +153,6 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
     Raises:
         SpecError: one sentence with the field, the value, the rule and the fix.
     """
-    from ringbench.variants import get_variant
-
     check_fields(spec.to_dict())
     variant = get_variant(spec.variant)
     for reason in (variant.check_device(spec.device), variant.check_kernel(spec.kernel)):
@@ -277,7 +210,6 @@ def _check_kernel(spec: CaseSpec, kernel) -> None:
     (the rules of ``variants.kernels.check_kernel``, the ones ``auto`` resolves by)."""
     import torch
 
-    from ringbench.variants import get_variant
     from ringbench.variants.kernels import check_kernel
 
     reason = check_kernel(kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]), head_dim=spec.head_dim,
@@ -292,8 +224,6 @@ def canonical(spec: CaseSpec) -> CaseSpec:
     to the variant's own, ``heads_k_stride`` equal to kv_heads, ``rotate`` allgather, ``head_dim_v`` equal to
     head_dim), so one computation has one
     case_id."""
-    from ringbench.variants import ROTATE, get_variant
-
     changes: dict[str, Any] = {}
     if spec.layout and spec.layout == get_variant(spec.variant).layout:
         changes["layout"] = ""
@@ -323,7 +253,6 @@ def resolve(spec: CaseSpec) -> CaseSpec:
     """
     import torch
 
-    from ringbench.variants import get_variant
     from ringbench.variants.kernels import resolve_kernel
 
     variant = get_variant(spec.variant)
@@ -344,8 +273,6 @@ def resolve(spec: CaseSpec) -> CaseSpec:
 
 def _doc_multiple(spec: CaseSpec) -> int:
     """The multiple every document length must be for ``spec``'s variant (1: any length)."""
-    from ringbench.variants import VARIANTS
-
     variant = VARIANTS.get(spec.variant)
     if variant is None or not variant.shard_by_document:
         return 1
@@ -503,8 +430,6 @@ def document_refusal(given: Mapping[str, Any], world_sizes: list[int] | None = N
 
     ``given`` may be partial: nothing is refused until variant, docs and world_size are given.
     """
-    from ringbench.variants import get_variant
-
     sizes = world_sizes or ([given["world_size"]] if "world_size" in given else [])
     if not given.get("variant") or not given.get("docs") or given.get("doc_dist") or not sizes:
         return None
@@ -556,8 +481,6 @@ def _check_docs(spec: CaseSpec, variant) -> None:
     docs = padded_docs(spec)
     if not variant.varlen:
         if docs is not None:
-            from ringbench.variants import names
-
             given = "docs" if spec.docs else "doc_dist"
             raise SpecError(f"{given} {getattr(spec, given)!r} is given, but {spec.variant} is a batch variant and "
                             f"takes no documents; use {names(lambda v: v.varlen)}, or drop --{given.replace('_', '-')}")

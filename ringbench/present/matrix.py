@@ -99,7 +99,8 @@ def cell_text(cell: Optional[Cell], *, short: bool = False) -> str:
 
 #: What an unsupported cell's refusal is about, by a phrase of its sentence (first match wins).
 _TOPICS = (
-    ("case field yet", "no field"),
+    ("sliding window", "window"),
+    ("attention sink", "sink"),
     ("cannot run on", "device"),
     ("is unavailable here", "library"),
     ("takes no documents", "form"),

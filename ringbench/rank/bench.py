@@ -132,7 +132,7 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     causal, scale, backward = case.causal, case.scale, spec.mode == "fwd_bwd"
     attention, options, docs = variant.attention, case.options, case.docs
     # The reference attends the rank's share under the same window (the band alone, not causal).
-    ref_kw, ref_causal = ({"window": (spec.window - 1, 0)}, False) if spec.window else ({}, causal)
+    ref_kw, ref_causal = ({"window": case.band}, False) if case.band else ({}, causal)
     ref_docs = None
     if docs is not None:
         cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)

@@ -534,7 +534,7 @@ def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float,
     """out, lse, dq, dk, dv of ``kernel`` over the whole sequence on one device (varlen form
     over the whole packed row when the case has documents), under the case's sliding window."""
     q, k, v, dout = inputs
-    kw = {"window": (window - 1, 0)} if window else {}
+    kw = extras.band_keywords(window)
     if placement.cu_seqlens is None:
         out, lse = kernel.forward(q, k, v, causal, scale, **kw)
         return Results(out, lse, *kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw))

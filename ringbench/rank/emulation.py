@@ -47,6 +47,7 @@ def emulate_case(spec: CaseSpec, *, device) -> dict:
     from ringbench.variants import instruments
     from ringbench.variants import get_variant
     from ringbench.variants.kernels import get_kernel
+    from ringbench.variants.kernels.common import window_band
 
     variant, kernel = get_variant(spec.variant), get_kernel(spec.kernel)
     dtype, world_size = getattr(torch, DTYPES[spec.dtype]), spec.world_size
@@ -59,7 +60,8 @@ def emulate_case(spec: CaseSpec, *, device) -> dict:
     options = {**variant_options(spec), **({"sink": sink} if sink is not None else {})}
     gathered: list[bench.RankMeasure] = []
     # Under a sliding window the reference attends the rank's share with the same window.
-    ref_kw, ref_causal = ({"window": (spec.window - 1, 0)}, False) if spec.window else ({}, spec.causal)
+    band = window_band(spec.window)
+    ref_kw, ref_causal = ({"window": band}, False) if band else ({}, spec.causal)
     for rank, (q, k, v, dout) in enumerate(inputs):
         step = bench.iteration(variant.attention, q, k, v, dout, backward=backward, causal=spec.causal,
                                softmax_scale=scale, group=None, kernel=kernel, **options)

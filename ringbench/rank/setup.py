@@ -9,9 +9,10 @@ import torch
 import torch.distributed as dist
 
 from ringbench.case.fields import DTYPES, variant_options
-from ringbench.case.spec import CaseSpec, layout_of, padded_docs, spec_docs, ulysses_degree_of
+from ringbench.case.spec import CaseSpec, layout_of, padded_docs, spec_docs
 from ringbench.variants import Variant, get_variant
 from ringbench.variants.kernels import Kernel, get_kernel
+from ringbench.variants.kernels.common import Window, window_band
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,9 @@ class CaseSetup:
         scale: the softmax scale, ``head_dim ** -0.5``.
         options: the variant's keyword options the case sets (``layout``, ``heads_k_stride``...).
         layout: the layout the tensors are sharded in.
-        ulysses_degree: the Ulysses degree composed into it (``layouts``; 1: the plain layout).
+        ulysses_degree: the Ulysses degree composed into it (``layouts``; 1: the plain layout),
+            read from the resolved case.
+        band: the sliding window's band ``(window - 1, 0)`` as the kernels take it, or ``None``.
         docs: the packed documents' lengths in tokens as the layout cuts them (padded to
             ``doc_pad``), or ``None`` (batch form).
         real_docs: their real lengths, before padding (``docs`` without ``doc_pad``).
@@ -46,6 +49,7 @@ class CaseSetup:
     ulysses_degree: int
     docs: list[int] | None
     real_docs: list[int] | None = None
+    band: Window | None = None
 
 
 def case_setup(spec: CaseSpec, group=None) -> CaseSetup:
@@ -55,7 +59,7 @@ def case_setup(spec: CaseSpec, group=None) -> CaseSetup:
         spec=spec, rank=dist.get_rank(group), world_size=dist.get_world_size(group), variant=variant,
         kernel=get_kernel(spec.kernel), dtype=getattr(torch, DTYPES[spec.dtype]), causal=spec.causal,
         scale=spec.head_dim ** -0.5, options=variant_options(spec), layout=layout_of(spec, variant),
-        ulysses_degree=ulysses_degree_of(spec, variant),
+        ulysses_degree=variant.layout_degree(spec.world_size, spec.ulysses_degree), band=window_band(spec.window),
         docs=padded_docs(spec) if variant.varlen else None, real_docs=spec_docs(spec) if variant.varlen else None)
 
 

@@ -29,6 +29,7 @@ import torch
 from ringbench.rank.setup import CaseSetup, Results
 from ringbench.variants.engines import layouts
 from ringbench.variants.kernels import KERNELS
+from ringbench.variants.kernels.common import window_band
 from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
 
 Tensor = torch.Tensor
@@ -61,9 +62,9 @@ def real_rows(lse: Tensor, keep: Tensor | None) -> Tensor:
     return lse[..., keep]
 
 
-def _band(window: int) -> dict:
-    # The causal sliding window as the kernels take it: window - 1 keys back, none ahead.
-    return {"window": (window - 1, 0)} if window else {}
+def band_keywords(window: int | None) -> dict:
+    """The kernel keywords of a case's causal sliding window of ``window`` keys (``window_band``), or none."""
+    return {"window": window_band(window)} if window else {}
 
 
 def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: float, sink: Tensor | None,
@@ -72,7 +73,7 @@ def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: f
     (padded) row, under the case's sliding window (``window`` keys, 0: none), the sink and
     padding applied as verify applies them to the variant."""
     q, k, v, dout = inputs
-    kw = _band(window)
+    kw = band_keywords(window)
     if cu_seqlens is None:
         out, lse = kernel.forward(q, k, v, causal, scale, **kw)
     else:
@@ -114,7 +115,7 @@ def reference_fp64(inputs, real_docs: list[int] | None, causal: bool, scale: flo
         q, k, v, dout = (x[:, keep] for x in (q, k, v, dout))
     cu = layouts.cu_seqlens_from_docs(real_docs, device=q.device) if real_docs is not None else None
     n = max(real_docs) if real_docs is not None else 0
-    kw = _band(window)
+    kw = band_keywords(window)
 
     def forward(q, k, v):
         if cu is None:

@@ -105,8 +105,7 @@ def run_one(spec: CaseSpec, device: torch.device) -> tuple[dict, BaseException |
         fields["kernel_version"] = kernel.version()
         fields["merge_path"] = None if variant.peer else merge.merge_path(device)
         notes = variant.notes(heads=spec.heads, kv_heads=spec.kv_heads,
-                              ulysses_degree=variant.ulysses_degree(spec.world_size, spec.ulysses_degree, spec.heads,
-                                                                    spec.kv_heads)) + kernel.notes()
+                              ulysses_degree=variant.ulysses_degree(spec.world_size, spec.ulysses_degree)) + kernel.notes()
         if notes:
             fields["notes"] = notes
     except Exception as exc:  # a fault in one case is recorded, and the sweep goes on

@@ -22,7 +22,7 @@ from . import layouts
 from . import comm
 from .. import instruments
 from ..instruments import observe, timeline
-from ..kernels.common import accumulation_dtype
+from ..kernels.common import accumulation_dtype, window_band
 from ..kernels import Kernel, as_kernel
 from .merge import merge_
 from .sinks import apply_sink, check_sink, sink_grad
@@ -115,7 +115,7 @@ def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local:
     out = []
     for rows, start, length in _chunks(layout, rank, world_size, seqlen_local):
         if window is not None:
-            out.append((rows, slice(max(0, start - window + 1), start + length), False, {"window": (window - 1, 0)}))
+            out.append((rows, slice(max(0, start - window + 1), start + length), False, {"window": window_band(window)}))
             continue
         if start > 0:
             out.append((rows, slice(0, start), False, {}))

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from . import balanced, layouts
 from ..instruments import observe, timeline
-from ..kernels.common import accumulation_dtype
+from ..kernels.common import accumulation_dtype, window_band
 from ..kernels import Kernel, as_kernel
 from .llama3 import GatheredAttention, _gathered_kv, _head_groups, head_group_stride, reduce_scatter_shards
 from .sinks import check_sink
@@ -65,7 +65,7 @@ class Pieces(NamedTuple):
 
 
 def _window_keywords(window: int | None) -> dict:
-    return {} if window is None else {"window": (window - 1, 0)}
+    return {} if window is None else {"window": window_band(window)}
 
 
 def local_pieces(offsets: list[int], rank: int, seqlen_local: int, causal: bool, device=None,

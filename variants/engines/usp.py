@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..rules import default_ulysses_degree, document_rule
+from ..rules import document_rule, resolve_ulysses_degree
 from ..kernels import Kernel
 from .ulysses import run_ulysses
 from .zigzag import zigzag_plan
@@ -28,9 +28,8 @@ Tensor = torch.Tensor
 
 
 def _degree(ulysses_degree: int | None, q: Tensor, k: Tensor, group) -> int:
-    if ulysses_degree:
-        return ulysses_degree
-    return default_ulysses_degree(dist.get_world_size(group), q.shape[2], k.shape[2])
+    # The harness passes the degree it resolved; a direct caller may leave it to the default.
+    return resolve_ulysses_degree(ulysses_degree, dist.get_world_size(group), q.shape[2], k.shape[2])
 
 
 def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softmax_scale: float | None = None,
@@ -48,7 +47,7 @@ def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softm
         causal, softmax_scale, group, kernel: as in :func:`ring.ring_attention`.
         cu_seqlens: not taken by this batch form; must be ``None``.
         ulysses_degree: U, a divisor of W (default: the largest the heads allow,
-            ``variants.default_ulysses_degree``). The first call for a degree creates its
+            ``variants.resolve_ulysses_degree``). The first call for a degree creates its
             process groups on every rank of ``group`` (``grid.process_grid``).
         sink: ``[Hq]`` float32 sink logits (``sinks.py``), or ``None``; differentiable.
         window: a causal sliding window of this many keys, taken by the zigzag ring

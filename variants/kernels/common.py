@@ -38,6 +38,13 @@ def _empty_rows_to_neg_inf(lse: Tensor) -> Tensor:
 Window = tuple  # (left, right): ints >= 0 or None (unbounded on that side)
 
 
+def window_band(window: int | None) -> Window | None:
+    """The band of a causal sliding window of ``window`` keys, as the kernels take it:
+    ``(window - 1, 0)``, each query seeing itself and the ``window - 1`` keys before it; ``None``
+    for no window (0 or ``None``)."""
+    return (window - 1, 0) if window else None
+
+
 def band_of(window, causal: bool) -> Window | None:
     """The band a call attends, ``(left, right)``, or ``None`` for the plain mask of ``causal``.
 

@@ -39,7 +39,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from ..rules import default_ulysses_degree, ulysses_rule
+from ..rules import resolve_ulysses_degree, ulysses_rule
 from . import rfa_standin
 from .. import kernels as _kernels
 from ..engines.grid import process_grid
@@ -229,6 +229,6 @@ def yc_usp_attention(q, k, v, *, causal=True, softmax_scale=None, group=None, ke
 
     Returns and raises as :func:`yc_ulysses_attention`; U defaults as usp's.
     """
-    degree = ulysses_degree or default_ulysses_degree(dist.get_world_size(group), q.shape[2], k.shape[2])
+    degree = resolve_ulysses_degree(ulysses_degree, dist.get_world_size(group), q.shape[2], k.shape[2])
     return _run("yc_usp", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
                 cu_seqlens=cu_seqlens, degree=degree)

@@ -19,10 +19,10 @@ base mask is packed documents). The columns (:data:`COLUMNS`):
 - padding: the base documents 3 tokens short each, padded to ``max(8, 2W)`` (``doc_pad``).
 
 The base cell shows under four columns (causal or packed, bf16, D=128, GQA 8/2): it is one case.
-A column whose option ringbench has no case field for yet (``window``, ``head_dim_v``) is
-``unsupported`` with that reason for everyone, and fills in once the field exists (the cell's
-fields then carry it). Packed documents go to the varlen implementations, the batch masks to the
-batch ones; the other way round the spec's own refusal is the cell's reason.
+A column that sets a variant option (the sliding window, the sinks) is ``unsupported`` for an
+implementation that does not declare the option (``Variant.options``), in the declaration's
+own sentence. Packed documents go to the varlen implementations, the batch masks to the batch
+ones; the other way round the spec's own refusal is the cell's reason.
 
 Each cell is one ``verify`` case built as the CLI builds one (``sweep.build_cases``) and
 refused per cell: a refusal (``SpecError``, ``Unavailable``) is recorded as a ``skipped`` record
@@ -42,10 +42,10 @@ pandas-free; matplotlib is imported by :func:`plot` alone, torch by the case bui
 
 from ringbench.sweep.matrix.classes import classify
 from ringbench.sweep.matrix.grid import (AXES, BASE, BASE_SEQLEN, CLASS_MEANING, CLASSES, COLUMNS, MLA_HEAD_DIMS,
-                                         NO_HEAD_DIM_V, NO_WINDOW, TEST_VARIANTS, Cell, Column, Grid, build_grid,
-                                         cell_fields, default_world_sizes, implementations)
+                                         TEST_VARIANTS, Cell, Column, Grid, build_grid, cell_fields,
+                                         default_world_sizes, implementations)
 from ringbench.sweep.matrix.running import run
 
-__all__ = ["AXES", "BASE", "BASE_SEQLEN", "CLASS_MEANING", "CLASSES", "COLUMNS", "MLA_HEAD_DIMS", "NO_HEAD_DIM_V",
-           "NO_WINDOW", "TEST_VARIANTS", "Cell", "Column", "Grid", "build_grid", "cell_fields", "classify",
+__all__ = ["AXES", "BASE", "BASE_SEQLEN", "CLASS_MEANING", "CLASSES", "COLUMNS", "MLA_HEAD_DIMS", "TEST_VARIANTS",
+           "Cell", "Column", "Grid", "build_grid", "cell_fields", "classify",
            "default_world_sizes", "implementations", "run"]

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from ringbench.case import fields
 from ringbench.errors import SpecError
+from ringbench.variants import OPTIONS
 
 #: The classes a cell can end in, in the order legends list them.
 CLASSES = ("correct", "mismatch", "unsupported", "oom", "timeout", "error")
@@ -18,8 +19,7 @@ CLASS_MEANING = {
     "mismatch": "a check failed; the cell names the worst tensor and its error over its allowance (×12: twelve "
                 "times what is allowed)",
     "unsupported": "the implementation refuses the cell, in its own words (a spec's refusal, a missing library, "
-                   "a peer's own exception) or ringbench has no case field for it yet; never launched, unless "
-                   "a peer raised",
+                   "a peer's own exception); never launched, unless a peer raised",
     "oom": "out of memory on some rank",
     "timeout": "the launch passed its watchdog (--timeout)",
     "error": "the implementation raised, or its launch crashed",
@@ -39,14 +39,6 @@ TEST_VARIANTS = {"broken_merge": None, "fault_oom": "base", "fault_raise": "base
 #: Variants launched apart, after the others (a sweep of their own, in this order): a launch that
 #: one of them crashes then holds nothing else.
 _LAUNCH_APART = {"fault_oom": 1, "fault_raise": 2}
-
-#: Why a column cannot be asked for yet, while ringbench has no case field for it.
-NO_WINDOW = ("ringbench has no window case field yet, so no implementation can be asked for sliding-window "
-             "attention; this cell fills in once the field exists")
-NO_HEAD_DIM_V = ("ringbench has no head_dim_v case field yet (a value head dim apart from the query/key head dim, "
-                 "192/128 in MLA), so no implementation can be asked for MLA's shape; this cell fills in once the "
-                 "field exists")
-
 
 @dataclass(frozen=True)
 class Column:
@@ -95,7 +87,7 @@ class Cell:
         world_size: ranks.
         columns: keys of the columns it fills (the base cell fills four).
         case: its ``CaseSpec`` (resolved when it runs; as given when refused), or ``None`` when no
-            spec can express it (a column without its case field).
+            spec can hold it.
         refusal: why it cannot run (the spec's sentence), or ``None`` when it is launched.
         record: its verify or skipped record, once known.
         klass, reason, worst: its class (:data:`CLASSES`), why (null when correct), and the
@@ -187,8 +179,8 @@ def base_columns(varlen: bool) -> list[str]:
     return ["packed" if varlen else "causal", BASE["dtype"], f"d{BASE['head_dim']}", "gqa"]
 
 
-def cell_fields(variant, column: str, world_size: int, device: str) -> dict[str, Any] | str:
-    """The case fields of one cell, or the reason no spec can express it (a missing case field).
+def cell_fields(variant, column: str, world_size: int, device: str) -> dict[str, Any]:
+    """The case fields of one cell.
 
     Args:
         variant: the ``Variant``.
@@ -203,16 +195,12 @@ def cell_fields(variant, column: str, world_size: int, device: str) -> dict[str,
         packed = column == "packed"
         out["causal"] = column != "full"
         if column == "window":
-            if "window" not in fields.BY_NAME:
-                return NO_WINDOW
             out["window"] = seqlen // 4
     elif column in ("bf16", "fp16", "fp32"):
         out["dtype"] = column
     elif column in ("d64", "d128", "d256"):
         out["head_dim"] = int(column[1:])
     elif column == "mla":
-        if "head_dim_v" not in fields.BY_NAME:
-            return NO_HEAD_DIM_V
         out["head_dim"], out["head_dim_v"] = MLA_HEAD_DIMS
     elif column in ("mha", "gqa", "mqa"):
         out["kv_heads"] = {"mha": out["heads"], "gqa": out["heads"] // 4, "mqa": 1}[column]
@@ -323,8 +311,12 @@ def _make_cell(variant, column: str, world_size: int, device: str, gpus: int) ->
 
     cell = Cell(variant.name, world_size, [column])
     given = cell_fields(variant, column, world_size, device)
-    if isinstance(given, str):
-        cell.refusal = given
+    # An option the variant does not declare (a window, a sink) is refused by its declaration,
+    # in the sentence the spec's check would give, without building the case.
+    cell.refusal = next((r for name in OPTIONS if name in given
+                         for r in [variant.option_refusal(name, given[name])] if r), None)
+    if cell.refusal:
+        cell.case = _refused_spec(given, device, gpus)
         return cell
     try:
         cell.case = build_cases("verify", None, given)[0][0]
