@@ -44,8 +44,8 @@ def _takes(variant) -> str:
         took.append("non-causal only")
     else:
         took.append("causal and non-causal")
+    # The declared options, read from the one declaration (``Variant.options``).
     options = [fields.BY_NAME[name].option for name in variant.options]
-    options += ["--window"] * variant.takes_window + ["--sink"] * variant.sink
     options += ["--head-dim-v"] * variant.head_dim_v + ["--emulate"] * variant.emulates
     took += [f"`{option}`" for option in options]
     if variant.expands_kv:
