@@ -213,7 +213,6 @@ def gate_files(tmp_path):
     (["tflops:-2%"], 1, ["ring 1k"]),
     (["time:+5%"], 0, []),
     (["time:+3%"], 1, ["ring 1k"]),
-    (["tflops:+2%"], 1, ["ring 2k"]),  # a rise past +2% fails when the rule says so
     (["tflops:-5%", "time:+3%"], 1, ["ring 1k"]),
     ([], 0, []),
 ])
@@ -263,6 +262,9 @@ def test_compare_gate_candidate_failure_is_a_regression(tmp_path):
     (["--fail-if", "speed:-5%"], r"^--fail-if 'speed:-5%' names the metric 'speed', which is unknown; use one of "
                                  r"tflops, efficiency, time, memory"),
     (["--fail-if", "tflops:-0%"], r"^--fail-if 'tflops:-0%' has a zero limit"),
+    # a rise of TFLOP/s is an improvement: this rule used to fail ring 2k (+3%) and never a drop
+    (["--fail-if", "tflops:+2%"], r"^--fail-if 'tflops:\+2%' would fail on a rise of tflops, which is an "
+                                  r"improvement, and never on a regression; write tflops:-2% "),
     (["--plot", "x.png"], r"^--plot does not go with --baseline and --candidate"),
 ])
 def test_compare_gate_bad_usage_exits_2(gate_files, args, message):
@@ -280,6 +282,58 @@ def test_compare_gate_without_a_common_case_exits_2(gate_files, tmp_path):
     assert "nothing was compared" in result.stderr
     missing = runner.invoke(app, ["compare", "--baseline", str(base)])
     assert missing.exit_code == 2 and "needs both --baseline and --candidate" in missing.stderr
+
+
+# --------------------------------------------------------------------------- the gate on real records
+
+REAL_RUNS = Path(__file__).resolve().parent / "data" / "main-2026-12-01.runs.jsonl"
+
+
+@pytest.fixture
+def slower(tmp_path) -> Path:
+    """The committed CPU run records (tests/data), each made 20% slower: a real regression."""
+    path = tmp_path / "slower.jsonl"
+    records = [json.loads(line) for line in REAL_RUNS.read_text().splitlines()]
+    for r in records:
+        r["time_ms"] *= 1.25
+        r["tflops_per_gpu"] *= 0.8
+        r["efficiency"] *= 0.8
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.mark.parametrize("rule", ["tflops:-5%", "time:+5%", "efficiency:-19%"])
+def test_compare_gate_fails_a_real_slowdown(slower, rule):
+    result = runner.invoke(app, ["compare", "--baseline", str(REAL_RUNS), "--candidate", str(slower),
+                                 "--fail-if", rule, "--json"])
+    assert result.exit_code == 1, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 3 and all(r["regressed"] for r in rows)
+
+
+@pytest.mark.parametrize("rule, message", [
+    ("tflops:+5%", "--fail-if 'tflops:+5%' would fail on a rise of tflops, which is an improvement, and never on "
+                   "a regression; write tflops:-5% to fail when tflops gets worse by more than 5%"),
+    ("time:-5%", "--fail-if 'time:-5%' would fail on a fall of time, which is an improvement, and never on a "
+                 "regression; write time:+5% to fail when time gets worse by more than 5%"),
+    ("efficiency:+10%", "--fail-if 'efficiency:+10%' would fail on a rise of efficiency, which is an improvement, "
+                        "and never on a regression; write efficiency:-10% to fail when efficiency gets worse by "
+                        "more than 10%"),
+    ("tflops:-500%", "--fail-if 'tflops:-500%' can never fire: tflops cannot drop by more than 100%; give a limit "
+                     "under 100%, such as tflops:-5%"),
+    ("tflops:-100%", "--fail-if 'tflops:-100%' can never fire: tflops cannot drop by more than 100%; give a limit "
+                     "under 100%, such as tflops:-5%"),
+    # CPU records have no peak memory: every row would be n/a and the gate would pass
+    ("memory:+5%", "--fail-if 'memory:+5%' gates memory, but no matched case has peak_allocated_gib on both "
+                   "sides, so every row would be n/a; gate a metric the records have, such as tflops:-5% or "
+                   "time:+5%"),
+])
+def test_compare_gate_refuses_a_rule_that_cannot_catch_the_regression(slower, rule, message):
+    result = runner.invoke(app, ["compare", "--baseline", str(REAL_RUNS), "--candidate", str(slower),
+                                 "--fail-if", rule])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == message
+    assert result.stdout == ""
 
 
 # --------------------------------------------------------------------------- plot
