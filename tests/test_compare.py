@@ -336,6 +336,33 @@ def test_compare_gate_refuses_a_rule_that_cannot_catch_the_regression(slower, ru
     assert result.stdout == ""
 
 
+def test_compare_skips_a_record_whose_spec_is_not_an_object(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    path.write_text(REAL_RUNS.read_text() + '{"task":"run","status":"ok","spec":"notadict"}\n')
+    result = runner.invoke(app, ["compare", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == (f"warning: skipped line 4 of {path}, which has a spec that is a JSON "
+                                             "string ('notadict'), not an object of case fields")
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert sorted(r["variant"] for r in rows) == ["llama3", "zigzag", "zigzag_varlen"]  # no phantom row
+    table = runner.invoke(app, ["compare", str(path)])
+    assert table.exit_code == 0 and "-       256" not in table.stdout  # no phantom column
+
+
+def test_compare_a_case_whose_latest_record_failed_shows_no_old_value(tmp_path):
+    records = [json.loads(line) for line in REAL_RUNS.read_text().splitlines()]
+    failed = dict(records[0], status="error", reason="a rank died", created_at="2026-12-02T00:00:00+00:00",
+                  time_ms=None, tflops_per_gpu=None, efficiency=None)
+    path = write(tmp_path / "runs.jsonl", [*records, failed])
+    result = runner.invoke(app, ["compare", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert sorted(r["variant"] for r in rows) == ["llama3", "zigzag_varlen"]  # not zigzag's old 0.000774
+    assert ("left out 2 records: 1 with status error, 1 older records of a case whose latest is not ok"
+            in result.stderr), result.stderr
+    assert "shown with its latest" not in result.stderr  # no case is shown with an older record
+
+
 # --------------------------------------------------------------------------- plot
 
 def test_compare_plot_of_reference_results_has_a_panel_per_world_size_and_mode(tmp_path):
