@@ -475,7 +475,7 @@ FIELDS: tuple[Field, ...] = (
     Field("profile", bool, "after the timed iterations, run as many again with a span around every kernel call, "
           "merge and communication wait, per rank and per step (CUDA events, read after the iterations; "
           "perf_counter on cpu): records gain profile, per_rank_busy_ms and busy_imbalance, the command prints a "
-          "breakdown per rank (kernel, merge, exposed communication, other) and writes OUT/profile-<case_id>.png",
+          "breakdown per rank (kernel, merge, exposed communication, other) and writes OUT/profile-<case label>.png",
           False, False, default_text="off", in_case_id=False, optional=True, commands=("run",), flag="--profile",
           check=None),
     Field("emulate", bool, "one process on one device plays every rank in turn, the ring's transfers replaced "
