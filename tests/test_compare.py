@@ -385,6 +385,39 @@ def test_compare_plot_of_reference_results_has_a_panel_per_world_size_and_mode(t
     assert "TFLOP/s per GPU" in title and "32 heads, 8 KV heads, head dim 128" in title
 
 
+def test_compare_plot_of_a_mixed_folder_names_only_what_tells_lines_apart(tmp_path):
+    def case(variant, seqlen, tflops, world_size=2, **options):
+        r = record(variant, seqlen, tflops, world_size=world_size)
+        spec = CaseSpec.from_dict({**r["spec"], **options})
+        return {**r, "spec": spec.to_dict(), "case_id": spec.case_id(), "emulated": bool(options.get("emulate"))}
+
+    runs = write(tmp_path / "runs.jsonl", [
+        rec for s in (512, 1024) for rec in (
+            case("ring", s, 8.0), case("zigzag", s, 8.0), case("zigzag", s, 8.0, window=64),  # one shared point
+            case("zigzag", s, 3.0, sink="learnable"), case("usp", s, 2.0, ulysses_degree=2),
+            case("zigzag", s, 1.0, world_size=8, emulate=True))])
+    png = tmp_path / "mixed.png"
+    result = runner.invoke(app, ["compare", str(runs), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    from PIL import Image
+
+    assert Image.open(png).size[0] < 2000  # was 3217 px, mostly legend
+    loaded = compare.load_runs([runs])
+    fig = compare.plot(compare.pivot(loaded.frame), loaded.frame)
+    lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()
+             if not line.get_label().startswith("_")}
+    assert sorted(lines) == ["ring / cpu", "usp / cpu / ulysses_degree=2", "zigzag / cpu / emulated",
+                             "zigzag / cpu / no sink / no window / not emulated", "zigzag / cpu / sink=learnable",
+                             "zigzag / cpu / window=64"]
+    assert sorted(ax.get_title() for ax in fig.axes) == [
+        "world size 2, forward", "world size 8, forward, emulated (one process)"]
+    # the three zigzag lines of one panel: a marker each, and sizes that let a shared point show all
+    zigzag = [line for k, line in lines.items() if k.startswith("zigzag") and k != "zigzag / cpu / emulated"]
+    assert len({line.get_marker() for line in zigzag}) == 3
+    same = (lines["zigzag / cpu / no sink / no window / not emulated"], lines["ring / cpu"])
+    assert same[0].get_markersize() != same[1].get_markersize()
+
+
 def test_compare_x_that_is_also_a_by_field_is_left_out_of_by(runs):
     """``--x kernel`` (and ``--x variant``) with the default ``--by variant,kernel`` make a table,
     instead of crashing on the clash (exit 1, which compare keeps for regressions)."""
