@@ -402,6 +402,7 @@ def matrix_command(
         timeout_s = options.check_timeout(timeout)
         sizes = [options.WORLD_SIZE.from_text(w) for w in world_size] if world_size else None
         grid = mx.build_grid(device=device, world_sizes=sizes, variants=variant, axes=axis)
+        mx.check_runnable(grid)
         options.check_out(out, None)
     code = mx.run(grid, out=out, timeout_s=timeout_s, resume=resume, launcher=ctx.obj, yes=yes)
     if code:

@@ -43,9 +43,9 @@ pandas-free; matplotlib is imported by :func:`plot` alone, torch by the case bui
 from ringbench.sweep.matrix.classes import classify
 from ringbench.sweep.matrix.grid import (AXES, BASE, BASE_SEQLEN, CLASS_MEANING, CLASSES, COLUMNS, MLA_HEAD_DIMS,
                                          NO_HEAD_DIM_V, NO_WINDOW, TEST_VARIANTS, Cell, Column, Grid, build_grid,
-                                         cell_fields, default_world_sizes, implementations)
+                                         cell_fields, check_runnable, default_world_sizes, implementations)
 from ringbench.sweep.matrix.running import run
 
 __all__ = ["AXES", "BASE", "BASE_SEQLEN", "CLASS_MEANING", "CLASSES", "COLUMNS", "MLA_HEAD_DIMS", "NO_HEAD_DIM_V",
-           "NO_WINDOW", "TEST_VARIANTS", "Cell", "Column", "Grid", "build_grid", "cell_fields", "classify",
-           "default_world_sizes", "implementations", "run"]
+           "NO_WINDOW", "TEST_VARIANTS", "Cell", "Column", "Grid", "build_grid", "cell_fields", "check_runnable",
+           "classify", "default_world_sizes", "implementations", "run"]
