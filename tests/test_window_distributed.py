@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ringbench, slow_when, torchrun_cases
+from helpers import read_jsonl, ringbench, slow_when, torchrun_cases
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
@@ -140,3 +140,33 @@ def test_window_ring_stops_early_in_forward(tmp_path):
     assert (full["bytes_sent"], windowed["bytes_sent"]) == (3 * kv_block, kv_block)
     assert windowed["flops_per_gpu"] == pytest.approx(4 * (256 * 8 - 32) * 2 * 16 / 4)
     assert windowed["predicted_pairs_per_rank"] == [36 + 56 * 8, 64 * 8, 64 * 8, 64 * 8]
+
+
+#: The hidden band_one_row fixture (bands.band_part's ``i0 > i1`` written ``i0 >= i1``) at W=2:
+#: a window of 2 leaves one query row of each block seeing the block before it; 40 leaves many.
+BAND_ONE_ROW = """
+[defaults]
+variant = "band_one_row"
+device = "cpu"
+kernel = "cpu"
+world_size = 2
+seqlen = 64
+heads = 2
+kv_heads = 1
+head_dim = 16
+dtype = "bf16"
+[sweep]
+window = [2, 40]
+"""
+
+
+@pytest.mark.dist
+def test_window_verify_fails_the_one_row_band_part_bug_at_window_2(tmp_path):
+    (tmp_path / "band.toml").write_text(BAND_ONE_ROW)
+    result = ringbench("verify", "--scenario", str(tmp_path / "band.toml"), "--out", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "2 cases: 1 passed, 1 failed, 0 errors" in result.stdout
+    by_window = {r["spec"]["window"]: r for r in read_jsonl(tmp_path / "verify.jsonl")}
+    assert by_window[2]["status"] == "fail" and by_window[40]["status"] == "ok"
+    failed = {c["tensor"] for c in by_window[2]["checks"] if not c["passed"]}
+    assert {"out", "lse", "dq", "dk", "dv"} <= failed, by_window[2]["checks"]
