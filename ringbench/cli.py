@@ -409,6 +409,7 @@ def matrix_command(
         os.environ["RINGBENCH_TEST_VARIANTS"] = "1"  # torchrun's workers inherit it
     with _usage_errors():
         grid = mx.build_grid(device=device, world_sizes=world_size or None, variants=variant, axes=axis)
+        mx.check_runnable(grid)
         options.check_out(out, None)
     code = mx.run(grid, out=out, timeout_s=timeout, resume=resume, launcher=ctx.obj, yes=yes)
     if code:

@@ -208,6 +208,36 @@ def test_markdown_png_and_cell_objects(tmp_path):
     assert next(c for c in cells if c["implementation"] == "torch_cp")["peer"] is True
 
 
+def test_matrix_that_no_cell_can_run_says_why_instead_of_case_0_of_0(tmp_path):
+    result = runner.invoke(app, ["matrix", "--variant", "torch_cp", "--device", "cpu", "--out", str(tmp_path / "m")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        "nothing to verify: every one of the 30 cells of this matrix is refused on cpu, 20 of them because torch_cp "
+        "cannot run on cpu: PyTorch's context parallel dispatches only its CUDA SDPA backends (flash, efficient, "
+        "cuDNN); run it on a machine with a CUDA GPU with --device cuda")
+    assert "case 0 of 0" not in result.output and not (tmp_path / "m").exists()
+
+
+def test_the_picture_draws_its_legend_under_the_title_not_over_it():
+    import matplotlib.pyplot as plt
+
+    grid = mx.build_grid(device="cpu", world_sizes=[2], variants=["zigzag", "llama3_varlen"], axes=["dtype", "sink"])
+    for cell in grid.cells:
+        cell.klass, cell.worst = "correct", {"tensor": "lse", "ratio": 0.5}
+    env = {"torch": "2.13.0+cpu", "git_commit": "0123456789abcdef-dirty", "cpu": "x86_64 (2 cores)"}
+    fig = mx_render.figure(grid, env)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        title = fig._suptitle.get_window_extent(renderer)
+        legend = fig.legends[0].get_window_extent(renderer)
+        panel = fig.axes[0].get_window_extent(renderer)
+        assert not title.overlaps(legend), (title, legend)
+        assert legend.y1 <= title.y0 and legend.y0 >= panel.y1  # title, legend, panel from the top
+    finally:
+        plt.close(fig)
+
+
 # --------------------------------------------------------------------------- a real CPU matrix
 
 class CountingLauncher:

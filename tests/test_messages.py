@@ -82,6 +82,15 @@ VARLEN = ["verify", "--variant", "zigzag_varlen", "--world-size", "2", "--device
     ("102,3994", "documents 1 and 2 have 102 and 3994 tokens, not multiples of 2 * world_size = 4, which "
                  "zigzag_varlen needs for every document; pass --docs 104,3992, pad the documents with --doc-pad 4 "
                  "--seqlen 4100, or use --variant llama3_varlen, which takes any document lengths"),
+    # One document of 1 token, then two of which one has 1: "token" only for the one alone.
+    ("1,4092", "document 1 has 1 token, not a multiple of 2 * world_size = 4, which zigzag_varlen needs for every "
+               "document; pass --docs 4,4092, or pad the documents with --doc-pad 4"),
+    ("1,4092,3", "documents 1 and 3 have 1 and 3 tokens, not multiples of 2 * world_size = 4, which zigzag_varlen "
+                 "needs for every document; pass --docs 4,4092,4 --seqlen 4100, pad the documents with --doc-pad 4 "
+                 "--seqlen 4100, or use --variant llama3_varlen, which takes any document lengths"),
+    ("1,1023,3072", "documents 1 and 2 have 1 and 1023 tokens, not multiples of 2 * world_size = 4, which "
+                    "zigzag_varlen needs for every document; pass --docs 4,1020,3072, pad the documents with "
+                    "--doc-pad 4 --seqlen 4100, or use --variant llama3_varlen, which takes any document lengths"),
     # Named before the sum is refused (4098, not 4096), with documents that fill the --seqlen given.
     ("100,3998", "document 2 has 3998 tokens, not a multiple of 2 * world_size = 4, which zigzag_varlen needs for "
                  "every document; pass --docs 100,3996, pad the documents with --doc-pad 4 --seqlen 4100, or use "

@@ -141,6 +141,27 @@ def test_profile_table_has_a_row_per_rank_within_80_columns(tmp_path):
     assert path.name.startswith("profile-") and path.stat().st_size > 1000
 
 
+def test_profile_pictures_are_named_by_case_label_and_titled_with_the_mode(tmp_path):
+    import matplotlib.pyplot as plt
+
+    record = _profiled_record(2)
+    fwd = {**_profiled_record(2), "spec": {**record["spec"], "mode": "fwd"}, "case_id": "f00d"}
+    twin = {**record, "case_id": "beef"}  # another case of the same label: both keep their case_id
+    (path,) = present_profile.write_plots([record], tmp_path / "one")
+    assert path.name == "profile-zigzag_W2_S4k_H4-2_D32_fp32_causal_cpu_fwd_bwd.png", path.name
+    assert present_profile.plot_path(tmp_path, fwd).name == "profile-zigzag_W2_S4k_H4-2_D32_fp32_causal_cpu_fwd.png"
+    assert present_profile.plot_path(tmp_path, {**record, "emulated": True}).name.endswith("_fwd_bwd_emulated.png")
+    both = present_profile.write_plots([record, twin], tmp_path / "two")
+    assert [p.name for p in both] == [f"profile-zigzag_W2_S4k_H4-2_D32_fp32_causal_cpu_fwd_bwd_{c}.png"
+                                      for c in (record["case_id"], "beef")]
+    for r, words in ((record, "forward + backward"), (fwd, "forward")):
+        fig = present_profile.figure(r)
+        try:
+            assert fig.axes[0].get_title().splitlines()[1] == f"{words}, perf_counter"
+        finally:
+            plt.close(fig)
+
+
 def test_emulate_case_gives_compute_time_per_rank_and_its_bound(solo_group):
     from ringbench.rank.emulation import emulate_case
 
@@ -244,7 +265,7 @@ def test_profile_gloo_breakdown_per_rank_adds_up(tmp_path):
             # resolution, and the four parts give the wall time back to rounding.
             assert min(parts) >= -1e-6 and p["kernel_ms"] > 0 and p["comm_ms"] > 0
             assert abs(sum(parts) - p["wall_ms"]) <= 1e-9 * p["wall_ms"]
-        assert (tmp_path / "out" / f"profile-{record['case_id']}.png").exists()
+        assert present_profile.plot_path(tmp_path / "out", record).exists()
     assert real["bus_gib_s"] > 0 and emulated["bus_gib_s"] is None
     # The all-gather engines: a step is a head group (llama3 gathers one K/V head at a time here).
     for p in gathered["profile"]["per_rank"]:

@@ -277,6 +277,11 @@ def test_scenario_smoke_is_cpu_with_odd_local_lengths():
     assert any(c.kv_heads < c.heads for c in cases)
     assert any(c.variant == "ring" and (c.seqlen // c.world_size) % 2 for c in cases)
     assert any(c.variant == "zigzag" and (c.seqlen // (2 * c.world_size)) % 2 for c in cases)
+    # The window's edges: 1, 2 (a band part of one query row), and a rank's chunk - 1 and + 1.
+    windows = {(c.variant, c.window - chunk) for c in cases if c.window
+               for chunk in (c.seqlen // (c.world_size * (2 if c.variant == "zigzag" else 1)),)}
+    assert {c.window for c in cases} >= {1, 2}
+    assert {("ring", -1), ("ring", 1), ("zigzag", -1), ("zigzag", 1)} <= windows, windows
 
 
 def test_scenario_ci_nightly_pairs_heads_through_shape():

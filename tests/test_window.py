@@ -23,7 +23,9 @@ runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
 
 # (Sq, Sk, window, causal): square, rectangular both ways, unbounded sides, rows that see nothing.
 SHAPES = [(8, 8, (3, 0), False), (5, 9, (2, 1), False), (9, 4, (None, 0), False), (7, 7, (2, None), True),
-          (6, 10, (0, 0), False), (6, 10, (1, None), False)]
+          (6, 10, (0, 0), False), (6, 10, (1, None), False),
+          # several query tiles (64 rows each under these windows), each meeting only its band's keys
+          (300, 260, (20, 0), False), (200, 330, (70, 5), False), (260, 260, (9, None), True)]
 
 
 @pytest.mark.parametrize("name", ["math", "cpu"])
@@ -55,6 +57,37 @@ def test_window_kernel_matches_dense_mask(name, sq, sk, window, causal):
              (v_grads[1][:, sk:] - ref_grads[1]).abs().max()]
     print(name, sq, sk, window, causal, [f"{float(e):.1e}" for e in errs])  # before the assert
     assert max(float(e) for e in errs) < 1e-12
+
+
+@pytest.mark.parametrize("name", ["math", "cpu"])
+def test_window_kernel_meets_only_the_keys_of_its_band(name, monkeypatch):
+    """A windowed call works tile by tile of query rows, each against the keys its band reaches
+    alone: at 2048 rows and a window of 512 no tile meets more than its rows + 511 keys."""
+    from ringbench.variants.kernels import reference
+
+    widths = []
+    if name == "cpu":
+        real = reference._cpu_op_forward
+
+        def op(q, k, v, causal, scale, mask=None):
+            widths.append((q.shape[1], k.shape[1]))
+            return real(q, k, v, causal, scale, mask)
+
+        monkeypatch.setattr(reference, "_cpu_op_forward", op)
+    else:
+        real = reference._masked
+
+        def op(scores, s, e, j0, j1, *args):
+            widths.append((e - s, j1 - j0))
+            return real(scores, s, e, j0, j1, *args)
+
+        monkeypatch.setattr(reference, "_masked", op)
+    q = torch.randn(1, 2048, 2, 16)
+    KERNELS[name].forward(q, q[:, :, :1], q[:, :, :1], True, 0.25, window=(511, 0))
+    assert sum(rows for rows, _ in widths) == 2048 and len(widths) == 8  # tiles of 256 rows
+    assert all(keys <= rows + 511 for rows, keys in widths), widths
+    pairs = sum(rows * keys for rows, keys in widths)
+    assert pairs < 0.4 * 2048 * 2048, pairs  # the whole block would be 2048 * 2048
 
 
 def test_window_kernels_that_take_none_say_why():

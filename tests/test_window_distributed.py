@@ -3,8 +3,9 @@
 float64 math kernel under the same window (the max rule, the block-decomposition check and the
 cp-active check), one launch per world size (``tests/dist/verify_cases.py``).
 
-The windows are chosen against each layout's blocks: smaller than a chunk, larger than one, and
-spanning several ring steps; the balanced layout gets documents whose lengths 2W does not divide.
+The windows are chosen against each layout's blocks: 1 and 2, a chunk - 1 and + 1, smaller than a
+chunk, larger than one, and spanning several ring steps; the balanced layout gets documents whose
+lengths 2W does not divide.
 World size 2 is quick (a few cases); 1, 4 and 8 are slow.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ringbench, slow_when, torchrun_cases
+from helpers import read_jsonl, ringbench, slow_when, torchrun_cases
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
@@ -59,12 +60,17 @@ def _cases(world_size: int) -> list[dict]:
     out += [(f"{v}_window{w}_sink", _spec(v, W, w, sink="learnable")) for v in ("zigzag", "stripe", "llama3")
             for w in few]
     out += [("ring_varlen_window40_sink", _spec("ring_varlen", W, 40, docs=per_doc, sink="learnable"))]
+    # The window's edges: 1, 2 (one query row of a block sees the block before it: a band part of
+    # one row), and a rank's block (ring: 32 tokens) or chunk (zigzag: 16) - 1 and + 1.
+    out += [(f"ring_window{w}", _spec("ring", W, w)) for w in (1, 2, 31, 33)]
+    out += [(f"zigzag_window{w}", _spec("zigzag", W, w)) for w in (2, 15, 17)]
     far = f"window{32 * W - 7}"
     keep = {  # a few of each form per launch, so the slow launches stay near 15 s each on two cores
         1: {"zigzag_window5", "llama3_varlen_balanced_window5", "llama3_varlen_pad_window40"},
         2: {"zigzag_window40", "stripe_window5", "llama3_window40", "ring_varlen_window40",
             "llama3_varlen_balanced", "llama3_varlen_balanced_window5", "zigzag_varlen_pad_window5",
-            "llama3_varlen_pad_window40", "zigzag_window40_sink"},
+            "llama3_varlen_pad_window40", "zigzag_window40_sink", "ring_window1", "ring_window2", "ring_window31",
+            "ring_window33", "zigzag_window2", "zigzag_window15", "zigzag_window17"},
         4: {"ring_window5", f"ring_{far}", "zigzag_window40", "stripe_window5", "stripe_window1",
             "llama3_contiguous_window40", "zigzag_varlen_window40", f"llama3_varlen_{far}", "llama3_varlen_balanced",
             "llama3_varlen_balanced_full", "llama3_varlen_balanced_window40", "llama3_varlen_balanced_pad_window40",
@@ -99,11 +105,12 @@ def test_window_verify_passes_every_case(launch):
         # d sink has no block-decomposition check (its shadow_passed is None).
         assert all(c["passed"] and (c["shadow_passed"] or c["tensor"] == "dsink") for c in rec["checks"]), name
         assert ("dsink" in {c["tensor"] for c in rec["checks"]}) == name.endswith("_sink"), name
-        if launch["world_size"] > 1 and name != "stripe_window1":
+        if launch["world_size"] > 1 and not name.endswith("_window1"):
             assert rec["cp_active"] is True, (name, rec["cp_active_reason"])
-    if "stripe_window1" in records and launch["world_size"] > 1:  # each query sees itself alone: no K/V moves
-        assert records["stripe_window1"]["cp_active"] is None
-        assert "no query sees a key of another rank" in records["stripe_window1"]["cp_active_reason"]
+    for name in ("stripe_window1", "ring_window1"):
+        if name in records and launch["world_size"] > 1:  # each query sees itself alone: no K/V moves
+            assert records[name]["cp_active"] is None
+            assert "no query sees a key of another rank" in records[name]["cp_active_reason"]
     assert launch["returncode"] == 0, launch["log_tail"]
 
 
@@ -140,3 +147,33 @@ def test_window_ring_stops_early_in_forward(tmp_path):
     assert (full["bytes_sent"], windowed["bytes_sent"]) == (3 * kv_block, kv_block)
     assert windowed["flops_per_gpu"] == pytest.approx(4 * (256 * 8 - 32) * 2 * 16 / 4)
     assert windowed["predicted_pairs_per_rank"] == [36 + 56 * 8, 64 * 8, 64 * 8, 64 * 8]
+
+
+#: The hidden band_one_row fixture (bands.band_part's ``i0 > i1`` written ``i0 >= i1``) at W=2:
+#: a window of 2 leaves one query row of each block seeing the block before it; 40 leaves many.
+BAND_ONE_ROW = """
+[defaults]
+variant = "band_one_row"
+device = "cpu"
+kernel = "cpu"
+world_size = 2
+seqlen = 64
+heads = 2
+kv_heads = 1
+head_dim = 16
+dtype = "bf16"
+[sweep]
+window = [2, 40]
+"""
+
+
+@pytest.mark.dist
+def test_window_verify_fails_the_one_row_band_part_bug_at_window_2(tmp_path):
+    (tmp_path / "band.toml").write_text(BAND_ONE_ROW)
+    result = ringbench("verify", "--scenario", str(tmp_path / "band.toml"), "--out", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "2 cases: 1 passed, 1 failed, 0 errors" in result.stdout
+    by_window = {r["spec"]["window"]: r for r in read_jsonl(tmp_path / "verify.jsonl")}
+    assert by_window[2]["status"] == "fail" and by_window[40]["status"] == "ok"
+    failed = {c["tensor"] for c in by_window[2]["checks"] if not c["passed"]}
+    assert {"out", "lse", "dq", "dk", "dv"} <= failed, by_window[2]["checks"]

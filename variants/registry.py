@@ -347,6 +347,8 @@ TESTING_VARIANTS: dict[str, Variant] = {
                 "test only: a ring that accumulates dq in the input dtype"),
         Variant("drift_dkv", "contiguous", "fixtures.broken:drift_dkv_attention",
                 "test only: a ring whose dK/dV accumulate in the input dtype on their way to their owner"),
+        Variant("band_one_row", "contiguous", "fixtures.broken:band_one_row_attention",
+                "test only: a ring whose window drops every band part of one query row", takes_window=True),
         Variant("fault_hang", "contiguous", "fixtures.broken:fault_hang_attention",
                 "test only: rank W-1 sleeps forever inside attention"),
         Variant("fault_raise", "contiguous", "fixtures.broken:fault_raise_attention",

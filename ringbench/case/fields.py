@@ -480,7 +480,7 @@ class CaseSpec:
                         "and communication wait, per rank and per step (CUDA events, read after the iterations; "
                         "perf_counter on cpu): records gain profile, per_rank_busy_ms and busy_imbalance, the command "
                         "prints a breakdown per rank (kernel, merge, exposed communication, other) and writes "
-                        "OUT/profile-<case_id>.png", False, False, default_text="off", in_case_id=False,
+                        "OUT/profile-<case label>.png", False, False, default_text="off", in_case_id=False,
                         optional=True, commands=("run",), flag="--profile")
     emulate: bool = row("one process on one device plays every rank in turn, the ring's transfers replaced by device "
                         "copies of the K/V blocks each rank would receive (drawn from the same seeds): compute-only "

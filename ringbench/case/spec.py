@@ -458,13 +458,13 @@ def document_refusal(given: Mapping[str, Any], world_sizes: list[int] | None = N
         return None
     which = (f"document {bad[0] + 1}" if len(bad) == 1 else
              f"documents {_and([str(i + 1) for i in bad])}")
-    tokens = _and([str(lengths[i]) for i in bad])
+    tokens = _and([str(lengths[i]) for i in bad]) + (" token" if [lengths[i] for i in bad] == [1] else " tokens")
     multiple = "a multiple" if len(bad) == 1 else "multiples"
     if pad:
         fit = -(-pad // n) * n
-        head, fixes = f"doc_pad {pad} pads {which} to {tokens} tokens", [f"pass --doc-pad {fit}{fill(padded(fit))}"]
+        head, fixes = f"doc_pad {pad} pads {which} to {tokens}", [f"pass --doc-pad {fit}{fill(padded(fit))}"]
     else:
-        head = f"{which} {'has' if len(bad) == 1 else 'have'} {tokens} token{'' if lengths[bad[0]] == 1 else 's'}"
+        head = f"{which} {'has' if len(bad) == 1 else 'have'} {tokens}"
         moved = _round_to_multiples(real, n, seqlen)
         fixes = [f"pass --docs {','.join(map(str, moved))}{fill(moved)}"]
         if given.get("causal", True) is not False and not given.get("hf_model"):

@@ -209,7 +209,16 @@ _DARK = ("mismatch", "oom", "error")
 def plot(grid: Grid, env: dict, path: Path) -> None:
     """The heatmap: one panel per world size, rows implementations, columns :data:`COLUMNS`
     grouped by axis, colour the class; the text a correct cell's worst ratio, a mismatch's worst
-    tensor and ratio. The environment is in the title."""
+    tensor and ratio. The environment is in the title, the classes' legend on a line under it."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(grid, env)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def figure(grid: Grid, env: dict):
+    """The figure :func:`plot` saves (pyplot's; the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,7 +239,8 @@ def plot(grid: Grid, env: dict, path: Path) -> None:
     caption = "\n".join(textwrap.fill(line, int(width * 15)) for line in caption.splitlines())
     caption_h = 0.2 + 0.15 * (caption.count("\n") + 1)
     panel_h = 0.36 * len(rows) + 1.3
-    height = panel_h * len(grid.world_sizes) + 0.6 + caption_h
+    top_h = 0.85  # inches: the title, then the legend on its own line below it
+    height = panel_h * len(grid.world_sizes) + top_h + caption_h
     fig, axes = plt.subplots(len(grid.world_sizes), 1, squeeze=False, figsize=(width, height))
     for ax, world_size in zip(axes[:, 0], grid.world_sizes):
         data = np.full((len(rows), len(cols)), np.nan)
@@ -262,13 +272,13 @@ def plot(grid: Grid, env: dict, path: Path) -> None:
         counts = ", ".join(f"{n} {k}" for k, n in grid.counts(world_size).items() if n)
         ax.set_title(f"world size {world_size}   ({counts})", loc="left", fontsize=10, pad=20)
     fig.suptitle(f"ringbench matrix: {env_title(env, grid.device)}", fontsize=12, fontweight="bold", x=0.01,
-                 ha="left")
+                 y=1 - 0.08 / height, ha="left", va="top")
     fig.text(0.01, 0.1 / height, caption, fontsize=8, ha="left", va="bottom")
-    fig.legend(handles=[Patch(color=_COLOURS[k], label=k) for k in CLASSES], loc="upper right", ncol=len(CLASSES),
-               fontsize=8.5, frameon=False, bbox_to_anchor=(0.99, 1.0))
-    fig.tight_layout(rect=(0, caption_h / height, 1, 1 - 0.45 / height))
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    # under the title, never over it: a long environment title spans the whole width
+    fig.legend(handles=[Patch(color=_COLOURS[k], label=k) for k in CLASSES], loc="upper left", ncol=len(CLASSES),
+               fontsize=8.5, frameon=False, bbox_to_anchor=(0.0, 1 - 0.4 / height))
+    fig.tight_layout(rect=(0, caption_h / height, 1, 1 - top_h / height))
+    return fig
 
 
 def write(grid: Grid, out: Path, env: Optional[dict] = None) -> dict[str, Path]:

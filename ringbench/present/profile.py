@@ -6,6 +6,7 @@ module only shows them.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -53,14 +54,52 @@ def print_tables(records: list[dict], console=None) -> None:
                                f"iterations {wall:.3f}", style="dim"))
 
 
-def plot_path(out: Path, record: dict) -> Path:
-    """Where :func:`write_plots` puts a record's picture: ``OUT/profile-<case_id>.png``."""
-    return Path(out) / f"profile-{record['case_id']}.png"
+_MODE_WORDS = {"fwd": "forward", "fwd_bwd": "forward + backward"}
+
+
+def _mode(record: dict) -> str:
+    return str((record.get("spec") or {}).get("mode") or "")
+
+
+def file_label(record: dict) -> str:
+    """The case label as a file name part, safe on every filesystem:
+    ``zigzag_W2_S16k_H32-8_D128_bf16_causal_torch-flash_fwd_bwd`` (``_emulated`` when it is)."""
+    from ringbench.present.report import case_label
+
+    words = [*case_label(record).split(), *([] if _mode(record) == "fwd" else [_mode(record)])]
+    words += ["emulated"] if record.get("emulated") else []
+    text = re.sub(r"(^|_)([A-Z])=", r"\1\2", "_".join(words)).replace("/", "-").replace("=", "-")
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-.")[:160]
+
+
+def plot_path(out: Path, record: dict, *, unique: bool = True) -> Path:
+    """Where :func:`write_plots` puts a record's picture: ``OUT/profile-<case label>.png``
+    (:func:`file_label`); ``unique=False`` adds the case_id, for two cases of one label."""
+    name = file_label(record) if unique else f"{file_label(record)}_{record['case_id']}"
+    return Path(out) / f"profile-{name}.png"
 
 
 def write_plots(records: list[dict], out: Path) -> list[Path]:
     """Draw a stacked bar per rank (kernel, merge, comm, other; ms per iteration) for every
-    profiled record, one PNG each (:func:`plot_path`); returns the paths written."""
+    profiled record, one PNG each (:func:`plot_path`, :func:`figure`); returns the paths written."""
+    import matplotlib.pyplot as plt
+
+    written = []
+    records = profiled(records)
+    labels = [file_label(r) for r in records]
+    for r, label in zip(records, labels):
+        fig = figure(r)
+        path = plot_path(out, r, unique=labels.count(label) == 1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def figure(record: dict):
+    """One profiled record's stacked bars (pyplot's figure; the caller closes it), titled by
+    its case, its mode and the clock."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,25 +107,20 @@ def write_plots(records: list[dict], out: Path) -> list[Path]:
 
     from ringbench.present.report import case_label
 
-    written = []
     colours = {"kernel": "tab:blue", "merge": "tab:orange", "comm": "tab:red", "other": "tab:gray"}
-    for r in profiled(records):
-        ranks = r["profile"]["per_rank"]
-        fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(ranks) + 2), 3.6))
-        bottom = [0.0] * len(ranks)
-        for part in PARTS:
-            heights = [max(0.0, p[f"{part}_ms"]) for p in ranks]
-            ax.bar([p["rank"] for p in ranks], heights, bottom=bottom, color=colours[part], label=part)
-            bottom = [b + h for b, h in zip(bottom, heights)]
-        ax.set_xlabel("rank")
-        ax.set_ylabel("ms per iteration")
-        ax.set_xticks([p["rank"] for p in ranks])
-        ax.set_title(("emulated: " if r.get("emulated") else "") + case_label(r), fontsize=7)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        fig.tight_layout()
-        path = plot_path(out, r)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
-    return written
+    ranks = record["profile"]["per_rank"]
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(ranks) + 2), 3.6))
+    bottom = [0.0] * len(ranks)
+    for part in PARTS:
+        heights = [max(0.0, p[f"{part}_ms"]) for p in ranks]
+        ax.bar([p["rank"] for p in ranks], heights, bottom=bottom, color=colours[part], label=part)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xlabel("rank")
+    ax.set_ylabel("ms per iteration")
+    ax.set_xticks([p["rank"] for p in ranks])
+    mode = _MODE_WORDS.get(_mode(record), _mode(record))
+    ax.set_title(("emulated: " if record.get("emulated") else "") +
+                 f"{case_label(record)}\n{mode}, {record['profile']['clock']}", fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig

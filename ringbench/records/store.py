@@ -173,7 +173,7 @@ def read_records(path: Path | str) -> list[dict]:
     """Read every record of one JSON Lines file, in file order.
 
     A missing file gives ``[]``. Blank lines are ignored. A line that is not a JSON object
-    (corrupt or truncated) is skipped with a :class:`DamagedLineWarning` (a ``RuntimeWarning``)
+    (corrupt or truncated), or a record whose ``spec`` is not an object, is skipped with a :class:`DamagedLineWarning` (a ``RuntimeWarning``)
     naming the file and its 1-based line number. Values listed in ``nonfinite`` are put back as
     NaN or +-inf.
 
@@ -255,9 +255,24 @@ def _parse_lines(raw: bytes, path: Path, offset: int = 0) -> list[dict]:
             warnings.warn(f"skipped {where}, which is a JSON {type(record).__name__}, not a record object",
                           DamagedLineWarning, stacklevel=3)
             continue
+        # a record of a case without its spec would show as a phantom row of no case
+        spec = record.get("spec")
+        if "spec" in record and not isinstance(spec, dict):
+            warnings.warn(f"skipped {where}, which has a spec that is a JSON {_json_type(spec)} ({spec!r:.40}), "
+                          "not an object of case fields", DamagedLineWarning, stacklevel=3)
+            continue
         _restore_nonfinite(record)
         records.append(record)
     return records
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type: string, number, boolean, list."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)
 
 
 def _jsonl_files(paths: Iterable[Path | str] | Path | str) -> list[Path]:

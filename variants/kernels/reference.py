@@ -1,6 +1,9 @@
 """The kernels that need no GPU library: ``math`` (ringbench's own torch ops, on any device and in
 float64 too, the reference the other kernels are checked against) and ``cpu`` (PyTorch's CPU
 flash op), each in the batch and the varlen (packed documents) form of the contract in :mod:`kernels`.
+
+Under a window both work in tiles of query rows (:func:`band_tile`), each against only the keys
+its band reaches (:func:`band_keys`), so a windowed call costs about its band, not its block.
 """
 
 from __future__ import annotations
@@ -37,31 +40,60 @@ def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_sc
     vf = v.to(acc).permute(0, 2, 1, 3).unsqueeze(2)
     out = torch.empty(B, Hkv, G, Sq, Dv, dtype=acc, device=q.device)
     lse = torch.empty(B, Hkv, G, Sq, dtype=acc, device=q.device)
-    keys = torch.arange(k.shape[1], device=q.device)
-    for s in range(0, Sq, chunk):
-        e = min(s + chunk, Sq)
-        # Under the causal mask the chunk's rows see no key past e - 1 + causal_offset.
-        n = min(k.shape[1], max(0, e + causal_offset)) if causal and band is None else k.shape[1]
-        scores = (qg[:, :, :, s:e] @ kf[:, :, :, :n].transpose(-1, -2)) * softmax_scale
-        scores = _masked(scores, s, e, n, Sq, keys, causal, causal_offset, band)
-        lse_c = torch.logsumexp(scores, dim=-1)
+    Sk = k.shape[1]
+    for s, e, j0, j1 in _tiles(Sq, Sk, chunk, causal, causal_offset, band):
+        scores = (qg[:, :, :, s:e] @ kf[:, :, :, j0:j1].transpose(-1, -2)) * softmax_scale
+        scores = _masked(scores, s, e, j0, j1, Sq, Sk, causal, causal_offset, band)
+        lse_c = torch.logsumexp(scores, dim=-1)  # -inf for a row that sees no key (none at all: j0 == j1)
         p = torch.exp(scores - lse_c.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
-        out[:, :, :, s:e] = p @ vf[:, :, :, :n]
+        out[:, :, :, s:e] = p @ vf[:, :, :, j0:j1]
         lse[:, :, :, s:e] = lse_c
     out = out.permute(0, 3, 1, 2, 4).reshape(B, Sq, Hq, Dv).to(q.dtype)
     return out, lse.reshape(B, Hq, Sq)
 
 
-def _masked(scores: Tensor, s: int, e: int, n: int, Sq: int, keys: Tensor, causal: bool, causal_offset: int,
+def band_keys(s: int, e: int, sq: int, sk: int, band: Window) -> tuple[int, int]:
+    """The keys ``(first, end)`` that query rows ``s .. e-1`` of a call of ``sq`` rows over ``sk``
+    keys can see under ``band`` (bottom-right aligned: row i's diagonal key is ``i + sk - sq``);
+    ``first == end`` when they see none."""
+    left, right = band
+    j0 = 0 if left is None else min(sk, max(0, s + sk - sq - left))
+    j1 = sk if right is None else min(sk, max(0, e + sk - sq + right))
+    return j0, max(j0, j1)
+
+
+def band_tile(band: Window, chunk: int) -> int:
+    """Query rows per tile under ``band``: half the window's width, so a tile meets about 1.5
+    times the keys its rows need rather than the whole block (64 at least, ``chunk`` at most;
+    on two CPU cores half the width ran faster than the whole width or a quarter)."""
+    return chunk if band[0] is None else max(64, min(chunk, (band[0] + 1) // 2))
+
+
+def _tiles(Sq: int, Sk: int, chunk: int, causal: bool, causal_offset: int, band: Window | None):
+    """``(s, e, j0, j1)``: query rows s..e-1 and the only keys j0..j1-1 they can see, tile by tile;
+    under a band in tiles of :func:`band_tile` rows, else in ``chunk`` rows."""
+    tile = band_tile(band, chunk) if band is not None else chunk
+    for s in range(0, Sq, tile):
+        e = min(s + tile, Sq)
+        if band is not None:
+            yield (s, e, *band_keys(s, e, Sq, Sk, band))
+        elif causal:  # the chunk's rows see no key past e - 1 + causal_offset
+            yield s, e, 0, min(Sk, max(0, e + causal_offset))
+        else:
+            yield s, e, 0, Sk
+
+
+def _masked(scores: Tensor, s: int, e: int, j0: int, j1: int, Sq: int, Sk: int, causal: bool, causal_offset: int,
             band: Window | None) -> Tensor:
-    """A chunk's scores (query rows s..e-1 of Sq against keys 0..n-1 of ``keys``) under the
-    window ``band`` (aligned bottom-right) or the causal mask shifted by ``causal_offset``."""
+    """A tile's scores (query rows s..e-1 of Sq against keys j0..j1-1 of Sk) under the window
+    ``band`` (aligned bottom-right) or the causal mask shifted by ``causal_offset``."""
     if band is not None:
-        seen = band_mask(e - s, n, band, scores.device, row0=s + keys.shape[0] - Sq)
+        seen = band_mask(e - s, j1 - j0, band, scores.device, row0=s + Sk - Sq - j0)
         return scores.masked_fill(~seen, -math.inf)
     if causal:
         rows = torch.arange(s, e, device=scores.device) + causal_offset
-        return scores.masked_fill(keys[None, :n] > rows[:, None], -math.inf)
+        keys = torch.arange(j0, j1, device=scores.device)
+        return scores.masked_fill(keys[None, :] > rows[:, None], -math.inf)
     return scores
 
 
@@ -92,59 +124,95 @@ def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     dq = torch.empty_like(qg)
     dk = torch.zeros(B, Hkv, k.shape[1], D, dtype=acc, device=q.device)
     dv = torch.zeros(B, Hkv, k.shape[1], Dv, dtype=acc, device=q.device)
-    keys = torch.arange(k.shape[1], device=q.device)
-    for s in range(0, Sq, chunk):
-        e = min(s + chunk, Sq)
-        n = min(k.shape[1], max(0, e + causal_offset)) if causal and band is None else k.shape[1]
-        kn, vn = kf[:, :, :, :n], vf[:, :, :, :n]
+    Sk = k.shape[1]
+    for s, e, j0, j1 in _tiles(Sq, Sk, chunk, causal, causal_offset, band):
+        kn, vn = kf[:, :, :, j0:j1], vf[:, :, :, j0:j1]
         scores = (qg[:, :, :, s:e] @ kn.transpose(-1, -2)) * softmax_scale
-        scores = _masked(scores, s, e, n, Sq, keys, causal, causal_offset, band)
+        scores = _masked(scores, s, e, j0, j1, Sq, Sk, causal, causal_offset, band)
         lse_c = lseg[:, :, :, s:e].unsqueeze(-1)
         p = torch.exp(scores - lse_c.clamp_min(torch.finfo(acc).min))
         dp = dog[:, :, :, s:e] @ vn.transpose(-1, -2)
         ds = p * (dp - delta[:, :, :, s:e].unsqueeze(-1)) * softmax_scale
         dq[:, :, :, s:e] = ds @ kn
-        dk[:, :, :n] += (ds.transpose(-1, -2) @ qg[:, :, :, s:e]).sum(2)
-        dv[:, :, :n] += (p.transpose(-1, -2) @ dog[:, :, :, s:e]).sum(2)
+        dk[:, :, j0:j1] += (ds.transpose(-1, -2) @ qg[:, :, :, s:e]).sum(2)
+        dv[:, :, j0:j1] += (p.transpose(-1, -2) @ dog[:, :, :, s:e]).sum(2)
     dq = dq.permute(0, 3, 1, 2, 4).reshape(B, Sq, Hq, D)
     return dq.to(q.dtype), dk.permute(0, 2, 1, 3).to(k.dtype), dv.permute(0, 2, 1, 3).to(v.dtype)
 
 
 # --------------------------------------------------------------------------- cpu
 
-def _cpu_mask(q: Tensor, k: Tensor, band: Window) -> tuple[Tensor, Tensor]:
+def _cpu_mask(seen: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     # The CPU op takes an additive mask in q's dtype; it gives a row that sees no key out 0
     # and lse 0, so those rows are returned too, to be set to ringbench's -inf.
-    seen = band_mask(q.shape[1], k.shape[1], band, q.device, row0=k.shape[1] - q.shape[1])
-    mask = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill_(~seen, -math.inf)
+    mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, -math.inf)
     return mask, ~seen.any(-1)
+
+
+def _cpu_op_forward(q, k, v, causal, softmax_scale, mask=None):
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal, attn_mask=mask, scale=softmax_scale)
+    return out.transpose(1, 2), lse if q.dtype == torch.float64 else lse.float()
 
 
 def _cpu_forward(q, k, v, causal, softmax_scale, *, window=None):
     band = band_of(window, causal)
     _check_shapes(q, k, v, causal and band is None)
-    mask, empty = _cpu_mask(q, k, band) if band is not None else (None, None)
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal and band is None, attn_mask=mask,
-        scale=softmax_scale)
-    out, lse = out.transpose(1, 2), lse if q.dtype == torch.float64 else lse.float()
-    if empty is not None and empty.any():
-        out = out.masked_fill(empty[None, :, None, None], 0)
-        lse = lse.masked_fill(empty, -math.inf)
+    if band is None:
+        return _cpu_op_forward(q, k, v, causal, softmax_scale)
+    # Under a window each tile of query rows meets only the keys its band reaches (band_keys),
+    # so the work follows the window rather than the whole block.
+    sq, sk = q.shape[1], k.shape[1]
+    out = q.new_zeros(*q.shape[:3], v.shape[3])
+    lse = torch.full((q.shape[0], q.shape[2], sq), -math.inf, dtype=accumulation_dtype(q.dtype), device=q.device)
+    for s in range(0, sq, band_tile(band, _CPU_TILE)):
+        e = min(s + band_tile(band, _CPU_TILE), sq)
+        j0, j1 = band_keys(s, e, sq, sk, band)
+        if j1 == j0:
+            continue  # rows that see no key: out 0, lse -inf
+        mask, empty = _cpu_mask(band_mask(e - s, j1 - j0, band, q.device, row0=s + sk - sq - j0), q.dtype)
+        o, l = _cpu_op_forward(q[:, s:e], k[:, j0:j1], v[:, j0:j1], False, softmax_scale, mask)
+        if empty.any():
+            o, l = o.masked_fill(empty[None, :, None, None], 0), l.masked_fill(empty, -math.inf)
+        out[:, s:e], lse[:, :, s:e] = o, l
     return out, lse
+
+
+def _cpu_op_backward(dout, q, k, v, out, lse, causal, softmax_scale, mask=None):
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        out.transpose(1, 2), lse.contiguous(), 0.0, causal, attn_mask=mask, scale=softmax_scale)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
 def _cpu_backward(dout, q, k, v, out, lse, causal, softmax_scale, *, window=None):
     band = band_of(window, causal)
     _check_shapes(q, k, v, causal and band is None)
-    mask = None
-    if band is not None:
-        mask, empty = _cpu_mask(q, k, band)
-        lse = lse.masked_fill(empty, math.inf)  # exp(-inf - inf) = 0 for the rows that see nothing
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        out.transpose(1, 2), lse.contiguous(), 0.0, causal and band is None, attn_mask=mask, scale=softmax_scale)
-    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+    if band is None:
+        return _cpu_op_backward(dout, q, k, v, out, lse, causal, softmax_scale)
+    # The forward's tiles: a tile's dq whole, its dK/dV summed over the tiles that meet those keys.
+    sq, sk = q.shape[1], k.shape[1]
+    acc = accumulation_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+    for s in range(0, sq, band_tile(band, _CPU_TILE)):
+        e = min(s + band_tile(band, _CPU_TILE), sq)
+        j0, j1 = band_keys(s, e, sq, sk, band)
+        if j1 == j0:
+            continue  # rows that see no key have no gradient
+        mask, empty = _cpu_mask(band_mask(e - s, j1 - j0, band, q.device, row0=s + sk - sq - j0), q.dtype)
+        tile_lse = lse[:, :, s:e].masked_fill(empty, math.inf)  # exp(-inf - inf) = 0 for the rows that see nothing
+        g = _cpu_op_backward(dout[:, s:e], q[:, s:e], k[:, j0:j1], v[:, j0:j1], out[:, s:e], tile_lse, False,
+                             softmax_scale, mask)
+        dq[:, s:e] = g[0]
+        dk[:, j0:j1] += g[1]
+        dv[:, j0:j1] += g[2]
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+#: Query rows per tile of a windowed cpu call at most (band_tile takes about the window's width).
+_CPU_TILE = 1024
 
 
 # --------------------------------------------------------------------------- varlen

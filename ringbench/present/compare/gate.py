@@ -48,7 +48,8 @@ def parse_threshold(text: str) -> Threshold:
     """Parse ``tflops:-5%`` or ``time:+10%``.
 
     Raises:
-        CompareError: not METRIC:[+-]N%, an unknown metric, or a zero limit.
+        CompareError: not METRIC:[+-]N%, an unknown metric, a zero limit, a limit in the direction
+            of an improvement (``tflops:+5%``, ``time:-5%``), or a drop of 100% or more.
     """
     match = _THRESHOLD_RE.fullmatch(text)
     if match is None:
@@ -63,6 +64,16 @@ def parse_threshold(text: str) -> Threshold:
     if limit == 0:
         raise CompareError(f"--fail-if {text!r} has a zero limit; give the change that is tolerated, such as "
                            f"{name}:{sign}5%")
+    # a regression is a fall of a higher-is-better metric and a rise of a lower-is-better one
+    worse = "-" if metric.higher_is_better else "+"
+    if sign != worse:
+        went = "rise" if sign == "+" else "fall"
+        raise CompareError(f"--fail-if {text!r} would fail on a {went} of {name}, which is an improvement, and "
+                           f"never on a regression; write {name}:{worse}{number}% to fail when {name} gets worse "
+                           f"by more than {number}%")
+    if limit <= -100:
+        raise CompareError(f"--fail-if {text!r} can never fire: {name} cannot drop by more than 100%; give a "
+                           f"limit under 100%, such as {name}:-5%")
     return Threshold(metric, limit)
 
 
@@ -141,7 +152,8 @@ def gate(baseline: Sequence[Path | str], candidate: Sequence[Path | str], thresh
         A :class:`GateResult`.
 
     Raises:
-        CompareError: a side without run records, a bad ``where``, or no case in common.
+        CompareError: a side without run records, a bad ``where``, no case in common, or a
+            threshold on a metric that no matched case has on both sides.
     """
     base = latest_records(baseline, where)
     cand = latest_records(candidate, where)
@@ -159,6 +171,7 @@ def gate(baseline: Sequence[Path | str], candidate: Sequence[Path | str], thresh
 
     base_by_id = {row["case_id"]: row for _, row in base.iterrows()}
     rows: list[GateRow] = []
+    both_ok: list[int] = []  # indices of the rows ok on both sides
     only_candidate = []
     for _, c in cand.iterrows():
         b = base_by_id.get(c["case_id"])
@@ -175,6 +188,8 @@ def gate(baseline: Sequence[Path | str], candidate: Sequence[Path | str], thresh
             verdicts[m.name], failed = _verdict(values[m.name][2], b.get("status"), c.get("status"),
                                                 rules.get(m.name))
             regressed = regressed or failed
+        if b.get("status") == "ok" and c.get("status") == "ok":
+            both_ok.append(len(rows))
         rows.append(GateRow(case_id=c["case_id"], fields=info(c), values=values, verdicts=verdicts,
                             regressed=regressed))
     cand_ids = set(cand["case_id"])
@@ -182,6 +197,12 @@ def gate(baseline: Sequence[Path | str], candidate: Sequence[Path | str], thresh
     if not rows:
         raise CompareError(f"no case of the candidate ({len(cand)}) matches a case of the baseline ({len(base)}) "
                            "by case_id, so nothing was compared; pass results of the same scenario")
+    for t in thresholds:
+        # a rule that no case ok on both sides can be judged by would pass a gate that checked nothing
+        if both_ok and not any(rows[i].values[t.metric.name][2] is not None for i in both_ok):
+            raise CompareError(f"--fail-if {t.text()!r} gates {t.metric.name}, but no matched case has "
+                               f"{t.metric.column} on both sides, so every row would be n/a; gate a metric "
+                               "the records have, such as tflops:-5% or time:+5%")
 
     def order(fields_of: dict) -> tuple:
         return tuple(_sort_key(fields_of[f]) for f in fields)

@@ -144,10 +144,11 @@ def load_runs(paths: Sequence[Path | str], *, where: str | None = None, keep_apa
               ) -> Loaded:
     """The ok ``run`` records under ``paths``, filtered by ``where``, one per case.
 
-    Records of other tasks and statuses, records with no status and records of an unknown
-    schema version are counted as left out. When one case (one
-    ``case_id``) has several ok records, across files or reruns, the latest (``created_at``)
-    stands for it, unless a ``keep_apart`` column that is not a spec field tells them apart.
+    Records of other tasks, records with no status and records of an unknown schema version
+    are counted as left out. When one case (one ``case_id``) has several records, across files
+    or reruns, the latest (``created_at``) stands for it, unless a ``keep_apart`` column that is
+    not a spec field tells them apart; a case whose latest record is not ok (error, oom...) is
+    left out with its older records, so an old value never shows as current.
 
     Args:
         paths: ``.jsonl`` files and folders.
@@ -179,22 +180,33 @@ def load_runs(paths: Sequence[Path | str], *, where: str | None = None, keep_apa
         for task, n in tasks[others].value_counts(dropna=False).items():
             left_out["with no task" if not_measured(task) else f"{task} record{'s' if n != 1 else ''}"] = int(n)
         frame = frame[~others]
-    status = frame["status"] if "status" in frame.columns else None
-    if status is not None:
-        bad = status != "ok"
-        for value, n in status[bad].value_counts(dropna=False).items():
-            left_out[f"with status {value}"] = int(n)
-        frame = frame[~bad]
     frame = apply_where(frame, where)
-    if frame.empty:
+    # The latest record of a case, whatever its status, says what the case is now: an older ok
+    # value must not stand in for a case that has since failed.
+    apart = [k for k in keep_apart if not _is_spec(frame, k)]
+    latest, _ = latest_per_case(frame, apart)
+    status = latest["status"] if "status" in latest.columns else None
+    failed = status != "ok" if status is not None else pd.Series(False, index=latest.index)
+    for value, n in status[failed].value_counts(dropna=False).items() if status is not None else ():
+        left_out[f"with status {value}"] = int(n)
+    shown = latest[~failed]
+    if "case_id" in frame.columns:
+        keys = ["case_id", *apart]
+        of_failed = frame.set_index(keys).index.isin(latest[failed].set_index(keys).index)
+        stale = int(of_failed.sum()) - int(failed.sum())
+        if stale:
+            left_out["older records of a case whose latest is not ok"] = stale
+        dropped = len(frame) - int(of_failed.sum()) - len(shown)
+    else:
+        dropped = 0
+    if shown.empty:
         left = f" (left out first: {', '.join(f'{n} {why}' for why, n in left_out.items())})" if left_out else ""
         matching = f" matches --where {where!r}" if where else ""
         raise CompareError(f"no ok run record in {', '.join(map(str, paths))}{matching}{left}; pass the results "
                            f"of `ringbench run`{' or loosen --where' if where else ''}")
-    frame, dropped = latest_per_case(frame, [k for k in keep_apart if not _is_spec(frame, k)])
     if dropped:
         left_out["older records of a case shown with its latest"] = dropped
-    return Loaded(frame=frame, left_out=left_out, aliases=list(frame.attrs.get("aliases", [])))
+    return Loaded(frame=shown, left_out=left_out, aliases=list(shown.attrs.get("aliases", [])))
 
 
 def latest_records(paths: Sequence[Path | str], where: str | None) -> "pandas.DataFrame":

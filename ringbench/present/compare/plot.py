@@ -95,6 +95,8 @@ KERNEL_STYLES: dict[str, tuple[Any, str]] = {
 }
 OTHER_STYLES: tuple[tuple[Any, str], ...] = (("-", "h"), ("-.", "*"), (":", "X"), ((0, (3, 1, 1, 1, 1, 1)), "p"))
 PEER_LINESTYLE = "--"
+#: Markers of the lines of one variant and kernel after the first (which has its kernel's).
+_SIBLING_MARKERS = ("o", "s", "D", "^", "X", "P", "*", "h")
 #: Fields a legend entry shows as their value alone (the legend's title names them).
 _BARE_FIELDS = ("variant", "kernel")
 
@@ -138,7 +140,8 @@ def _line_styles(lines: list[str], line_keys: list[tuple], frame: "pandas.DataFr
     """A fixed look per line: the colour of its variant (:func:`colour_of`), the line style and
     marker of its kernel (:data:`KERNEL_STYLES`); a peer (``Variant.peer``) dashed with open
     markers; lines of one variant and kernel that differ in other fields (rotate, docs...) in
-    shades of the variant's colour, the one with the fewest fields set in the colour itself.
+    shades of the variant's colour, the one with the fewest fields set in the colour itself and
+    the kernel's marker, each other in a marker of its own (:data:`_SIBLING_MARKERS`).
     A field that is not a line field but holds one value in every record counts as well."""
     def field(key: tuple, name: str) -> Any:
         return key[lines.index(name)] if name in lines else _single(frame, name)
@@ -150,36 +153,81 @@ def _line_styles(lines: list[str], line_keys: list[tuple], frame: "pandas.DataFr
         variant = field(key, "variant")
         return (variant if variant is not None else (key[0] if key else None), field(key, "kernel"))
 
+    optional = [n for n in lines if n not in _BARE_FIELDS]  # the names of set_fields' values
     shades: dict[tuple, list[tuple]] = {}
     for key in line_keys:
         others = shades.setdefault(family(key), [])
         if set_fields(key) not in others:
             others.append(set_fields(key))
     for others in shades.values():
-        others.sort(key=lambda values: (sum(1 for v in values if v not in ("", None, 0, False)), str(values)))
+        others.sort(key=lambda values: (sum(1 for n, v in zip(optional, values)
+                                            if v not in ("", None, 0, False) and not _is_default(n, v)), str(values)))
     out = {}
     for key in line_keys:
         colour_key, kernel = family(key)
         linestyle, marker = KERNEL_STYLES.get(str(kernel)) or _hashed(kernel, OTHER_STYLES)
-        colour = _shade(colour_of(colour_key), shades[(colour_key, kernel)].index(set_fields(key)))
+        k = shades[(colour_key, kernel)].index(set_fields(key))
+        colour = _shade(colour_of(colour_key), k)
+        if k:  # a sibling of another shade: its own marker too, so shared points stay apart
+            marker = _SIBLING_MARKERS[(k - 1) % len(_SIBLING_MARKERS)]
         peer = _is_peer(field(key, "variant"))
         out[key] = dict(color=colour, marker=marker, linestyle=PEER_LINESTYLE if peer else linestyle,
                         markerfacecolor="white" if peer else colour, markeredgecolor=colour)
     return out
 
 
-def _line_label(lines: list[str], key: tuple, files: dict[str, str] | None = None) -> str:
-    """``zigzag / cudnn / rotate=alltoall / causal=True``: the variant and the kernel by their
-    value, every other field by its name and value; an optional field left empty adds nothing.
-    ``files`` writes a ``source`` path shorter (its file name)."""
-    parts = []
-    for name, value in zip(lines, key):
-        shown = (files or {}).get(value, cell_text(name, value)) if name == "source" else cell_text(name, value)
-        if not shown:
-            continue
-        bare = name in _BARE_FIELDS or (name == "docs" and isinstance(value, str) and docs_count(value))
-        parts.append(shown if bare else f"{name}={shown}")
-    return " / ".join(parts)
+#: How a legend names an optional field left at its default, on a line whose siblings set it.
+_UNSET_WORDS = {"window": "no window", "sink": "no sink", "emulate": "not emulated", "docs": "no docs",
+                "doc_pad": "no pad", "profile": "not profiled"}
+
+
+def _is_default(name: str, value: Any) -> bool:
+    """Whether ``value`` is an optional field's default (``window`` 0, ``sink`` none...)."""
+    from ringbench.case.fields import OPTIONAL_DEFAULTS
+
+    return name in OPTIONAL_DEFAULTS and (value is None or str(value) == str(OPTIONAL_DEFAULTS[name]))
+
+
+def _part(name: str, value: Any, files: dict[str, str] | None) -> str:
+    """One field of a legend entry: the variant and the kernel by their value, ``emulated``,
+    ``7 docs``, every other field as ``name=value``; '' for an empty value."""
+    if name == "emulate":
+        return "emulated" if value else _UNSET_WORDS["emulate"]
+    shown = (files or {}).get(value, cell_text(name, value)) if name == "source" else cell_text(name, value)
+    if not shown:
+        return ""
+    bare = name in _BARE_FIELDS or (name == "docs" and isinstance(value, str) and docs_count(value))
+    return shown if bare else f"{name}={shown}"
+
+
+def _line_labels(lines: list[str], line_keys: list[tuple], files: dict[str, str] | None = None
+                 ) -> dict[tuple, str]:
+    """A legend entry per line, saying only what tells it apart: ``zigzag / cpu / window=64``.
+
+    The variant and the kernel by their value; a case field by ``name=value``; an optional field
+    (window, sink, ulysses_degree, emulate...) only where it is set, and, on a line of a variant
+    and kernel whose other lines set it while it does not, by its unset words (``no window``),
+    never ``window=0``. ``files`` writes a ``source`` path shorter (its file name).
+    """
+    def family(key: tuple) -> tuple:
+        return tuple(v for n, v in zip(lines, key) if n in _BARE_FIELDS)
+
+    siblings: dict[tuple, list[tuple]] = {}
+    for key in line_keys:
+        siblings.setdefault(family(key), []).append(key)
+    out = {}
+    for key in line_keys:
+        parts, unset = [], []
+        for i, (name, value) in enumerate(zip(lines, key)):
+            if not _is_default(name, value):
+                parts.append(_part(name, value, files))
+            elif any(not _is_default(name, other[i]) for other in siblings[family(key)]):
+                unset.append(_UNSET_WORDS.get(name, f"{name} default"))
+        named = [p for p in parts if p]
+        bare = sum(1 for n in lines if n in _BARE_FIELDS)
+        # a line that sets none of the options its siblings set says which ones it leaves unset
+        out[key] = " / ".join(named + (unset if len(named) <= bare else []))
+    return out
 
 
 def _file_names(paths: list[Any]) -> dict[str, str]:
@@ -229,6 +277,17 @@ def _panel_title(panels: list[str], key: tuple) -> str:
     return ", ".join(words)
 
 
+def _all_emulated(frame: "pandas.DataFrame", panels: list[str], key: tuple) -> bool:
+    """Whether every record drawn in the panel ``key`` was emulated (``emulated: true``)."""
+    if "emulated" not in frame.columns:
+        return False
+    rows = frame
+    for name, value in zip(panels, key):
+        if name in rows.columns:
+            rows = rows[rows[name].astype(str) == str(value)]
+    return bool(len(rows)) and bool(rows["emulated"].fillna(False).astype(bool).all())
+
+
 def plot(p: Pivot, frame: "pandas.DataFrame", path: Path | str | None = None) -> "Figure":
     """Draw the pivot: the metric against x, one panel per world size and mode, one line per row.
 
@@ -238,8 +297,9 @@ def plot(p: Pivot, frame: "pandas.DataFrame", path: Path | str | None = None) ->
     ``16k``...). A line has the colour of its variant in every plot (:data:`VARIANT_COLOURS`),
     the line style and marker of its kernel (:data:`KERNEL_STYLES`); a peer is dashed with open
     markers; lines that differ only in other fields are shades of the variant's colour. One
-    legend below names the lines, each field but the variant and the kernel by its name
-    (``rotate=alltoall``, ``causal=True``). The title gives the metric, the common shape, the
+    legend below names the lines by what tells them apart (:func:`_line_labels`: ``rotate=alltoall``,
+    ``window=64``, ``no window``, ``emulated``); a panel whose records are all emulated says so
+    in its title; later lines draw smaller markers so a point shared by several shows each. The title gives the metric, the common shape, the
     device and the software versions. An efficiency plot draws the ideal, 1.0, as a dotted line.
 
     Args:
@@ -274,13 +334,16 @@ def plot(p: Pivot, frame: "pandas.DataFrame", path: Path | str | None = None) ->
     log2 = all(v > 0 for v in xs)
     style = _line_styles(p.lines, line_keys, frame)
     files = _file_names([k[p.lines.index("source")] for k in line_keys] if "source" in p.lines else [])
+    labels = _line_labels(p.lines, line_keys, files)
     handles = {}
     for key, values in rows:
         panel, line = tuple(key[:n_panel]), tuple(key[n_panel:])
         pts = [(x, v) for x, v in zip(xs, values) if v is not None]
-        label = _line_label(p.lines, line, files) or p.metric.name
+        label = labels[line] or p.metric.name
+        # later lines draw smaller markers, so a point shared by several lines shows each of them
+        size = max(3.0, 8.0 - 1.0 * line_keys.index(line))
         (handle,) = axes[panel].plot([x for x, _ in pts], [v for _, v in pts], label=label, linewidth=1.6,
-                                     markersize=5, **style[line])
+                                     markersize=size, **style[line])
         handles.setdefault(label, handle)
     ticks = _ticks(xs, log2)
     occupied = set(place.values())
@@ -292,7 +355,10 @@ def plot(p: Pivot, frame: "pandas.DataFrame", path: Path | str | None = None) ->
         ax.set_xticks(ticks, [axis_text(p.x, int(t) if float(t).is_integer() else t) for t in ticks])
         ax.set_xlim(min(xs) / 1.25 if log2 else None, max(xs) * 1.25 if log2 else None)
         ax.grid(True, which="major", alpha=0.3)
-        ax.set_title(_panel_title(p.panels, key) if p.panels else "", fontsize=10)
+        title = _panel_title(p.panels, key) if p.panels else ""
+        if _all_emulated(frame, p.panels, key):
+            title += ", emulated (one process)" if title else "emulated (one process)"
+        ax.set_title(title, fontsize=10)
         r, c = place[key]
         if (r + 1, c) not in occupied:  # the lowest panel of its column
             ax.set_xlabel(_X_WORDS.get(p.x, p.x))

@@ -42,10 +42,10 @@ pandas-free; matplotlib is imported by :func:`plot` alone, torch by the case bui
 
 from ringbench.sweep.matrix.classes import classify
 from ringbench.sweep.matrix.grid import (AXES, BASE, BASE_SEQLEN, CLASS_MEANING, CLASSES, COLUMNS, MLA_HEAD_DIMS,
-                                         TEST_VARIANTS, Cell, Column, Grid, build_grid, cell_fields,
+                                         TEST_VARIANTS, Cell, Column, Grid, build_grid, cell_fields, check_runnable,
                                          default_world_sizes, implementations)
 from ringbench.sweep.matrix.running import run
 
 __all__ = ["AXES", "BASE", "BASE_SEQLEN", "CLASS_MEANING", "CLASSES", "COLUMNS", "MLA_HEAD_DIMS", "TEST_VARIANTS",
-           "Cell", "Column", "Grid", "build_grid", "cell_fields", "classify",
+           "Cell", "Column", "Grid", "build_grid", "cell_fields", "check_runnable", "classify",
            "default_world_sizes", "implementations", "run"]

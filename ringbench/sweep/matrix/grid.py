@@ -306,6 +306,24 @@ def build_grid(*, device: Optional[str] = None, world_sizes: Optional[list[int]]
     return grid
 
 
+def check_runnable(grid: Grid) -> None:
+    """Refuse a grid whose every cell is refused: it would launch nothing and verify nothing.
+
+    Raises:
+        SpecError: names the cells and the commonest refusal, which carries its fix.
+    """
+    if not grid.cells or any(c.refusal is None for c in grid.cells):
+        return
+    reasons: dict[str, int] = {}
+    for cell in grid.cells:
+        reasons[cell.refusal] = reasons.get(cell.refusal, 0) + 1
+    reason, n = max(reasons.items(), key=lambda item: item[1])
+    total = len(grid.cells)
+    some = "all of them" if n == total else f"{n} of them"
+    raise SpecError(f"nothing to verify: every one of the {total} cells of this matrix is refused on {grid.device}, "
+                    f"{some} because {reason}")
+
+
 def _make_cell(variant, column: str, world_size: int, device: str, gpus: int) -> Cell:
     from ringbench.sweep.build import build_cases
 
