@@ -331,7 +331,7 @@ VARIANTS: dict[str, Variant] = {
 #: The environment variable that makes :func:`get_variant` find :data:`TESTING_VARIANTS`.
 TESTING_ENV = "RINGBENCH_TEST_VARIANTS"
 
-#: Test-only variants (``variants/testing.py``): never listed, found only under ``TESTING_ENV=1``.
+#: Test-only variants (``variants/fixtures/broken.py``): never listed, found only under ``TESTING_ENV=1``.
 TESTING_VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
@@ -348,7 +348,7 @@ TESTING_VARIANTS: dict[str, Variant] = {
         Variant("drift_dkv", "contiguous", "fixtures.broken:drift_dkv_attention",
                 "test only: a ring whose dK/dV accumulate in the input dtype on their way to their owner"),
         Variant("band_one_row", "contiguous", "fixtures.broken:band_one_row_attention",
-                "test only: a ring whose window drops every band part of one query row", takes_window=True),
+                "test only: a ring whose window drops every band part of one query row", options={"window": WINDOW}),
         Variant("fault_hang", "contiguous", "fixtures.broken:fault_hang_attention",
                 "test only: rank W-1 sleeps forever inside attention"),
         Variant("fault_raise", "contiguous", "fixtures.broken:fault_raise_attention",
