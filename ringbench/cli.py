@@ -185,7 +185,7 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
 
 def _profiles(found: list[dict], out: Path, *, json_out: bool) -> None:
     """After a ``run --profile``: the breakdown tables (not with --json, whose records hold them) and a
-    stacked-bar plot per profiled case next to the results (ringbench/profile.py)."""
+    stacked-bar plot per profiled case next to the results (ringbench/rank/profile.py)."""
     from ringbench.present import profile
 
     if not profile.profiled(found):

@@ -2,7 +2,7 @@
 
 The max rule (max|T - T_fp64| within twice the single kernel's error plus a floor) passes a
 ring that accumulates in the input dtype, at every world size. The second check rebuilds, in
-float64, what the variant computed from its own kernel calls (``variants/observe.py``): a
+float64, what the variant computed from its own kernel calls (``variants/instruments/observe.py``): a
 correct variant is one rounding away from it (at most half an ulp, shadow ratio <= 0.5 with
 ``SHADOW_ULPS = 1``); a ring that rounds an accumulator after every update is many ulps away
 once three or more partial results meet, so from world size 4 on (at world size 2 no row or

@@ -1,5 +1,5 @@
-"""The Triton kernels of the ring engine's per-step updates (``variants/merge_triton.py``) against
-the torch ops they replace (``variants/merge.py``, the path every CPU takes), on a GPU.
+"""The Triton kernels of the ring engine's per-step updates (``variants/engines/merge_triton.py``) against
+the torch ops they replace (``variants/engines/merge.py``, the path every CPU takes), on a GPU.
 
 Both compute in float32 and round once to the result's dtype, in different orders, so they
 may differ by float32 roundings before that last one: a result is compared within

@@ -1,4 +1,4 @@
-"""The ring engine's fused per-step updates (``variants/merge.py``) on CPU, against the unfused ones.
+"""The ring engine's fused per-step updates (``variants/engines/merge.py``) on CPU, against the unfused ones.
 
 The engine keeps a row's running result in the input dtype while it holds one block's result
 and in float32 while more blocks follow, and its last update writes the input dtype. On the

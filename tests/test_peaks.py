@@ -1,4 +1,4 @@
-"""Peaks (ringbench/peaks.py): the datasheet table and its name matcher, the measured peak of a
+"""Peaks (ringbench/rank/peaks.py): the datasheet table and its name matcher, the measured peak of a
 device the table lacks (every CPU), and the refusal of a result above either, in one sentence."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The ring-flash-attn peers (rfa_*) without a flash-attn build: ringbench's kernels serve the
-package's flash-attn calls through ``variants/rfa_standin.py``, scoped to the package's modules.
+package's flash-attn calls through ``variants/peers/rfa_standin.py``, scoped to the package's modules.
 
 The unit tests check the stand-in against what ring-flash-attn 0.1.8 reads (signatures, return
 tuples, lse layouts, buffers written in place), that no ``flash_attn`` module is visible to any

@@ -465,7 +465,7 @@ def test_registry_check_ring_names_rule_and_fix():
 def test_check_compare_shape_mismatch_is_a_failed_check():
     """A result of the wrong shape is a failed check (shape_ok False), not an exception.
 
-    ringbench/check.py's docstring says a shape that differs from the input's fails; compare
+    ringbench/rank/check.py's docstring says a shape that differs from the input's fails; compare
     indexes the result with the reference's finite mask first, so it raises instead.
     """
     from ringbench.rank.check import tolerance_check

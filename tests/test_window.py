@@ -1,5 +1,5 @@
 """Sliding windows and the balanced layout without a process group: the kernels' window against a
-dense float64 mask, the band algebra of ``variants/bands.py`` against brute force over every
+dense float64 mask, the band algebra of ``variants/engines/bands.py`` against brute force over every
 layout, the balanced layout's cut, the predicted work per rank against hand-computed counts, and
 the refusals (exit code 2, one sentence) through the CLI in-process.
 """

@@ -3,7 +3,7 @@ any added later) against the math kernel in float64 under the same window, on a 
 
 Each is checked forward (out, lse) and backward (dq, dk, dv): the batch form on square and
 rectangular blocks with windows of both sides (the bottom-right-aligned convention of
-``variants/kernels.py``), and the varlen form over documents of awkward lengths. The rule is that
+``variants/kernels/__init__.py``), and the varlen form over documents of awkward lengths. The rule is that
 of ``tests/test_kernels_gpu.py``: within twice the error of the math kernel in the same low dtype,
 plus a floor of one unit in the last place (16 for float32) at the largest reference value.
 Skipped where no CUDA device is visible, and for a kernel that is unavailable here.

@@ -1,4 +1,4 @@
-"""Predicted work per rank (ringbench/work.py) where a new user found it wrong: Ulysses shards
+"""Predicted work per rank (ringbench/case/work.py) where a new user found it wrong: Ulysses shards
 heads, not rows, and padded documents (``doc_pad``) count their real tokens under the padded
 layout. Counts by hand, no process."""
 

@@ -20,7 +20,7 @@ from ringbench.variants import instruments
 GIB = 1024 ** 3
 
 # The dense peak of each device and dtype, and the measured one where the table has none:
-# ringbench/peaks.py. A result above it is an error, not a result (refusal).
+# ringbench/rank/peaks.py. A result above it is an error, not a result (refusal).
 
 
 def time_iterations(fn: Callable[[], None], *, iters: int, warmup: int, device: torch.device,
@@ -64,7 +64,7 @@ def rank_inputs(spec: CaseSpec, rank: int, dtype: torch.dtype, device: torch.dev
     Returns:
         ``(q, k, v, dout)``: q ``[B, S/W, Hq, D]``, k ``[B, S/W, Hkv, D]``, v ``[B, S/W, Hkv, Dv]``
         and dout ``[B, S/W, Hq, Dv]`` (Dv: ``spec.value_head_dim()``), in ``dtype``
-        on ``device`` (an emulated run, ``ringbench/emulation.py``, draws every rank's this way).
+        on ``device`` (an emulated run, ``ringbench/rank/emulation.py``, draws every rank's this way).
     """
     B, H, Hkv, D, Dv = spec.batch, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim()
     local = spec.seqlen // spec.world_size
@@ -112,7 +112,7 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     which is the batch formula when the shares are equal.
 
     With ``spec.profile``, a second pass of ``iters`` iterations records the spans
-    (``ringbench/profile.py``) after the timed ones, so the timing itself carries no marks.
+    (``ringbench/rank/profile.py``) after the timed ones, so the timing itself carries no marks.
 
     Args:
         spec: the case, its kernel resolved.
@@ -239,7 +239,7 @@ def run_fields(spec: CaseSpec, variant, gathered: list[RankMeasure], *, device: 
                emulated: bool = False) -> dict:
     """The run fields of a record from every rank's :class:`RankMeasure` (rank order).
 
-    ``emulated``: the ranks ran in turn in one process (``ringbench/emulation.py``); no byte
+    ``emulated``: the ranks ran in turn in one process (``ringbench/rank/emulation.py``); no byte
     crossed a link, so ``bus_gib_s`` is null.
 
     Raises:

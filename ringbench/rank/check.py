@@ -17,7 +17,7 @@ parallelism, keeps a kernel bug from cancelling itself out (verify's rules in do
 
 The max rule hides systematic drift (an accumulation in the input dtype passes it), so each
 tensor is also held to its block-decomposition reference (:func:`shadow_check`): while the
-variant runs, its engine reports every kernel call (``variants/observe.py``), and
+variant runs, its engine reports every kernel call (``variants/instruments/observe.py``), and
 :func:`_shadow` rebuilds out, lse, dq, dk and dv from those blocks in float64. A correct
 variant is one rounding away from it; a check passes only when both rules do. Variants whose
 engine reports nothing (peers) keep the max rule alone, their shadow fields null.

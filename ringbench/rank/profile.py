@@ -1,4 +1,4 @@
-"""``run --profile``: where each rank's time goes, from the spans of ``variants/timeline.py``.
+"""``run --profile``: where each rank's time goes, from the spans of ``variants/instruments/timeline.py``.
 
 Per rank, one extra pass of ``iters`` iterations after the timed ones records a span around
 every kernel call, merge and communication wait of ringbench's engines (ring, all-gather,

@@ -18,7 +18,7 @@ The float64 reference never sees the padding: it runs on the real tokens alone (
 the real lengths) and puts its results back at their padded positions. With a sink it is
 autograd through the math kernel's plain-torch forward and ``L = logaddexp(lse, s)``,
 ``out_f = out * exp(lse - L)``, so its dq, dk, dv and d sink do not rest on the identities the
-engines use (``variants/sinks.py``). The single-device run is the case's kernel over the
+engines use (``variants/engines/sinks.py``). The single-device run is the case's kernel over the
 padded row, with the sink and the padding applied as verify applies them to the variant.
 """
 

@@ -97,7 +97,7 @@ def run_one(spec: CaseSpec, device: torch.device) -> tuple[dict, BaseException |
                 fields = check_model(spec, device=device)
             elif spec.task == "verify":
                 fields = verify_case(spec, device=device)
-            elif spec.emulate:  # one process plays every rank (ringbench/emulation.py)
+            elif spec.emulate:  # one process plays every rank (ringbench/rank/emulation.py)
                 fields = {"status": "ok", "reason": None, **emulate_case(spec, device=device)}
             else:
                 fields = {"status": "ok", "reason": None, **bench_case(spec, device=device)}

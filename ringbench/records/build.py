@@ -61,7 +61,7 @@ def build(case, *, run_id: str, status: str, reason: str | None = None, fields: 
         "kernel": case.kernel,
         "status": status,
         "reason": reason,
-        # From the mask alone (ringbench/work.py), so every record has it, whatever its status.
+        # From the mask alone (ringbench/case/work.py), so every record has it, whatever its status.
         **work.predicted_fields(case),
     }
     if fields is None:
@@ -73,7 +73,7 @@ def build(case, *, run_id: str, status: str, reason: str | None = None, fields: 
     else:
         record.update(fields)
         record["status"], record["reason"] = status, reason
-    if case.task == "run":  # one process played every rank (ringbench/emulation.py)
+    if case.task == "run":  # one process played every rank (ringbench/rank/emulation.py)
         record["emulated"] = bool(getattr(case, "emulate", False))
     if elapsed_s is not None:
         record["elapsed_s"] = elapsed_s

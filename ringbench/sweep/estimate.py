@@ -49,7 +49,7 @@ CPU_ATTENTION_EFFICIENCY = 0.2
 CUDA_RATE = {"bf16": 150e12, "fp16": 150e12, "fp32": 30e12, "fp64": 20e12}
 #: Seconds a case costs beyond its FLOPs (set-up, the gathers of the figures).
 CASE_OVERHEAD_S = 0.2
-#: The kernels' query rows per chunk (variants/kernel_reference.py), for their score workspace.
+#: The kernels' query rows per chunk (variants/kernels/reference.py), for their score workspace.
 _CHUNK = 1024
 _BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 

@@ -179,7 +179,7 @@ def prepare(cu_seqlens: "Tensor | Documents", seqlen_local: int, group=None) -> 
     returns the same :class:`Documents` at once, and a new tensor with the same offsets
     (the same fingerprint) returns the Documents made for them before, their schedules
     included. Call it outside a timed region and pass the result as ``cu_seqlens`` to every
-    layer (``ringbench/bench.py`` and the Hugging Face adapter do).
+    layer (``ringbench/rank/bench.py`` and the Hugging Face adapter do).
 
     Args:
         cu_seqlens: int32 ``[N + 1]`` global document offsets, or a :class:`Documents` (returned

@@ -10,7 +10,7 @@ all-gather engines of ``llama3.py`` and ``llama3_varlen.py``) report each local 
   block's keys, the key rows in that owner's shard and the K/V heads, with the block's dk, dv.
 
 That is enough to rebuild, on one device and in float64, what the variant computed from its
-blocks (the harness's block-decomposition reference, ``ringbench/check.py``): each block's
+blocks (the harness's block-decomposition reference, ``ringbench/rank/check.py``): each block's
 out and lse merged, dq partials summed, dK/dV partials summed at their owner. A correct
 variant differs from that only by its float32 merge and one final rounding to the input dtype;
 an accumulation in a lower precision stands out.

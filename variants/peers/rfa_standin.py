@@ -4,7 +4,7 @@ ring-flash-attn's modules import four functions from ``flash_attn.flash_attn_int
 ``_flash_attn_forward``, ``_flash_attn_backward`` (the rings) and ``_flash_attn_varlen_forward``,
 ``_flash_attn_varlen_backward`` (llama3). Where the flash-attn package is not installed,
 :func:`interface` builds a module object holding those four names, served by one of
-ringbench's kernels (``variants/kernels.py``), and :func:`scoped_builtins` gives the modules
+ringbench's kernels (``variants/kernels/__init__.py``), and :func:`scoped_builtins` gives the modules
 that ``rfa.py`` loads an ``__import__`` that hands them that object for ``flash_attn`` and
 ``flash_attn.flash_attn_interface``. The object is never put in ``sys.modules``, so no other
 code can import a ``flash_attn``; where flash-attn is installed none of this is used.
