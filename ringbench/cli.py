@@ -13,6 +13,7 @@ Exit codes: 0 every case passed, 1 a case failed (compare: a case regressed), 2 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -98,57 +99,44 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 
 # --------------------------------------------------------------------------- run and verify
 
-@app.command(cls=_OnceCommand)
-@options.with_case_options("run")
-def run(
-    ctx: typer.Context,
-    case: dict,
-    scenario: Optional[str] = typer.Option(None, "--scenario", help=SCENARIO_HELP),
-    out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
-                                          metavar=options.FLOAT, parser=options.TIMEOUT),
-    resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
-    yes: bool = typer.Option(False, "--yes", help=YES_HELP),
-    nnodes: Optional[int] = typer.Option(None, "--nnodes", help=NNODES_HELP, show_default=False, metavar=options.INT,
-                                         parser=options.NNODES),
-    node_rank: Optional[int] = typer.Option(None, "--node-rank", help=NODE_RANK_HELP, show_default=False,
-                                            metavar=options.INT, parser=options.NODE_RANK),
-    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
-    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP),
-) -> None:
-    """Measure a variant's time, throughput and memory on one shape (or a scenario's sweep)."""
-    _sweep("run", case, ctx.obj, scenario=scenario, out=out, json_out=json_out, timeout=timeout, resume=resume,
-           nodes=(nnodes, node_rank, rdzv_endpoint, rdzv_id), yes=yes)
+def _sweep_command(task: str, doc: str, *, junit: bool) -> None:
+    """Register ``run`` or ``verify``: every case option of ``task``, then the options of a sweep,
+    which both share (``--junit-xml`` is verify's alone)."""
+    def command(
+        ctx: typer.Context,
+        case: dict,
+        scenario: Optional[str] = typer.Option(None, "--scenario", help=SCENARIO_HELP),
+        junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help=JUNIT_HELP),
+        out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
+        json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+        timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
+                                              metavar=options.FLOAT, parser=options.TIMEOUT),
+        resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
+        yes: bool = typer.Option(False, "--yes", help=YES_HELP),
+        nnodes: Optional[int] = typer.Option(None, "--nnodes", help=NNODES_HELP, show_default=False,
+                                             metavar=options.INT, parser=options.NNODES),
+        node_rank: Optional[int] = typer.Option(None, "--node-rank", help=NODE_RANK_HELP, show_default=False,
+                                                metavar=options.INT, parser=options.NODE_RANK),
+        rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
+        rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP),
+    ) -> None:
+        _sweep(task, case, ctx.obj, scenario=scenario, out=out, json_out=json_out, timeout=timeout, resume=resume,
+               nodes=(nnodes, node_rank, rdzv_endpoint, rdzv_id), junit_xml=junit_xml if junit else None, yes=yes)
+
+    if not junit:  # run has no --junit-xml: typer never passes it, so its default (an OptionInfo) is ignored
+        sig = inspect.signature(command)
+        command.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "junit_xml"])
+    command.__name__, command.__qualname__, command.__doc__ = task, task, doc
+    app.command(cls=_OnceCommand)(options.with_case_options(task)(command))
 
 
-@app.command(cls=_OnceCommand)
-@options.with_case_options("verify")
-def verify(
-    ctx: typer.Context,
-    case: dict,
-    scenario: Optional[str] = typer.Option(None, "--scenario", help=SCENARIO_HELP),
-    junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help=JUNIT_HELP),
-    out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
-                                          metavar=options.FLOAT, parser=options.TIMEOUT),
-    resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
-    yes: bool = typer.Option(False, "--yes", help=YES_HELP),
-    nnodes: Optional[int] = typer.Option(None, "--nnodes", help=NNODES_HELP, show_default=False, metavar=options.INT,
-                                         parser=options.NNODES),
-    node_rank: Optional[int] = typer.Option(None, "--node-rank", help=NODE_RANK_HELP, show_default=False,
-                                            metavar=options.INT, parser=options.NODE_RANK),
-    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
-    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP),
-) -> None:
-    """Check that variants compute the same attention as one device, within tolerance.
+_sweep_command("run", "Measure a variant's time, throughput and memory on one shape (or a scenario's sweep).",
+               junit=False)
+_sweep_command("verify", """Check that variants compute the same attention as one device, within tolerance.
 
     With no --scenario and no shape option, it checks the smoke scenario (every variant that
     runs on CPU); a shape option (--seqlen, --heads, --docs...) checks that one shape.
-    """
-    _sweep("verify", case, ctx.obj, scenario=scenario, out=out, json_out=json_out, timeout=timeout, resume=resume,
-           nodes=(nnodes, node_rank, rdzv_endpoint, rdzv_id), junit_xml=junit_xml, yes=yes)
+    """, junit=True)
 
 
 def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional[str], out: Path, json_out: bool,
