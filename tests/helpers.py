@@ -186,3 +186,16 @@ def torchrun_cases(script: Path, cases: list[dict], world_size: int, folder: Pat
             records[rec["name"]] = rec
     return {"records": records, "returncode": returncode, "timed_out": timed_out, "log_tail": log[-3000:],
             "expected": [c["name"] for c in cases]}
+
+
+def cached(make):
+    """``get(*key)``: ``make(*key)`` the first time a key is asked for, its result after that (one
+    torchrun launch per world size, say, run lazily and shared by a module's tests)."""
+    done: dict = {}
+
+    def get(*key):
+        if key not in done:
+            done[key] = make(*key)
+        return done[key]
+
+    return get

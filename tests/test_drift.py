@@ -26,7 +26,7 @@ from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 from ringbench.variants import instruments
 from ringbench.variants.instruments import observe
 
-from helpers import torchrun_cases
+from helpers import cached, torchrun_cases
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
 LAUNCH_TIMEOUT_S = {1: 200, 2: 200, 4: 300, 8: 500}
@@ -101,14 +101,7 @@ def _launch(batch: str, world_size: int, folder: Path) -> dict:
 def launches(tmp_path_factory):
     """One torchrun launch per (batch, world size), run lazily and cached for the module."""
     folder = tmp_path_factory.mktemp("drift_cases")
-    done: dict[tuple, dict] = {}
-
-    def get(batch: str, world_size: int) -> dict:
-        if (batch, world_size) not in done:
-            done[(batch, world_size)] = _launch(batch, world_size, folder)
-        return done[(batch, world_size)]
-
-    return get
+    return cached(lambda batch, world_size: _launch(batch, world_size, folder))
 
 
 def _record(launches, batch: str, name: str) -> dict:

@@ -26,7 +26,7 @@ from ringbench.variants import get_variant
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
 
-from helpers import ringbench, torchrun_cases
+from helpers import cached, ringbench, torchrun_cases
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
 LAUNCH_TIMEOUT_S = {2: 200, 4: 300, 8: 500}
@@ -99,17 +99,14 @@ def _cases(world_size: int) -> tuple[list[dict], dict[str, str]]:
 def launches(tmp_path_factory):
     """One torchrun launch per world size, run lazily and cached for the module."""
     folder = tmp_path_factory.mktemp("sink_pad_cases")
-    done: dict[int, dict] = {}
 
-    def get(world_size: int) -> dict:
-        if world_size not in done:
-            cases, refused = _cases(world_size)
-            launch = torchrun_cases(CASES_SCRIPT, [{"name": c["name"], "spec": c["spec"]} for c in cases],
-                                    world_size, folder, f"w{world_size}", LAUNCH_TIMEOUT_S[world_size])
-            done[world_size] = {**launch, "cases": cases, "refused": refused}
-        return done[world_size]
+    def launch(world_size: int) -> dict:
+        cases, refused = _cases(world_size)
+        ran = torchrun_cases(CASES_SCRIPT, [{"name": c["name"], "spec": c["spec"]} for c in cases],
+                             world_size, folder, f"w{world_size}", LAUNCH_TIMEOUT_S[world_size])
+        return {**ran, "cases": cases, "refused": refused}
 
-    return get
+    return cached(launch)
 
 
 def _print(name: str, rec: dict) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 
-from helpers import slow_when, torchrun_cases
+from helpers import cached, slow_when, torchrun_cases
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "cases.py"
 WORLD_SIZES = (1, 2, 4, 8)
@@ -85,14 +85,7 @@ def _launch(world_size: int, folder: Path) -> dict:
 def launches(tmp_path_factory):
     """One torchrun launch per world size, run lazily and cached for the module."""
     folder = tmp_path_factory.mktemp("dist_cases")
-    done: dict[int, dict] = {}
-
-    def get(world_size: int) -> dict:
-        if world_size not in done:
-            done[world_size] = _launch(world_size, folder)
-        return done[world_size]
-
-    return get
+    return cached(lambda world_size: _launch(world_size, folder))
 
 
 def _record(launches, name: str) -> dict:
