@@ -124,6 +124,7 @@ def test_faults_oom_silent_and_unavailable_variants_are_recorded_and_the_sweep_g
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # 6-9 s on two cores: the quick subset keeps one fault, one run and one verify
 def test_faults_verify_fails_a_variant_that_never_communicates(tmp_path):
     result = ringbench("verify", "--variant", "fault_silent", "--world-size", "2", "--out", str(tmp_path),
                        cwd=tmp_path)

@@ -202,6 +202,7 @@ def test_emulate_case_applies_an_off_by_one_sink(solo_group, monkeypatch):
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # 6-9 s on two cores: the quick subset keeps one fault, one run and one verify
 def test_emulated_run_with_an_off_by_one_sink_on_cpu(tmp_path):
     from helpers import read_jsonl, ringbench
 

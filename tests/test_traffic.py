@@ -195,6 +195,7 @@ def test_run_counts_a_peer_that_sends_through_its_own_torch_distributed_calls(tm
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # 6-9 s on two cores: the quick subset keeps one fault, one run and one verify
 def test_run_records_null_bytes_for_a_variant_whose_traffic_cannot_be_seen(tmp_path):
     record = _run(tmp_path, "uncounted_peer")  # the ring, declared traffic_counted=False
     assert record["status"] == "ok", record["reason"]

@@ -168,6 +168,7 @@ window = [2, 40]
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # 6-9 s on two cores: the quick subset keeps one fault, one run and one verify
 def test_window_verify_fails_the_one_row_band_part_bug_at_window_2(tmp_path):
     (tmp_path / "band.toml").write_text(BAND_ONE_ROW)
     result = ringbench("verify", "--scenario", str(tmp_path / "band.toml"), "--out", str(tmp_path), cwd=tmp_path)
