@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from ringbench.variants.engines import merge
-from ringbench.variants.engines.merge import add_step, merge_, merge_path, merge_step
+from ringbench.variants.engines.merge import add_step, merge_path, merge_step
+from ringbench.variants.kernels.common import merge_
 
 #: (B, S, H, D) with awkward sizes.
 SHAPES = [(1, 12, 3, 16), (2, 9, 2, 24)]

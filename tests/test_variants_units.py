@@ -22,7 +22,7 @@ from helpers import attention_fp64
 from ringbench.variants import LAYOUT_CHUNKS, TESTING_ENV, TESTING_VARIANTS, VARIANTS, get_variant, list_variants
 from ringbench.variants.engines import layouts
 from ringbench.variants.kernels import AUTO_ORDER, KERNELS, as_kernel, check_kernel, get_kernel, resolve_kernel
-from ringbench.variants.engines.merge import merge_
+from ringbench.variants.kernels.common import merge_
 
 Tensor = torch.Tensor
 

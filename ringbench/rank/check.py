@@ -51,7 +51,7 @@ from ringbench.variants import instruments
 from ringbench.variants.instruments import observe
 from ringbench.variants.kernels.common import accumulation_dtype
 from ringbench.variants.kernels import KERNELS
-from ringbench.variants.engines.merge import merge_
+from ringbench.variants.kernels.common import merge_
 
 TENSORS = ("out", "lse", "dq", "dk", "dv")
 ERR_FACTOR = 2.0

@@ -103,6 +103,11 @@ def token_index(layout: str, seqlen: int, rank: int, world_size: int, device=Non
                       for i in chunk_ids(layout, rank, world_size)])
 
 
+def every_rank_tokens(layout: str, seqlen: int, world_size: int, device=None) -> list[Tensor]:
+    """:func:`token_index` of every rank, in rank order: the global positions each one holds."""
+    return [token_index(layout, seqlen, rank, world_size, device=device) for rank in range(world_size)]
+
+
 def shard(x: Tensor, layout: str, rank: int, world_size: int, dim: int = 1, *, ulysses_degree: int = 1) -> Tensor:
     """Take ``rank``'s shard of the global tensor ``x`` along ``dim`` (a new contiguous tensor).
 

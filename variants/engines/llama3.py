@@ -24,7 +24,7 @@ from .. import instruments
 from ..instruments import observe, timeline
 from ..kernels.common import accumulation_dtype, window_band
 from ..kernels import Kernel, as_kernel
-from .merge import merge_
+from ..kernels.common import merge_
 from .sinks import apply_sink, check_sink, sink_grad
 from .window import check_window
 
@@ -166,7 +166,8 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
                                     out[:, rows, qh], lse[:, qh, rows], c, scale, **kw)
             if seen is not None:
                 seen.dq_block(rows, qh, g[0])
-                seen.gathered_dkv(layout, keys, hs, g[1], g[2], kg.shape[1], world_size)
+                seen.gathered_dkv(layouts.every_rank_tokens(layout, kg.shape[1], world_size, k.device), keys, hs,
+                                  g[1], g[2])
             with timeline.span("merge"):
                 dq[:, rows, qh] += g[0]
                 dkg[:, keys] += g[1]

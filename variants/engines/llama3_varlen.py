@@ -137,7 +137,8 @@ def _keys(x: Tensor, keys) -> Tensor:
 
 def _observe_dkv(seen, pieces: Pieces, heads: slice, dk: Tensor, dv: Tensor, seqlen_local: int, world_size: int):
     if isinstance(pieces.keys, slice):
-        seen.gathered_dkv("contiguous", pieces.keys, heads, dk, dv, seqlen_local * world_size, world_size)
+        seen.gathered_dkv(layouts.every_rank_tokens("contiguous", seqlen_local * world_size, world_size, dk.device),
+                          pieces.keys, heads, dk, dv)
         return
     # A key that several pieces attend is reported once, its partials summed in float64.
     rows, inverse = torch.unique(pieces.keys, return_inverse=True)

@@ -1,7 +1,8 @@
 """The numerically stable merge of partial attention results through their lse, and the
 fused per-step updates the ring engine makes with it.
 
-:func:`merge_` is the plain in-place fold. :func:`merge_step` and :func:`add_step` are what
+The plain in-place fold, ``merge_``, lives with the kernels (``kernels/common.py``), whose
+tiled math kernel folds with it too; it is imported here. :func:`merge_step` and :func:`add_step` are what
 an engine calls once per ring step: fold a block's out/lse (or add a block's gradient) into
 the running result at the block's rows and hand the result back in the dtype the caller asks
 for, so that the first block needs no float32 copy and the last step writes the input dtype
@@ -31,39 +32,14 @@ import os
 
 import torch
 
+from ..kernels.common import merge_
+
 Tensor = torch.Tensor
 
 #: The environment variable that picks the torch ops on CUDA too (``torch``), or the Triton
 #: kernels on every device where Triton imports (``triton``; on CPU under TRITON_INTERPRET=1);
 #: unset or anything else: Triton on CUDA where it imports.
 MERGE_ENV = "RINGBENCH_MERGE"
-
-
-def merge_(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor) -> None:
-    """Fold one block's partial attention into the running result, in place.
-
-    The result is the attention over the union of both key sets. With
-    ``w = sigmoid(block_lse - lse)`` it is ``out + w * (block_out - out)`` and
-    ``logaddexp(lse, block_lse)``: no exponential of a positive number is ever taken, so a gap
-    of any size between the two lse values neither overflows nor loses the larger term. An lse
-    of ``-inf`` (a row that saw no key) contributes nothing, on either side.
-
-    Args:
-        out: float32 (or float64) ``[B, S, H, D]``, the running output; updated in place.
-        lse: same float dtype, ``[B, H, S]``, the running log-sum-exp; updated in place.
-        block_out: ``[B, S, H, D]`` in any float dtype, the block's output.
-        block_lse: ``[B, H, S]``, the block's log-sum-exp.
-
-    Source: the online-softmax rescaling of Milakov and Gimelshein, "Online normalizer
-    calculation for softmax" (2018), written in sigmoid/logaddexp form because the naive
-    ``lse + log(1 + exp(block_lse - lse))`` overflows in float32 once the gap passes ~88, a
-    failure users of ring attention have reported.
-    """
-    diff = block_lse - lse
-    # Both -inf: nan; neither side has anything, so the block adds nothing.
-    weight = torch.sigmoid(diff).nan_to_num_(nan=0.0)
-    out.lerp_(block_out.to(out.dtype), weight.transpose(1, 2).unsqueeze(-1))
-    torch.logaddexp(lse, block_lse, out=lse)
 
 
 # --------------------------------------------------------------------------- which path

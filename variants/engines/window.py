@@ -24,7 +24,7 @@ import torch
 from . import bands
 from ..kernels.common import accumulation_dtype
 from ..kernels import Kernel
-from .merge import merge_
+from ..kernels.common import merge_
 
 Tensor = torch.Tensor
 

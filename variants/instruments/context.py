@@ -26,13 +26,10 @@ import contextlib
 import contextvars
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
-if TYPE_CHECKING:  # only for annotations: the siblings import this module
-    from .emulation import Emulation
-    from .observe import Observation
-    from .timeline import Timeline
-    from .traffic import Traffic
+# The four instruments' classes are named in annotations only (as strings): their modules
+# import this one, so importing them here, even for type checkers, would close a circle.
 
 
 @dataclass(eq=False)
@@ -47,10 +44,10 @@ class Instruments:
         emulation: the rank one process plays of a ring of any size (``emulation.py``).
     """
 
-    traffic: "Traffic | None" = None
-    observation: "Observation | None" = None
-    timeline: "Timeline | None" = None
-    emulation: "Emulation | None" = None
+    traffic: "Traffic | None" = None  # noqa: F821 (see the comment on the imports)
+    observation: "Observation | None" = None  # noqa: F821
+    timeline: "Timeline | None" = None  # noqa: F821
+    emulation: "Emulation | None" = None  # noqa: F821
     # The context opened directly inside this one while it is current, or None; a chain from
     # the outermost to the innermost, for threads that see no context of their own (innermost).
     inner: "Instruments | None" = field(default=None, repr=False)

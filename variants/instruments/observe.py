@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 import torch
 
-from ..engines import layouts
 from . import context
 
 Tensor = torch.Tensor
@@ -89,16 +88,16 @@ class Observation:
         """Report one backward call's dk and dv for rows ``rows`` of rank ``owner``'s K/V shard."""
         self.dkv.append(KeyGrad(owner, rows, heads, dk.detach().clone(), dv.detach().clone()))
 
-    def gathered_dkv(self, layout: str, keys: slice, heads: slice, dk: Tensor, dv: Tensor,
-                     seqlen: int, world_size: int) -> None:
+    def gathered_dkv(self, owners_tokens: list[Tensor], keys: slice, heads: slice, dk: Tensor,
+                     dv: Tensor) -> None:
         """Report dk and dv ``[B, keys, heads, D]`` computed against gathered K/V.
 
-        ``keys`` is a range of global positions (in token order) of a gathered row of
-        ``seqlen`` tokens sharded in ``layout``; the partials are split by the rank that owns
-        each key and reported at its local rows.
+        ``keys`` is a range of global positions (in token order) of the gathered row, and
+        ``owners_tokens[r]`` the global positions rank r holds, int64 ``[S/W]`` in its local order
+        (``layouts.token_index``); the partials are split by the rank that owns each key and
+        reported at its local rows.
         """
-        for owner in range(world_size):
-            tokens = layouts.token_index(layout, seqlen, owner, world_size, device=dk.device)
+        for owner, tokens in enumerate(owners_tokens):
             local = ((tokens >= keys.start) & (tokens < keys.stop)).nonzero().flatten()
             if local.numel():
                 picked = tokens[local] - keys.start

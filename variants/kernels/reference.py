@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .common import Window, _check_shapes, _check_varlen, accumulation_dtype, band_mask, band_of
+from .common import Window, _check_shapes, _check_varlen, accumulation_dtype, band_mask, band_of, merge_
 
 Tensor = torch.Tensor
 
@@ -277,8 +277,6 @@ def _square_parts(lq: int, lk: int, causal: bool) -> list[tuple[slice, slice, bo
 
 def _cpu_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                         softmax_scale, *, window=None):
-    from ..engines.merge import merge_
-
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
     band = band_of(window, causal)
     acc = accumulation_dtype(q.dtype)
