@@ -250,7 +250,8 @@ def compare(
                                               ("--plot", plot), ("--markdown", markdown),
                                               ("--to-parquet", to_parquet)) if value]
             if given:
-                raise SpecError(f"{given[0]} does not go with --baseline and --candidate; run the gate "
+                verb = "do" if given[0] == "result paths" else "does"  # the paths are plural, an option one
+                raise SpecError(f"{given[0]} {verb} not go with --baseline and --candidate; run the gate "
                                 "and the table as two commands")
             if not (baseline and candidate):
                 raise SpecError("the regression gate needs both --baseline and --candidate; pass both")
