@@ -482,8 +482,10 @@ def _check_docs(spec: CaseSpec, variant) -> None:
     if not variant.varlen:
         if docs is not None:
             given = "docs" if spec.docs else "doc_dist"
+            # Under --model, only the varlen variants --model takes (not a peer whose adapter cannot run here).
+            takes = (lambda v: v.varlen and not v.model_refusal()) if spec.hf_model else (lambda v: v.varlen)
             raise SpecError(f"{given} {getattr(spec, given)!r} is given, but {spec.variant} is a batch variant and "
-                            f"takes no documents; use {names(lambda v: v.varlen)}, or drop --{given.replace('_', '-')}")
+                            f"takes no documents; use {names(takes)}, or drop --{given.replace('_', '-')}")
         return
     if docs is None:
         raise SpecError(f"{spec.variant} attends packed documents, but the case has none; pass --docs 3000,500,12k "
