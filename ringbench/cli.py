@@ -158,6 +158,10 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
                             f"{nnodes}; rerun the missing cases without --resume")
         model = case.pop("hf_model", None)
         cases, skipped = build.cases_for(task, case, scenario=scenario, model=model, nnodes=nnodes)
+        if case.get("window") and any(not c.window for c in cases):
+            short = sorted({c.seqlen for c in cases if not c.window})
+            _note(f"window {case['window']} is at or above seqlen {', '.join(map(str, short))}, so each query sees "
+                  "every key before it: the same case as no window, which it is run and recorded as")
         options.check_out(out, junit_xml, files=(sweep.results_file(out, task).name,))
     from ringbench.records.store import warnings_on_stderr
 

@@ -103,3 +103,40 @@ def test_compare_output_to_a_folder_or_unwritable_place_is_refused(runs, in_tmp,
              rf"^{option} 'afile/t{re.escape(suffix)}' cannot be written \(.+\); pass {option} with a writable")
     _read_only_file(in_tmp / f"old{suffix}")
     _refused(["compare", str(runs), option, f"old{suffix}"], r"\(the file is read-only\)")
+
+
+class Recorder:
+    """A launcher stand-in: writes each case's ok record, as the workers would."""
+
+    def launch(self, cases, *, world_size, device, results_path, run_id, timeout_s, on_poll=None):
+        from ringbench.case.spec import CaseSpec
+        from ringbench.records import build as records, store as results
+
+        for case in cases:
+            results.append_record(results_path, records.build(CaseSpec.from_dict(case), run_id=run_id, status="ok",
+                                                              fields={"time_ms": 1.0, "tflops_per_gpu": 1.0}))
+        return type("Result", (), {"returncode": 0, "timed_out": False, "log_dir": None, "failure": None})()
+
+
+def test_window_at_or_above_seqlen_is_no_window_with_a_note(in_tmp):
+    """`--window 1M --seqlen 1k` was a case apart from no window, while compare showed `window=0` for none
+    (issue 27): it is now the no-window case, said in a note, and compare names it `no window`."""
+    args = ["run", "--variant", "zigzag", "--device", "cpu", "--world-size", "2", "--seqlen", "1k", "--iters", "1",
+            "--warmup", "0", "--out", "D"]
+    for extra in (["--window", "1M"], [], ["--window", "1k"], ["--window", "512"]):
+        result = runner.invoke(app, [*args, *extra], obj=Recorder())
+        assert result.exit_code == 0, result.output
+        note = re.search(r"window (\S+) is at or above seqlen 1024, so each query sees every key before it: the "
+                         r"same case as no window, which it is run and recorded as", result.stderr)
+        assert bool(note) == (extra in (["--window", "1M"], ["--window", "1k"])), result.stderr
+    records = [json.loads(line) for line in (in_tmp / "D" / "runs.jsonl").read_text().splitlines()]
+    assert [r["spec"]["window"] for r in records] == [0, 0, 0, 512]
+    assert len({r["case_id"] for r in records[:3]}) == 1 and records[3]["case_id"] != records[0]["case_id"]
+    assert runner.invoke(app, [*args, "--window", "0"]).exit_code == 2  # 0 stays refused
+    table = runner.invoke(app, ["compare", "D", "--by", "variant,window", "--json"])
+    assert table.exit_code == 0, table.output
+    rows = [json.loads(line) for line in table.stdout.splitlines()]
+    assert "window=0" not in table.stdout, table.stdout
+    assert len(rows) == 2, rows
+    table = runner.invoke(app, ["compare", "D", "--by", "variant,window"])
+    assert re.search(r"zigzag +none ", table.stdout) and not re.search(r"zigzag +0 ", table.stdout), table.stdout

@@ -219,11 +219,18 @@ def _check_kernel(spec: CaseSpec, kernel) -> None:
         raise SpecError(reason)
 
 
+def without_full_window(spec: CaseSpec) -> CaseSpec:
+    """``spec`` with a window at or above its seqlen written as no window (0): each query then sees
+    every key before it, the causal mask itself, so the two are one case with one case_id."""
+    return spec.replace(window=0) if spec.window and spec.window >= spec.seqlen else spec
+
+
 def canonical(spec: CaseSpec) -> CaseSpec:
     """``spec`` with options that restate a default written as the default (``layout`` equal
     to the variant's own, ``heads_k_stride`` equal to kv_heads, ``rotate`` allgather, ``head_dim_v`` equal to
     head_dim), so one computation has one
     case_id."""
+    spec = without_full_window(spec)
     changes: dict[str, Any] = {}
     if spec.layout and spec.layout == get_variant(spec.variant).layout:
         changes["layout"] = ""
