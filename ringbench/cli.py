@@ -107,7 +107,8 @@ def _sweep_command(task: str, doc: str, *, junit: bool) -> None:
         case: dict,
         scenario: Optional[str] = typer.Option(None, "--scenario", help=SCENARIO_HELP),
         junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help=JUNIT_HELP),
-        out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False),
+        out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False,
+                                 parser=options.OUT),
         json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
         timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
                                               metavar=options.FLOAT, parser=options.TIMEOUT),
@@ -157,7 +158,11 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
                             f"{nnodes}; rerun the missing cases without --resume")
         model = case.pop("hf_model", None)
         cases, skipped = build.cases_for(task, case, scenario=scenario, model=model, nnodes=nnodes)
-        options.check_out(out, junit_xml)
+        if case.get("window") and any(not c.window for c in cases):
+            short = sorted({c.seqlen for c in cases if not c.window})
+            _note(f"window {case['window']} is at or above seqlen {', '.join(map(str, short))}, so each query sees "
+                  "every key before it: the same case as no window, which it is run and recorded as")
+        options.check_out(out, junit_xml, files=(sweep.results_file(out, task).name,))
     from ringbench.records.store import warnings_on_stderr
 
     with warnings_on_stderr():  # a damaged line of the results file: one sentence, no Python source
@@ -249,7 +254,8 @@ def compare(
                                               ("--plot", plot), ("--markdown", markdown),
                                               ("--to-parquet", to_parquet)) if value]
             if given:
-                raise SpecError(f"{given[0]} does not go with --baseline and --candidate; run the gate "
+                verb = "do" if given[0] == "result paths" else "does"  # the paths are plural, an option one
+                raise SpecError(f"{given[0]} {verb} not go with --baseline and --candidate; run the gate "
                                 "and the table as two commands")
             if not (baseline and candidate):
                 raise SpecError("the regression gate needs both --baseline and --candidate; pass both")
@@ -375,7 +381,7 @@ def matrix_command(
                                              show_default=False),
     out: Path = typer.Option(Path("results/matrix"), "--out", help="Folder for matrix.jsonl (one object per "
                              "cell), matrix.md, matrix.png and the verify records (verify.jsonl). Default: "
-                             "results/matrix.", show_default=False),
+                             "results/matrix.", show_default=False, parser=options.OUT),
     timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
                                           metavar=options.FLOAT, parser=options.TIMEOUT),
     resume: bool = typer.Option(False, "--resume", help="Reuse every cell that already has a record in "
@@ -398,7 +404,7 @@ def matrix_command(
     with _usage_errors():
         grid = mx.build_grid(device=device, world_sizes=world_size or None, variants=variant, axes=axis)
         mx.check_runnable(grid)
-        options.check_out(out, None)
+        options.check_out(out, None, files=("verify.jsonl", "matrix.jsonl", "matrix.md", "matrix.png"))
     code = mx.run(grid, out=out, timeout_s=timeout, resume=resume, launcher=ctx.obj, yes=yes)
     if code:
         raise typer.Exit(code)

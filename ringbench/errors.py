@@ -13,6 +13,12 @@ time inside a worker stays a ``RuntimeError``.
 from __future__ import annotations
 
 
+def install_hint(extra: str) -> str:
+    """The one way to install an optional extra, as every message says it: ringbench installs from
+    its checkout (README), so ``pip install -e '.[EXTRA]'`` there; ``ringbench[EXTRA]`` is not on an index."""
+    return f"pip install -e '.[{extra}]' from the root of the ringbench checkout"
+
+
 class RingbenchError(ValueError):
     """Anything ringbench refuses. The message is one sentence: what, the value, the rule and the fix."""
 

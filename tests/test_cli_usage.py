@@ -81,6 +81,11 @@ def harness(monkeypatch, tmp_path):
     (["run", "--variant", "ring", "--world-size", "0"], r"^world_size 0 must be positive"),
     (["run", "--variant", "ring", "--mode", "bwd"], r"^mode 'bwd' is unknown"),
     (["run", "--variant", "ring", "--timeout", "0"], r"^timeout 0 must be positive"),
+    # A seed torch's generator cannot take passed the check, then failed on every rank (issue 27).
+    (["run", "--variant", "ring", "--seed", str(2 ** 63)],
+     r"^seed 9223372036854775808 must be below 2\^63 = 9223372036854775808, the seeds torch's generator takes; "
+     r"pass --seed with a smaller value, such as 0$"),
+    (["verify", "--variant", "ring", "--seed", str(10 ** 30)], r"^seed 1000000000000000000000000000000 must be below 2\^63"),
     (["run", "--variant", "ring", "--device", "cpu", "--kernel", "cudnn"], r"^kernel 'cudnn' runs on cuda, not cpu"),
     (["verify", "--scenario", "/nonexistent.toml"], r"^scenario '/nonexistent\.toml' is neither a built-in"),
     (["verify", "--variant", "nope"], r"^variant 'nope' is unknown"),

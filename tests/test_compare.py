@@ -266,6 +266,9 @@ def test_compare_gate_candidate_failure_is_a_regression(tmp_path):
     (["--fail-if", "tflops:+2%"], r"^--fail-if 'tflops:\+2%' would fail on a rise of tflops, which is an "
                                   r"improvement, and never on a regression; write tflops:-2% "),
     (["--plot", "x.png"], r"^--plot does not go with --baseline and --candidate"),
+    # the paths are plural: "result paths does not go with" was the grammar a new user read (issue 27)
+    (["some.jsonl"], r"^result paths do not go with --baseline and --candidate; run the gate and the table as two "
+                     r"commands$"),
 ])
 def test_compare_gate_bad_usage_exits_2(gate_files, args, message):
     base, cand = gate_files

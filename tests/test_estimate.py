@@ -191,3 +191,32 @@ def test_estimate_matrix_refuses_what_the_machine_cannot_hold_unless_yes(machine
     got = runner.invoke(app, [*args, "--yes"], obj=launcher)
     assert got.exit_code == 0, got.output
     assert [launch["world_size"] for launch in launcher.launches] == [16]
+
+
+@pytest.mark.parametrize("given, fix", [
+    (["--heads", "100000"], r"fewer --heads, such as --heads (\d+)"),
+    (["--batch", "100000"], r"a smaller --batch, such as --batch (\d+)"),
+    (["--seqlen", "4M", "--heads", "2", "--kv-heads", "2", "--head-dim", "8"],
+     r"a shorter --seqlen, such as --seqlen (\d+)"),
+])
+def test_estimate_memory_refusal_names_the_term_that_dominates_and_its_value_fits(machine, tmp_path, given, fix):
+    """`--heads 100000` or `--batch 100000` was told to pass a smaller --world-size, which frees only the
+    ranks' base memory (issue 27); the refusal names the field that makes the memory, with a value that fits."""
+    args = ["--variant", "ring", "--world-size", "2", "--iters", "1", "--warmup", "0", "--out", str(tmp_path), *given]
+    launcher = Recorder()
+    got = _run(args, launcher)
+    assert got.exit_code == 2, got.output
+    message = got.stderr.strip()
+    assert re.fullmatch(rf"world_size 2 on cpu does not fit this machine: its ranks need about [\d.]+ GB of memory "
+                        rf"\(2 of about \d+ MB\) but 20\.0 GB is available here; pass {fix}, or --yes to start it "
+                        r"anyway", message), message
+    assert "--world-size" not in message
+    option, value = re.search(r"such as (--[\w-]+) (\d+)", message).groups()
+    fixed = list(args)
+    fixed[fixed.index(option) + 1] = value
+    got = _run([*fixed, "--yes"], launcher)  # --yes: the time limit is another refusal; memory is judged below
+    assert got.exit_code == 0, got.output
+    from ringbench.case.spec import CaseSpec
+
+    case = [CaseSpec.from_dict(c) for c in launcher.launches[-1]["cases"]]
+    assert [estimate.launch_bytes(c) <= 20 * 10 ** 9 for c in case] == [True]  # the suggested value fits

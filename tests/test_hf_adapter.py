@@ -149,4 +149,5 @@ def test_verify_model_without_transformers_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
     result = runner.invoke(app, ["verify", "--model", "llama-tiny"])
     assert result.exit_code == 2
-    assert "pip install 'ringbench[hf]'" in result.output
+    assert "pip install -e '.[hf]' from the root of the ringbench checkout" in result.output
+    assert "ringbench[hf]" not in result.output  # not on an index: one hint, the checkout's

@@ -108,12 +108,37 @@ def test_docs_take_empty_documents():
     assert parse_docs("0,4096,0k") == [0, 4096, 0]
 
 
-def test_verify_model_without_transformers_names_both_install_forms(monkeypatch):
+def test_verify_model_without_transformers_names_the_one_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
     result = runner.invoke(app, ["verify", "--model", "llama-tiny"])
     assert result.exit_code == 2
     assert result.stderr.strip() == (
         "verify --model needs transformers, which is not installed; install the hf extra with pip install -e "
-        "'.[hf]' from the root of a ringbench checkout, or pip install 'ringbench[hf]' where ringbench was "
-        "installed as a package")
+        "'.[hf]' from the root of the ringbench checkout")
     assert re.fullmatch(r"[^\n]+", result.stderr.strip())  # one line
+
+
+def test_install_hints_are_one_and_the_same(monkeypatch):
+    """A peer's missing library said `pip install ring-flash-attn`, yunchang's `pip install 'ringbench[peers]'`
+    (issue 27): both now give the checkout's `pip install -e '.[peers]'`, and no source says otherwise."""
+    import importlib.util
+    from pathlib import Path
+
+    from ringbench.variants.peers import rfa, yunchang
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ring_flash_attn" else real_find_spec(name, *a))
+    with pytest.raises(ModuleNotFoundError) as got:
+        rfa._locations()
+    assert str(got.value) == "ring-flash-attn is not installed (pip install -e '.[peers]' from the root of the " \
+                             "ringbench checkout)"
+    monkeypatch.setitem(sys.modules, "yunchang", None)  # as if it were not installed
+    assert yunchang.unavailable_reason().endswith("; pip install -e '.[peers]' from the root of the ringbench checkout")
+    root = Path(__file__).resolve().parent.parent
+    sources = [p for d in ("ringbench", "variants") for p in (root / d).rglob("*.py")]
+    assert len(sources) > 20
+    for path in sources:
+        text = path.read_text()
+        for wrong in ("pip install ring-flash-attn", "pip install yunchang", "pip install 'ringbench["):
+            assert wrong not in text, f"{path}: {wrong}"

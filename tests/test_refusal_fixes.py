@@ -67,3 +67,21 @@ def test_lists_of_variants_in_refusals_come_from_the_registry():
 def test_emulate_refusal_names_the_collective_the_variant_uses():
     assert "its collectives (all-to-all) are not emulated" in _refusal(task="run", variant="usp", emulate=True)
     assert "its collectives (all-gather) are not emulated" in _refusal(task="run", variant="llama3", emulate=True)
+
+
+def test_a_model_refusal_suggests_only_variants_that_model_takes():
+    """`verify --model llama-tiny --variant zigzag --docs 100,156` listed rfa_llama3_varlen, which --model
+    then refuses where its adapter does not import (issue 27); every variant it names is accepted."""
+    with pytest.raises(SpecError) as got:
+        build.cases_for("verify", {"variant": ["zigzag"], "device": "cpu", "docs": "100,156"}, model="llama-tiny")
+    message = str(got.value)
+    found = re.fullmatch(r"docs '100,156' is given, but zigzag is a batch variant and takes no documents; use (.+), "
+                         r"or drop --docs", message)
+    assert found, message
+    suggested = re.split(r", | or ", found.group(1))
+    assert "llama3_varlen" in suggested
+    for name in suggested:
+        assert VARIANTS[name].model_refusal() is None, name
+        build.cases_for("verify", {"variant": [name], "device": "cpu", "docs": "128,128"}, model="llama-tiny")
+    refused = [n for n, v in VARIANTS.items() if v.varlen and v.model_refusal()]
+    assert not set(refused) & set(suggested)

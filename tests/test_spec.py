@@ -403,3 +403,20 @@ def test_scenario_llama3_8b_sweeps_8k_to_128k_on_the_preset():
     assert sorted({c.seqlen for c in cases}) == [8192, 16384, 32768, 65536, 131072]
     assert {c.variant for c in cases} == {"ring", "zigzag", "stripe", "llama3"}
     assert len(cases) == 4 * 2 * 5 * 2  # variants x kernels x seqlens x modes
+
+
+def test_spec_largest_seed_draws_every_ranks_inputs():
+    """The largest seed the check takes (2^63 - 1) draws inputs and sinks on every rank: the ranks'
+    streams are derived modulo 2^63, so none overflows torch's generator."""
+    import torch
+
+    from ringbench.case.spec import check_fields
+    from ringbench.rank.bench import rank_inputs
+    from ringbench.rank.setup import sink_logits
+
+    seed = 2 ** 63 - 1
+    check_fields({"seed": seed})
+    spec = make(task="run", seqlen=64, heads=2, kv_heads=2, head_dim=8, world_size=2, seed=seed, sink="learnable")
+    for rank in range(2):
+        assert rank_inputs(spec, rank, torch.float32, torch.device("cpu"))[0].shape == (1, 32, 2, 8)
+    assert sink_logits(spec, torch.float32, torch.device("cpu")).shape == (2,)

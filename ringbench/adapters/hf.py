@@ -5,7 +5,7 @@ attention registry (``AttentionInterface``; on releases with ``AttentionMaskInte
 mask function, so no full-size mask is built). A model set to that implementation runs each
 attention layer as the variant over the context-parallel group: every rank feeds its share of
 the tokens (``ringbench.adapters.cp.shard_batch``). Works with transformers 4.48 and later;
-needs transformers: ``pip install -e '.[hf]'`` in a checkout, ``pip install 'ringbench[hf]'`` otherwise.
+needs transformers: ``pip install -e '.[hf]'`` in the checkout.
 
 Only the training-style forward over whole sharded rows is supported: causal attention, no
 padding mask (pack documents instead), no KV cache, no dropout, softcap or sliding window;
@@ -22,6 +22,7 @@ from ringbench.adapters.cp import ShardedBatch, all_reduce_grads, causal_lm_loss
 from ringbench.variants import get_variant
 from ringbench.variants.engines import varlen
 from ringbench.variants.kernels import as_kernel, get_kernel
+from ringbench.errors import install_hint
 
 __all__ = ["register", "register_single", "use_attention", "shard_batch", "ShardedBatch", "causal_lm_loss",
            "all_reduce_grads", "PREFIX", "implementation_name"]
@@ -35,8 +36,7 @@ def implementation_name(*parts: str) -> str:
     implementation whose name holds "flash" for a FlashAttention build and tries to import one
     (seen with 5.17 and 5.24), so ``torch-flash`` becomes ``torch-fa`` in a name."""
     return PREFIX + "_".join(parts).replace("flash", "fa")
-MISSING = ("the Hugging Face adapter needs transformers; install it with pip install -e '.[hf]' from the root of a "
-           "ringbench checkout, or pip install 'ringbench[hf]' where ringbench is an installed package")
+MISSING = f"the Hugging Face adapter needs transformers; install it with {install_hint('hf')}"
 
 
 def _transformers():

@@ -387,6 +387,17 @@ def row(help: str, cuda: Any = None, cpu: Any = None, **kw: Any) -> Any:
 
 _POSITIVE, _ZERO_OR_MORE = _at_least(1), _at_least(0)
 
+#: Seeds run from 0 to 2^63 - 1: torch's generator takes a 64-bit integer, and the ranks' streams are
+#: derived from the seed modulo 2^63 (``ringbench.rank.bench.rank_inputs``).
+SEED_LIMIT = 2 ** 63
+
+
+def _check_seed(name: str, value: int) -> None:
+    _ZERO_OR_MORE(name, value)
+    if value >= SEED_LIMIT:
+        raise SpecError(f"{name} {value} must be below 2^63 = {SEED_LIMIT}, the seeds torch's generator takes; "
+                        f"pass {_flag(name)} with a smaller value, such as 0")
+
 
 @dataclass(frozen=True)
 class CaseSpec:
@@ -419,7 +430,7 @@ class CaseSpec:
     iters: int = row("timed iterations per case", 20, 10, in_case_id=False, commands=("run",), check=_POSITIVE)
     warmup: int = row("untimed warm-up iterations before timing (0 allowed)", 5, 3, in_case_id=False,
                       commands=("run",), check=_ZERO_OR_MORE)
-    seed: int = row("seed of the random inputs (0 or more)", 0, 0, in_case_id=False, check=_ZERO_OR_MORE)
+    seed: int = row("seed of the random inputs (0 to 2^63 - 1)", 0, 0, in_case_id=False, check=_check_seed)
     head_dim_v: int = row("channels per value head (Dv) where they differ from head_dim, as in MLA (192/128); out "
                           "has Dv channels; 0: the same as head_dim. Only some kernels take it (flash-attn-4, math)",
                           0, 0, default_text="head_dim", label="Dv={}", optional=True, check=_ZERO_OR_MORE)

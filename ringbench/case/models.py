@@ -14,18 +14,17 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ringbench.errors import SpecError
+from ringbench.errors import SpecError, install_hint
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-#: What the CLI says when transformers is missing: the editable form inside a checkout (where
-#: the README installs ringbench), the package form elsewhere.
+#: What the CLI says when transformers is missing: the editable form inside the checkout, where
+#: the README installs ringbench (:func:`ringbench.errors.install_hint`).
 MISSING_EXTRA = ("verify --model needs transformers, which is not installed; install the hf extra with "
-                 "pip install -e '.[hf]' from the root of a ringbench checkout, or pip install 'ringbench[hf]' "
-                 "where ringbench was installed as a package")
+                 f"{install_hint('hf')}")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from ringbench.case import fields
-from ringbench.case.types import SECONDS, whole
+from ringbench.case.types import SECONDS, ValueType, whole
 from ringbench.errors import SpecError
 
 OUT_HELP = "Folder for the records; run appends to OUT/runs.jsonl, verify to OUT/verify.jsonl. Default: results."
@@ -191,10 +191,18 @@ def check_nodes(nnodes: Optional[int], node_rank: Optional[int], endpoint: Optio
     return nnodes, {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "rdzv_id": rdzv_id}
 
 
+def _read_only(path: Path) -> bool:
+    """Whether ``path`` (which exists) is read-only: no write permission for this user, or no write
+    bit for anyone (refused for root too, whom the bits do not stop, so that a marked file is kept)."""
+    return not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222
+
+
 def _writable_folder(folder: Path) -> str | None:
     """Why nothing can be written in ``folder`` (made if missing), or None when a file can be."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        if _read_only(folder):
+            return "the folder is read-only"
         # A real write, since permission bits say nothing to root about read-only or immutable folders.
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".ringbench-probe-"):
             pass
@@ -203,36 +211,59 @@ def _writable_folder(folder: Path) -> str | None:
     return None
 
 
-def check_out(out: Path, junit_xml: Optional[Path]) -> None:
+def _unwritable_file(path: Path) -> str | None:
+    """Why the file ``path`` cannot be written or appended to, or None when it can (made if missing)."""
+    if path.is_dir():
+        return "it is a folder"
+    reason = _writable_folder(path.parent)
+    if reason is None and path.exists() and _read_only(path):
+        reason = "the file is read-only"
+    return reason
+
+
+def _out_folder(text: str) -> Path:
+    if not text.strip():
+        raise SpecError(f"out {text!r} names no folder; pass --out with a folder, such as results")
+    return Path(text)
+
+
+#: ``--out``: a folder; empty text, which would write in the working folder unasked, is refused.
+OUT = ValueType("path", _out_folder)
+
+
+def check_out(out: Path, junit_xml: Optional[Path], files: tuple[str, ...] = ()) -> None:
+    """Refuse, before any process starts, an ``out`` folder, one of the ``files`` in it (the results
+    file, such as ``runs.jsonl``) or a ``junit_xml`` file that could not be written once the work is done.
+
+    Raises:
+        SpecError: the folder cannot be made or written in, or a file is a folder or read-only.
+    """
     reason = _writable_folder(out)
     if reason:
         raise SpecError(f"out {str(out)!r} is not a folder ringbench can write in ({reason}); pass --out with a "
                         "writable folder")
+    for name in files:
+        reason = _unwritable_file(out / name)
+        if reason:
+            raise SpecError(f"out {str(out)!r} holds {name}, which ringbench cannot append to ({reason}); pass "
+                            "--out with another folder")
     if junit_xml is not None:
-        if junit_xml.is_dir():
-            raise SpecError(f"junit-xml {str(junit_xml)!r} is a folder; pass --junit-xml with a file path such "
-                            "as results/verify.xml")
-        reason = _writable_folder(junit_xml.parent)
-        if reason is None and junit_xml.exists() and not os.access(junit_xml, os.W_OK):
-            reason = "the file is read-only"
+        reason = _unwritable_file(junit_xml)
         if reason:
             raise SpecError(f"junit-xml {str(junit_xml)!r} cannot be written ({reason}); pass --junit-xml "
-                            "with a writable path")
-
-
+                            "with a writable file path, such as results/verify.xml")
 
 
 def check_output(option: str, path: Optional[Path], suffixes: tuple[str, ...]) -> None:
-    """Refuse an output file with a wrong suffix or a folder that cannot be made, before any work."""
+    """Refuse an output file with a wrong suffix, or one that could not be written (a folder, a
+    read-only file, a folder that cannot be made or written in), before any work."""
     if path is None:
         return
     if suffixes and path.suffix.lower() not in suffixes:
         raise SpecError(f"{option} {str(path)!r} must end in {', '.join(suffixes[:-1])} or {suffixes[-1]}, which "
                         f"names the format; pass a file such as compare{suffixes[0]}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecError(f"{option} {str(path)!r} has a folder that could not be created ({exc.strerror}); pass "
-                        "a writable path") from None
-
-
+    reason = _unwritable_file(path)
+    if reason:
+        example = "compare" + (suffixes[0] if suffixes else {"--to-parquet": ".parquet"}.get(option, ".md"))
+        raise SpecError(f"{option} {str(path)!r} cannot be written ({reason}); pass {option} with a writable file "
+                        f"path, such as {example}")

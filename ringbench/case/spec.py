@@ -219,11 +219,18 @@ def _check_kernel(spec: CaseSpec, kernel) -> None:
         raise SpecError(reason)
 
 
+def without_full_window(spec: CaseSpec) -> CaseSpec:
+    """``spec`` with a window at or above its seqlen written as no window (0): each query then sees
+    every key before it, the causal mask itself, so the two are one case with one case_id."""
+    return spec.replace(window=0) if spec.window and spec.window >= spec.seqlen else spec
+
+
 def canonical(spec: CaseSpec) -> CaseSpec:
     """``spec`` with options that restate a default written as the default (``layout`` equal
     to the variant's own, ``heads_k_stride`` equal to kv_heads, ``rotate`` allgather, ``head_dim_v`` equal to
     head_dim), so one computation has one
     case_id."""
+    spec = without_full_window(spec)
     changes: dict[str, Any] = {}
     if spec.layout and spec.layout == get_variant(spec.variant).layout:
         changes["layout"] = ""
@@ -482,8 +489,10 @@ def _check_docs(spec: CaseSpec, variant) -> None:
     if not variant.varlen:
         if docs is not None:
             given = "docs" if spec.docs else "doc_dist"
+            # Under --model, only the varlen variants --model takes (not a peer whose adapter cannot run here).
+            takes = (lambda v: v.varlen and not v.model_refusal()) if spec.hf_model else (lambda v: v.varlen)
             raise SpecError(f"{given} {getattr(spec, given)!r} is given, but {spec.variant} is a batch variant and "
-                            f"takes no documents; use {names(lambda v: v.varlen)}, or drop --{given.replace('_', '-')}")
+                            f"takes no documents; use {names(takes)}, or drop --{given.replace('_', '-')}")
         return
     if docs is None:
         raise SpecError(f"{spec.variant} attends packed documents, but the case has none; pass --docs 3000,500,12k "

@@ -68,7 +68,7 @@ def rank_inputs(spec: CaseSpec, rank: int, dtype: torch.dtype, device: torch.dev
     """
     B, H, Hkv, D, Dv = spec.batch, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim()
     local = spec.seqlen // spec.world_size
-    gen = torch.Generator(device=device).manual_seed(spec.seed * 100003 + rank)
+    gen = torch.Generator(device=device).manual_seed((spec.seed * 100003 + rank) % 2 ** 63)
     q = _random((B, local, H, D), dtype, device, gen)
     k = _random((B, local, Hkv, D), dtype, device, gen)
     v = _random((B, local, Hkv, Dv), dtype, device, gen)

@@ -75,7 +75,7 @@ def sink_logits(spec: CaseSpec, dtype: torch.dtype, device: torch.device) -> tor
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     if spec.sink == "off-by-one":
         return torch.zeros(spec.heads, dtype=acc, device=device)
-    gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + 19)  # apart from the inputs' stream
+    gen = torch.Generator().manual_seed((spec.seed * 1_000_003 + 19) % 2 ** 63)  # apart from the inputs' stream
     return torch.randn(spec.heads, generator=gen, dtype=torch.float32).to(acc).to(device).requires_grad_(True)
 
 

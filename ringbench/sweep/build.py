@@ -67,7 +67,7 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
     """
     from ringbench.case.scenarios import load_scenario
     from ringbench.case.spec import (CaseSpec, canonical, default_fields, detect_device, expand_ulysses_degree,
-                                     resolve, resolve_docs, validate)
+                                     resolve, resolve_docs, validate, without_full_window)
     from ringbench.variants import get_variant
 
     scen = load_scenario(scenario) if scenario is not None else None
@@ -90,7 +90,7 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
     resolved, skipped = [], {}
     for i, case in enumerate(cases):
         try:
-            case = resolve_docs(case)
+            case = without_full_window(resolve_docs(case))  # before the variant's window rules: it is none
             if case.world_size % nnodes:
                 raise SpecError(f"world_size {case.world_size} is not a multiple of nnodes {nnodes}, and every "
                                 f"node runs world_size / nnodes ranks; pass --world-size "

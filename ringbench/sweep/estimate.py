@@ -256,6 +256,53 @@ def summary(cases: list, est: Estimate) -> str:
     return text
 
 
+#: The fields whose size the memory grows with, and the fix that shrinks each: the one furthest
+#: above its CPU default is named (``--heads 100000``: fewer heads; ``--batch 100000``: a smaller batch).
+_MEMORY_FIELDS = (("batch", "a smaller --batch"), ("heads", "fewer --heads"), ("seqlen", "a shorter --seqlen"),
+                  ("head_dim_v", "a smaller --head-dim-v"), ("head_dim", "a smaller --head-dim"))
+
+
+def _fitting_value(case, name: str, room: int) -> Optional[int]:
+    """The largest value of field ``name`` below the case's at which its launch fits in ``room``
+    bytes and the case is still valid, or None."""
+    from dataclasses import replace
+
+    from ringbench.case.spec import validate
+
+    current = getattr(case, name)
+    fits = lambda v: launch_bytes(replace(case, **{name: v})) <= room  # noqa: E731
+    low, high = 1, current - 1  # the largest fitting value, by bisection (memory grows with each field)
+    if high < low or not fits(low):
+        return None
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    # Round down to a multiple the variant may need (of kv_heads, of 2 * world_size ...), keeping a valid one.
+    for value in sorted({low - low % m for m in [*range(1, 65), *(2 ** k for k in range(7, 24))]} - {0},
+                        reverse=True):
+        try:
+            validate(replace(case, **{name: value}), visible_gpus=0)
+        except SpecError:
+            continue
+        return value
+    return None
+
+
+def _memory_fix(case, room: int) -> str:
+    """What shrinks a cpu launch that needs more than ``room`` bytes: a smaller --world-size where
+    the ranks' base memory is most of it, else the field furthest above its default, with a value."""
+    from ringbench.case.fields import BY_NAME
+
+    base = RANK_BASE_BYTES * launch_world_size(case)
+    if base >= launch_bytes(case) - base:
+        return "a smaller --world-size"
+    given = [(getattr(case, name) / max(1, BY_NAME[name].cpu or (case.head_dim if name == "head_dim_v" else 1)),
+              name, fix) for name, fix in _MEMORY_FIELDS if getattr(case, name)]
+    _, name, fix = max(given)
+    value = _fitting_value(case, name, room)
+    return f"{fix}, such as {BY_NAME[name].option} {value}" if value else fix
+
+
 def check(cases: list, est: Estimate, *, yes: bool) -> None:
     """Refuse, unless ``yes``, what this machine should not start without asking (CPU only).
 
@@ -284,8 +331,11 @@ def check(cases: list, est: Estimate, *, yes: bool) -> None:
             why.append(f"its ranks need about {need / 1e9:.1f} GB of memory ({held}) but {room / 1e9:.1f} GB is "
                        f"available here")
         if why:
-            raise SpecError(f"world_size {world_size} on cpu does not fit this machine: {' and '.join(why)}; pass a "
-                            f"smaller --world-size, or --yes to start it anyway")
+            fix = "a smaller --world-size"
+            if room is not None and need > room and len(why) == 1:
+                fix = _memory_fix(biggest, room)
+            raise SpecError(f"world_size {world_size} on cpu does not fit this machine: {' and '.join(why)}; pass "
+                            f"{fix}, or --yes to start it anyway")
     cpu_s = sum(est.case_s[i] for i in cpu) + sum(s for (w, d), s in est.launch_s.items() if d == "cpu")
     if cpu_s > CPU_LIMIT_S:
         longest = max(cpu, key=lambda i: est.case_s[i])

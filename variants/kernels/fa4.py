@@ -9,7 +9,7 @@ hides the lse behind autograd.
 
 Both follow the conventions of :mod:`kernels` already: lse float32 ``[B, Hq, S]`` (packed:
 ``[Hq, total]``), ``-inf`` for a row that sees no key, and the bottom-right causal alignment of
-a rectangular document. Installed with ``pip install 'ringbench[fa4]'`` (package
+a rectangular document. Installed with ``pip install -e '.[fa4]'`` in the checkout (package
 ``flash-attn-4``); its kernels compile on first use (JIT), so the first call of a shape is slow.
 
 Source: Dao et al., FlashAttention (arXiv 2205.14135) and its successors; the package
@@ -22,6 +22,7 @@ import functools
 import math
 
 import torch
+from ringbench.errors import install_hint
 
 Tensor = torch.Tensor
 
@@ -58,7 +59,7 @@ def unavailable() -> str | None:
         _interface()
     except Exception as exc:  # an import failure is a reason, never a crash
         return (f"flash_attn.cute does not import ({type(exc).__name__}: {exc}); "
-                "install it with pip install 'ringbench[fa4]'")
+                f"install it with {install_hint('fa4')}")
     return None
 
 

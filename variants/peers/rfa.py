@@ -43,6 +43,7 @@ import torch.distributed as dist
 from ..engines import comm
 from .. import kernels as _kernels
 from . import rfa_standin
+from ringbench.errors import install_hint
 
 Tensor = torch.Tensor
 _ALIAS = "_ringbench_rfa"
@@ -59,7 +60,7 @@ _SERVED: list[str] = []
 def _locations() -> list[str]:
     spec = importlib.util.find_spec("ring_flash_attn")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("ring-flash-attn is not installed (pip install ring-flash-attn)")
+        raise ModuleNotFoundError(f"ring-flash-attn is not installed ({install_hint('peers')})")
     return list(spec.submodule_search_locations)
 
 

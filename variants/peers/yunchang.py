@@ -1,6 +1,6 @@
 """Peers: yunchang's Ulysses, ring and USP attention, run through ringbench's contract.
 
-``yc_ulysses``, ``yc_ring`` and ``yc_usp`` run yunchang's (``pip install yunchang``, pure
+``yc_ulysses``, ``yc_ring`` and ``yc_usp`` run yunchang's (``pip install -e '.[peers]'`` in the checkout, pure
 Python) ``LongContextAttention`` path: its all-to-all (``comm.all_to_all.SeqAllToAll4D``) over
 a Ulysses group, its ring function over a ring group (``zigzag_ring_flash_attn_func`` under a
 causal mask, ``ring_flash_attn_func`` without one, which attends every key whatever the
@@ -44,6 +44,7 @@ from . import rfa_standin
 from .. import kernels as _kernels
 from ..engines.grid import process_grid
 from ..engines.ulysses import lse_heads_to_seq
+from ringbench.errors import install_hint
 
 Tensor = torch.Tensor
 
@@ -53,7 +54,7 @@ def unavailable_reason() -> str | None:
     try:
         importlib.import_module("yunchang")
     except Exception as exc:  # a missing package or one that fails at import
-        return f"yunchang is not importable ({type(exc).__name__}: {exc}); pip install 'ringbench[peers]'"
+        return f"yunchang is not importable ({type(exc).__name__}: {exc}); {install_hint('peers')}"
     return None
 
 
