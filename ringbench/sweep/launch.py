@@ -174,8 +174,9 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
     ]
     child_env = _child_env(world_size // nnodes, progress_dir, env)
     child_env["RINGBENCH_NODE_RANK"] = str(node_rank)  # the worker's record writer lives on node 0
-    # init_process_group gives up no later than the watchdog would.
-    child_env.setdefault("RINGBENCH_PG_TIMEOUT", f"{max(limits_s):g}")
+    # Twice the longest case limit: a collective that hangs is the watchdog's to report (with
+    # every rank's progress mark), never gloo's own timeout racing it at the same moment.
+    child_env.setdefault("RINGBENCH_PG_TIMEOUT", f"{2 * max(limits_s):g}")
     child_env.pop(TORCHRUN_PID_ENV, None)  # the wrapper sets it; a stale one would kill the workers
 
     from ringbench.sweep import lease  # the results file's lease, held by torchrun too while it lives
@@ -232,6 +233,7 @@ class _Watch:
         self._progress_dir, self._local_ranks, self._limits, self._clock = progress_dir, local_ranks, limits_s, clock
         self.launch_start = self.since = clock()
         self.case: int | None = None  # None: the start-up, under case 1's limit
+        self.fired_s: tuple[float, float] = (0.0, 0.0)  # (the case's, the launch's) seconds when it fired
 
     def _marks(self) -> dict[int, str | None]:
         """This host's ranks' last marks (files named by global rank), a None for each not written yet."""
@@ -259,6 +261,10 @@ class _Watch:
         """Seconds the current case (or the start-up) has run, by this clock."""
         return self._clock() - self.since
 
+    def fire(self) -> None:
+        """Note, as the watchdog fires, how long the case and the launch had run (stopping takes more)."""
+        self.fired_s = (self.ran_s(), self._clock() - self.launch_start)
+
 
 def _wait(proc: subprocess.Popen, watch: _Watch, on_poll: Callable[[], None] | None) -> int:
     """Wait for ``proc`` while the watched case is within its limit, calling ``on_poll`` between waits.
@@ -270,6 +276,7 @@ def _wait(proc: subprocess.Popen, watch: _Watch, on_poll: Callable[[], None] | N
     while True:
         left = watch.poll()
         if left <= 0:
+            watch.fire()
             raise subprocess.TimeoutExpired(proc.args, watch.limit_s)
         try:
             return proc.wait(timeout=min(POLL_S, left))
@@ -555,8 +562,9 @@ def _timeout_text(log_dir: Path, world_size: int, watch: _Watch) -> str:
         head = (f"timed out after {watch.limit_s:g} s in the start-up, before every rank had started case 1 "
                 "(the start-up runs under case 1's limit)")
     else:
-        head = (f"case {watch.case + 1}/{len(watch._limits)} timed out: it ran {watch.ran_s():.0f} s, past its "
-                f"limit of {watch.limit_s:g} s (the launch ran {watch._clock() - watch.launch_start:.0f} s)")
+        ran_s, launch_s = watch.fired_s
+        head = (f"case {watch.case + 1}/{len(watch._limits)} timed out: it ran {ran_s:.0f} s, past its "
+                f"limit of {watch.limit_s:g} s (the launch ran {launch_s:.0f} s)")
     lines = [f"{head}; last progress mark of each rank:"]
     lines += [f"  rank {r}: {m if m is not None else '(none written)'}" for r, m in marks.items()]
     cause = _root_cause(_rank_dirs(log_dir), world_size)
