@@ -232,9 +232,14 @@ def _follow_node(cases: list, launcher, results_path: Path, run_id: str, timeout
     return code
 
 
+#: The ETA's pace (seconds taken per estimated second) is kept within [1/this, this].
+_ETA_FACTOR_MAX = 100.0
+
+
 class _Eta:
     """The progress bar's ETA, from the estimate: the estimated seconds of the cases left, scaled
-    by how long the finished ones took against theirs. Each launch's start-up counts with its
+    by the pace measured as cases finish (how long the finished ones took against theirs, and at
+    least the pace the running case would give if it ended now). Each launch's start-up counts with its
     first case, so the ETA shows from the first case on, before any case has finished."""
 
     def __init__(self, cases: list, est, clock=time.monotonic):
@@ -262,10 +267,15 @@ class _Eta:
     def seconds_left(self) -> float:
         now = self._clock()
         factor = 1.0
-        if self._done_est > 0:
-            factor = min(10.0, max(0.1, (self._last - self._started) / self._done_est))
+        if self._done_est > 0:  # the pace so far: seconds taken per estimated second
+            factor = (self._last - self._started) / self._done_est
+        current = self._left.get(self._current, 0.0)
+        if current > 0:  # the pace is at least what it would be if the running case ended now
+            factor = max(factor, (now - self._started) / (self._done_est + current))
+        # Wide bounds: shared cores have run a sweep 20x its estimate (issue 27).
+        factor = min(_ETA_FACTOR_MAX, max(1 / _ETA_FACTOR_MAX, factor))
         left = sum(self._left.values())
-        after_current = left - self._left.get(self._current, 0.0)
+        after_current = left - current
         # Never below the cases after the one running, however long that one takes.
         return max(factor * after_current, factor * left - (now - self._last), 0.0)
 
