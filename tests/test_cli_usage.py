@@ -386,16 +386,17 @@ def test_cli_ctrl_c_keeps_records_and_prints_the_resume_command(harness, tmp_pat
                      r"ringbench .*--resume$", result.stderr, re.M), result.stderr
 
 
-def test_cli_timeout_default_is_scaled_to_the_launch(harness, tmp_path):
+def test_cli_timeout_default_is_each_cases_own(harness, tmp_path):
     from ringbench.case.spec import CaseSpec
-    from ringbench.sweep.run import default_timeout_s
+    from ringbench.sweep.estimate import CASE_LIMIT_FLOOR_S, case_limit_s
 
     assert invoke(["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path)], harness).exit_code == 0
     assert invoke(["run", "--variant", "ring", "--device", "cpu", "--out", str(tmp_path),
                    "--timeout", "45"], harness).exit_code == 0
     first, second = harness.launches
-    assert first["timeout_s"] == default_timeout_s([CaseSpec.from_dict(c) for c in first["cases"]]) >= 120
-    assert second["timeout_s"] == 45
+    limits = [case_limit_s(CaseSpec.from_dict(c)) for c in first["cases"]]
+    assert first["timeout_s"] == limits and min(limits) >= CASE_LIMIT_FLOOR_S["cpu"]
+    assert second["timeout_s"] == [45] * len(second["cases"])
 
 
 def test_cli_resume_over_a_damaged_results_file_warns_in_one_sentence(harness, tmp_path):

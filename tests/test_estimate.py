@@ -125,6 +125,22 @@ def test_estimate_eta_shows_from_the_first_case_and_follows_the_pace():
     assert sweep._EtaColumn(None).render(task).plain == "ETA -:--:--"
 
 
+def test_estimate_eta_follows_a_pace_far_below_the_estimate():
+    """Issue 27: a sweep on busy cores ran 20x its estimate; the ETA follows, beyond the old 10x bound."""
+    cases = build.cases_for("run", {"variant": ["ring", "zigzag"], "seqlen": [1024, 2048], "device": "cpu"})[0]
+    assert len(cases) == 4
+    est = estimate.Estimate(case_s=[1.0] * 4, launch_s={(2, "cpu"): 1.0})
+    now = [0.0]
+    eta = sweep._Eta(cases, est, clock=lambda: now[0])
+    eta.running(cases[0].case_id())
+    now[0] = 40.0  # the first case (2 s estimated with the start-up) took 40 s: 20x
+    eta.finished(cases[0].case_id())
+    eta.running(cases[1].case_id())
+    assert eta.seconds_left() == pytest.approx(3 * 20.0)
+    now[0] = 140.0  # the second case has run 100 s: the pace is now at least 140 / 3 per estimated second
+    assert eta.seconds_left() == pytest.approx(2 * 140.0 / 3)
+
+
 def test_estimate_the_issues_command_exits_2_within_seconds_on_cpu(tmp_path):
     """`ringbench run --variant zigzag --seqlen 128k` on a CPU machine: refused before any launch."""
     import torch

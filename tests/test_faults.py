@@ -70,7 +70,9 @@ def test_faults_hang_times_out_names_each_rank_step_and_the_sweep_goes_on(tmp_pa
     assert [r["spec"]["variant"] for r in records] == ["ring", "fault_hang", "zigzag"]
     hung = records[1]
     assert hung["status"] == "timeout"
-    assert hung["reason"].startswith("timed out after 20 s; last progress mark of each rank:")
+    # The case's own clock: it ran its 20 s limit, however long the case before it took.
+    assert re.match(r"case 2/3 timed out: it ran 2[01] s, past its limit of 20 s \(the launch ran \d+ s\); "
+                    "last progress mark of each rank:", hung["reason"]), hung["reason"]
     for rank in (0, 1):  # both stopped inside the hanging case
         assert re.search(rf"rank {rank}: \S+ case 2/3 start fault_hang S=256", hung["reason"]), hung["reason"]
     assert_good(by_variant(out / "runs.jsonl"), "ring", "zigzag")
@@ -190,15 +192,20 @@ def test_faults_refusals_of_results_that_cannot_be_true():
     assert refusal(tflops=900.0, peak=989.0, bytes_sent=1, world_size=2, variant="ring") is None
 
 
-def test_faults_timeout_default_scales_with_the_case():
-    from ringbench.sweep.run import default_timeout_s
+def test_faults_timeout_default_scales_with_the_case(monkeypatch):
+    from ringbench.sweep import estimate
+    from ringbench.sweep.run import case_limits_s
     from ringbench.case.spec import CaseSpec, default_fields
 
+    monkeypatch.setattr(estimate, "cpu_matmul_rate", lambda: 400e9)
+    monkeypatch.setattr(estimate, "usable_cores", lambda: 2)
     small = CaseSpec.from_dict({**default_fields("cpu", 0), "task": "run", "variant": "ring", "kernel": "cpu",
                                 "seqlen": 256})
     big = small.replace(seqlen=64 * 1024)
-    assert default_timeout_s([small]) == pytest.approx(120.0, abs=1.0)
-    # 4 * S^2 * H * D / 2 * 3.5 FLOPs, per GPU, twice, (iters + warmup) times, at 5 GFLOP/s.
-    flops = 4 * (64 * 1024) ** 2 * 4 * 32 / 2 * 3.5 / 2 * 2 * (10 + 3)
-    assert default_timeout_s([big]) == pytest.approx(120.0 + flops / 5e9)
-    assert default_timeout_s([small, big]) > default_timeout_s([big])
+    for case in (small, big):  # each case its own: the floor plus ten times its estimate
+        assert estimate.case_limit_s(case) == pytest.approx(300.0 + 10 * estimate.case_seconds(case))
+    assert estimate.case_limit_s(small) == pytest.approx(300.0, abs=5.0)
+    assert estimate.case_limit_s(big) > 10 * estimate.case_limit_s(small)
+    # One limit per case, not one for the launch: a small case after a big one keeps its own.
+    assert case_limits_s([big, small], None) == [estimate.case_limit_s(big), estimate.case_limit_s(small)]
+    assert case_limits_s([big, small], 45.0) == [45.0, 45.0]  # --timeout is the limit of each case

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 # (rank 1 raises, rank 0 waits as a peer blocked in a collective would), "hang" (every rank
 # sleeps; the rank named by ignore_term_rank also ignores SIGTERM, like a rank stuck in a
 # C call, so only SIGKILL stops it), "die" (rank 1 is killed by SIGKILL, as the kernel's
-# out-of-memory killer does; rank 0 waits). Like ringbench.rank.worker, it dies with its torchrun.
+# out-of-memory killer does; rank 0 waits), "sleep" (every rank sleeps ``seconds`` after a start
+# mark in ringbench.rank.worker's form, which the watchdog's per-case clock reads). Like ringbench.rank.worker, it dies with its torchrun.
 FAKE_WORKER = '''
 import argparse, json, os, signal, sys, time
 from ringbench.records import store as results
@@ -71,6 +72,9 @@ def main():
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
             mark(rank, f"case {i} waiting forever")
             time.sleep(3600)
+        elif case["action"] == "sleep":  # a case in the worker's own mark form, for the per-case watchdog
+            mark(rank, f"2026-12-02T00:00:00 case {i + 1}/{len(job['cases'])} start sleep")
+            time.sleep(case["seconds"])
         mark(rank, f"case {i} done")
 
 
@@ -257,3 +261,56 @@ def test_launch_failures_file_carries_torchelastics_root_cause_and_exit_statuses
     assert text == ("rank 1/2 was killed by SIGKILL (signal 9, pid 4242) and left no error file: killed from "
                     "outside, or by the kernel's out-of-memory killer (see dmesg); torchrun then stopped rank 0; "
                     f"torchrun's report: {tmp_path / 'torchrun.stderr.log'}"), text
+
+
+def test_launch_watch_clock_starts_at_each_cases_own_start_mark(tmp_path):
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    now = [100.0]
+    watch = launch_mod._Watch(progress, 2, [30.0, 5.0], clock=lambda: now[0])
+
+    def marks(*texts):
+        for rank, text in enumerate(texts):
+            with open(progress / f"rank{rank}.txt", "a") as f:
+                f.write(f"2026-12-02T00:00:00 {text}\n")
+
+    assert watch.poll() == 30.0 and watch.case is None  # the start-up, under case 1's limit
+    now[0] = 110.0
+    marks("case 1/2 start ring S=1024", "ready")
+    assert watch.poll() == 20.0 and watch.case is None  # rank 1 has not started case 1 yet
+    now[0] = 112.0
+    marks("case 1/2 done ok", "case 1/2 start ring S=1024")
+    assert watch.poll() == 30.0 and watch.case == 0  # case 1's clock: the slowest rank's start
+    now[0] = 140.0  # case 1 took 28 s, far past case 2's whole limit
+    marks("case 2/2 start zigzag S=1024", "case 2/2 start zigzag S=1024")
+    assert watch.poll() == 5.0 and watch.case == 1  # case 2 gets its own 5 s, from its start
+    now[0] = 146.0
+    assert watch.poll() == -1.0 and watch.ran_s() == 6.0
+
+
+def test_launch_watched_case_is_the_slowest_ranks():
+    assert launch_mod.watched_case({0: "t case 3/4 start a S=1", 1: "t case 2/4 raised RuntimeError; waiting"}) == 1
+    assert launch_mod.watched_case({0: "t case 1/4 done ok", 1: "t ready"}) is None
+    assert launch_mod.watched_case({0: None, 1: "t case 1/4 start a S=1"}) is None
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_launch_late_case_does_not_inherit_the_launchs_time(tmp_path, worker_env):
+    # Case 2 starts after the start-up and case 1's 4 s, past its own 6 s limit had that counted.
+    cases = [{"action": "sleep", "seconds": 4}, {"action": "sleep", "seconds": 3}]
+    start = time.monotonic()
+    res = _run(tmp_path, worker_env, cases, timeout_s=[30, 6])
+    assert time.monotonic() - start > 6
+    assert not res.timed_out and res.returncode == 0, res.failure
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_launch_case_past_its_own_limit_times_out_and_says_how_long_it_ran(tmp_path, worker_env):
+    cases = [{"action": "sleep", "seconds": 1}, {"action": "sleep", "seconds": 600}]
+    res = _run(tmp_path, worker_env, cases, timeout_s=[30, 3])
+    assert res.timed_out and res.timed_out_case == 1
+    assert re.match(r"case 2/2 timed out: it ran [34] s, past its limit of 3 s \(the launch ran \d+ s\); "
+                    r"last progress mark of each rank:", res.failure), res.failure
+    assert _live_cmdlines_with(str(res.log_dir / "cases.json")) == []

@@ -207,3 +207,42 @@ def test_survival_a_rank_whose_torchrun_is_gone_does_not_start(tmp_path):
         pytest.skip("the parent-death signal is Linux only")
     assert got.returncode == 1 and "started" not in got.stdout
     assert "ringbench: torchrun (pid 1) has ended; this rank does not start" in got.stderr
+
+
+#: Busy-loop processes the load test starts beside the sweep, on however many cores there are.
+BUSY_PROCESSES = 8
+#: The load test's own limit: the sweep under load takes minutes, past COMMAND_TIMEOUT_S.
+LOADED_COMMAND_TIMEOUT_S = 1800
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_survival_default_watchdog_kills_no_case_under_load(tmp_path):
+    """Issue 27: a default CPU verify with W=4 launches, beside 8 busy processes, records no timeout."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+            for _ in range(BUSY_PROCESSES)]
+    try:
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ringbench.cli", "verify", "--device", "cpu", "--variant", "ring", "--variant",
+             "zigzag", "--world-size", "2", "--world-size", "4", "--seqlen", "1024", "--out", str(tmp_path)],
+            cwd=tmp_path, env={**os.environ, **CLI_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=LOADED_COMMAND_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        wall_s = time.monotonic() - start
+    finally:
+        for p in busy:
+            p.kill()
+        for p in busy:
+            p.wait()
+    estimate_line = next((line for line in stderr.splitlines() if line.startswith("estimate")), "(none)")
+    print(f"under {BUSY_PROCESSES} busy processes: wall {wall_s:.0f} s; {estimate_line}")
+    records = read_jsonl(tmp_path / "verify.jsonl")
+    statuses = collections.Counter(r["status"] for r in records)
+    assert len(records) >= 4 and statuses["timeout"] == 0, (statuses, stderr[-3000:])
+    assert proc.returncode == 0 and statuses == {"ok": len(records)}, (proc.returncode, statuses, stderr[-3000:])

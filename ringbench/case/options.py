@@ -31,11 +31,11 @@ RESUME_HELP = ("Skip the cases that already have a record with status ok in the 
                f"every field but {', '.join(fields.NOT_IN_CASE_ID[:-1])} and {fields.NOT_IN_CASE_ID[-1]}), so a "
                "sweep that was stopped can be finished; the "
                "table and --json still show every case. Default: run every case.")
-TIMEOUT_HELP = ("Wall-clock seconds one launch (the cases of one world size and device) may take before every "
-                "rank is stopped and the running case recorded as timeout; the sweep then goes on with the next "
-                "case. Default: scaled to the cases, 120 s of start-up plus, per case, twice its FLOPs per GPU "
-                "times (iters + warmup) at 50 TFLOP/s on cuda or 5 GFLOP/s on cpu (verify: four times the "
-                "whole sequence's FLOPs); never below 120.")
+TIMEOUT_HELP = ("Wall-clock seconds each case may run, from its own start (the slowest rank's start mark), before "
+                "every rank of its launch is stopped and the case recorded as timeout; the sweep then goes on with "
+                "the next case in a fresh launch. A launch's start-up runs under its first case's limit. Default: "
+                "each case's own, 10 times its estimate (printed before the sweep) plus 300 s on cpu or 120 s on "
+                "cuda.")
 YES_HELP = ("Start the sweep even where ringbench would ask first: on CPU, a sweep estimated over 30 minutes, or a "
             "world size with more ranks than 4 per core or than the memory here holds (the estimate is printed "
             "before every sweep). Default: refuse those with exit code 2.")

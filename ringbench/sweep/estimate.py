@@ -49,6 +49,15 @@ CPU_ATTENTION_EFFICIENCY = 0.2
 CUDA_RATE = {"bf16": 150e12, "fp16": 150e12, "fp32": 30e12, "fp64": 20e12}
 #: Seconds a case costs beyond its FLOPs (set-up, the gathers of the figures).
 CASE_OVERHEAD_S = 0.2
+#: The watchdog's default limit of one case is its estimate times this margin, plus a floor:
+#: wide, because the estimate's rate is measured in a moment and shared cores slow a case far
+#: more than that (issue 27: a sweep on two cores beside ten other processes ran about 14x its estimate).
+CASE_LIMIT_MARGIN = 10.0
+#: Seconds of the watchdog's default limit of one case on top of the margin, by device: time
+#: for a start-up (importing torch on busy cores) and the gathers of a case that does little.
+CASE_LIMIT_FLOOR_S = {"cpu": 300.0, "cuda": 120.0}
+#: The longest default limit of one case, in seconds (a week, as --timeout's own limit).
+MAX_CASE_LIMIT_S = 7 * 24 * 3600.0
 #: The kernels' query rows per chunk (variants/kernels/reference.py), for their score workspace.
 _CHUNK = 1024
 _BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
@@ -146,6 +155,18 @@ def case_seconds(case) -> float:
 
         seconds += 30 + estimated_check_flops(case) / (r / 10)
     return seconds
+
+
+def case_limit_s(case) -> float:
+    """The watchdog's default limit of one case, in seconds (``--timeout`` unset).
+
+    ``CASE_LIMIT_FLOOR_S[device] + CASE_LIMIT_MARGIN * case_seconds(case)``, at most
+    ``MAX_CASE_LIMIT_S``. The clock of a case starts at its own start mark, so the time of the
+    cases before it in the launch never counts (``ringbench.sweep.launch``).
+
+    Source: issue 27 (the watchdog killed innocent cases under load).
+    """
+    return min(MAX_CASE_LIMIT_S, CASE_LIMIT_FLOOR_S.get(case.device, 300.0) + CASE_LIMIT_MARGIN * case_seconds(case))
 
 
 def launch_seconds(world_size: int, device: str) -> float:

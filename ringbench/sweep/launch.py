@@ -37,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import psutil
 
@@ -68,14 +68,17 @@ class LaunchResult:
         timed_out: True when the watchdog stopped the job.
         log_dir: the folder with cases.json, the launcher's and every rank's logs.
         failure: None on success; otherwise a short text naming the failing rank with its
-            exception and the last lines of its traceback, or, after a timeout, each rank's
-            last progress mark.
+            exception and the last lines of its traceback, or, after a timeout, the case that
+            passed its limit, how long it ran, and each rank's last progress mark.
+        timed_out_case: after a timeout, the 0-based index of the case that passed its limit;
+            None when the job timed out in its start-up, before any case started, or did not.
     """
 
     returncode: int
     timed_out: bool
     log_dir: Path
     failure: str | None
+    timed_out_case: int | None = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -86,15 +89,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def launch(cases: list[dict], *, world_size: int, device: str, results_path: Path | str,
-           run_id: str, timeout_s: float, log_dir: Path | str | None = None,
+           run_id: str, timeout_s: float | Sequence[float], log_dir: Path | str | None = None,
            module: str = "ringbench.rank.worker", env: dict[str, str] | None = None,
            on_poll: Callable[[], None] | None = None, nnodes: int = 1, node_rank: int = 0,
            rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> LaunchResult:
     """Run ``python -m <module> --cases F --results R`` on ``world_size`` local ranks.
 
-    Blocks until torchrun exits or ``timeout_s`` passes. On timeout, and on Ctrl-C, the job
-    gets SIGTERM, then after ``TERM_GRACE_S`` seconds SIGKILL, so no process outlives it; a
-    KeyboardInterrupt is re-raised after that.
+    Blocks until torchrun exits or the watchdog fires. The watchdog is per case: each case's
+    clock starts when the slowest rank writes that case's start mark (``case i/n start``, see
+    :func:`watched_case`) and stops it after the case's own limit, so a case that starts late
+    in a launch never inherits what earlier cases spent. The start-up, before every rank has
+    started case 1, runs under case 1's limit from the launch's start. On timeout, and on
+    Ctrl-C, the job gets SIGTERM, then after ``TERM_GRACE_S`` seconds SIGKILL, so no process
+    outlives it; a KeyboardInterrupt is re-raised after that.
 
     Args:
         cases: the worker's cases, each a ``CaseSpec.to_dict()``; all share ``world_size``
@@ -104,7 +111,8 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
             unset, becomes the usable cores divided by ``world_size``.
         results_path: the JSONL file rank 0 appends to.
         run_id: the run these cases belong to; names the default log folder.
-        timeout_s: wall-clock limit for the whole job, in seconds.
+        timeout_s: the watchdog's wall-clock limit of each case, in seconds: one for every
+            case, or a sequence of one per case, in case order.
         log_dir: where cases.json and the logs go; default a fresh
             ``<results_path.parent>/logs/<run_id>/<nnn>-w<world_size>`` folder.
         module: the worker module to run (tests pass a stand-in).
@@ -125,10 +133,12 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
 
     Raises:
         ValueError: on an empty case list, a world_size below 1, an unknown device, a
-            non-positive timeout, or a case whose world_size/device differs.
+            non-positive timeout (or a list of another length than the cases), or a case whose
+            world_size/device differs.
         KeyboardInterrupt: re-raised after the job has been stopped.
     """
-    _check_args(cases, world_size=world_size, device=device, timeout_s=timeout_s)
+    limits_s = _limits(timeout_s, len(cases))
+    _check_args(cases, world_size=world_size, device=device, limits_s=limits_s)
     if nnodes < 1 or world_size % nnodes or not 0 <= node_rank < nnodes:
         raise ValueError(f"nnodes ({nnodes}) must divide world_size ({world_size}) and node_rank ({node_rank}) "
                          "must be in [0, nnodes)")
@@ -164,8 +174,9 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
     ]
     child_env = _child_env(world_size // nnodes, progress_dir, env)
     child_env["RINGBENCH_NODE_RANK"] = str(node_rank)  # the worker's record writer lives on node 0
-    # init_process_group gives up no later than the watchdog would.
-    child_env.setdefault("RINGBENCH_PG_TIMEOUT", f"{timeout_s:g}")
+    # Twice the longest case limit: a collective that hangs is the watchdog's to report (with
+    # every rank's progress mark), never gloo's own timeout racing it at the same moment.
+    child_env.setdefault("RINGBENCH_PG_TIMEOUT", f"{2 * max(limits_s):g}")
     child_env.pop(TORCHRUN_PID_ENV, None)  # the wrapper sets it; a stale one would kill the workers
 
     from ringbench.sweep import lease  # the results file's lease, held by torchrun too while it lives
@@ -175,9 +186,9 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
         proc = subprocess.Popen(cmd, env=child_env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=err, start_new_session=True, pass_fds=lease.held_fds())
         timed_out = False
-        deadline = time.monotonic() + timeout_s
+        watch = _Watch(progress_dir, world_size // nnodes, limits_s)
         try:
-            returncode = _wait(proc, deadline, on_poll)
+            returncode = _wait(proc, watch, on_poll)
         except subprocess.TimeoutExpired:
             timed_out = True
             returncode = _stop(proc)
@@ -189,40 +200,113 @@ def launch(cases: list[dict], *, world_size: int, device: str, results_path: Pat
 
     failure = None
     if timed_out:
-        failure = _timeout_text(log_dir, world_size, timeout_s)
+        failure = _timeout_text(log_dir, world_size, watch)
     elif returncode != 0:
         failure = _failure_text(log_dir, world_size, returncode)
     return LaunchResult(returncode=returncode, timed_out=timed_out, log_dir=log_dir,
-                        failure=failure)
+                        failure=failure, timed_out_case=watch.case if timed_out else None)
 
 
-def _wait(proc: subprocess.Popen, deadline: float, on_poll: Callable[[], None] | None) -> int:
-    """Wait for ``proc`` until ``deadline`` (monotonic), calling ``on_poll`` between waits.
+_CASE_MARK = re.compile(r"^\S+ case (\d+)/\d+ (start|raised|done)\b")
+
+
+def watched_case(marks: dict[int, str | None]) -> int | None:
+    """The 0-based case the slowest rank is in, from each rank's last progress mark; None in the start-up.
+
+    A rank is in case i from its ``case i/n start`` mark until its ``case i+1/n start`` (its
+    ``done`` mark and the gap after it count with case i). A rank with no case mark yet (none,
+    ``init_process_group``, ``ready``, or a mark of another form) is still in the start-up.
+    """
+    reached = []
+    for mark in marks.values():
+        m = _CASE_MARK.match(mark or "")
+        if m is None:
+            return None
+        reached.append(int(m.group(1)) - 1)
+    return min(reached) if reached else None
+
+
+class _Watch:
+    """The watchdog's clock: which case the slowest rank is in, since when, and its limit."""
+
+    def __init__(self, progress_dir: Path, local_ranks: int, limits_s: list[float], clock=time.monotonic):
+        self._progress_dir, self._local_ranks, self._limits, self._clock = progress_dir, local_ranks, limits_s, clock
+        self.launch_start = self.since = clock()
+        self.case: int | None = None  # None: the start-up, under case 1's limit
+        self.fired_s: tuple[float, float] = (0.0, 0.0)  # (the case's, the launch's) seconds when it fired
+
+    def _marks(self) -> dict[int, str | None]:
+        """This host's ranks' last marks (files named by global rank), a None for each not written yet."""
+        marks: dict[int, str | None] = {}
+        for path in self._progress_dir.glob("rank*.txt"):
+            tail = _tail(path, 1)
+            marks[len(marks)] = tail[0] if tail else None
+        while len(marks) < self._local_ranks:
+            marks[len(marks)] = None
+        return marks
+
+    def poll(self) -> float:
+        """Read the progress marks; return the seconds left to the current case (or start-up)."""
+        now = self._clock()
+        case = watched_case(self._marks())
+        if case is not None and (self.case is None or case > self.case):
+            self.case, self.since = case, now
+        return self.since + self.limit_s - now
+
+    @property
+    def limit_s(self) -> float:
+        return self._limits[min(self.case or 0, len(self._limits) - 1)]
+
+    def ran_s(self) -> float:
+        """Seconds the current case (or the start-up) has run, by this clock."""
+        return self._clock() - self.since
+
+    def fire(self) -> None:
+        """Note, as the watchdog fires, how long the case and the launch had run (stopping takes more)."""
+        self.fired_s = (self.ran_s(), self._clock() - self.launch_start)
+
+
+def _wait(proc: subprocess.Popen, watch: _Watch, on_poll: Callable[[], None] | None) -> int:
+    """Wait for ``proc`` while the watched case is within its limit, calling ``on_poll`` between waits.
 
     Raises:
-        subprocess.TimeoutExpired: the deadline passed with the job still running.
+        subprocess.TimeoutExpired: the current case (or the start-up) passed its limit with the
+            job still running.
     """
-    if on_poll is None:
-        return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     while True:
-        left = deadline - time.monotonic()
+        left = watch.poll()
+        if left <= 0:
+            watch.fire()
+            raise subprocess.TimeoutExpired(proc.args, watch.limit_s)
         try:
-            return proc.wait(timeout=max(0.0, min(POLL_S, left)))
+            return proc.wait(timeout=min(POLL_S, left))
         except subprocess.TimeoutExpired:
-            if left <= POLL_S:
-                raise
-        on_poll()
+            pass
+        if on_poll is not None:
+            on_poll()
 
 
-def _check_args(cases: list[dict], *, world_size: int, device: str, timeout_s: float) -> None:
+def _limits(timeout_s: float | Sequence[float], n_cases: int) -> list[float]:
+    """One limit per case from ``launch``'s ``timeout_s``: a number for all, or one per case."""
+    if isinstance(timeout_s, (int, float)):
+        return [timeout_s] * max(1, n_cases)
+    limits = list(timeout_s)
+    if len(limits) != n_cases:
+        raise ValueError(f"timeout_s has {len(limits)} limits for {n_cases} cases; pass one number, "
+                         "or one limit per case")
+    return limits
+
+
+def _check_args(cases: list[dict], *, world_size: int, device: str, limits_s: list[float]) -> None:
     if not cases:
         raise ValueError("launch got no cases; pass at least one CaseSpec.to_dict()")
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size ({world_size!r}) must be an int >= 1")
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device ({device!r}) must be 'cuda' or 'cpu'")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s ({timeout_s!r}) must be > 0 seconds")
+    for limit in limits_s:
+        if not (isinstance(limit, (int, float)) and limit > 0):
+            raise ValueError(f"timeout_s ({limit!r}) must be > 0 seconds")
     for i, case in enumerate(cases):
         for key, want in (("world_size", world_size), ("device", device)):
             if key == "world_size" and case.get("emulate"):
@@ -472,9 +556,16 @@ def last_progress(log_dir: Path | str, world_size: int) -> dict[int, str | None]
     return marks
 
 
-def _timeout_text(log_dir: Path, world_size: int, timeout_s: float) -> str:
+def _timeout_text(log_dir: Path, world_size: int, watch: _Watch) -> str:
     marks = last_progress(log_dir, world_size)
-    lines = [f"timed out after {timeout_s:g} s; last progress mark of each rank:"]
+    if watch.case is None:
+        head = (f"timed out after {watch.limit_s:g} s in the start-up, before every rank had started case 1 "
+                "(the start-up runs under case 1's limit)")
+    else:
+        ran_s, launch_s = watch.fired_s
+        head = (f"case {watch.case + 1}/{len(watch._limits)} timed out: it ran {ran_s:.0f} s, past its "
+                f"limit of {watch.limit_s:g} s (the launch ran {launch_s:.0f} s)")
+    lines = [f"{head}; last progress mark of each rank:"]
     lines += [f"  rank {r}: {m if m is not None else '(none written)'}" for r, m in marks.items()]
     cause = _root_cause(_rank_dirs(log_dir), world_size)
     if cause:  # a rank that died first often explains why the others hung

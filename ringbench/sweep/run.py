@@ -34,8 +34,6 @@ from ringbench.case.spec import launch_world_size
 from ringbench.case.fields import plural
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_RUN = 0, 1, 2, 3
-#: The longest watchdog a launch gets by default, in seconds (a week, as --timeout's own limit).
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 # --------------------------------------------------------------------------- execution
@@ -77,7 +75,8 @@ def run_sweep(cases: list, *, task: str, out: Path, timeout_s: Optional[float] =
         cases: resolved ``CaseSpec``s (see :func:`build_cases`).
         task: ``run`` or ``verify``.
         out: the results folder (see :func:`results_file`).
-        timeout_s: the watchdog of one launch, seconds; ``None``: :func:`default_timeout_s`.
+        timeout_s: the watchdog's limit of each case, seconds, from that case's start; ``None``:
+            each case's own (:func:`case_limits_s`).
         resume: skip cases that already have a done record (``records.is_done``).
         nodes: multi-node rendezvous keywords for ``launch`` (node rank above 0: launch only).
         skipped: case_id -> why the case cannot run here.
@@ -189,34 +188,12 @@ def _raise_on_sigterm(signum: list) -> Any:
         return None
 
 
-def default_timeout_s(cases: list) -> float:
-    """The watchdog's default for one launch of ``cases``, in seconds (see ``--timeout``'s help).
+def case_limits_s(cases: list, timeout_s: Optional[float]) -> list[float]:
+    """The watchdog's limit of each case, seconds: ``timeout_s`` (``--timeout``) for every case,
+    or, when it is None, each case's own (``estimate.case_limit_s``)."""
+    from ringbench.sweep import estimate
 
-    120 s of start-up, plus per case twice its FLOPs per GPU times (iters + warmup) for run
-    (the variant and its reference), or four times the whole sequence's FLOPs per repeat for verify, at
-    a conservative 50 TFLOP/s on cuda and 5 GFLOP/s on cpu. A model check (``hf_model``) adds
-    60 s and its three passes' FLOPs at a tenth of that rate (float64 among them).
-    """
-    from ringbench.case.work import attention_flops
-    from ringbench.case.spec import spec_docs
-
-    total_s = 120.0
-    for case in cases:
-        docs = spec_docs(case) if case.docs else None  # real lengths: padding is not counted
-        flops = attention_flops(batch=case.batch, seqlen=sum(docs) if docs else case.seqlen, heads=case.heads,
-                                head_dim=case.head_dim, causal=case.causal, mode=case.mode, docs=docs,
-                                head_dim_v=case.head_dim_v)
-        if case.task == "run":  # an emulated case runs every rank in one process
-            work = flops / launch_world_size(case) * (case.iters + case.warmup) * (3 if case.profile else 2)
-        else:
-            work = 4 * flops * max(1, case.repeat)
-        total_s += work / (50e12 if case.device == "cuda" else 5e9)
-        if case.hf_model:
-            # Importing transformers and building three models, then float64 work at a tenth of the rate.
-            from ringbench.case.models import estimated_check_flops
-
-            total_s += 60 + estimated_check_flops(case) / (5e12 if case.device == "cuda" else 5e8)
-    return min(total_s, MAX_TIMEOUT_S)
+    return [timeout_s if timeout_s else estimate.case_limit_s(c) for c in cases]
 
 
 def _reached_a_case(log_dir: Optional[Path]) -> bool:
@@ -245,7 +222,7 @@ def _follow_node(cases: list, launcher, results_path: Path, run_id: str, timeout
     for (world_size, device), group in groups.items():
         result = launcher.launch([c.to_dict() for c in group], world_size=world_size, device=device,
                                    results_path=results_path, run_id=run_id,
-                                   timeout_s=timeout_s or default_timeout_s(group), **nodes)
+                                   timeout_s=case_limits_s(group, timeout_s), **nodes)
         if result.timed_out or result.failure:
             err.print(Text(f"node {nodes['node_rank']}: launch at world_size {world_size} on {device} "
                            f"{'timed out' if result.timed_out else 'failed'}: {result.failure}", style="red"))
@@ -255,9 +232,14 @@ def _follow_node(cases: list, launcher, results_path: Path, run_id: str, timeout
     return code
 
 
+#: The ETA's pace (seconds taken per estimated second) is kept within [1/this, this].
+_ETA_FACTOR_MAX = 100.0
+
+
 class _Eta:
     """The progress bar's ETA, from the estimate: the estimated seconds of the cases left, scaled
-    by how long the finished ones took against theirs. Each launch's start-up counts with its
+    by the pace measured as cases finish (how long the finished ones took against theirs, and at
+    least the pace the running case would give if it ended now). Each launch's start-up counts with its
     first case, so the ETA shows from the first case on, before any case has finished."""
 
     def __init__(self, cases: list, est, clock=time.monotonic):
@@ -285,10 +267,15 @@ class _Eta:
     def seconds_left(self) -> float:
         now = self._clock()
         factor = 1.0
-        if self._done_est > 0:
-            factor = min(10.0, max(0.1, (self._last - self._started) / self._done_est))
+        if self._done_est > 0:  # the pace so far: seconds taken per estimated second
+            factor = (self._last - self._started) / self._done_est
+        current = self._left.get(self._current, 0.0)
+        if current > 0:  # the pace is at least what it would be if the running case ended now
+            factor = max(factor, (now - self._started) / (self._done_est + current))
+        # Wide bounds: shared cores have run a sweep 20x its estimate (issue 27).
+        factor = min(_ETA_FACTOR_MAX, max(1 / _ETA_FACTOR_MAX, factor))
         left = sum(self._left.values())
-        after_current = left - self._left.get(self._current, 0.0)
+        after_current = left - current
         # Never below the cases after the one running, however long that one takes.
         return max(factor * after_current, factor * left - (now - self._last), 0.0)
 
@@ -383,10 +370,10 @@ def _launch_one(pending: list, launcher, results_path: Path, run_id: str, timeou
         show(next((c for c in pending if c.case_id() not in found), None))
 
     show(pending[0])
-    limit_s = timeout_s or default_timeout_s(pending)
+    limits_s = case_limits_s(pending, timeout_s)
     try:
         result = launcher.launch([c.to_dict() for c in pending], world_size=world_size, device=device,
-                                   results_path=results_path, run_id=run_id, timeout_s=limit_s, on_poll=poll,
+                                   results_path=results_path, run_id=run_id, timeout_s=limits_s, on_poll=poll,
                                    **nodes)
         timed_out, failure, log_dir = result.timed_out, result.failure, result.log_dir
     except Exception as exc:  # a launcher crash still leaves one record per case
@@ -400,7 +387,8 @@ def _launch_one(pending: list, launcher, results_path: Path, run_id: str, timeou
     if missing and not env:
         env.append(_env(missing[0].kernel))
     for case in missing:
-        reason = failure or (f"the launch timed out after {limit_s:g} s" if timed_out
+        limit_s = limits_s[pending.index(case)]
+        reason = failure or (f"the launch timed out after {limit_s:g} s, this case's limit" if timed_out
                              else "the job ended before this case reported")
         record = records.build(case, run_id=run_id, status=records.status_of_failure(timed_out, failure), reason=reason,
                                env=env[0])
