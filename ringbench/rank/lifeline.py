@@ -16,6 +16,14 @@ TORCHRUN_PID_ENV = "RINGBENCH_TORCHRUN_PID"
 _PR_SET_PDEATHSIG = 1
 
 
+def signal_on_parent_death(sig: int) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux only:
+    ``prctl(PR_SET_PDEATHSIG)``); the caller then checks that the parent is still there."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
 def die_with_torchrun() -> None:
     """Make this worker die (SIGKILL) when the torchrun that started it dies; call it first.
 
@@ -26,9 +34,7 @@ def die_with_torchrun() -> None:
     expected = os.environ.get(TORCHRUN_PID_ENV)
     if not expected or not sys.platform.startswith("linux"):
         return
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    signal_on_parent_death(signal.SIGKILL)
     if os.getppid() != int(expected):
         sys.stderr.write(f"ringbench: torchrun (pid {expected}) has ended; this rank does not start\n")
         sys.stderr.flush()

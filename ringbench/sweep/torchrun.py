@@ -35,9 +35,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ringbench.rank.lifeline import TORCHRUN_PID_ENV
-
-_PR_SET_PDEATHSIG = 1
+from ringbench.rank.lifeline import TORCHRUN_PID_ENV, signal_on_parent_death
 
 
 def failures_record(error) -> dict:
@@ -54,9 +52,7 @@ def main(argv: list[str]) -> None:
     if flag != "-m":
         sys.exit(f"ringbench: expected -m MODULE after the failures file, got {flag!r}")
     if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        signal_on_parent_death(signal.SIGTERM)
     if os.getppid() != int(launcher):
         sys.exit("ringbench: the command that launched torchrun has ended; not starting it")
     os.environ[TORCHRUN_PID_ENV] = str(os.getpid())
