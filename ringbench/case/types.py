@@ -73,13 +73,17 @@ def whole(name: str, option: str, example: int) -> ValueType:
     return ValueType("int", read)
 
 
+#: The longest watchdog limit of one case, in seconds: a week (``--timeout``'s own bound).
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
 def _seconds(text: str) -> float:
     try:
         timeout = float(text.strip())
     except ValueError:
         raise SpecError(f"timeout {text!r} is not a number of seconds; pass --timeout with a number, such as "
                         "600") from None
-    if not 0 < timeout < 7 * 24 * 3600:
+    if not 0 < timeout < MAX_TIMEOUT_S:
         raise SpecError(f"timeout {timeout:g} must be positive and under a week (604800 s); pass --timeout with a "
                         "number of seconds, such as 600")
     return timeout

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ringbench.case.spec import launch_world_size
+from ringbench.case.types import MAX_TIMEOUT_S
 from ringbench.errors import SpecError
 from ringbench.case.fields import plural
 
@@ -56,8 +57,8 @@ CASE_LIMIT_MARGIN = 10.0
 #: Seconds of the watchdog's default limit of one case on top of the margin, by device: time
 #: for a start-up (importing torch on busy cores) and the gathers of a case that does little.
 CASE_LIMIT_FLOOR_S = {"cpu": 300.0, "cuda": 120.0}
-#: The longest default limit of one case, in seconds (a week, as --timeout's own limit).
-MAX_CASE_LIMIT_S = 7 * 24 * 3600.0
+#: The longest default limit of one case, in seconds: --timeout's own bound.
+MAX_CASE_LIMIT_S = MAX_TIMEOUT_S
 #: The kernels' query rows per chunk (variants/kernels/reference.py), for their score workspace.
 _CHUNK = 1024
 _BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
