@@ -13,13 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .rules import (HEADS_K_STRIDE, LAYOUT_CHUNKS, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW, Option,
-                    document_rule, layouts, ulysses_rule)
+                    document_rule, layouts, listed, ulysses_rule)
 
 
 def names(which: Callable[["Variant"], bool]) -> str:
     """The listed variants (test-only ones left out) for which ``which`` holds, as ``a, b or c``."""
-    found = [n for n, v in VARIANTS.items() if which(v)]
-    return ", ".join(found[:-1]) + " or " + found[-1] if len(found) > 1 else "".join(found)
+    return listed((n for n, v in VARIANTS.items() if which(v)), "or")
 
 
 @dataclass(frozen=True)

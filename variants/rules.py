@@ -99,14 +99,18 @@ def resolve_ulysses_degree(degree: int | None, world_size: int, heads: int, kv_h
 
 # --------------------------------------------------------------------------- variant options
 
-def _and(items) -> str:
+def listed(items, last: str = "and") -> str:
+    """Names as a sentence lists them: ``a``, ``a and b``, ``a, b and c`` (``last="or"``: ``a, b or c``)."""
     items = list(items)
-    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+    return ", ".join(items[:-1]) + f" {last} " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def _and(items) -> str:
+    return listed(items, "and")
 
 
 def _or(items) -> str:
-    items = list(items)
-    return ", ".join(items[:-1]) + " or " + items[-1] if len(items) > 1 else "".join(items)
+    return listed(items, "or")
 
 
 @dataclass(frozen=True)

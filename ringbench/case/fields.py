@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 from ringbench.case.types import ValueType, whole
 from ringbench.errors import SpecError
-from ringbench.variants import OPTIONS, ROTATE, VARIANTS, get_variant
+from ringbench.variants import OPTIONS, ROTATE, VARIANTS, get_variant, listed
 
 #: Short dtype names users type, mapped to the ``torch`` attribute they mean.
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
@@ -276,7 +276,7 @@ def _taken_by(name: str) -> str:
     if name not in OPTIONS:
         return ""
     found = takers(name)
-    return "; taken by: " + (", ".join(found[:-1]) + " and " + found[-1] if len(found) > 1 else "".join(found))
+    return "; taken by: " + listed(found)
 
 
 def _check_model(name: str, value: str) -> None:

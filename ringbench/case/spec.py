@@ -19,7 +19,8 @@ from ringbench.case import fields
 from ringbench.case.fields import (DEVICES, DTYPES, MAX_SEQLEN, MODES, TASKS, CaseSpec, format_size,  # noqa: F401
                                    parse_doc_dist, parse_docs, parse_size, plural, variant_options)
 from ringbench.errors import SpecError, Unavailable
-from ringbench.variants import OPTIONS, ROTATE, VARIANTS, factorizations, get_variant, names, ulysses_rule
+from ringbench.variants import (OPTIONS, ROTATE, VARIANTS, factorizations, get_variant, listed, names,
+                                ulysses_rule)
 
 
 def field_names() -> tuple[str, ...]:
@@ -397,9 +398,6 @@ def _check_padding(given: Mapping[str, Any]) -> None:
                         "drop --doc-pad")
 
 
-def _and(items: list[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
 
 
 def _round_to_multiples(docs: list[int], n: int, total: int | None) -> list[int]:
@@ -464,8 +462,8 @@ def document_refusal(given: Mapping[str, Any], world_sizes: list[int] | None = N
     if not bad:
         return None
     which = (f"document {bad[0] + 1}" if len(bad) == 1 else
-             f"documents {_and([str(i + 1) for i in bad])}")
-    tokens = _and([str(lengths[i]) for i in bad]) + (" token" if [lengths[i] for i in bad] == [1] else " tokens")
+             f"documents {listed([str(i + 1) for i in bad])}")
+    tokens = listed([str(lengths[i]) for i in bad]) + (" token" if [lengths[i] for i in bad] == [1] else " tokens")
     multiple = "a multiple" if len(bad) == 1 else "multiples"
     if pad:
         fit = -(-pad // n) * n
