@@ -236,3 +236,18 @@ def test_estimate_memory_refusal_names_the_term_that_dominates_and_its_value_fit
 
     case = [CaseSpec.from_dict(c) for c in launcher.launches[-1]["cases"]]
     assert [estimate.launch_bytes(c) <= 20 * 10 ** 9 for c in case] == [True]  # the suggested value fits
+
+
+def test_estimate_each_launch_measures_the_cpu_rate_again(monkeypatch):
+    """The watchdog's limits use the load of the moment: a rate kept from an earlier launch is
+    measured again, so a machine that got busier since gets wider limits (issue 27)."""
+    case = build.cases_for("run", {"variant": ["ring"], "device": "cpu", "seqlen": 4096})[0][0]
+    monkeypatch.setattr(estimate, "_measured_rate", 1e15)  # as if an idle moment had been measured
+    stale = estimate.case_limit_s(case)
+    monkeypatch.setattr(estimate, "_measured_rate", 1e15)
+    fresh = sweep.case_limits_s([case], None)[0]
+    assert estimate._measured_rate != 1e15
+    assert fresh > stale
+    # With --timeout the limits are the user's, and nothing is measured.
+    monkeypatch.setattr(estimate, "_measured_rate", 1e15)
+    assert sweep.case_limits_s([case], 60.0) == [60.0] and estimate._measured_rate == 1e15

@@ -11,8 +11,8 @@ device's rate, plus a little per case and a start-up per launch:
   whole sequence (three times the FLOPs, float64 counted double) on its share of the cores;
 - a model check (``verify --model``): 30 s plus its three passes at a tenth of the rate.
 
-The rate: on CPU, a float32 matmul measured here once per command (about 0.2 s; see
-:func:`cpu_matmul_rate`) times :data:`CPU_ATTENTION_EFFICIENCY`; on CUDA an assumed
+The rate: on CPU, a float32 matmul measured here under the current load (about 0.2 s; see
+:func:`cpu_matmul_rate`; measured again before each launch) times :data:`CPU_ATTENTION_EFFICIENCY`; on CUDA an assumed
 :data:`CUDA_RATE` (no GPU is touched before the launch, so the ranks get every byte of theirs).
 
 Refusals (each overridden by ``--yes``), on CPU only, where a sweep is never what the machine
@@ -23,7 +23,6 @@ available (:func:`launch_bytes`, against ``MemAvailable`` and the cgroup's limit
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from dataclasses import dataclass
@@ -64,12 +63,22 @@ _CHUNK = 1024
 _BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 
 
-@functools.lru_cache(maxsize=None)
+#: The CPU rate measured last (:func:`cpu_matmul_rate`), FLOP/s; None until measured.
+_measured_rate: Optional[float] = None
+
+
 def cpu_matmul_rate() -> float:
-    """FLOP/s of float32 matmuls on every usable core here, measured once per process (the
-    command's cache): the best of about 0.2 s of 256 x 256 matmuls on one thread, times the
-    cores. One thread, because a multi-threaded matmul on shared cores measures the other
-    processes' load more than the machine."""
+    """FLOP/s of float32 matmuls on every usable core here, under the load of the moment.
+
+    One thread runs 256 x 256 matmuls for about 0.2 s of wall clock, and the rate is the work it
+    got done over that wall time, times the cores: a thread that shares its core with other
+    processes gets less done, so a loaded machine measures slower (issue 27: the best single
+    matmul, measured before, read the same on an idle machine and beside eight busy processes).
+    Kept for the command; :func:`remeasure` forgets it before each launch.
+    """
+    global _measured_rate
+    if _measured_rate is not None:
+        return _measured_rate
     import torch
 
     n, threads = 256, torch.get_num_threads()
@@ -77,15 +86,20 @@ def cpu_matmul_rate() -> float:
     torch.set_num_threads(1)
     try:
         a @ b
-        best = float("inf")
-        end = time.perf_counter() + 0.2
-        while time.perf_counter() < end:
-            start = time.perf_counter()
+        done, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < 0.2:
             a @ b
-            best = min(best, time.perf_counter() - start)
+            done += 1
     finally:
         torch.set_num_threads(threads)
-    return 2.0 * n ** 3 / best * usable_cores()
+    _measured_rate = 2.0 * n ** 3 * done / elapsed * usable_cores()
+    return _measured_rate
+
+
+def remeasure() -> None:
+    """Forget the measured CPU rate, so the next estimate measures the load of the moment."""
+    global _measured_rate
+    _measured_rate = None
 
 
 def usable_cores() -> int:

@@ -190,9 +190,12 @@ def _raise_on_sigterm(signum: list) -> Any:
 
 def case_limits_s(cases: list, timeout_s: Optional[float]) -> list[float]:
     """The watchdog's limit of each case, seconds: ``timeout_s`` (``--timeout``) for every case,
-    or, when it is None, each case's own (``estimate.case_limit_s``)."""
+    or, when it is None, each case's own (``estimate.case_limit_s``) at the CPU rate measured now,
+    under the load of the moment (each launch measures it again)."""
     from ringbench.sweep import estimate
 
+    if not timeout_s and any(c.device == "cpu" for c in cases):
+        estimate.remeasure()
     return [timeout_s if timeout_s else estimate.case_limit_s(c) for c in cases]
 
 
