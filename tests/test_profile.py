@@ -127,6 +127,45 @@ def _profiled_record(world_size: int) -> dict:
             **profile.record_fields([{**b, "clock": "perf_counter"}] * world_size)}
 
 
+def test_profile_breakdown_takes_the_host_gap_out_of_other():
+    its = [{"wall_ms": 10.0, "host_gap_ms": 3.0, "spans": [("kernel", "fwd", 0, 4.0), ("merge", "fwd", 0, 1.0)]},
+           {"wall_ms": 10.0, "host_gap_ms": 1.0, "spans": [("kernel", "fwd", 0, 4.0), ("merge", "fwd", 0, 1.0)]}]
+    b = profile.breakdown(its)
+    assert (b["host_gap_ms"], b["other_ms"]) == (2.0, 3.0)
+    # Iterations resolved before the host gap was measured (CPU, or old records) have none.
+    assert profile.breakdown([{k: v for k, v in its[0].items() if k != "host_gap_ms"}])["other_ms"] == 5.0
+
+
+@pytest.mark.gpu
+def test_timeline_host_gap_is_the_gpu_waiting_for_the_host():
+    """A host that sleeps between two spans leaves the GPU idle: that is a host gap. Device work
+    queued between two spans (a long matmul outside them) is not."""
+    import time
+
+    a = torch.randn(4096, 4096, device="cuda")
+    with instruments.open(timeline=torch.device("cuda")) as inst:
+        tl = inst.timeline
+        tl.begin_iteration()
+        with timeline.span("kernel"):
+            a @ a
+        torch.cuda.synchronize()
+        time.sleep(0.02)
+        with timeline.span("merge"):
+            a @ a
+        tl.end_iteration()
+        tl.begin_iteration()
+        with timeline.span("kernel"):
+            a.add_(0)
+        for _ in range(20):
+            a @ a  # queued work outside the spans, issued faster than the GPU runs it
+        with timeline.span("merge"):
+            a.add_(0)
+        tl.end_iteration()
+        slept, queued = tl.resolve()
+    assert slept["host_gap_ms"] > 15
+    assert queued["host_gap_ms"] < 1
+
+
 def test_profile_table_has_a_row_per_rank_within_80_columns(tmp_path):
     from rich.console import Console
 

@@ -22,8 +22,9 @@ def print_tables(records: list[dict], console=None) -> None:
     """Print one breakdown table per profiled record: a row per rank, ms per iteration.
 
     Columns: rank, wall, kernel, merge, comm (exposed communication; the device copies of an
-    emulated run), other (launch gaps and the rest), busy (kernel + merge) and the share of
-    the wall time the kernels fill. It fits 80 columns.
+    emulated run), host gap (the GPU idle, waiting for the host), other (device work outside
+    the spans; on CPU the host's work too), busy (kernel + merge) and the share of the wall
+    time the kernels fill. It fits 80 columns.
     """
     from rich.console import Console
     from rich.text import Text
@@ -37,11 +38,11 @@ def print_tables(records: list[dict], console=None) -> None:
         what = "emulated, " if r.get("emulated") else ""
         table = compact_table(f"profile: {case_label(r)} ({what}ms per iteration, mean of {prof['iters']}, "
                               f"{prof['clock']})")
-        for header in ("rank", "wall", "kernel", "merge", "comm", "other", "busy", "kernel\n% wall"):
+        for header in ("rank", "wall", "kernel", "merge", "comm", "host\ngap", "other", "busy", "kernel\n% wall"):
             table.add_column(header, justify="right", no_wrap=True)
         for p in prof["per_rank"]:
             share = 100 * p["kernel_ms"] / p["wall_ms"] if p["wall_ms"] > 0 else None
-            table.add_row(str(p["rank"]), *(number(p[f"{k}_ms"], ".3f") for k in ("wall", *PARTS, "busy")),
+            table.add_row(str(p["rank"]), *(number(p.get(f"{k}_ms"), ".3f") for k in ("wall", *PARTS, "busy")),
                           number(share, ".1f"))
         console.print(table)
         if r.get("per_rank_busy_ms") is None:
@@ -80,7 +81,7 @@ def plot_path(out: Path, record: dict, *, unique: bool = True) -> Path:
 
 
 def write_plots(records: list[dict], out: Path) -> list[Path]:
-    """Draw a stacked bar per rank (kernel, merge, comm, other; ms per iteration) for every
+    """Draw a stacked bar per rank (kernel, merge, comm, host gap, other; ms per iteration) for every
     profiled record, one PNG each (:func:`plot_path`, :func:`figure`); returns the paths written."""
     import matplotlib.pyplot as plt
 
@@ -107,13 +108,14 @@ def figure(record: dict):
 
     from ringbench.present.report import case_label
 
-    colours = {"kernel": "tab:blue", "merge": "tab:orange", "comm": "tab:red", "other": "tab:gray"}
+    colours = {"kernel": "tab:blue", "merge": "tab:orange", "comm": "tab:red", "host_gap": "tab:olive",
+               "other": "tab:gray"}
     ranks = record["profile"]["per_rank"]
     fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(ranks) + 2), 3.6))
     bottom = [0.0] * len(ranks)
     for part in PARTS:
-        heights = [max(0.0, p[f"{part}_ms"]) for p in ranks]
-        ax.bar([p["rank"] for p in ranks], heights, bottom=bottom, color=colours[part], label=part)
+        heights = [max(0.0, p.get(f"{part}_ms") or 0.0) for p in ranks]
+        ax.bar([p["rank"] for p in ranks], heights, bottom=bottom, color=colours[part], label=part.replace("_", " "))
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set_xlabel("rank")
     ax.set_ylabel("ms per iteration")

@@ -6,9 +6,13 @@ Ulysses). One rank's breakdown (:func:`breakdown`) is the mean over those iterat
 
 - ``wall_ms``: the iteration, first mark to last;
 - ``kernel_ms``, ``merge_ms``, ``comm_ms``: the sums of the spans of each kind;
-- ``other_ms``: the rest, ``wall_ms`` minus the three: launch gaps, host work between calls,
-  casts outside the merges, the autograd machinery. Spans never overlap on one stream, so it
-  is not negative beyond clock resolution;
+- ``host_gap_ms`` (CUDA; 0 on CPU): the time the GPU sat idle before a span, waiting for the
+  host to issue it (launches, Python between calls; ``timeline.py`` says how it is told from
+  queued device work). It is where the host's cost shows at a few thousand tokens per rank;
+- ``other_ms``: the rest, ``wall_ms`` minus the four: device work outside the spans (casts
+  outside the merges, the autograd machinery's own kernels) and, on CPU, the host's work
+  between calls. Spans never overlap on one stream, so it is not negative beyond clock
+  resolution;
 - ``busy_ms``: ``kernel_ms + merge_ms``, the rank's own work. Coupled ranks wait for each other,
   so their wall times agree even when their work does not; ``busy_imbalance`` (max / min of
   ``busy_ms``) shows the work imbalance that ``imbalance`` (of wall times) hides;
@@ -27,7 +31,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
-PARTS = ("kernel", "merge", "comm", "other")
+PARTS = ("kernel", "merge", "comm", "host_gap", "other")
 
 
 def measure(step: Callable[[], None], *, iters: int, device, group=None) -> dict:
@@ -63,20 +67,21 @@ def breakdown(iterations: list[dict]) -> dict:
     if not iterations:
         raise ValueError("a profile needs at least one iteration; pass --iters 1 or more")
     n = len(iterations)
-    totals = dict.fromkeys(("wall", "kernel", "merge", "comm"), 0.0)
+    totals = dict.fromkeys(("wall", "kernel", "merge", "comm", "host_gap"), 0.0)
     steps: dict[tuple[str, int], dict[str, float]] = defaultdict(lambda: dict.fromkeys(("kernel", "merge", "comm"),
                                                                                       0.0))
     spans = kernels = 0
     for it in iterations:
         totals["wall"] += it["wall_ms"]
+        totals["host_gap"] += it.get("host_gap_ms", 0.0)
         spans += len(it["spans"])
         for kind, phase, index, ms in it["spans"]:
             totals[kind] += ms
             steps[(phase, index)][kind] += ms
             kernels += kind == "kernel"
     mean = {k: v / n for k, v in totals.items()}
-    out = {f"{k}_ms": mean[k] for k in ("wall", "kernel", "merge", "comm")}
-    out["other_ms"] = mean["wall"] - mean["kernel"] - mean["merge"] - mean["comm"]
+    out = {f"{k}_ms": mean[k] for k in ("wall", "kernel", "merge", "comm", "host_gap")}
+    out["other_ms"] = mean["wall"] - sum(mean[k] for k in ("kernel", "merge", "comm", "host_gap"))
     out["busy_ms"] = mean["kernel"] + mean["merge"]
     out["iters"] = n
     out["spans_per_iteration"] = spans / n

@@ -20,12 +20,18 @@ The kinds:
   stream stalls for the transfer, the exposed communication; on CPU the time the host blocks.
   Under emulation (``emulation.py``) it is the device copies that stand in for the transfers.
 
+The host gap (CUDA only): when a span starts, the mark that ended the previous span (or began
+the iteration) is asked, without waiting, whether the device has reached it. If it has, the
+device ran dry before the host issued this span's work, and the time between that mark and this
+span's start is a gap in which the GPU waited for the host (launches, Python). If it has not,
+the device still had queued work, and the time between is device work outside the spans.
+
 Spans do not nest: a span opened inside another is not recorded, so the parts of one
 iteration never overlap on one stream and their sum stays within its wall time. When nothing
 is recorded, :func:`timed` costs one context-variable read per call; :func:`step` too.
 Recordings do not nest.
 
-Source: issue 15, item 7 (where each rank's time goes).
+Source: issue 15, item 7 (where each rank's time goes); issue 25, item 2 (the host gap).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ class Timeline:
         self._iterations: list[tuple[object, object, list]] = []
         self._spans: list | None = None
         self._begin = None
+        self._last = None  # the mark that ended the latest span, or began the iteration
         self._open = False
 
     def mark(self):
@@ -66,6 +73,7 @@ class Timeline:
         """Start one iteration: spans recorded from now on belong to it."""
         self.phase, self.step = "fwd", 0
         self._spans, self._begin = [], self.mark()
+        self._last = self._begin
 
     def end_iteration(self) -> None:
         """End the iteration :meth:`begin_iteration` started."""
@@ -75,15 +83,22 @@ class Timeline:
     def _elapsed_ms(self, start, end) -> float:
         return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
 
-    def resolve(self) -> list[dict]:
-        """Every recorded iteration: ``{"wall_ms", "spans": [(kind, phase, step, ms), ...]}``.
+    def ran_dry(self) -> bool:
+        """Whether the device has already reached the latest span's end mark (CUDA; never waits)."""
+        return self.cuda and self._last is not None and self._last.query()
 
-        On CUDA it synchronises the device once, after the iterations.
+    def resolve(self) -> list[dict]:
+        """Every recorded iteration: ``{"wall_ms", "host_gap_ms", "spans": [(kind, phase, step, ms), ...]}``.
+
+        ``host_gap_ms`` sums, over the iteration's spans, the time the device waited for the
+        host before each (module docstring); 0 off CUDA. On CUDA it synchronises the device
+        once, after the iterations.
         """
         if self.cuda:
             torch.cuda.synchronize()
         return [{"wall_ms": self._elapsed_ms(begin, end),
-                 "spans": [(kind, phase, step, self._elapsed_ms(s, e)) for kind, phase, step, s, e in spans]}
+                 "host_gap_ms": sum(self._elapsed_ms(before, s) for _, _, _, s, _, before in spans if before is not None),
+                 "spans": [(kind, phase, step, self._elapsed_ms(s, e)) for kind, phase, step, s, e, _ in spans]}
                 for begin, end, spans in self._iterations]
 
 
@@ -106,11 +121,13 @@ def _span(tl: Timeline | None, kind: str) -> Iterator[None]:
         yield
         return
     tl._open = True
+    before = tl._last if tl.ran_dry() else None  # the device waited for the host since that mark
     start = tl.mark()
     try:
         yield
     finally:
-        tl._spans.append((kind, tl.phase, tl.step, start, tl.mark()))
+        tl._last = tl.mark()
+        tl._spans.append((kind, tl.phase, tl.step, start, tl._last, before))
         tl._open = False
 
 
