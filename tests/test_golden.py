@@ -16,6 +16,9 @@ and the ones that describe the machine or the commit rather than the case:
 - ``env``: hostname, platform, python, torch and ringbench versions, git_commit (which the
   restructure itself changes); its ``kernel`` repeats the record's compared ``kernel``.
 
+Fields added since the golden records were made (``ADDED``) must hold exactly the value given
+there in every new record that has them; a record that gains any other field fails.
+
 Everything else is compared exactly, floats bitwise: the spec, status, checks (verify's errors
 and allowances per tensor, which repeat bit for bit on CPU with the fixed seed), FLOPs, bytes
 sent, predicted pairs, memory (null on CPU). Bitwise holds for one torch build on one CPU, so the
@@ -38,6 +41,13 @@ _spec.loader.exec_module(make)
 
 VARIES = {"run_id", "created_at", "elapsed_s", "time_ms", "per_rank_time_ms", "ref_time_ms", "imbalance",
           "tflops_per_gpu", "ref_tflops", "efficiency", "bus_gib_s", "peak_tflops", "env"}
+
+#: Fields added after the golden records were written, with the value each new record must hold.
+ADDED = {
+    "spec.cuda_graph": "auto",  # issue 25: the CUDA graph choice, auto by default
+    "cuda_graph": False,  # run records: no graph on cpu
+    "cuda_graph_note": "cpu has no CUDA graphs",
+}
 
 
 def _read(path: Path) -> list[dict]:
@@ -67,7 +77,10 @@ def _differences(old: dict, new: dict) -> list[str]:
     lines = []
     for key in sorted(old.keys() | new.keys()):
         a, b = old.get(key, missing), new.get(key, missing)
-        if a is missing or b is missing:
+        if a is missing and key in ADDED:
+            if b != ADDED[key]:
+                lines.append(f"{key} added with {b!r}, not the {ADDED[key]!r} the golden test expects")
+        elif a is missing or b is missing:
             lines.append(f"{key} {'added' if a is missing else 'removed'}: {b if a is missing else a!r}")
         elif (a != b or type(a) is not type(b)) and not (a != a and b != b):  # 1 is not 1.0; NaN is NaN
             lines.append(f"{key} changed: {a!r} -> {b!r}")

@@ -387,6 +387,9 @@ def row(help: str, cuda: Any = None, cpu: Any = None, **kw: Any) -> Any:
 
 _POSITIVE, _ZERO_OR_MORE = _at_least(1), _at_least(0)
 
+#: ``--cuda-graph``'s values (``ringbench/rank/graphs.py``).
+CUDA_GRAPH_CHOICES = ("auto", "on", "off")
+
 #: Seeds run from 0 to 2^63 - 1: torch's generator takes a 64-bit integer, and the ranks' streams are
 #: derived from the seed modulo 2^63 (``ringbench.rank.bench.rank_inputs``).
 SEED_LIMIT = 2 ** 63
@@ -498,6 +501,13 @@ class CaseSpec:
                         "time per rank and the efficiency bound at world_size, in records that say emulated: true; "
                         "ring, zigzag and stripe only, no process group of world_size ranks needed", False, False,
                         default_text="off", optional=True, commands=("run",), flag="--emulate")
+    cuda_graph: str = row("capture each timed iteration (forward and backward: kernels, merges, transfers) as one "
+                          "CUDA graph and replay it, which takes the host's launches out of the loop: on (capture, "
+                          "else the case runs eagerly and the record says why), off (eager), or auto: capture where "
+                          "it is checked to be faster and to give the eager outputs (emulated runs and world size "
+                          "1 on cuda; eager on cpu and for NCCL runs); records say cuda_graph true or false with "
+                          "the reason", "auto", "auto", optional=True, commands=("run",),
+                          check=_one_of(lambda: CUDA_GRAPH_CHOICES))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form records hold, field order as in the table."""

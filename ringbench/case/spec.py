@@ -162,6 +162,9 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
     _check_docs(spec, variant)
     if emulation_refusal(spec):
         raise SpecError(emulation_refusal(spec))
+    if spec.cuda_graph == "on" and spec.device != "cuda":
+        raise SpecError(f"cuda_graph 'on' needs --device cuda, and this case runs on {spec.device}; pass "
+                        "--cuda-graph auto or off")
     if spec.emulate and spec.sink == "learnable":
         # An off-by-one sink is emulated: it joins each row after the ring's last merge, on the
         # rank that holds the row, and has no gradient; a learnable one's gradient is all-reduced.

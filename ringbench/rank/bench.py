@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from ringbench.case.work import attention_flops
 from ringbench.rank.setup import case_setup, sink_logits
+from ringbench.rank import graphs
 from ringbench.rank.peaks import Peak, case_peak
 from ringbench.case.spec import CaseSpec, spec_docs
 from ringbench.variants.engines import layouts, varlen
@@ -76,22 +77,28 @@ def rank_inputs(spec: CaseSpec, rank: int, dtype: torch.dtype, device: torch.dev
     return q, k, v, dout
 
 
-def iteration(attention: Callable, q, k, v, dout, *, backward: bool, **call) -> Callable[[], None]:
+def iteration(attention: Callable, q, k, v, dout, *, backward: bool, **call) -> Callable[[], tuple]:
     """One timed iteration of the variant: forward (under no_grad), or forward and backward with
-    the grads set to None first; ``call`` holds the variant's keywords (causal, group, kernel...)."""
+    the grads set to None first; ``call`` holds the variant's keywords (causal, group, kernel...).
 
-    def step() -> None:
+    The step returns what it produced: ``(out,)``, or ``(out, dq, dk, dv)`` and a learnable
+    sink's gradient, so that a CUDA graph's replay can be checked against it (``graphs.py``).
+    """
+    sink = call.get("sink")
+    learnable = sink is not None and sink.requires_grad
+
+    def step() -> tuple:
         if not backward:
             with torch.no_grad():
-                attention(q, k, v, **call)
-            return
+                return (attention(q, k, v, **call)[0],)
         for t in (q, k, v):
             t.requires_grad_(True)
             t.grad = None
-        if call.get("sink") is not None:
-            call["sink"].grad = None  # a learnable sink's
+        if learnable:
+            sink.grad = None
         out, _ = attention(q, k, v, **call)
         out.backward(dout)
+        return (out, q.grad, k.grad, v.grad, *((sink.grad,) if learnable else ()))
 
     return step
 
@@ -185,6 +192,8 @@ class RankMeasure:
             iterations, in GiB; ``None`` off CUDA.
         ref_flops: the FLOPs of one reference iteration.
         profile: the rank's ``profile.measure`` breakdown, or ``None`` (``spec.profile`` off).
+        cuda_graph: the timed iterations replayed a CUDA graph (``graphs.for_case``).
+        cuda_graph_note: how the replay matched eager, or why the rank ran eagerly.
     """
 
     time_ms: float
@@ -195,6 +204,8 @@ class RankMeasure:
     peak_reserved_gib: float | None
     ref_flops: float
     profile: dict | None
+    cuda_graph: bool = False
+    cuda_graph_note: str | None = None
 
 
 def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[], None], *, inputs: tuple,
@@ -214,12 +225,16 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
     # stay out of the figures.
     for _ in range(warmup):
         step()
+    # The bytes of one iteration, counted on an eager call: a graph's replay runs no Python.
+    with instruments.open(traffic=True) as inst:
+        step()
+    sent, received = inst.traffic.bytes_sent, inst.traffic.bytes_received
+    graph = graphs.for_case(spec.cuda_graph, step, device=device, world_size=spec.world_size,
+                            emulated=spec.emulate, group=group)
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    with instruments.open(traffic=True) as inst:
-        times = time_iterations(step, iters=iters, warmup=0, device=device, group=group)
-    sent, received = inst.traffic.bytes_sent / iters, inst.traffic.bytes_received / iters
+    times = time_iterations(graph.replay or step, iters=iters, warmup=0, device=device, group=group)
     peak_alloc = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
     peak_reserved = torch.cuda.max_memory_reserved(device) / GIB if cuda else None
     spans = profile.measure(step, iters=iters, device=device, group=group) if spec.profile else None
@@ -232,7 +247,8 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
                                 window=spec.window or None)
     return RankMeasure(time_ms=statistics.median(times), ref_time_ms=statistics.median(ref_times),
                        bytes_sent=sent, bytes_received=received, peak_allocated_gib=peak_alloc,
-                       peak_reserved_gib=peak_reserved, ref_flops=ref_flops, profile=spans)
+                       peak_reserved_gib=peak_reserved, ref_flops=ref_flops, profile=spans,
+                       cuda_graph=graph.replay is not None, cuda_graph_note=graph.check or graph.reason)
 
 
 def run_fields(spec: CaseSpec, variant, gathered: list[RankMeasure], *, device: torch.device, group=None,
@@ -278,6 +294,9 @@ def run_fields(spec: CaseSpec, variant, gathered: list[RankMeasure], *, device: 
         else None,
         # False: bytes_sent is null because it is not counted, not because nothing was sent.
         "bytes_counted": variant.traffic_counted,
+        # Every rank replayed its graph, or none did (graphs.for_case agrees across the ranks).
+        "cuda_graph": all(g.cuda_graph for g in gathered),
+        "cuda_graph_note": gathered[0].cuda_graph_note,
         **profile.record_fields([g.profile for g in gathered]),
     }
     # The datasheet's peak, else one measured in this launch (again before it refuses a result).

@@ -45,11 +45,13 @@ class Capture:
         reason: None when captured and checked; else one clause saying why the case runs eagerly.
         check: how the replay matched eager (``"bitwise"``, ``"within eager's own spread"``),
             or None when not captured.
+        outputs: the captured step's output tensors, which every replay overwrites.
     """
 
     replay: Callable[[], None] | None
     reason: str | None
     check: str | None = None
+    outputs: tuple = ()
 
 
 def _snapshot(outputs: Sequence[Tensor]) -> list[Tensor]:
@@ -110,4 +112,62 @@ def capture(step: Step, *, device: torch.device, warmup: int = 2) -> Capture:
     check = compare(_snapshot(outputs), eager, eager_again)
     if check is None:
         return Capture(None, "a replay's outputs differed from an eager call's on the same inputs")
-    return Capture(graph.replay, None, check)
+    return Capture(graph.replay, None, check, tuple(outputs))
+
+
+def _median_ms(fn: Callable[[], object], device: torch.device, n: int = 5) -> float:
+    times = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[n // 2]
+
+
+def _everyone_agrees(ok: bool, device: torch.device, group) -> bool:
+    """Whether every rank of ``group`` captured (one all-reduce; True alone in a process of one)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return ok
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+def for_case(choice: str, step: Step, *, device: torch.device, world_size: int, emulated: bool,
+             group=None) -> Capture:
+    """Whether a case's timed loop replays a graph, and the graph (``spec.cuda_graph``).
+
+    Args:
+        choice: ``"on"``, ``"off"`` or ``"auto"`` (``case/fields.py``'s ``cuda_graph``).
+        step: one iteration, returning its outputs (``bench.iteration``).
+        device: this rank's device.
+        world_size: ranks in the case; above 1 and not ``emulated``, a real NCCL run, which
+            ``auto`` leaves eager.
+        emulated: one process plays every rank (``run --emulate``): its transfers are device copies.
+        group: the process group, so that every rank of a real run agrees (any rank's failure
+            leaves them all eager).
+
+    Returns:
+        A :class:`Capture`. With ``auto``, a captured iteration is kept only when five replays
+        take less time (median) than five eager calls; else its reason gives both times.
+    """
+    if choice == "off":
+        return Capture(None, "--cuda-graph off")
+    if device.type != "cuda":
+        return Capture(None, f"{device.type} has no CUDA graphs")
+    if choice == "auto" and world_size > 1 and not emulated:
+        return Capture(None, "auto leaves a run with NCCL transfers eager (--cuda-graph on captures them)")
+    captured = capture(step, device=device)
+    if not _everyone_agrees(captured.replay is not None, device, group):
+        return captured if captured.replay is None else Capture(None, "another rank's capture failed")
+    if choice == "auto":
+        eager_ms, graph_ms = _median_ms(step, device), _median_ms(captured.replay, device)
+        if graph_ms >= eager_ms:
+            return Capture(None, f"auto measured the graph no faster ({graph_ms:.3f} ms against {eager_ms:.3f} ms "
+                                 "eager)")
+    return captured
