@@ -557,3 +557,18 @@ def test_tolerance_floor_in_float64_admits_the_variants_own_roundings():
     eps64 = torch.finfo(torch.float64).eps
     assert floor_for(torch.float64, 2.0, 4) == 4 * 4 * eps64 * 2.0
     assert floor_for(torch.float32, 2.0, 4) == 0.5 * torch.finfo(torch.float32).eps * 2.0
+
+
+def test_expand_kv_and_reduce_kv_are_a_gather_and_its_gradient():
+    """Expanded K/V serve query head h from kv head h // groups; reduce_kv is the gradient of that."""
+    from ringbench.variants.kernels.common import expand_kv, reduce_kv
+
+    k = torch.randn(2, 5, 3, 4, dtype=torch.float64, requires_grad=True)
+    wide = expand_kv(k, 4)
+    assert wide.shape == (2, 5, 12, 4)
+    assert all(torch.equal(wide[:, :, h], k[:, :, h // 4]) for h in range(12))
+    g = torch.randn_like(wide)
+    wide.backward(g)
+    assert torch.allclose(reduce_kv(g, 4), k.grad)
+    assert reduce_kv(g[0], 4).shape == (5, 3, 4)  # the packed form [S, H, D] too
+    assert expand_kv(k, 1) is k and reduce_kv(g, 1) is g

@@ -18,6 +18,18 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def expand_kv(x: Tensor, groups: int) -> Tensor:
+    """K or V ``[..., Hkv, D]`` with each head repeated ``groups`` times, ``[..., Hkv * groups, D]``,
+    for a kernel call that takes no GQA (head j serves query heads j*groups .. j*groups + groups - 1)."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=-2)
+
+
+def reduce_kv(dx: Tensor, groups: int) -> Tensor:
+    """The gradient of :func:`expand_kv`: ``[..., Hkv * groups, D]`` summed over each group to
+    ``[..., Hkv, D]``, in ``dx``'s dtype."""
+    return dx if groups == 1 else dx.unflatten(-2, (dx.shape[-2] // groups, groups)).sum(-2)
+
+
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be "

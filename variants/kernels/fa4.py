@@ -24,6 +24,8 @@ import math
 import torch
 from ringbench.errors import install_hint
 
+from .common import expand_kv, reduce_kv
+
 Tensor = torch.Tensor
 
 #: The distribution that provides ``flash_attn.cute``.
@@ -95,9 +97,8 @@ def _expanded_backward(call, q: Tensor, k: Tensor, v: Tensor):
         return call(k, v)
     _NOTES.add("flash-attn-4 backward: K/V expanded to the query heads, since its Hopper backward takes GQA "
                "only where head_dim_v equals head_dim")
-    dq, dk, dv = call(k.repeat_interleave(groups, dim=-2), v.repeat_interleave(groups, dim=-2))
-    return (dq, dk.unflatten(-2, (k.shape[-2], groups)).sum(-2).to(k.dtype),
-            dv.unflatten(-2, (v.shape[-2], groups)).sum(-2).to(v.dtype))
+    dq, dk, dv = call(expand_kv(k, groups), expand_kv(v, groups))
+    return dq, reduce_kv(dk, groups).to(k.dtype), reduce_kv(dv, groups).to(v.dtype)
 
 
 def backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,

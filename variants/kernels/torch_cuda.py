@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from .common import (Window, _check_shapes, _check_varlen, _cuda_unavailable, _empty_rows_to_neg_inf,
-                     _packed_positions, band_of)
+                     _packed_positions, band_of, expand_kv, reduce_kv)
 
 Tensor = torch.Tensor
 
@@ -115,17 +115,6 @@ def _torch_flash_backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqle
 
 # --------------------------------------------------------------------------- cudnn
 
-def _expand_kv(x: Tensor, groups: int) -> Tensor:
-    return x if groups == 1 else x.repeat_interleave(groups, dim=2)
-
-
-def _reduce_kv(dx: Tensor, groups: int) -> Tensor:
-    if groups == 1:
-        return dx
-    B, S, H, D = dx.shape
-    return dx.view(B, S, H // groups, groups, D).sum(3)
-
-
 #: Why PyTorch's cuDNN op refused native GQA (Hkv < Hq) in this process, by pass ("forward",
 #: "backward"); such calls then go through expanded K/V, and the records say so (``_cudnn_notes``).
 _CUDNN_GQA_REFUSED: dict[str, str] = {}
@@ -158,7 +147,7 @@ def _cudnn_forward(q, k, v, causal, softmax_scale):
             scale=softmax_scale)
 
     res = _cudnn_gqa("forward", groups, lambda: call(k, v),
-                     lambda: call(_expand_kv(k, groups), _expand_kv(v, groups)))
+                     lambda: call(expand_kv(k, groups), expand_kv(v, groups)))
     out, lse = res[0], res[1]
     B, Sq, Hq, _ = q.shape
     return out.transpose(1, 2), _empty_rows_to_neg_inf(lse.reshape(B, Hq, Sq).float())
@@ -180,8 +169,8 @@ def _cudnn_backward(dout, q, k, v, out, lse, causal, softmax_scale):
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
     def expanded():
-        dq, dk, dv = call(_expand_kv(k, groups), _expand_kv(v, groups))
-        return dq, _reduce_kv(dk, groups), _reduce_kv(dv, groups)
+        dq, dk, dv = call(expand_kv(k, groups), expand_kv(v, groups))
+        return dq, reduce_kv(dk, groups), reduce_kv(dv, groups)
 
     return _cudnn_gqa("backward", groups, lambda: call(k, v), expanded)
 
@@ -205,7 +194,7 @@ def _efficient_forward(q, k, v, causal, softmax_scale):
     groups = q.shape[2] // k.shape[2]
     # The memory-efficient SDPA op takes [B, H, S, D] views and no GQA: K/V go in expanded.
     out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q.transpose(1, 2), _expand_kv(k, groups).transpose(1, 2), _expand_kv(v, groups).transpose(1, 2),
+        q.transpose(1, 2), expand_kv(k, groups).transpose(1, 2), expand_kv(v, groups).transpose(1, 2),
         None, True, 0.0, causal, scale=softmax_scale)
     # Its lse is padded along the sequence (to a multiple of 32); keep the rows that exist.
     return out.transpose(1, 2), _empty_rows_to_neg_inf(lse[..., :q.shape[1]].float())
@@ -220,7 +209,7 @@ def _efficient_backward(dout, q, k, v, out, lse, causal, softmax_scale):
     padded = lse.new_zeros(B, Hq, -(-Sq // 32) * 32)
     padded[..., :Sq] = lse
     dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-        dout.transpose(1, 2), q.transpose(1, 2), _expand_kv(k, groups).transpose(1, 2),
-        _expand_kv(v, groups).transpose(1, 2), None, out.transpose(1, 2), padded, seed, offset, 0.0,
+        dout.transpose(1, 2), q.transpose(1, 2), expand_kv(k, groups).transpose(1, 2),
+        expand_kv(v, groups).transpose(1, 2), None, out.transpose(1, 2), padded, seed, offset, 0.0,
         [True, True, True, False], causal, scale=softmax_scale)
-    return dq.transpose(1, 2), _reduce_kv(dk.transpose(1, 2), groups), _reduce_kv(dv.transpose(1, 2), groups)
+    return dq.transpose(1, 2), reduce_kv(dk.transpose(1, 2), groups), reduce_kv(dv.transpose(1, 2), groups)
