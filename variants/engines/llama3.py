@@ -24,7 +24,7 @@ from .. import instruments
 from ..instruments import observe, timeline
 from ..kernels.common import accumulation_dtype, window_band
 from ..kernels import Kernel, as_kernel
-from ..kernels.common import merge_
+from .merge import add_steps, merge_step
 from .sinks import apply_sink, check_sink, sink_grad
 from .window import check_window
 
@@ -140,8 +140,8 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None)
                 b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale, **kw)
             if seen is not None:
                 seen.forward_block(rows, qh, b_out, b_lse)
-            with timeline.span("merge"):
-                merge_(out[:, rows, qh], lse[:, qh, rows], b_out, b_lse)
+            with timeline.span("merge"):  # in place: out is already float32
+                merge_step(out[:, :, qh], lse[:, qh], rows, b_out, b_lse, into=acc)
         saved.append((kg, vg))
         timeline.step("fwd", i + 1)
     return out, lse, saved
@@ -168,10 +168,9 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
                 seen.dq_block(rows, qh, g[0])
                 seen.gathered_dkv(layouts.every_rank_tokens(layout, kg.shape[1], world_size, k.device), keys, hs,
                                   g[1], g[2])
-            with timeline.span("merge"):
-                dq[:, rows, qh] += g[0]
-                dkg[:, keys] += g[1]
-                dvg[:, keys] += g[2]
+            with timeline.span("merge"):  # one launch on CUDA, in place into the float32 sums
+                add_steps([(dq[:, :, qh], rows, g[0], acc, None, None), (dkg, keys, g[1], acc, None, None),
+                           (dvg, keys, g[2], acc, None, None)])
         for full, local in ((dkg, dk), (dvg, dv)):
             local[:, :, hs] = reduce_scatter_shards(full, layout, group)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
