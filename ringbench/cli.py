@@ -244,6 +244,12 @@ def compare(
     fail_if: Optional[List[str]] = typer.Option(None, "--fail-if", help="Regression gate rule METRIC:[+-]N%: "
                                                 "tflops:-5% fails a case whose TFLOP/s drop more than 5%, "
                                                 "time:+5% one whose time grows more than 5%; repeat for several."),
+    beyond_spread: bool = typer.Option(False, "--beyond-spread", help="Regression gate: a crossed --fail-if rule "
+                                       "fails a case only where the candidate's p20-p80 range of the metric lies "
+                                       "wholly beyond the baseline's, on the worse side (else the verdict is 'ok "
+                                       "(within spread)'); for tflops and time, from records that hold the "
+                                       "quantiles (time_ms_p20, time_ms_p80); other cases are judged by the rule "
+                                       "alone. Default: the rule alone."),
 ) -> None:
     """Turn results into a pivot table, a plot, or a regression verdict (exit 1 on a regression)."""
     err = Console(stderr=True, soft_wrap=True)
@@ -260,15 +266,20 @@ def compare(
             if not (baseline and candidate):
                 raise SpecError("the regression gate needs both --baseline and --candidate; pass both")
             thresholds = [cmp.parse_threshold(t) for t in fail_if or []]
-            result = cmp.gate(baseline, candidate, thresholds, metric=metric, where=where)
+            if beyond_spread and not thresholds:
+                raise SpecError("--beyond-spread qualifies a --fail-if rule, and none was given; pass a rule such as "
+                                "--fail-if time:+5%")
+            result = cmp.gate(baseline, candidate, thresholds, metric=metric, where=where,
+                              beyond_spread=beyond_spread)
             if json_out:
                 sys.stdout.write("".join(line + "\n" for line in cmp.gate_json_lines(result)))
             else:
                 cmp.print_gate(result, Console())
             sys.stdout.flush()
             raise typer.Exit(EXIT_FAILED if result.regressions else EXIT_OK)
-        if fail_if:
-            raise SpecError("--fail-if needs --baseline and --candidate; pass the old and the new results")
+        if fail_if or beyond_spread:
+            given = "--fail-if" if fail_if else "--beyond-spread"
+            raise SpecError(f"{given} needs --baseline and --candidate; pass the old and the new results")
         for option, path, suffixes in (("--plot", plot, (".png", ".svg", ".pdf")), ("--markdown", markdown, ()),
                                        ("--to-parquet", to_parquet, ())):
             options.check_output(option, path, suffixes)

@@ -79,6 +79,8 @@ def test_cli_e2e_run_json_prints_one_record(tmp_path):
     assert record["status"] == "ok" and record["reason"] is None
     assert record["spec"]["seqlen"] == 4096 and record["spec"]["world_size"] == 2
     assert record["tflops_per_gpu"] > 0 and record["efficiency"] > 0 and record["bytes_sent"] > 0
+    assert record["time_ms_p20"] <= record["time_ms"] <= record["time_ms_p80"]  # the spread (issue 25)
+    assert record["timed_iters"] == record["ref_timed_iters"] == 3 and record["l2_flush_bytes"] is None
     assert record["env"]["torch"]
     assert record["merge_path"] == "torch"  # every CPU takes the engine's torch merges
     assert read_jsonl(tmp_path / "runs.jsonl") == [record]

@@ -462,3 +462,126 @@ def test_compare_peer_lists_name_every_peer_family_of_the_registry():
     pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
     lists = re.findall(r"[Pp]eers \((torch_cp[^)]*)\)", "\n".join(p.read_text(encoding="utf-8") for p in pages))
     assert lists and all(found == names for found in lists), lists
+
+
+# --------------------------------------------------------------------------- the spread (issue 25)
+
+#: CPU run records of this branch's ringbench, with the quantiles of the iteration times
+#: (tests/data/README.md says how they were made).
+SPREAD_RUNS = Path(__file__).resolve().parent / "data" / "timing-2026-12-02.runs.jsonl"
+_TIME_FIELDS = ("time_ms", "time_ms_p20", "time_ms_p80")
+
+
+def _spread_records() -> list[dict]:
+    return [json.loads(line) for line in SPREAD_RUNS.read_text().splitlines()]
+
+
+def _scaled(path: Path, factor: float) -> Path:
+    """The spread records with every iteration time of the variant ``factor`` times longer."""
+    records = _spread_records()
+    for r in records:
+        for name in _TIME_FIELDS:
+            r[name] *= factor
+        for name in ("per_rank_time_ms", "per_rank_time_ms_p20", "per_rank_time_ms_p80"):
+            r[name] = [t * factor for t in r[name]]
+        r["tflops_per_gpu"] /= factor
+        r["efficiency"] /= factor
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _ratios() -> list[float]:
+    """Each spread record's p80 / p20 of time: how far its p20-p80 range reaches."""
+    return [r["time_ms_p80"] / r["time_ms_p20"] for r in _spread_records()]
+
+
+def test_compare_shows_the_spread_of_records_that_have_it_and_none_for_older_ones():
+    result = runner.invoke(app, ["compare", str(SPREAD_RUNS), str(REAL_RUNS), "--metric", "time", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    spread = {r["time_ms"]: (r["time_ms_p20"], r["time_ms_p80"]) for r in _spread_records()}
+    with_spread = [r for r in rows if r["spread"]]
+    assert len(with_spread) == 2  # ring and zigzag of the new records; the old ones have none
+    for row in with_spread:
+        for x, (lo, hi) in row["spread"].items():
+            assert spread[row["values"][x]] == (lo, hi)
+    assert any(not r["spread"] and any(v is not None for v in r["values"].values()) for r in rows)
+
+    table = runner.invoke(app, ["compare", str(SPREAD_RUNS), str(REAL_RUNS), "--metric", "time"])
+    lines = table.stdout.splitlines()
+    ring = _spread_records()[0]
+    half = (ring["time_ms_p80"] - ring["time_ms_p20"]) / 2
+    assert any(f"{ring['time_ms']:.3f} ±{half:.3f}" in line for line in lines), table.stdout
+    assert "±: half the p20-p80 range of the iteration times" in table.stdout
+    old_rows = [line for line in lines if "llama3" in line or "zigzag_varlen" in line]
+    assert old_rows and not any("±" in line for line in old_rows)
+
+
+def test_compare_tflops_spread_is_derived_from_the_time_spread_and_drawn_as_error_bars(tmp_path):
+    loaded = compare.load_runs([SPREAD_RUNS])
+    p = compare.pivot(loaded.frame, metric="tflops")
+    r = _spread_records()[0]
+    cells = {v: s for (_, values), spreads in zip(p.rows(), p.spreads()) for v, s in zip(values, spreads)}
+    lo, hi = cells[r["tflops_per_gpu"]]
+    assert lo == pytest.approx(r["tflops_per_gpu"] * r["time_ms"] / r["time_ms_p80"])
+    assert hi == pytest.approx(r["tflops_per_gpu"] * r["time_ms"] / r["time_ms_p20"])
+    assert lo < r["tflops_per_gpu"] < hi
+    from matplotlib.container import ErrorbarContainer
+
+    fig = compare.plot(p, loaded.frame, tmp_path / "spread.png")
+    bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 2  # one per line (ring, zigzag), each over its two seqlens
+    old = compare.load_runs([REAL_RUNS])
+    assert not [c for ax in compare.plot(compare.pivot(old.frame), old.frame).axes for c in ax.containers
+                if isinstance(c, ErrorbarContainer)]
+    md = compare.pivot_markdown(p)
+    assert "±" in md and "±: half the p20-p80 range" in md
+
+
+@pytest.mark.parametrize("rule", ["time:+{}%", "tflops:-{}%"])
+def test_compare_gate_beyond_spread_passes_a_change_within_the_spread_and_fails_one_beyond_it(tmp_path, rule):
+    ratios = _ratios()
+    assert min(ratios) > 1.05  # CPU times: every record has a spread to stay within
+    within = _scaled(tmp_path / "within.jsonl", 1 + (min(ratios) - 1) / 2)  # below every p80 / p20
+    beyond = _scaled(tmp_path / "beyond.jsonl", max(ratios) * 1.1)  # every candidate p20 past the base's p80
+    limit = f"{(min(ratios) - 1) / 4 * 100:.2f}"  # both changes cross it
+    args = ["compare", "--baseline", str(SPREAD_RUNS), "--fail-if", rule.format(limit), "--json"]
+
+    def rows(candidate: Path, *extra: str) -> tuple[int, list[dict]]:
+        result = runner.invoke(app, [*args, "--candidate", str(candidate), *extra])
+        return result.exit_code, [json.loads(line) for line in result.stdout.splitlines()]
+
+    metric = rule.split(":")[0]
+    code, found = rows(within)
+    assert code == 1 and all(r["regressed"] for r in found)  # the rule alone calls noise a regression
+    code, found = rows(within, "--beyond-spread")
+    assert code == 0 and len(found) == 4 and not any(r["regressed"] for r in found), found
+    assert {r[metric]["verdict"] for r in found} == {"ok (within spread)"}
+    assert all(r[metric]["baseline_spread"] and r[metric]["candidate_spread"] for r in found)
+    code, found = rows(beyond, "--beyond-spread")
+    assert code == 1 and len(found) == 4 and all(r["regressed"] for r in found), found
+    assert {r[metric]["verdict"] for r in found} == {"REGRESSED"}
+
+    table = runner.invoke(app, [*args[:-1], "--candidate", str(within), "--beyond-spread"])
+    assert "beyond the p20-p80 spread" in table.stdout and "ok (within spread)" in table.stdout
+    assert "±" in table.stdout
+
+
+def test_compare_gate_beyond_spread_judges_records_without_quantiles_by_the_rule_alone(slower):
+    result = runner.invoke(app, ["compare", "--baseline", str(REAL_RUNS), "--candidate", str(slower),
+                                 "--fail-if", "time:+5%", "--beyond-spread", "--json"])
+    assert result.exit_code == 1, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 3 and all(r["regressed"] and r["time"]["baseline_spread"] is None for r in rows)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--baseline", str(SPREAD_RUNS), "--candidate", str(SPREAD_RUNS), "--beyond-spread"],
+     "--beyond-spread qualifies a --fail-if rule, and none was given; pass a rule such as --fail-if time:+5%"),
+    ([str(SPREAD_RUNS), "--beyond-spread"],
+     "--beyond-spread needs --baseline and --candidate; pass the old and the new results"),
+])
+def test_compare_beyond_spread_without_a_gate_rule_exits_2(args, message):
+    result = runner.invoke(app, ["compare", *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == message

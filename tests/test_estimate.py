@@ -107,6 +107,13 @@ def test_estimate_grows_with_the_flops_and_counts_each_launch(machine):
     assert est.total_s == pytest.approx(sum(est.case_s) + sum(est.launch_s.values()))
 
 
+def test_estimate_a_time_budget_adds_itself_for_the_variant_and_the_reference(machine):
+    def case(**given):
+        return build.cases_for("run", {"variant": ["zigzag"], "device": "cpu", "seqlen": 4096, **given})[0][0]
+
+    assert estimate.case_seconds(case(min_time_ms=1500)) == pytest.approx(estimate.case_seconds(case()) + 3.0)
+
+
 def test_estimate_eta_shows_from_the_first_case_and_follows_the_pace():
     cases = build.cases_for("run", {"variant": ["ring", "zigzag"], "device": "cpu", "seqlen": 1024})[0]
     est = estimate.Estimate(case_s=[10.0, 10.0], launch_s={(2, "cpu"): 5.0})

@@ -205,10 +205,14 @@ def test_emulate_case_gives_compute_time_per_rank_and_its_bound(solo_group):
     from ringbench.rank.emulation import emulate_case
 
     spec = _spec(world_size=4, seqlen=256, heads=2, kv_heads=1, head_dim=16, iters=2, warmup=1, emulate=True,
-                 profile=True)
+                 profile=True, min_time_ms=5)
     fields = emulate_case(spec, device=torch.device("cpu"))
     assert fields["emulated"] is True and len(fields["per_rank_compute_ms"]) == 4
     assert fields["time_ms"] == max(fields["per_rank_compute_ms"])
+    # The spread of each emulated rank's own loop, which ran until its own budget was spent.
+    assert fields["time_ms_p20"] == max(fields["per_rank_time_ms_p20"]) <= fields["time_ms"]
+    assert fields["time_ms_p80"] == max(fields["per_rank_time_ms_p80"]) >= fields["time_ms"]
+    assert len(fields["per_rank_time_ms_p80"]) == 4 and fields["timed_iters"] >= 2
     assert fields["efficiency_bound"] == fields["efficiency"] > 0
     assert fields["bytes_sent"] > 0 and fields["bus_gib_s"] is None
     ranks = fields["profile"]["per_rank"]

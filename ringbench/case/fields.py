@@ -308,8 +308,9 @@ class Field:
         default_text: how the help states the default when the values alone would not say it.
         label: how a table or progress bar names a value, a format such as ``W={}``;
             ``None``: the value itself.
-        in_case_id: part of ``case_id`` (iters, warmup and seed are not: they do not change
-            what is computed, only how often and on which numbers).
+        in_case_id: part of ``case_id`` (iters, warmup, seed and min_time_ms are not: they do
+            not change what is computed or measured, only how often and on which numbers;
+            flush_l2 is, as a cold L2 is another measurement).
         optional: added after the first records were written: left out of ``case_id`` at its
             default, so the ids of older records stay what they were.
         commands: the commands that take it as an option.
@@ -490,7 +491,7 @@ class CaseSpec:
                                       "torch-efficient); runs at least 2 repeats", False, False, default_text="off",
                                       in_case_id=False, optional=True, commands=("verify",),
                                       flag="--require-deterministic")
-    profile: bool = row("after the timed iterations, run as many again with a span around every kernel call, merge "
+    profile: bool = row("after the timed iterations, run --iters more with a span around every kernel call, merge "
                         "and communication wait, per rank and per step (CUDA events, read after the iterations; "
                         "perf_counter on cpu): records gain profile, per_rank_busy_ms and busy_imbalance, the command "
                         "prints a breakdown per rank (kernel, merge, exposed communication, other) and writes "
@@ -508,6 +509,18 @@ class CaseSpec:
                           "1 on cuda; eager on cpu and for NCCL runs); records say cuda_graph true or false with "
                           "the reason", "auto", "auto", optional=True, commands=("run",),
                           check=_one_of(lambda: CUDA_GRAPH_CHOICES))
+    min_time_ms: int = row("a time budget for the timed loop, in ms: after --iters iterations, go on timing until "
+                           "every rank's timed iterations add up to this many ms (the ranks agree on each extension "
+                           "by gathering the iterations each still needs and running the most, so all run the same "
+                           "count and the same collectives); the reference is timed the same way, and records give "
+                           "the counts run (timed_iters, ref_timed_iters); 0: --iters alone", 0, 0,
+                           default_text="--iters alone", in_case_id=False, optional=True, commands=("run",),
+                           check=_ZERO_OR_MORE)
+    flush_l2: bool = row("before every timed iteration of the variant and of the reference, outside the timing, "
+                         "write a buffer of twice the GPU's L2 cache (at least 64 MiB), so each iteration starts "
+                         "with a cold L2; its bytes are left out of peak_allocated_gib and given as l2_flush_bytes; "
+                         "cuda only (refused on cpu)", False, False, default_text="off", optional=True,
+                         commands=("run",), flag="--flush-l2")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form records hold, field order as in the table."""

@@ -143,8 +143,9 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
 
     Checks every field and the rules across them (see :func:`check_fields`: ``heads % kv_heads
     == 0``, the padding, the per-document multiple, the variant's seqlen, head and mask rules),
-    the rest of the documents' rules, GQA support, the GPU count on cuda, and, for a named kernel
-    (not ``auto``), that it exists, runs on ``spec.device`` and takes the head dim and dtype.
+    the rest of the documents' rules, GQA support, ``flush_l2`` on cuda only, the GPU count on
+    cuda, and, for a named kernel (not ``auto``), that it exists, runs on ``spec.device`` and
+    takes the head dim and dtype.
     Whether the kernel is available on this machine is :func:`resolve`'s job.
 
     Args:
@@ -171,6 +172,9 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
         raise SpecError(f"sink {spec.sink!r} is not emulated: its gradient is summed over the ranks by a collective "
                         "(an all-reduce), which one process cannot play; drop --emulate, or pass --sink off-by-one "
                         "(no gradient) or --sink none")
+    if spec.flush_l2 and spec.device != "cuda":
+        raise SpecError(f"flush_l2 writes a buffer larger than a GPU's L2 cache between timed iterations, and device "
+                        f"{spec.device} has no L2 that ringbench flushes; drop --flush-l2 or pass --device cuda")
     if spec.hf_model and (spec.sink != "none" or spec.doc_pad):
         given = f"sink {spec.sink!r}" if spec.sink != "none" else f"doc_pad {spec.doc_pad}"
         raise SpecError(f"{given} is not checked with --model, whose Llama has neither sinks nor padded documents; "

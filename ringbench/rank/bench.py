@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import statistics
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -24,34 +24,122 @@ GIB = 1024 ** 3
 # ringbench/rank/peaks.py. A result above it is an error, not a result (refusal).
 
 
-def time_iterations(fn: Callable[[], None], *, iters: int, warmup: int, device: torch.device,
-                    group=None) -> list[float]:
-    """Time ``fn`` ``iters`` times after ``warmup`` untimed calls; per-iteration times in ms.
+#: The quantiles a record keeps of each rank's iteration times: p20, p50 (the median) and p80,
+#: as triton.testing.do_bench and MagiAttention report them (docs/methodology.md, Timing).
+QUANTILES = (0.2, 0.5, 0.8)
+#: The least buffer ``--flush-l2`` writes, in bytes, whatever L2 size the device reports.
+MIN_FLUSH_BYTES = 64 * 1024 ** 2
+#: The caching allocator's block of large allocations: a flush buffer of whole blocks is
+#: exactly the bytes it adds to ``max_memory_allocated``.
+_ALLOCATOR_BLOCK = 2 * 1024 ** 2
+
+
+def quantiles(times: list[float]) -> tuple[float, float, float]:
+    """The p20, p50 and p80 of ``times`` (:data:`QUANTILES`), by ``torch.quantile``'s linear
+    interpolation between order statistics (p50 is then the median, the mean of the middle two
+    of an even count; one time is all three).
+
+    Args:
+        times: per-iteration times in ms, at least one.
+
+    Returns:
+        ``(p20, p50, p80)`` in ms.
+    """
+    found = torch.quantile(torch.tensor(times, dtype=torch.float64), torch.tensor(QUANTILES, dtype=torch.float64))
+    p20, p50, p80 = found.tolist()
+    return p20, p50, p80
+
+
+def l2_flush(device: torch.device) -> tuple[Callable[[], None], int]:
+    """The flush of ``--flush-l2``: a callable that writes a buffer of twice the L2 cache of
+    ``device`` (at least :data:`MIN_FLUSH_BYTES`, in whole allocator blocks), so the next
+    iteration finds none of its data in L2, and the buffer's size in bytes.
+
+    The buffer is allocated here, once, and lives as long as the callable. It is written, not
+    read, as a write-back L2 takes in every line written, evicting the lines held before.
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device (``spec.validate`` refuses ``flush_l2``
+            on cpu before any process starts).
+    """
+    if device.type != "cuda":
+        raise ValueError(f"flush_l2 needs a cuda device, not {device}; drop --flush-l2 on cpu")
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    nbytes = -(-max(2 * l2, MIN_FLUSH_BYTES) // _ALLOCATOR_BLOCK) * _ALLOCATOR_BLOCK
+    buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return buffer.zero_, nbytes
+
+
+def time_iterations(fn: Callable[[], None], *, iters: int, warmup: int, device: torch.device, group=None,
+                    min_time_ms: float = 0, flush: Callable[[], None] | None = None) -> list[float]:
+    """Time ``fn`` at least ``iters`` times after ``warmup`` untimed calls; per-iteration times in ms.
 
     Every timed iteration starts after a barrier, so all ranks time the same ring step. CUDA
     events time the device; on CPU ``time.perf_counter`` runs after the call has returned.
+
+    With ``min_time_ms``, the loop goes on past ``iters`` until this rank's times add up to
+    ``min_time_ms``, in rounds: each rank works out how many more iterations its mean so far
+    says it needs, the ranks gather those counts (an object collective, which the traffic
+    counters do not see) and every rank runs the largest, until none needs more. So every rank
+    runs the same count, and the same collectives, whatever its own speed.
+
+    Args:
+        fn: one iteration.
+        iters: the fewest timed iterations, at least 1.
+        warmup: untimed calls first.
+        device: where ``fn`` runs.
+        group: the process group whose ranks time together (default: the world, when one is
+            initialised; none: this process alone).
+        min_time_ms: the time budget in ms; 0: ``iters`` exactly.
+        flush: called before each timed iteration's barrier, outside the timing (``l2_flush``).
+
+    Returns:
+        The times of the timed iterations, in ms, in order; the same count on every rank.
+
+    Source: the time budget of ``triton.testing.do_bench`` (its ``rep``), issue 25.
     """
     for _ in range(warmup):
         fn()
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
-    times = []
-    for _ in range(iters):
-        if group is not None or dist.is_initialized():
-            dist.barrier(group=group)
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+    together = group is not None or dist.is_initialized()
+    times: list[float] = []
+    more = iters
+    while more:
+        for _ in range(more):
+            if flush is not None:
+                flush()
+            if together:
+                dist.barrier(group=group)
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        more = _more_iterations(times, min_time_ms, group if together else False)
     return times
+
+
+def _more_iterations(times: list[float], min_time_ms: float, group) -> int:
+    """How many more iterations every rank runs so that each rank's ``times`` add up to
+    ``min_time_ms``: the most any rank needs by its mean so far (``group`` False: this
+    process alone)."""
+    if not min_time_ms:
+        return 0
+    spent = sum(times)
+    need = 0 if spent >= min_time_ms else math.ceil((min_time_ms - spent) / max(spent / len(times), 1e-6))
+    if group is False:
+        return need
+    needs: list[int] = [0] * dist.get_world_size(group)
+    dist.all_gather_object(needs, need, group=group)
+    return max(needs)
 
 
 def _random(shape, dtype, device, gen) -> torch.Tensor:
@@ -185,11 +273,17 @@ class RankMeasure:
     per rank, gathered in rank order (they travel by pickle, so they hold plain numbers and dicts).
 
     Attributes:
-        time_ms: the median of the variant's timed iterations, in ms.
-        ref_time_ms: the median of the reference's (the same kernel on the rank's share), in ms.
+        time_ms, time_ms_p20, time_ms_p80: the p50 (median), p20 and p80 of the variant's
+            timed iterations (:func:`quantiles`), in ms.
+        ref_time_ms, ref_time_ms_p20, ref_time_ms_p80: the same of the reference's (the same
+            kernel on the rank's share), in ms.
+        timed_iters, ref_timed_iters: the iterations timed, of the variant and of the
+            reference (``spec.iters``, or more under ``spec.min_time_ms``).
         bytes_sent, bytes_received: bytes this rank's counted transfers moved per iteration.
         peak_allocated_gib, peak_reserved_gib: the device's peak memory over the timed
-            iterations, in GiB; ``None`` off CUDA.
+            iterations, in GiB, the flush buffer left out of the allocated figure;
+            ``None`` off CUDA.
+        l2_flush_bytes: the bytes of the ``--flush-l2`` buffer, or ``None`` without it.
         ref_flops: the FLOPs of one reference iteration.
         profile: the rank's ``profile.measure`` breakdown, or ``None`` (``spec.profile`` off).
         cuda_graph: the timed iterations replayed a CUDA graph (``graphs.for_case``).
@@ -197,11 +291,18 @@ class RankMeasure:
     """
 
     time_ms: float
+    time_ms_p20: float
+    time_ms_p80: float
     ref_time_ms: float
+    ref_time_ms_p20: float
+    ref_time_ms_p80: float
+    timed_iters: int
+    ref_timed_iters: int
     bytes_sent: float
     bytes_received: float
     peak_allocated_gib: float | None
     peak_reserved_gib: float | None
+    l2_flush_bytes: int | None
     ref_flops: float
     profile: dict | None
     cuda_graph: bool = False
@@ -212,14 +313,17 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
                  device: torch.device, group, ref_docs: list[int] | None, local: int) -> RankMeasure:
     """Time one rank's iterations, its reference and (``spec.profile``) its spans.
 
-    ``inputs`` (q, k, v) lose their grads before the reference runs.
+    Both timed loops follow ``spec.iters`` and ``spec.min_time_ms`` (:func:`time_iterations`)
+    and, with ``spec.flush_l2``, flush L2 before every iteration; the profile pass runs
+    ``spec.iters`` iterations, unflushed. ``inputs`` (q, k, v) lose their grads before the
+    reference runs.
 
     Returns:
         This rank's :class:`RankMeasure`.
     """
     from ringbench.rank import profile
 
-    iters, warmup = spec.iters, spec.warmup
+    iters, warmup, budget = spec.iters, spec.warmup, spec.min_time_ms
     cuda = device.type == "cuda"
     # Warm up before opening the counters, so allocator growth and traffic of the warm-up
     # stay out of the figures.
@@ -231,24 +335,33 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
     sent, received = inst.traffic.bytes_sent, inst.traffic.bytes_received
     graph = graphs.for_case(spec.cuda_graph, step, device=device, world_size=spec.world_size,
                             emulated=spec.emulate, group=group)
+    # Allocated before the peak counters are reset, so it is in every figure of the window,
+    # and exactly its bytes come off the allocated one.
+    flush, flush_bytes = l2_flush(device) if spec.flush_l2 else (None, None)
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    times = time_iterations(graph.replay or step, iters=iters, warmup=0, device=device, group=group)
-    peak_alloc = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
+    times = time_iterations(graph.replay or step, iters=iters, warmup=0, device=device, group=group,
+                            min_time_ms=budget, flush=flush)
+    peak_alloc = (torch.cuda.max_memory_allocated(device) - (flush_bytes or 0)) / GIB if cuda else None
     peak_reserved = torch.cuda.max_memory_reserved(device) / GIB if cuda else None
     spans = profile.measure(step, iters=iters, device=device, group=group) if spec.profile else None
     for t in inputs:
         t.grad = None
         t.requires_grad_(False)
-    ref_times = time_iterations(reference, iters=iters, warmup=warmup, device=device, group=group)
+    ref_times = time_iterations(reference, iters=iters, warmup=warmup, device=device, group=group,
+                                min_time_ms=budget, flush=flush)
     ref_flops = attention_flops(batch=spec.batch, seqlen=local, heads=spec.heads, head_dim=spec.head_dim,
                                 causal=spec.causal, mode=spec.mode, docs=ref_docs, head_dim_v=spec.value_head_dim(),
                                 window=spec.window or None)
-    return RankMeasure(time_ms=statistics.median(times), ref_time_ms=statistics.median(ref_times),
+    p20, p50, p80 = quantiles(times)
+    ref_p20, ref_p50, ref_p80 = quantiles(ref_times)
+    return RankMeasure(time_ms=p50, time_ms_p20=p20, time_ms_p80=p80, ref_time_ms=ref_p50, ref_time_ms_p20=ref_p20,
+                       ref_time_ms_p80=ref_p80, timed_iters=len(times), ref_timed_iters=len(ref_times),
                        bytes_sent=sent, bytes_received=received, peak_allocated_gib=peak_alloc,
-                       peak_reserved_gib=peak_reserved, ref_flops=ref_flops, profile=spans,
-                       cuda_graph=graph.replay is not None, cuda_graph_note=graph.check or graph.reason)
+                       peak_reserved_gib=peak_reserved, l2_flush_bytes=flush_bytes, ref_flops=ref_flops,
+                       profile=spans, cuda_graph=graph.replay is not None,
+                       cuda_graph_note=graph.check or graph.reason)
 
 
 def run_fields(spec: CaseSpec, variant, gathered: list[RankMeasure], *, device: torch.device, group=None,
@@ -265,6 +378,8 @@ def run_fields(spec: CaseSpec, variant, gathered: list[RankMeasure], *, device: 
 
     world_size, cuda = spec.world_size, device.type == "cuda"
     per_rank = [g.time_ms for g in gathered]
+    per_rank_p20, per_rank_p80 = [g.time_ms_p20 for g in gathered], [g.time_ms_p80 for g in gathered]
+    # Each quantile of the slowest rank at it: a ring is only as fast as its straggler.
     time_ms = max(per_rank)
     slowest_ref = max(gathered, key=lambda g: g.ref_time_ms)
     ref_ms, ref_flops = slowest_ref.ref_time_ms, slowest_ref.ref_flops
@@ -278,16 +393,26 @@ def run_fields(spec: CaseSpec, variant, gathered: list[RankMeasure], *, device: 
     max_sent = max(g.bytes_sent for g in gathered) if variant.traffic_counted else None
     fields = {
         "time_ms": time_ms,
+        "time_ms_p20": max(per_rank_p20),
+        "time_ms_p80": max(per_rank_p80),
         "per_rank_time_ms": per_rank,
+        "per_rank_time_ms_p20": per_rank_p20,
+        "per_rank_time_ms_p80": per_rank_p80,
+        # The same on every rank of a real run; emulated ranks each run their own loop.
+        "timed_iters": min(g.timed_iters for g in gathered),
         "imbalance": time_ms / min(per_rank) if min(per_rank) > 0 else None,
         "flops_convention": "flash-attn",
         "flops_per_gpu": flops_per_gpu,
         "tflops_per_gpu": tflops,
         "ref_time_ms": ref_ms,
+        "ref_time_ms_p20": slowest_ref.ref_time_ms_p20,
+        "ref_time_ms_p80": slowest_ref.ref_time_ms_p80,
+        "ref_timed_iters": min(g.ref_timed_iters for g in gathered),
         "ref_tflops": ref_tflops,
         "efficiency": tflops / ref_tflops if ref_tflops > 0 else None,
         "peak_allocated_gib": max(g.peak_allocated_gib for g in gathered) if cuda else None,
         "peak_reserved_gib": max(g.peak_reserved_gib for g in gathered) if cuda else None,
+        "l2_flush_bytes": gathered[0].l2_flush_bytes,
         "bytes_sent": int(max_sent) if max_sent is not None else None,
         "bytes_received": int(max(g.bytes_received for g in gathered)) if max_sent is not None else None,
         "bus_gib_s": max_sent / GIB / (time_ms * 1e-3) if world_size > 1 and max_sent is not None and not emulated

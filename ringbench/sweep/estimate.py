@@ -5,7 +5,8 @@ device's rate, plus a little per case and a start-up per launch:
 
 - ``run``: (iters + warmup) times the whole sequence's FLOPs, plus the reference (the same
   kernel on one rank's share, ``1 / world_size`` of that), at the rate of the whole machine
-  (on CPU the ranks share its cores);
+  (on CPU the ranks share its cores), and, under ``--min-time-ms``, that budget twice more (the
+  variant's loop and the reference's each run until it is spent), per emulated rank in turn;
 - ``verify``: the variant and the context-parallel check (twice the FLOPs, spread over the
   ranks), then rank 0 alone runs the single-device kernel and the float64 reference over the
   whole sequence (three times the FLOPs, float64 counted double) on its share of the cores;
@@ -149,6 +150,11 @@ def rate(case) -> float:
     return cpu_matmul_rate() * CPU_ATTENTION_EFFICIENCY
 
 
+def _budget_s(case) -> float:
+    """Seconds ``--min-time-ms`` may add to a run case: its budget, for the variant and the reference."""
+    return 2 * getattr(case, "min_time_ms", 0) / 1e3
+
+
 def case_seconds(case) -> float:
     """The estimated wall-clock seconds of one case (the module docstring says how)."""
     r = rate(case)
@@ -158,10 +164,11 @@ def case_seconds(case) -> float:
         per_gpu = flops / w  # every rank on its own GPU
         if case.task == "run":
             turns = w // launch_world_size(case)  # emulated: one GPU runs every rank in turn
-            return CASE_OVERHEAD_S + (case.iters + case.warmup) * turns * (per_gpu + flops / w ** 2) / r
+            return (CASE_OVERHEAD_S + (case.iters + case.warmup) * turns * (per_gpu + flops / w ** 2) / r
+                    + _budget_s(case) * turns)
         seconds = CASE_OVERHEAD_S + 2 * per_gpu / r + 3 * flops / r * (2 if case.dtype == "fp64" else 1)
     elif case.task == "run":
-        seconds = CASE_OVERHEAD_S + (case.iters + case.warmup) * flops * (1 + 1 / w) / r
+        seconds = CASE_OVERHEAD_S + (case.iters + case.warmup) * flops * (1 + 1 / w) / r + _budget_s(case)
     else:
         share = max(1, usable_cores() // w) / usable_cores()  # rank 0's threads of the machine
         seconds = CASE_OVERHEAD_S + 2 * flops / r + 3 * flops / (r * share)

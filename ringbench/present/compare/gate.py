@@ -5,18 +5,24 @@ side's latest record of a case whatever its status. A threshold such as ``tflops
 a matched case whose TFLOP/s dropped by more than 5%; ``time:+5%`` one whose time grew by more
 than 5%. A case ok in the baseline that is not ok in the candidate (oom, timeout, error) fails
 too. Cases found on one side only are listed and never fail the gate.
+
+With ``beyond_spread`` (``--beyond-spread``), a crossed rule fails a case only where the two
+sides' p20-p80 ranges (``metrics.spread_of``) do not overlap, the candidate's lying wholly on the
+worse side: a change within the noise of the iteration times is reported ``ok (within spread)``.
+A case where either side lacks the quantiles (records written before them, efficiency, memory)
+is judged by the rule alone.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from ringbench.present.compare.load import latest_records, python_value, varying_fields
-from ringbench.present.compare.metrics import METRICS, Metric, get_metric
+from ringbench.present.compare.metrics import METRICS, Metric, get_metric, spread_of
 from ringbench.errors import CompareError
 from ringbench.present.formatting import MISSING
 
@@ -39,6 +45,12 @@ class Threshold:
     def regressed(self, change_pct: float) -> bool:
         """Whether a change (in %) goes past the limit."""
         return change_pct < self.limit_pct if self.limit_pct < 0 else change_pct > self.limit_pct
+
+    def beyond_spread(self, baseline: tuple[float, float], candidate: tuple[float, float]) -> bool:
+        """Whether the candidate's ``(p20, p80)`` lies wholly on the worse side of the baseline's."""
+        if self.metric.higher_is_better:
+            return candidate[1] < baseline[0]
+        return candidate[0] > baseline[1]
 
 
 _THRESHOLD_RE = re.compile(r"\s*([a-z_]+)\s*:\s*([+-])\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*")
@@ -85,9 +97,12 @@ class GateRow:
         case_id: the case.
         fields: its varying spec fields (short names).
         values: metric name -> (baseline, candidate, change in %); None where not comparable.
-        verdicts: metric name -> ``ok``, ``REGRESSED``, ``n/a`` (no value to compare), ``-``
+        verdicts: metric name -> ``ok``, ``ok (within spread)`` (``--beyond-spread``: the rule
+            was crossed within the spread), ``REGRESSED``, ``n/a`` (no value to compare), ``-``
             (no rule on this metric), or a status such as ``REGRESSED: candidate oom``.
         regressed: whether the case fails the gate.
+        spreads: metric name -> (baseline's, candidate's) ``(p20, p80)``, each None where that
+            record has none.
     """
 
     case_id: str
@@ -95,6 +110,7 @@ class GateRow:
     values: dict[str, tuple[Any, Any, Any]]
     verdicts: dict[str, str]
     regressed: bool
+    spreads: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,6 +123,7 @@ class GateResult:
         fields: the case fields shown (those that vary).
         metrics: the metrics shown.
         thresholds: the rules applied.
+        beyond_spread: whether a crossed rule needs the spreads apart too (module docstring).
     """
 
     rows: list[GateRow]
@@ -115,6 +132,7 @@ class GateResult:
     fields: list[str]
     metrics: list[Metric]
     thresholds: list[Threshold]
+    beyond_spread: bool = False
 
     @property
     def regressions(self) -> int:
@@ -122,9 +140,11 @@ class GateResult:
         return sum(r.regressed for r in self.rows)
 
 
-def _verdict(change: float | None, base_status: Any, cand_status: Any, rule: Threshold | None) -> tuple[str, bool]:
+def _verdict(change: float | None, base_status: Any, cand_status: Any, rule: Threshold | None,
+             spreads: tuple[Any, Any] | None = None) -> tuple[str, bool]:
     """(verdict, regressed) of one metric of a matched case: its change in %, the statuses of
-    both sides, and the rule on the metric (None: no rule); see :class:`GateRow`."""
+    both sides, the rule on the metric (None: no rule) and, under ``--beyond-spread``, both
+    sides' ``(p20, p80)`` (None: the rule alone); see :class:`GateRow`."""
     if base_status != "ok":
         return f"baseline {base_status}: not compared", False
     if cand_status != "ok":
@@ -134,12 +154,14 @@ def _verdict(change: float | None, base_status: Any, cand_status: Any, rule: Thr
     if change is None:
         return "n/a", False
     if rule.regressed(change):
+        if spreads is not None and None not in spreads and not rule.beyond_spread(*spreads):
+            return "ok (within spread)", False
         return "REGRESSED", True
     return "ok", False
 
 
 def gate(baseline: Sequence[Path | str], candidate: Sequence[Path | str], thresholds: Sequence[Threshold], *,
-         metric: str = "tflops", where: str | None = None) -> GateResult:
+         metric: str = "tflops", where: str | None = None, beyond_spread: bool = False) -> GateResult:
     """Compare a candidate's run records with a baseline's, case by case.
 
     Args:
@@ -147,6 +169,8 @@ def gate(baseline: Sequence[Path | str], candidate: Sequence[Path | str], thresh
         thresholds: the ``--fail-if`` rules; none: only the changes of ``metric`` are shown.
         metric: the metric shown when there is no threshold.
         where: a pandas query applied to both sides.
+        beyond_spread: a crossed rule fails a case only where the sides' p20-p80 ranges are
+            apart, the candidate's on the worse side (module docstring).
 
     Returns:
         A :class:`GateResult`.
@@ -180,18 +204,20 @@ def gate(baseline: Sequence[Path | str], candidate: Sequence[Path | str], thresh
             continue
         values: dict[str, tuple[Any, Any, Any]] = {}
         verdicts: dict[str, str] = {}
+        spreads: dict[str, tuple[Any, Any]] = {}
         regressed = False
         for m in metrics:
             bv, cv = python_value(b.get(m.column)), python_value(c.get(m.column))
             comparable = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (bv, cv)) and bv != 0
             values[m.name] = (bv, cv, (cv - bv) / abs(bv) * 100 if comparable else None)
+            spreads[m.name] = (spread_of(m, b), spread_of(m, c))
             verdicts[m.name], failed = _verdict(values[m.name][2], b.get("status"), c.get("status"),
-                                                rules.get(m.name))
+                                                rules.get(m.name), spreads[m.name] if beyond_spread else None)
             regressed = regressed or failed
         if b.get("status") == "ok" and c.get("status") == "ok":
             both_ok.append(len(rows))
         rows.append(GateRow(case_id=c["case_id"], fields=info(c), values=values, verdicts=verdicts,
-                            regressed=regressed))
+                            regressed=regressed, spreads=spreads))
     cand_ids = set(cand["case_id"])
     only_baseline = [(row["case_id"], info(row)) for _, row in base.iterrows() if row["case_id"] not in cand_ids]
     if not rows:
@@ -211,7 +237,7 @@ def gate(baseline: Sequence[Path | str], candidate: Sequence[Path | str], thresh
     only_baseline.sort(key=lambda c: order(c[1]))
     only_candidate.sort(key=lambda c: order(c[1]))
     return GateResult(rows=rows, only_baseline=only_baseline, only_candidate=only_candidate, fields=fields,
-                      metrics=metrics, thresholds=list(thresholds))
+                      metrics=metrics, thresholds=list(thresholds), beyond_spread=beyond_spread)
 
 
 def _sort_key(value: Any) -> tuple:

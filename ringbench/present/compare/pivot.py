@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ringbench.present.compare.load import check_columns, python_value, varying_fields
-from ringbench.present.compare.metrics import Metric, get_metric
+from ringbench.present.compare.metrics import Metric, get_metric, spread_of
 from ringbench.errors import CompareError
 from ringbench.case.fields import VARIANT_OPTIONS
 
@@ -34,6 +34,8 @@ class Pivot:
         index: the row fields: panel fields, then ``by``, then other fields that vary.
         panels: the panel fields among ``index``.
         lines: the fields that name a line within a panel.
+        low, high: the p20 and p80 of each cell (``metrics.spread_of``), shaped as ``table``;
+            NaN where the record has no spread.
     """
 
     table: "pandas.DataFrame"
@@ -42,6 +44,8 @@ class Pivot:
     index: list[str]
     panels: list[str]
     lines: list[str]
+    low: "pandas.DataFrame | None" = None
+    high: "pandas.DataFrame | None" = None
 
     def rows(self) -> list[tuple[list[Any], list[Any]]]:
         """(index values, metric values) per row, as plain Python values (None: not measured)."""
@@ -49,6 +53,19 @@ class Pivot:
         for key, values in self.table.iterrows():
             key = key if isinstance(key, tuple) else (key,)
             out.append(([python_value(k) for k in key], [python_value(v) for v in values]))
+        return out
+
+    def spreads(self) -> list[list[tuple[float, float] | None]]:
+        """Per row of :meth:`rows`, per column, the cell's ``(p20, p80)``, or None without one."""
+        if self.low is None or self.high is None:
+            return [[None] * len(self.table.columns) for _ in range(len(self.table))]
+        out = []
+        for (_, lows), (_, highs) in zip(self.low.iterrows(), self.high.iterrows()):
+            row = []
+            for lo, hi in zip(lows, highs):
+                lo, hi = python_value(lo), python_value(hi)
+                row.append(None if lo is None or hi is None else (lo, hi))
+            out.append(row)
         return out
 
     def columns(self) -> list[Any]:
@@ -91,13 +108,19 @@ def pivot(frame: "pandas.DataFrame", *, metric: str = "tflops", x: str = "seqlen
         raise CompareError(f"--x {x} leaves no field to name a row; pass --by with another field, such as kernel")
     data = frame[[*index, x, m.column]].copy()
     data[m.column] = data[m.column].astype(float)
+    spreads = [spread_of(m, row) for _, row in frame.iterrows()]
+    data["_p20"] = [s[0] if s else float("nan") for s in spreads]
+    data["_p80"] = [s[1] if s else float("nan") for s in spreads]
     for name in index:  # a list-valued field (document lengths) cannot key a row as it is
         if data[name].map(lambda v: isinstance(v, (list, dict))).any():
             data[name] = data[name].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
     data = data.drop_duplicates(subset=[*index, x], keep="last")
-    table = data.set_index([*index, x])[m.column].unstack(x)
+    keyed = data.set_index([*index, x])
+    table = keyed[m.column].unstack(x)
     table = table.reindex(sorted(table.columns), axis=1).sort_index()
-    return Pivot(table=table, metric=m, x=x, index=index, panels=panels, lines=lines)
+    low, high = (keyed[c].astype(float).unstack(x).reindex(index=table.index, columns=table.columns)
+                 for c in ("_p20", "_p80"))
+    return Pivot(table=table, metric=m, x=x, index=index, panels=panels, lines=lines, low=low, high=high)
 
 
 @dataclass

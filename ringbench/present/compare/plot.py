@@ -178,7 +178,7 @@ def _line_styles(lines: list[str], line_keys: list[tuple], frame: "pandas.DataFr
 
 #: How a legend names an optional field left at its default, on a line whose siblings set it.
 _UNSET_WORDS = {"window": "no window", "sink": "no sink", "emulate": "not emulated", "docs": "no docs",
-                "doc_pad": "no pad", "profile": "not profiled"}
+                "doc_pad": "no pad", "profile": "not profiled", "flush_l2": "L2 warm"}
 
 
 def _is_default(name: str, value: Any) -> bool:
@@ -193,6 +193,8 @@ def _part(name: str, value: Any, files: dict[str, str] | None) -> str:
     ``7 docs``, every other field as ``name=value``; '' for an empty value."""
     if name == "emulate":
         return "emulated" if value else _UNSET_WORDS["emulate"]
+    if name == "flush_l2":
+        return "L2 flushed" if value else _UNSET_WORDS["flush_l2"]
     shown = (files or {}).get(value, cell_text(name, value)) if name == "source" else cell_text(name, value)
     if not shown:
         return ""
@@ -299,7 +301,9 @@ def plot(p: Pivot, frame: "pandas.DataFrame", path: Path | str | None = None) ->
     markers; lines that differ only in other fields are shades of the variant's colour. One
     legend below names the lines by what tells them apart (:func:`_line_labels`: ``rotate=alltoall``,
     ``window=64``, ``no window``, ``emulated``); a panel whose records are all emulated says so
-    in its title; later lines draw smaller markers so a point shared by several shows each. The title gives the metric, the common shape, the
+    in its title; later lines draw smaller markers so a point shared by several shows each. A point
+    whose record holds the quantiles (``time``, ``tflops``) has an error bar from its p20 to its p80
+    (:meth:`Pivot.spreads`); older records draw none. The title gives the metric, the common shape, the
     device and the software versions. An efficiency plot draws the ideal, 1.0, as a dotted line.
 
     Args:
@@ -336,15 +340,21 @@ def plot(p: Pivot, frame: "pandas.DataFrame", path: Path | str | None = None) ->
     files = _file_names([k[p.lines.index("source")] for k in line_keys] if "source" in p.lines else [])
     labels = _line_labels(p.lines, line_keys, files)
     handles = {}
+    spreads = {tuple(key): row for (key, _), row in zip(p.rows(), p.spreads())}
     for key, values in rows:
         panel, line = tuple(key[:n_panel]), tuple(key[n_panel:])
-        pts = [(x, v) for x, v in zip(xs, values) if v is not None]
+        pts = [(x, v, s) for x, v, s in zip(xs, values, spreads[tuple(key)]) if v is not None]
         label = labels[line] or p.metric.name
         # later lines draw smaller markers, so a point shared by several lines shows each of them
         size = max(3.0, 8.0 - 1.0 * line_keys.index(line))
-        (handle,) = axes[panel].plot([x for x, _ in pts], [v for _, v in pts], label=label, linewidth=1.6,
+        (handle,) = axes[panel].plot([x for x, _, _ in pts], [v for _, v, _ in pts], label=label, linewidth=1.6,
                                      markersize=size, **style[line])
         handles.setdefault(label, handle)
+        bars = [(x, v, s) for x, v, s in pts if s is not None]
+        if bars:  # the p20-p80 range of each point whose record has one (issue 25)
+            below, above = [max(v - s[0], 0.0) for _, v, s in bars], [max(s[1] - v, 0.0) for _, v, s in bars]
+            axes[panel].errorbar([x for x, _, _ in bars], [v for _, v, _ in bars], yerr=[below, above], fmt="none",
+                                 ecolor=style[line]["color"], elinewidth=1.0, capsize=3, label="_spread")
     ticks = _ticks(xs, log2)
     occupied = set(place.values())
     for key, ax in axes.items():

@@ -1,0 +1,122 @@
+"""The timing protocol (issue 25): quantiles of the iteration times, the time budget that every
+rank agrees on, the L2 flush, and what they leave in the record and in ``case_id``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import read_jsonl, ringbench, run_torchrun
+from ringbench.case.spec import CaseSpec, default_fields
+from ringbench.rank.bench import quantiles, time_iterations
+
+LOOP = Path(__file__).parent / "dist" / "timing_loop.py"
+
+
+def _spec(**changes) -> CaseSpec:
+    return CaseSpec.from_dict({"task": "run", "variant": "zigzag", **default_fields("cpu", 0), "kernel": "cpu",
+                               **changes})
+
+
+def test_timing_quantiles_interpolate_between_the_sorted_times():
+    # torch.quantile's linear rule on 1..10: position q * (n - 1) of the sorted list.
+    assert quantiles([float(x) for x in (7, 1, 10, 4, 2, 9, 3, 8, 6, 5)]) == pytest.approx((2.8, 5.5, 8.2))
+    assert quantiles([3.0]) == (3.0, 3.0, 3.0)
+    p20, p50, p80 = quantiles([1.0, 100.0])  # the median of an even count is the mean of the middle two
+    assert p50 == 50.5 and p20 < p50 < p80
+
+
+def test_timing_budget_extends_the_loop_and_flushes_before_every_iteration():
+    flushes = []
+    times = time_iterations(lambda: time.sleep(1e-3), iters=2, warmup=1, device=torch.device("cpu"),
+                            min_time_ms=20, flush=lambda: flushes.append(1))
+    assert sum(times) >= 20 and len(times) >= 2
+    assert len(flushes) == len(times)  # none in the warm-up
+    assert len(time_iterations(lambda: None, iters=3, warmup=0, device=torch.device("cpu"))) == 3
+
+
+def test_timing_budget_and_flush_keep_or_change_the_case_id_as_they_change_the_measurement():
+    base = _spec()
+    assert _spec(min_time_ms=500).case_id() == base.case_id()  # more iterations of the same measurement
+    assert _spec(flush_l2=False).case_id() == base.case_id()  # records written before the field keep their id
+    assert _spec(flush_l2=True).case_id() != base.case_id()  # a cold L2 is another measurement
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_timing_budget_gives_every_rank_the_same_count(tmp_path):
+    code, timed_out, log = run_torchrun(2, [str(LOOP), "--iters", "3", "--min-time-ms", "30", "--out",
+                                            str(tmp_path)], timeout_s=120)
+    assert code == 0 and not timed_out, log[-2000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    # Rank 0 sleeps half as long as rank 1, so it needs more iterations; both run its count.
+    assert ranks[0]["count"] == ranks[1]["count"] >= 3
+    assert all(r["spent_ms"] >= 30 for r in ranks), ranks
+    assert all(r["flushes"] == r["count"] for r in ranks)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_timing_run_records_the_spread_and_the_counts_at_world_sizes_1_and_2(tmp_path):
+    result = ringbench("run", "--variant", "zigzag", "--world-size", "1", "--world-size", "2", "--seqlen", "256",
+                       "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--iters", "3", "--warmup", "1",
+                       "--min-time-ms", "40", "--out", str(tmp_path), "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    records = read_jsonl(tmp_path / "runs.jsonl")
+    assert sorted(r["spec"]["world_size"] for r in records) == [1, 2]
+    for r in records:
+        w = r["spec"]["world_size"]
+        assert r["status"] == "ok" and r["spec"]["min_time_ms"] == 40 and r["spec"]["flush_l2"] is False
+        assert r["case_id"] == CaseSpec.from_dict({**r["spec"], "min_time_ms": 0}).case_id()
+        assert r["timed_iters"] >= 3 and r["ref_timed_iters"] >= 3
+        lows, mids, highs = r["per_rank_time_ms_p20"], r["per_rank_time_ms"], r["per_rank_time_ms_p80"]
+        assert len(lows) == len(mids) == len(highs) == w
+        assert all(lo <= mid <= hi for lo, mid, hi in zip(lows, mids, highs))
+        assert (r["time_ms_p20"], r["time_ms"], r["time_ms_p80"]) == (max(lows), max(mids), max(highs))
+        assert r["ref_time_ms_p20"] <= r["ref_time_ms"] <= r["ref_time_ms_p80"]
+        assert r["l2_flush_bytes"] is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--flush-l2"], "flush_l2 writes a buffer larger than a GPU's L2 cache between timed iterations, and device "
+                     "cpu has no L2 that ringbench flushes; drop --flush-l2 or pass --device cuda"),
+    (["--min-time-ms", "-5"], "min_time_ms -5 must be zero or more; pass --min-time-ms 0 or more"),
+    (["--min-time-ms", "0.5"],
+     "min_time_ms '0.5' is not a whole number; pass --min-time-ms with an integer, such as 0"),
+])
+def test_timing_bad_options_are_refused_before_anything_starts(tmp_path, args, message):
+    out = tmp_path / "results"
+    result = ringbench("run", "--device", "cpu", "--variant", "zigzag", *args, "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.strip() == message
+    assert not out.exists()
+
+
+def test_timing_l2_flush_needs_a_cuda_device():
+    from ringbench.rank.bench import l2_flush
+
+    with pytest.raises(ValueError, match=r"^flush_l2 needs a cuda device, not cpu; drop --flush-l2 on cpu$"):
+        l2_flush(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_timing_flush_l2_on_cuda_records_its_buffer_and_leaves_it_out_of_the_peak(solo_group):
+    from ringbench.rank.bench import MIN_FLUSH_BYTES
+    from ringbench.rank.emulation import emulate_case
+
+    spec = _spec(device="cuda", kernel="torch-flash", dtype="bf16", world_size=2, seqlen=8192, heads=8, kv_heads=2,
+                 head_dim=128, iters=5, warmup=2, emulate=True, min_time_ms=20)
+    warm = emulate_case(spec, device=torch.device("cuda"))
+    cold = emulate_case(spec.replace(flush_l2=True), device=torch.device("cuda"))
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    flushed = cold["l2_flush_bytes"]
+    assert warm["l2_flush_bytes"] is None and flushed >= max(2 * l2, MIN_FLUSH_BYTES) and flushed % 2 ** 21 == 0
+    # The buffer is live through the window, and exactly its bytes come off the allocated peak.
+    print(warm["peak_allocated_gib"], cold["peak_allocated_gib"], flushed / 2 ** 30)
+    assert abs(cold["peak_allocated_gib"] - warm["peak_allocated_gib"]) < flushed / 2 ** 30 / 4
+    for fields in (warm, cold):
+        assert fields["time_ms_p20"] <= fields["time_ms"] <= fields["time_ms_p80"] and fields["timed_iters"] >= 5
