@@ -28,9 +28,10 @@ def test_graphs_replay_check_tells_bitwise_spread_and_mismatch():
 def test_graphs_choice_where_no_graph_runs():
     step = lambda: ()  # noqa: E731 - never called: no choice below captures
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert graphs.for_case("off", step, device=cuda, world_size=1, emulated=False).reason == "--cuda-graph off"
-    assert graphs.for_case("auto", step, device=cpu, world_size=1, emulated=False).reason == "cpu has no CUDA graphs"
-    nccl = graphs.for_case("auto", step, device=cuda, world_size=2, emulated=False)
+    kw = {"emulated": False, "median_ms": lambda fn: 1.0}
+    assert graphs.for_case("off", step, device=cuda, world_size=1, **kw).reason == "--cuda-graph off"
+    assert graphs.for_case("auto", step, device=cpu, world_size=1, **kw).reason == "cpu has no CUDA graphs"
+    nccl = graphs.for_case("auto", step, device=cuda, world_size=2, **kw)
     assert nccl.replay is None and "NCCL" in nccl.reason
 
 

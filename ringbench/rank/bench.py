@@ -334,7 +334,9 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
         step()
     sent, received = inst.traffic.bytes_sent, inst.traffic.bytes_received
     graph = graphs.for_case(spec.cuda_graph, step, device=device, world_size=spec.world_size,
-                            emulated=spec.emulate, group=group)
+                            emulated=spec.emulate, group=group,
+                            median_ms=lambda fn: statistics.median(time_iterations(fn, iters=5, warmup=0, device=device,
+                                                                                   group=group)))
     # Allocated before the peak counters are reset, so it is in every figure of the window,
     # and exactly its bytes come off the allocated one.
     flush, flush_bytes = l2_flush(device) if spec.flush_l2 else (None, None)

@@ -115,18 +115,6 @@ def capture(step: Step, *, device: torch.device, warmup: int = 2) -> Capture:
     return Capture(graph.replay, None, check, tuple(outputs))
 
 
-def _median_ms(fn: Callable[[], object], device: torch.device, n: int = 5) -> float:
-    times = []
-    for _ in range(n):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[n // 2]
-
-
 def _everyone_agrees(ok: bool, device: torch.device, group) -> bool:
     """Whether every rank of ``group`` captured (one all-reduce; True alone in a process of one)."""
     import torch.distributed as dist
@@ -139,7 +127,7 @@ def _everyone_agrees(ok: bool, device: torch.device, group) -> bool:
 
 
 def for_case(choice: str, step: Step, *, device: torch.device, world_size: int, emulated: bool,
-             group=None) -> Capture:
+             median_ms: Callable[[Callable[[], object]], float], group=None) -> Capture:
     """Whether a case's timed loop replays a graph, and the graph (``spec.cuda_graph``).
 
     Args:
@@ -149,12 +137,14 @@ def for_case(choice: str, step: Step, *, device: torch.device, world_size: int, 
         world_size: ranks in the case; above 1 and not ``emulated``, a real NCCL run, which
             ``auto`` leaves eager.
         emulated: one process plays every rank (``run --emulate``): its transfers are device copies.
+        median_ms: times a callable a few times and gives its median in ms (``auto`` compares
+            the eager step with the replay by it).
         group: the process group, so that every rank of a real run agrees (any rank's failure
             leaves them all eager).
 
     Returns:
-        A :class:`Capture`. With ``auto``, a captured iteration is kept only when five replays
-        take less time (median) than five eager calls; else its reason gives both times.
+        A :class:`Capture`. With ``auto``, a captured iteration is kept only when its replay takes
+        less time than the eager step (``median_ms`` of each); else its reason gives both times.
     """
     if choice == "off":
         return Capture(None, "--cuda-graph off")
@@ -166,7 +156,7 @@ def for_case(choice: str, step: Step, *, device: torch.device, world_size: int, 
     if not _everyone_agrees(captured.replay is not None, device, group):
         return captured if captured.replay is None else Capture(None, "another rank's capture failed")
     if choice == "auto":
-        eager_ms, graph_ms = _median_ms(step, device), _median_ms(captured.replay, device)
+        eager_ms, graph_ms = median_ms(step), median_ms(captured.replay)
         if graph_ms >= eager_ms:
             return Capture(None, f"auto measured the graph no faster ({graph_ms:.3f} ms against {eager_ms:.3f} ms "
                                  "eager)")
