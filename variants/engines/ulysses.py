@@ -14,7 +14,10 @@ rows are whole, so the kernel (or the ring's varlen steps) takes its documents' 
 GQA: the degree must divide the query heads. K/V heads are split the same way when the degree
 divides them; when it exceeds them (and is a multiple of them), each K/V head is replicated
 ``U / Hkv`` times before the all-to-all, as DeepSpeed does, and the replicas' gradients are
-summed in float32 on the way back (``variants.ulysses_rule``).
+summed in float32 on the way back (``variants.ulysses_rule``). Where a ring of several ranks
+summed each replica's gradient, it crosses the all-to-all in float32, unrounded, so the
+replicas' sum is rounded once (rounding each replica to bf16 first loses what the
+block-decomposition check measures, where replicas nearly cancel).
 
 Bytes go through ``comm.all_to_all_single`` (and the ring's ``RingComm``), counted there.
 Its kernel calls are not reported to verify's block-decomposition reference: their rows and
@@ -116,13 +119,16 @@ class UlyssesRing(torch.autograd.Function):
         causal, scale, grid, kernel, steps, replicas, mine = ctx.args
         dout_h = seq_to_heads(dout.contiguous(), grid.ulysses, grid.ulysses_degree)
         kv_last, ctx.kv_last = ctx.kv_last, None
+        # K/V replicas that a ring of several ranks summed come back unrounded (float32 through
+        # the all-to-all), so their sum is rounded once, not each replica's and then the sum.
+        acc = accumulation_dtype(kh.dtype)
+        dkv_dtype = acc if replicas > 1 and grid.ring_degree > 1 else None
         with observe.hidden():
             dqh, dkh, dvh = _ring_backward(dout_h, qh, kh, vh, out_h, lse_h, kv_last, causal, scale, grid.ring,
-                                           kernel, steps)
+                                           kernel, steps, dkv_dtype=dkv_dtype)
         dq, dk, dv = (heads_to_seq(t, grid.ulysses, grid.ulysses_degree) for t in (dqh, dkh, dvh))
         if replicas > 1:  # the replicas' gradients summed in float32 (float64), then rounded once
-            dk, dv = (t.unflatten(2, (-1, replicas)).to(accumulation_dtype(t.dtype)).sum(3).to(t.dtype)
-                      for t in (dk, dv))
+            dk, dv = (t.unflatten(2, (-1, replicas)).to(acc).sum(3).to(kh.dtype) for t in (dk, dv))
         dsink = None
         if ctx.needs_input_grad[3]:
             # This rank's heads over the whole sequence: summed over the ring group (the ranks
