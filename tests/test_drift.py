@@ -23,7 +23,7 @@ import torch
 from ringbench.rank import check
 from ringbench.present import report
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
-from ringbench.variants import instruments
+from ringbench.variants import factorizations, instruments
 from ringbench.variants.instruments import observe
 
 from helpers import cached, torchrun_cases
@@ -43,6 +43,11 @@ CORRECT = (("ring", {}), ("zigzag", {}), ("stripe", {}), ("llama3", {}), ("llama
            ("llama3_varlen", {"docs": DOCS}), ("llama3_varlen", {"docs": ODD_DOCS, "heads_k_stride": 1}))
 #: The broken accumulations and the tensors each must fail on.
 DRIFT = {"drift_out": ("out",), "drift_dq": ("dq",), "drift_dkv": ("dk", "dv")}
+#: Ulysses and USP (issue 27): 8 query heads, so every Ulysses degree of W = 1 .. 8 splits them;
+#: with SHAPE's 2 K/V heads, U above 2 replicates K/V (beside a ring of two at W = 8, U = 4).
+ULYSSES_HEADS = {"heads": 8}
+#: The USP rings that round an accumulator after every update, and the tensors each must fail on.
+DRIFT_USP = {"drift_usp_out": ("out",), "drift_usp_dq": ("dq",)}
 #: A correct variant's shadow ratio is at most 1/2 (one rounding, SHADOW_ULPS = 1) in bf16 and
 #: fp16; in fp32 only the float32 merge is left (calibrated below 0.1).
 MARGIN = {"bf16": 0.5 + 1e-3, "fp16": 0.5 + 1e-3, "fp32": 0.25}
@@ -68,8 +73,25 @@ def _case(batch: str, variant: str, world_size: int, dtype: str = "bf16", causal
             "spec": spec(variant, world_size, dtype, causal, **fields)}
 
 
+def _ulysses_cases(world_size: int) -> list[dict]:
+    """Every correct Ulysses and USP case of one world size: each variant bf16 causal, USP at every
+    Ulysses degree; ulysses and the hybrid USP (U = W / 2) also fp16, fp32 and without the mask."""
+    hybrid = max(1, world_size // 2)
+    cases = []
+    for variant, fields in (("ulysses", {}), ("ulysses_varlen", {"docs": ODD_DOCS}),
+                            *(("usp", {"ulysses_degree": u}) for u in factorizations(world_size)),
+                            ("usp_varlen", {"docs": DOCS, "ulysses_degree": hybrid})):
+        cases.append(_case("full", variant, world_size, "bf16", **ULYSSES_HEADS, **fields))
+        if variant == "ulysses" or fields == {"ulysses_degree": hybrid}:
+            cases += [_case("full", variant, world_size, dtype, **ULYSSES_HEADS, **fields) for dtype in ("fp16", "fp32")]
+            cases.append(_case("full", variant, world_size, "bf16", causal=False, **ULYSSES_HEADS, **fields))
+    return cases
+
+
 def _all_cases() -> list[dict]:
     cases = [_case("quick", v, 4) for v in DRIFT] + [_case("quick", "ring", 4)]
+    # USP with a ring of four (U = 1: no all-to-all, the ring engine inside the Ulysses engine).
+    cases += [_case("quick", v, 4, **ULYSSES_HEADS, ulysses_degree=1) for v in DRIFT_USP]
     cases.append(_case("full", "plain_dist_peer", 4))
     for world_size in (1, 2, 4, 8):
         for variant, fields in CORRECT:
@@ -81,6 +103,9 @@ def _all_cases() -> list[dict]:
         if world_size == 8:
             cases += [_case("full", v, world_size, "fp16") for v in DRIFT]
             cases += [_case("full", v, world_size, "bf16", causal=False) for v in DRIFT]
+        cases += _ulysses_cases(world_size)
+    # USP's lossy rings beside a real all-to-all: a ring of four (W = 8, U = 2) and of two (W = 4, U = 2).
+    cases += [_case("full", v, w, **ULYSSES_HEADS, ulysses_degree=2) for v in DRIFT_USP for w in (4, 8)]
     return cases
 
 
@@ -220,8 +245,41 @@ def test_drift_verify_of_an_engine_that_reports_nothing_keeps_the_max_rule(solo_
         assert "does not report its kernel calls" in c["shadow_reason"]
 
 
+def test_drift_regrid_reports_the_ring_rows_at_their_owners():
+    """The Ulysses engine's ring works on the rows of every rank of its Ulysses group: row i of
+    ring rank rho's shard is row i % s of rank rho * U + i // s, its heads those of the rank."""
+    seen = observe.Observation()
+    grid = observe.Regridded(seen, ulysses_degree=2, ring_rank=1, rows_per_rank=4, q_heads=slice(2, 4),
+                             kv_heads=slice(1, 2))
+    out = torch.arange(8.0).view(1, 8, 1, 1).expand(1, 8, 2, 3)
+    lse = torch.arange(8.0).view(1, 1, 8).expand(1, 2, 8)
+    grid.forward_block(slice(None), slice(None), out, lse)
+    assert [(b.owner, b.rows.tolist(), b.heads) for b in seen.forward] == [(2, [0, 1, 2, 3], slice(2, 4)),
+                                                                           (3, [0, 1, 2, 3], slice(2, 4))]
+    assert seen.forward[1].out[0, :, 0, 0].tolist() == [4.0, 5.0, 6.0, 7.0]
+    assert seen.forward[1].lse[0, 0].tolist() == [4.0, 5.0, 6.0, 7.0]
+    grid.dq_block(torch.tensor([5, 6]), slice(1, 2), torch.ones(1, 2, 1, 3))
+    assert [(b.owner, b.rows.tolist(), b.heads) for b in seen.dq] == [(3, [1, 2], slice(3, 4))]
+    # K/V of ring rank 0 (a block from another ring rank): the owners are ranks 0 and 1.
+    dk = torch.arange(3.0).view(1, 3, 1, 1)
+    grid.dkv_block(0, torch.tensor([1, 5, 6]), slice(None), dk, -dk)
+    assert [(b.owner, b.rows.tolist(), b.heads, b.dk.flatten().tolist()) for b in seen.dkv] == [
+        (0, [1], slice(1, 2), [0.0]), (1, [1, 2], slice(1, 2), [1.0, 2.0])]
+
+
+def test_drift_regrid_reports_nothing_without_an_observation():
+    with observe.regrid(ulysses_degree=2, ring_rank=0, rows_per_rank=4, q_heads=slice(0, 2), kv_heads=slice(0, 1)):
+        assert observe.current() is None
+    with instruments.open(observe=True) as inst:
+        with observe.regrid(ulysses_degree=2, ring_rank=0, rows_per_rank=4, q_heads=slice(0, 2),
+                            kv_heads=slice(0, 1)):
+            assert isinstance(observe.current(), observe.Regridded)
+        assert observe.current() is inst.observation
+
+
 @pytest.mark.dist
-def test_drift_observing_changes_nothing_the_ring_computes(solo_group):
+@pytest.mark.parametrize("variant", ["zigzag", "ulysses", "usp"])
+def test_drift_observing_changes_nothing_the_ring_computes(solo_group, variant):
     from ringbench.variants import get_variant
 
     gen = torch.Generator().manual_seed(4)
@@ -229,7 +287,7 @@ def test_drift_observing_changes_nothing_the_ring_computes(solo_group):
 
     def run():
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        out, lse = get_variant("zigzag").attention(*leaves, causal=True, kernel="cpu")
+        out, lse = get_variant(variant).attention(*leaves, causal=True, kernel="cpu")
         out.backward(torch.ones_like(out))
         return out.detach(), lse, *(t.grad for t in leaves)
 
@@ -337,3 +395,62 @@ def test_drift_at_world_size_two_lossy_rings_compute_what_the_ring_computes(laun
         rec = _record(launches, "full", _name(variant, 2, "bf16", True, {}))
         assert rec["verdict"] == "ok"
         assert rec["checks"] == ring["checks"]
+
+
+# --------------------------------------------------------------------------- Ulysses and USP (issue 27)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("name", _names("quick", variants=DRIFT_USP))
+def test_drift_lossy_usp_fails_verify_at_world_size_four(launches, name):
+    """USP whose ring rounds its running output (or dq) after every update, U = 1 and a ring of
+    four: the max rule passes it, the block decomposition the Ulysses engine reports fails it."""
+    rec = _record(launches, "quick", name)
+    variant = BY_NAME[("quick", name)]["variant"]
+    assert rec["verdict"] == "fail" and "block decomposition" in rec["reason"]
+    assert all(_max_rule_passed(c) for c in rec["checks"]), "the max rule alone would have passed it"
+    assert {c["tensor"] for c in rec["checks"] if not c["shadow_passed"]} == set(DRIFT_USP[variant])
+    assert all(c["shadow_ratio"] > 2 for c in rec["checks"] if c["tensor"] in DRIFT_USP[variant])
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(DRIFT_USP))
+def test_drift_lossy_usp_fails_verify_at_world_size_eight(launches, variant):
+    """The same with a real all-to-all: W = 8, Ulysses groups of 2, a ring of four."""
+    rec = _record(launches, "full", _name(variant, 8, "bf16", True, {**ULYSSES_HEADS, "ulysses_degree": 2}))
+    assert rec["verdict"] == "fail" and all(_max_rule_passed(c) for c in rec["checks"])
+    assert {c["tensor"] for c in rec["checks"] if not c["shadow_passed"]} == set(DRIFT_USP[variant])
+    assert all(c["shadow_ratio"] > 2 for c in rec["checks"] if c["tensor"] in DRIFT_USP[variant])
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_drift_lossy_usp_with_a_ring_of_two_computes_what_usp_computes(launches):
+    """W = 4, U = 2: a ring of two, where no row meets more than two partial results, so the
+    lossy rings round once, as USP does, and their checks are USP's."""
+    fields = {**ULYSSES_HEADS, "ulysses_degree": 2}
+    usp = _record(launches, "full", _name("usp", 4, "bf16", True, fields))
+    for variant in DRIFT_USP:
+        rec = _record(launches, "full", _name(variant, 4, "bf16", True, fields))
+        assert rec["verdict"] == "ok" and rec["checks"] == usp["checks"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_drift_every_correct_ulysses_and_usp_case_passes_with_margin(launches, world_size):
+    """ulysses, ulysses_varlen, usp at every Ulysses degree and usp_varlen: the block-decomposition
+    check applies (no null shadow), and a correct case stays within its dtype's margin; K/V
+    replicas beside a ring (W = 8, U = 4) included, whose sum is rounded once."""
+    names = [c["name"] for c in _ulysses_cases(world_size)]
+    worst = {}
+    for name in names:
+        rec = _record(launches, "full", name)
+        dtype = BY_NAME[("full", name)]["dtype"]
+        assert rec["verdict"] == "ok", f"{name}: {rec['reason']}"
+        assert all(c["shadow_reason"] is None and c["shadow_ratio"] is not None for c in rec["checks"]), name
+        ratio = max(c["shadow_ratio"] for c in rec["checks"])
+        worst[dtype] = max(worst.get(dtype, 0.0), ratio)
+        assert ratio <= MARGIN[dtype], f"{name}: shadow ratio {ratio:.3f} over {MARGIN[dtype]}"
+    print(f"W={world_size} worst shadow ratio by dtype: {worst}")

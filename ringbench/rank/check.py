@@ -222,13 +222,32 @@ class Shadow(NamedTuple):
     scales: list[float]
 
 
+def _merge_over_ranks(out: torch.Tensor, lse: torch.Tensor, group) -> None:
+    """Merge, in float64 and in place, the partial out ``[..., S, H, D]`` and lse ``[..., H, S]``
+    that every rank rebuilt for the same rows: ``lse = log sum_r exp(lse_r)`` and out weighted by
+    ``exp(lse_r - lse)``. Where one rank holds a row's every block, its result comes back exact."""
+    top = lse.clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    seen = torch.isfinite(top)
+    weight = torch.where(seen, (lse - top).exp(), 0.0)  # 0 where this rank, or every rank, saw no key
+    out.mul_(weight.transpose(-1, -2)[..., None])
+    total = weight.clone()
+    for t in (out, total):
+        dist.all_reduce(t, group=group)
+    out.div_(torch.where(seen, total, 1.0).transpose(-1, -2)[..., None])
+    lse.copy_(torch.where(seen, top + total.log(), float("-inf")))
+
+
 def _shadow(seen: "observe.Observation", out_shape, q_shape, k_shape, v_shape, device,
             group) -> Shadow | None:
     """This rank's float64 out, lse, dq, dk, dv rebuilt from the variant's observed kernel calls.
 
     Forward blocks are merged in float64 in the order they came; dq partials are summed at their
     rows; dK/dV partials are summed in a float64 buffer per owner on every rank, then over the
-    ranks (``all_reduce``), and each rank keeps its own rows. Every rank calls it.
+    ranks (``all_reduce``), and each rank keeps its own rows. Where some rank reported queries
+    of another rank's shard (the Ulysses engine's calls, ``observe.regrid``), out and lse are
+    rebuilt per owner the same way and merged over the ranks in float64 (:func:`_merge_over_ranks`),
+    dq summed. Every rank calls it.
 
     Returns:
         The :class:`Shadow` of this rank's rows (lse ``[B, H, S/W]``, the others in their
@@ -236,20 +255,27 @@ def _shadow(seen: "observe.Observation", out_shape, q_shape, k_shape, v_shape, d
         reports nothing).
     """
     f64 = torch.float64
-    seen_any = torch.tensor([float(len(seen))], dtype=f64, device=device)
-    dist.all_reduce(seen_any, group=group)
-    if seen_any.item() == 0:
-        return None
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    foreign = any(b.owner not in (None, rank) for b in (*seen.forward, *seen.dq))
+    seen_any = torch.tensor([float(len(seen)), float(foreign)], dtype=f64, device=device)
+    dist.all_reduce(seen_any, group=group)
+    if seen_any[0].item() == 0:
+        return None
+    # One slot per owner of query rows where any rank reported another's; else this rank's only.
+    slots = world_size if seen_any[1].item() else 1
+
+    def slot(owner):
+        return (rank if owner is None else owner) if slots > 1 else 0
+
     B, S, H, D = out_shape
     Hkv = k_shape[2]
-    out = torch.zeros(out_shape, dtype=f64, device=device)
-    lse = torch.full((B, H, S), float("-inf"), dtype=f64, device=device)
-    dq = torch.zeros(q_shape, dtype=f64, device=device)
+    out = torch.zeros((slots, *out_shape), dtype=f64, device=device)
+    lse = torch.full((slots, B, H, S), float("-inf"), dtype=f64, device=device)
+    dq = torch.zeros((slots, *q_shape), dtype=f64, device=device)
     # dK and dV of every owner (v may have its own head dim: head_dim_v), summed over the ranks.
     dks = torch.zeros((world_size, *k_shape), dtype=f64, device=device)
     dvs = torch.zeros((world_size, *v_shape), dtype=f64, device=device)
-    n_q = torch.zeros((2, S, H), dtype=f64, device=device)  # partial results per (row, head): forward, dq
+    n_q = torch.zeros((slots, 2, S, H), dtype=f64, device=device)  # partial results per (row, head): forward, dq
     n_kv = torch.zeros((world_size, S, Hkv), dtype=f64, device=device)
     big = torch.zeros(5, dtype=f64, device=device)  # largest |partial result| of out, lse, dq, dk, dv
 
@@ -260,17 +286,19 @@ def _shadow(seen: "observe.Observation", out_shape, q_shape, k_shape, v_shape, d
             big[i] = torch.maximum(big[i], t.abs().max())
 
     for b in seen.forward:
+        i = slot(b.owner)
         r, h = _index(b.rows, S, device)[:, None], _index(b.heads, H, device)
-        o, l = out[:, r, h], lse[:, h[:, None], r.T]
+        o, l = out[i][:, r, h], lse[i][:, h[:, None], r.T]
         merge_(o, l, b.out.to(device, f64), b.lse.to(device, f64))
-        out[:, r, h], lse[:, h[:, None], r.T] = o, l
-        n_q[0, r, h] += 1
+        out[i][:, r, h], lse[i][:, h[:, None], r.T] = o, l
+        n_q[i, 0, r, h] += 1
         grow(0, b.out)
         grow(1, b.lse)
     for b in seen.dq:
+        i = slot(b.owner)
         r, h = _index(b.rows, S, device)[:, None], _index(b.heads, H, device)
-        dq[:, r, h] += b.dq.to(device, f64)
-        n_q[1, r, h] += 1
+        dq[i][:, r, h] += b.dq.to(device, f64)
+        n_q[i, 1, r, h] += 1
         grow(2, b.dq)
     for b in seen.dkv:
         r, h = _index(b.rows, S, device)[:, None], _index(b.heads, Hkv, device)
@@ -279,8 +307,12 @@ def _shadow(seen: "observe.Observation", out_shape, q_shape, k_shape, v_shape, d
         n_kv[b.owner, r, h] += 1
         grow(3, b.dk)
         grow(4, b.dv)
-    for t in (dks, dvs, n_kv):
+    if slots > 1:
+        _merge_over_ranks(out, lse, group)
+    for t in (dks, dvs, n_kv, *((dq, n_q) if slots > 1 else ())):
         dist.all_reduce(t, group=group)
+    mine = rank if slots > 1 else 0
+    out, lse, dq, n_q = out[mine], lse[mine], dq[mine], n_q[mine]
     dk, dv = dks[rank], dvs[rank]
     for i, t in enumerate((out, lse, dq, dk, dv)):
         grow(i, t)
@@ -606,7 +638,7 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         checks = [tolerance_check(n, g, s, r, *e, world_size=world_size)
                   for n, g, s, r, e in zip(TENSORS, gathered, single, ref, expected)]
         if shadow is None:
-            why = "a peer's own engine" if variant.peer else "they run on head-sharded rows after its all-to-all"
+            why = "a peer's own engine" if variant.peer else "none of them runs in ringbench's engines"
             for c in checks:
                 c.update(_no_shadow(f"{variant.name} does not report its kernel calls ({why}), so "
                                     "only the max rule applies"))

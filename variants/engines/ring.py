@@ -309,7 +309,8 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
 
 def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                    kv_last: tuple[Tensor, Tensor], causal: bool, scale: float, group, kernel: Kernel,
-                   steps: Steps, lossy: frozenset = frozenset()) -> tuple[Tensor, Tensor, Tensor]:
+                   steps: Steps, lossy: frozenset = frozenset(),
+                   dkv_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The backward ring, in reverse ring order, so no dK/dV transfer is left exposed.
 
     It starts from ``kv_last``, the K/V block of rank + 1 that the forward used last, and
@@ -318,7 +319,8 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     its dK/dV home. So W - 2 K/V transfers instead of W - 1, and the final hop's wait comes
     after the last compute. A hop's partial dK/dV holds at most i + 1 terms after visiting
     step i: the first hop travels in the input dtype (one term, exact), later ones in float32;
-    the owner adds its own block's term and writes the input dtype.
+    the owner adds its own block's term and writes the input dtype, or ``dkv_dtype`` where
+    given (the Ulysses engine's K/V replicas, summed after the ring before one rounding).
     """
     kv_comm, dkv_comm = RingComm(group, reverse=True), RingComm(group, reverse=True)
     rank, world_size = kv_comm.rank, kv_comm.world_size
@@ -390,16 +392,17 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
         incoming = landing
     rows = block.kv if block is not None else _ALL
     inv = block.kv_inv if block is not None else None
+    home = [like.dtype if dkv_dtype is None else dkv_dtype for like in (k, v)]
     *dq_sum, dk, dv = _accumulate(*dq_job, *(
-        (incoming[j], rows, grads[1 + j] if grads is not None else None, like.dtype, like.shape, inv)
+        (incoming[j], rows, grads[1 + j] if grads is not None else None, home[j], like.shape, inv)
         for j, like in enumerate((k, v))))
     dq = dq_sum[0] if dq_job else dq
     if dq is None:
         dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     elif dq.dtype != q.dtype:  # only when this rank's last kernel call saw none of its queries
         dq = dq.to(q.dtype)
-    dk = dk.to(k.dtype) if dk is not None else torch.zeros_like(k)
-    dv = dv.to(v.dtype) if dv is not None else torch.zeros_like(v)
+    dk = dk.to(home[0]) if dk is not None else torch.zeros_like(k, dtype=home[0])
+    dv = dv.to(home[1]) if dv is not None else torch.zeros_like(v, dtype=home[1])
     return dq, dk, dv
 
 
