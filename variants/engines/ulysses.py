@@ -13,10 +13,13 @@ rows are whole, so the kernel (or the ring's varlen steps) takes its documents' 
 
 GQA: the degree must divide the query heads. K/V heads are split the same way when the degree
 divides them; when it exceeds them (and is a multiple of them), each K/V head is replicated
-``U / Hkv`` times before the all-to-all, as DeepSpeed does, and the replicas' gradients are
-summed in float32 on the way back (``variants.ulysses_rule``).
+``U / Hkv`` times, as DeepSpeed does: the all-to-all sends the head itself to ``U / Hkv`` ranks
+(no repeated copy is made first), and the replicas' gradients are summed in float32 on the
+way back (``variants.ulysses_rule``).
 
-Bytes go through ``comm.all_to_all_single`` (and the ring's ``RingComm``), counted there.
+Bytes go through ``comm.all_to_all`` (and the ring's ``RingComm``), counted there; every part
+an all-to-all sends is a view of the tensor it swaps, which is also what lets one process
+emulate the exchange exactly (``run --emulate``, ``instruments/emulation.py``).
 Its kernel calls are not reported to verify's block-decomposition reference: their rows and
 heads are the head-sharded ones (``observe.hidden``), so the max rule alone judges it.
 
@@ -29,9 +32,9 @@ import torch
 import torch.distributed as dist
 
 from .. import instruments
-from ..instruments import observe, timeline
+from ..instruments import emulation, observe
 from ..rules import ulysses_rule
-from .comm import all_reduce, all_to_all_single
+from .comm import all_reduce, all_to_all
 from .grid import Grid, process_grid
 from ..kernels.common import accumulation_dtype
 from ..kernels import Kernel, as_kernel
@@ -43,46 +46,36 @@ from .varlen import prepare
 Tensor = torch.Tensor
 
 
-@timeline.timed("comm")
-def _exchange(recv: Tensor, send: Tensor, group) -> None:
-    # A blocking all-to-all: all of it is exposed communication in --profile.
-    all_to_all_single(recv, send, group)
+def seq_to_heads(x: Tensor, group, degree: int, replicas: int = 1) -> Tensor:
+    """``[B, s, H, D]`` sequence-sharded over ``degree`` ranks to ``[B, degree * s, H * replicas / degree, D]``.
 
-
-def seq_to_heads(x: Tensor, group, degree: int) -> Tensor:
-    """``[B, s, H, D]`` sequence-sharded over ``degree`` ranks to ``[B, degree * s, H / degree, D]``.
-
-    Part j of the rows comes from Ulysses rank j, so the rows are in the group's order.
+    Part j of the rows comes from Ulysses rank j, so the rows are in the group's order. With
+    ``replicas`` above 1 (the degree exceeds the K/V heads), each head goes to ``replicas``
+    ranks, one head each: rank u gets head ``u // replicas``, as if the heads were repeated
+    (``repeat_interleave``) first. Every part sent is a view of ``x``.
     """
     if degree == 1:
         return x
-    B, s, H, D = x.shape
-    send = x.reshape(B, s, degree, H // degree, D).permute(2, 0, 1, 3, 4).contiguous()
-    recv = torch.empty_like(send)
-    _exchange(recv, send, group)
-    return recv.permute(1, 0, 2, 3, 4).reshape(B, degree * s, H // degree, D).contiguous()
+    h = x.shape[2] * replicas // degree
+    heads = [slice(u * h, (u + 1) * h) if replicas == 1 else slice(u // replicas, u // replicas + 1)
+             for u in range(degree)]
+    return all_to_all([x[:, :, hs] for hs in heads], 1, group)
 
 
 def heads_to_seq(x: Tensor, group, degree: int) -> Tensor:
     """``[B, S, h, D]`` head-sharded to ``[B, S / degree, degree * h, D]``: the inverse of :func:`seq_to_heads`."""
     if degree == 1:
         return x
-    B, S, h, D = x.shape
-    send = x.reshape(B, degree, S // degree, h, D).permute(1, 0, 2, 3, 4).contiguous()
-    recv = torch.empty_like(send)
-    _exchange(recv, send, group)
-    return recv.permute(1, 2, 0, 3, 4).reshape(B, S // degree, degree * h, D).contiguous()
+    s = x.shape[1] // degree
+    return all_to_all([x[:, u * s:(u + 1) * s] for u in range(degree)], 2, group)
 
 
 def lse_heads_to_seq(lse: Tensor, group, degree: int) -> Tensor:
     """lse ``[B, h, S]`` head-sharded to ``[B, degree * h, S / degree]``."""
     if degree == 1:
         return lse
-    B, h, S = lse.shape
-    send = lse.reshape(B, h, degree, S // degree).permute(2, 0, 1, 3).contiguous()
-    recv = torch.empty_like(send)
-    _exchange(recv, send, group)
-    return recv.permute(1, 0, 2, 3).reshape(B, degree * h, S // degree).contiguous()
+    s = lse.shape[2] // degree
+    return all_to_all([lse[:, :, u * s:(u + 1) * s] for u in range(degree)], 1, group)
 
 
 class UlyssesRing(torch.autograd.Function):
@@ -94,10 +87,9 @@ class UlyssesRing(torch.autograd.Function):
         heads = q.shape[2] // grid.ulysses_degree
         mine = slice(grid.ulysses_rank * heads, (grid.ulysses_rank + 1) * heads)  # this rank's heads after the a2a
         sink_h = sink[mine] if sink is not None else None
-        replicas = max(1, grid.ulysses_degree // k.shape[2])
-        if replicas > 1:  # degree above the K/V heads: replicate each K/V head (DeepSpeed)
-            k, v = k.repeat_interleave(replicas, dim=2), v.repeat_interleave(replicas, dim=2)
-        qh, kh, vh = (seq_to_heads(t, grid.ulysses, grid.ulysses_degree) for t in (q, k, v))
+        replicas = max(1, grid.ulysses_degree // k.shape[2])  # degree above the K/V heads: replicated (DeepSpeed)
+        qh = seq_to_heads(q, grid.ulysses, grid.ulysses_degree)
+        kh, vh = (seq_to_heads(t, grid.ulysses, grid.ulysses_degree, replicas) for t in (k, v))
         with observe.hidden():
             out_h, lse_h, kv_last = _ring_forward(qh, kh, vh, causal, scale, grid.ring, kernel, steps, sink=sink_h)
         ctx.save_for_backward(qh, kh, vh, out_h, lse_h, sink)
@@ -162,7 +154,7 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
             ring, an invalid cu_seqlens, documents the ring cannot cut, batch above 1 with
             documents, or a kernel that cannot take the call.
     """
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    rank, world_size = emulation.rank_and_size(group)
     prefix = f"[rank {rank}/{world_size}]"
     reason = ulysses_rule(q.shape[2], k.shape[2], ulysses_degree, name)
     if reason:
@@ -229,7 +221,8 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     if cu_seqlens is not None:
         raise ValueError("ulysses is the batch form and takes no cu_seqlens; use ulysses_varlen")
     return run_ulysses("ulysses", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                       ulysses_degree=dist.get_world_size(group), plan=contiguous_plan, sink=sink, window=window)
+                       ulysses_degree=emulation.rank_and_size(group)[1], plan=contiguous_plan, sink=sink,
+                       window=window)
 
 
 def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
@@ -261,5 +254,5 @@ def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = 
         raise ValueError("ulysses_varlen takes packed documents and needs cu_seqlens, the global int32 document "
                          "offsets; pass cu_seqlens, or use the batch variant ulysses")
     return run_ulysses("ulysses_varlen", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
-                       kernel=kernel, ulysses_degree=dist.get_world_size(group), plan=contiguous_plan,
+                       kernel=kernel, ulysses_degree=emulation.rank_and_size(group)[1], plan=contiguous_plan,
                        cu_seqlens=cu_seqlens, sink=sink, window=window)
