@@ -64,9 +64,16 @@ def test_lists_of_variants_in_refusals_come_from_the_registry():
     assert "ulysses_varlen" in message and "usp_varlen" in message
 
 
-def test_emulate_refusal_names_the_collective_the_variant_uses():
-    assert "its collectives (all-to-all) are not emulated" in _refusal(task="run", variant="usp", emulate=True)
-    assert "its collectives (all-gather) are not emulated" in _refusal(task="run", variant="llama3", emulate=True)
+def test_emulate_refusal_of_a_peer_says_why_and_its_fix_lists_every_variant_that_emulates():
+    message = _refusal(task="run", variant="rfa_zigzag", emulate=True)
+    assert message.startswith("rfa_zigzag cannot run with --emulate: it is a peer whose own code drives "
+                              "torch.distributed"), message
+    listed = message.split("; emulate ")[1].split(", or run ")[0]
+    own = [n for n, v in VARIANTS.items() if not v.peer]
+    assert all(re.search(rf"\b{n}\b", listed) for n in own) and not re.search(r"\b(rfa|yc)_|torch_cp", listed), listed
+    for name in ("usp", "llama3_varlen"):  # the fix is accepted
+        _cases("run", variant=name, emulate=True, world_size=4, seqlen=1024, heads=4, kv_heads=2,
+               **({"docs": "100,924"} if name.endswith("_varlen") else {}))
 
 
 def test_a_model_refusal_suggests_only_variants_that_model_takes():

@@ -371,14 +371,13 @@ def test_sinks_learnable_passes_verify_at_w1_on_each_cuda_kernel(tmp_path, kerne
         assert {c["tensor"] for c in rec["checks"]} == {"out", "lse", "dq", "dk", "dv", "dsink"}
 
 
-def test_sinks_learnable_refused_under_emulate_off_by_one_emulated():
-    with pytest.raises(SpecError, match=r"^sink 'learnable' is not emulated: its gradient is summed over the ranks "
-                                        r"by a collective \(an all-reduce\), which one process cannot play; drop "
-                                        r"--emulate, or pass --sink off-by-one \(no gradient\) or --sink none$"):
-        spec("zigzag", 2, task="run", sink="learnable", emulate=True)
-    # Its suggestion holds: an off-by-one sink joins each row after the last merge, on its own rank,
-    # and has no gradient to reduce (tests/test_profile.py runs it emulated).
-    spec("zigzag", 2, task="run", sink="off-by-one", emulate=True)
+def test_sinks_learnable_and_off_by_one_are_both_emulated():
+    """A learnable sink's gradient all-reduce is emulated too (each rank's own term stands for the
+    sum; emulated gradients are never checked), so --emulate takes both sinks (tests/test_emulation.py
+    runs them)."""
+    for variant in ("zigzag", "llama3", "usp"):
+        for sink in ("learnable", "off-by-one"):
+            assert spec(variant, 2, task="run", sink=sink, emulate=True).sink == sink
 
 
 @pytest.mark.dist

@@ -61,8 +61,11 @@ class Variant:
             ``layouts``). Both refuse heads the degree cannot split (:func:`ulysses_rule`).
         peer: it runs another project's implementation, not ringbench's.
         emulates: one process can play each of its ranks in turn (``run --emulate``,
-            ``emulation.py``): its only communication is the ring engine's point-to-point
-            exchange, which emulation replaces by device copies.
+            ``instruments/emulation.py``): all its communication goes through ringbench's
+            communicators (``engines/comm.py``: the ring's exchange, the all-gather,
+            reduce-scatter, all-reduce and all-to-all, the Ulysses-ring grid's groups), which
+            emulation replaces by device copies. ringbench's own variants do; the peers drive
+            ``torch.distributed`` themselves and do not.
         traffic_counted: its bytes go through ringbench's counted communicators
             (``comm``), directly or under a counting ``session``; False where they cannot be
             seen (torch_cp: DTensor and functional collectives): records then say
@@ -263,38 +266,40 @@ VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("ring", "contiguous", "engines.ring:ring_attention",
-                "basic ring: contiguous chunks, K/V passed around the ring", emulates=True, options=_OWN),
+                "basic ring: contiguous chunks, K/V passed around the ring", options=_OWN, emulates=True),
         Variant("zigzag", "zigzag", "engines.zigzag:zigzag_attention",
-                "ring over the zigzag layout, balanced under a causal mask", emulates=True, options=_OWN),
+                "ring over the zigzag layout, balanced under a causal mask", options=_OWN, emulates=True),
         Variant("stripe", "stripe", "engines.stripe:stripe_attention",
                 "ring over the stripe layout (token t on rank t mod W), balanced under a causal mask",
-                emulates=True, options=_OWN),
+                options=_OWN, emulates=True),
         Variant("llama3", "zigzag", "engines.llama3:llama3_attention",
                 "all-gather K/V (in head groups), zigzag layout for causal balance",
-                options={**_OWN, "layout": layouts("zigzag", "contiguous"), "heads_k_stride": HEADS_K_STRIDE}),
+                options={**_OWN, "layout": layouts("zigzag", "contiguous"), "heads_k_stride": HEADS_K_STRIDE},
+                emulates=True),
         Variant("ring_varlen", "contiguous", "engines.ring_varlen:ring_varlen_attention",
                 "packed documents, each cut into W chunks, basic ring", varlen=True, shard_by_document=True,
-                options=_OWN),
+                options=_OWN, emulates=True),
         Variant("zigzag_varlen", "zigzag", "engines.ring_varlen:zigzag_varlen_attention",
                 "packed documents, each in the zigzag layout, ring balanced under a causal mask",
-                varlen=True, shard_by_document=True, options=_OWN),
+                varlen=True, shard_by_document=True, options=_OWN, emulates=True),
         Variant("llama3_varlen", "contiguous", "engines.llama3_varlen:llama3_varlen_attention",
                 "packed documents, contiguous row (or balanced: each document cut head-tail), all-gather K/V; "
                 "any document boundaries", varlen=True,
-                options={**_OWN, "layout": layouts("contiguous", "balanced"), "heads_k_stride": HEADS_K_STRIDE}),
+                options={**_OWN, "layout": layouts("contiguous", "balanced"), "heads_k_stride": HEADS_K_STRIDE},
+                emulates=True),
         Variant("ulysses", "contiguous", "engines.ulysses:ulysses_attention",
                 "DeepSpeed-Ulysses: all-to-all from sequence to head sharding, the kernel over the whole "
-                "sequence for H/W heads, all-to-all back", ulysses="world", options=_OWN),
+                "sequence for H/W heads, all-to-all back", ulysses="world", options=_OWN, emulates=True),
         Variant("ulysses_varlen", "contiguous", "engines.ulysses:ulysses_varlen_attention",
                 "packed documents, contiguous row, Ulysses all-to-all; the kernel takes the global "
-                "cu_seqlens, any document boundaries", varlen=True, ulysses="world", options=_OWN),
+                "cu_seqlens, any document boundaries", varlen=True, ulysses="world", options=_OWN, emulates=True),
         Variant("usp", "zigzag", "engines.usp:usp_attention",
                 "USP: Ulysses inside groups of --ulysses-degree ranks, a zigzag ring across the groups",
-                options={**_OWN, "ulysses_degree": ULYSSES_DEGREE}, ulysses="option"),
+                options={**_OWN, "ulysses_degree": ULYSSES_DEGREE}, ulysses="option", emulates=True),
         Variant("usp_varlen", "zigzag", "engines.usp:usp_varlen_attention",
                 "packed documents, each in the zigzag layout over the ring, Ulysses inside groups of "
                 "--ulysses-degree ranks", varlen=True, shard_by_document=True, options={**_OWN, "ulysses_degree": ULYSSES_DEGREE},
-                ulysses="option"),
+                ulysses="option", emulates=True),
         Variant("torch_cp", "zigzag", "peers.torch_cp:torch_cp_attention",
                 "peer: PyTorch's context_parallel around SDPA (head-tail balancing, all-gather or all-to-all "
                 "rotation)", non_causal=False, options={"rotate": ROTATE_RULE}, devices=("cuda",),

@@ -497,10 +497,11 @@ class CaseSpec:
                         "prints a breakdown per rank (kernel, merge, exposed communication, other) and writes "
                         "OUT/profile-<case label>.png", False, False, default_text="off", in_case_id=False,
                         optional=True, commands=("run",), flag="--profile")
-    emulate: bool = row("one process on one device plays every rank in turn, the ring's transfers replaced by device "
-                        "copies of the K/V blocks each rank would receive (drawn from the same seeds): compute-only "
-                        "time per rank and the efficiency bound at world_size, in records that say emulated: true; "
-                        "ring, zigzag and stripe only, no process group of world_size ranks needed", False, False,
+    emulate: bool = row("one process on one device plays every rank in turn, every transfer (the ring's, the "
+                        "all-gather and reduce-scatter, the all-to-all) replaced by device copies of what each rank "
+                        "would receive (drawn from the same seeds): compute-only time per rank and the efficiency "
+                        "bound at world_size, in records that say emulated: true; ringbench's own variants (not the "
+                        "peers), no process group of world_size ranks needed", False, False,
                         default_text="off", optional=True, commands=("run",), flag="--emulate")
     cuda_graph: str = row("capture each timed iteration (forward and backward: kernels, merges, transfers) as one "
                           "CUDA graph and replay it, which takes the host's launches out of the loop: on (capture, "

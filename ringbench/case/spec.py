@@ -129,13 +129,10 @@ def emulation_refusal(spec: CaseSpec) -> str | None:
         return None
     if variant.peer:
         why = "it is a peer whose own code drives torch.distributed, which one process cannot play"
-    elif variant.varlen:
-        why = "its packed documents are checked with an all-gather, and collectives are not emulated"
     else:
-        why = (f"its collectives ({'all-to-all' if variant.ulysses else 'all-gather'}) are not emulated, only the "
-               "ring's point-to-point transfers")
-    able = ", ".join(name for name, v in VARIANTS.items() if v.emulates)
-    return f"{spec.variant} cannot run with --emulate: {why}; emulate {able}, or run {spec.variant} without --emulate"
+        why = "it is not one of the variants whose communication emulation replaces (Variant.emulates)"
+    return (f"{spec.variant} cannot run with --emulate: {why}; emulate {names(lambda v: v.emulates)}, or run "
+            f"{spec.variant} without --emulate")
 
 
 def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
@@ -166,12 +163,6 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
     if spec.cuda_graph == "on" and spec.device != "cuda":
         raise SpecError(f"cuda_graph 'on' needs --device cuda, and this case runs on {spec.device}; pass "
                         "--cuda-graph auto or off")
-    if spec.emulate and spec.sink == "learnable":
-        # An off-by-one sink is emulated: it joins each row after the ring's last merge, on the
-        # rank that holds the row, and has no gradient; a learnable one's gradient is all-reduced.
-        raise SpecError(f"sink {spec.sink!r} is not emulated: its gradient is summed over the ranks by a collective "
-                        "(an all-reduce), which one process cannot play; drop --emulate, or pass --sink off-by-one "
-                        "(no gradient) or --sink none")
     if spec.flush_l2 and spec.device != "cuda":
         raise SpecError(f"flush_l2 writes a buffer larger than a GPU's L2 cache between timed iterations, and device "
                         f"{spec.device} has no L2 that ringbench flushes; drop --flush-l2 or pass --device cuda")

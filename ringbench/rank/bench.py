@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ringbench.case.work import attention_flops
-from ringbench.rank.setup import case_setup, sink_logits
+from ringbench.rank.setup import CaseSetup, case_setup, sink_logits
 from ringbench.rank import graphs
 from ringbench.rank.peaks import Peak, case_peak
 from ringbench.case.spec import CaseSpec, spec_docs
@@ -221,9 +221,37 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         RuntimeError: a TFLOP/s above the device's peak, or a multi-rank run that sent nothing.
     """
     case = case_setup(spec, group)
-    rank, world_size, variant, kernel, dtype = case.rank, case.world_size, case.variant, case.kernel, case.dtype
+    q, k, v, dout = rank_inputs(spec, case.rank, case.dtype, device)
+    step, reference, ref_docs = rank_calls(case, (q, k, v, dout), device=device, group=group)
+    mine = measure_rank(spec, step, reference, inputs=(q, k, v), device=device, group=group, ref_docs=ref_docs,
+                        local=spec.seqlen // case.world_size)
+    gathered: list[RankMeasure] = [None] * case.world_size
+    dist.all_gather_object(gathered, mine, group=group)
+    return run_fields(spec, case.variant, gathered, device=device, group=group)
+
+
+def rank_calls(case: CaseSetup, inputs: tuple[torch.Tensor, ...], *, device: torch.device,
+               group=None) -> tuple[Callable[[], None], Callable[[], None], list[int] | None]:
+    """This rank's timed iteration of the variant and its reference, for :func:`measure_rank`.
+
+    With packed documents the variant gets the global ``cu_seqlens`` prepared here, once
+    (``varlen.prepare``: checked across the ranks of ``group``), and the reference is the
+    kernel's varlen call on this rank's local document pieces (:func:`bench_case`).
+
+    Args:
+        case: the case as this rank runs it (``setup.case_setup``).
+        inputs: this rank's ``(q, k, v, dout)`` (:func:`rank_inputs`).
+        device: this rank's device.
+        group: the context-parallel group (default: the world; an emulated one under an emulation).
+
+    Returns:
+        ``(step, reference, ref_docs)``: the iteration, the reference (the same kernel, same
+        mode, on this rank's share) and the local document lengths the reference attends, or
+        ``None`` (batch form).
+    """
+    spec, variant, kernel, rank, world_size = case.spec, case.variant, case.kernel, case.rank, case.world_size
+    q, k, v, dout = inputs
     local = spec.seqlen // world_size
-    q, k, v, dout = rank_inputs(spec, rank, dtype, device)
     causal, scale, backward = case.causal, case.scale, spec.mode == "fwd_bwd"
     attention, options, docs = variant.attention, case.options, case.docs
     # The reference attends the rank's share under the same window (the band alone, not causal).
@@ -240,7 +268,7 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         ref_offsets = local_cu.tolist()
         ref_docs = [b - a for a, b in zip(ref_offsets, ref_offsets[1:])]
         ref_max = max(ref_docs)
-    sink = sink_logits(spec, dtype, device)
+    sink = sink_logits(spec, case.dtype, device)
     if sink is not None:
         options = {**options, "sink": sink}
 
@@ -260,11 +288,7 @@ def bench_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
             if backward:
                 kernel.backward(dout, q, k, v, out, lse, ref_causal, scale, **ref_kw)
 
-    mine = measure_rank(spec, step, reference, inputs=(q, k, v), device=device, group=group, ref_docs=ref_docs,
-                        local=local)
-    gathered: list[RankMeasure] = [None] * world_size
-    dist.all_gather_object(gathered, mine, group=group)
-    return run_fields(spec, variant, gathered, device=device, group=group)
+    return step, reference, ref_docs
 
 
 @dataclass(frozen=True)
@@ -335,8 +359,8 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
     sent, received = inst.traffic.bytes_sent, inst.traffic.bytes_received
     graph = graphs.for_case(spec.cuda_graph, step, device=device, world_size=spec.world_size,
                             emulated=spec.emulate, group=group,
-                            median_ms=lambda fn: statistics.median(time_iterations(fn, iters=5, warmup=0, device=device,
-                                                                                   group=group)))
+                            median_ms=lambda fn: quantiles(time_iterations(fn, iters=5, warmup=0, device=device,
+                                                                           group=group))[1])
     # Allocated before the peak counters are reset, so it is in every figure of the window,
     # and exactly its bytes come off the allocated one.
     flush, flush_bytes = l2_flush(device) if spec.flush_l2 else (None, None)

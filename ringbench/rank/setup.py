@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
 
 from ringbench.case.fields import DTYPES, variant_options
 from ringbench.case.spec import CaseSpec, layout_of, padded_docs, spec_docs
 from ringbench.variants import Variant, get_variant
+from ringbench.variants.instruments import emulation
 from ringbench.variants.kernels import Kernel, get_kernel
 from ringbench.variants.kernels.common import Window, window_band
 
@@ -53,10 +53,12 @@ class CaseSetup:
 
 
 def case_setup(spec: CaseSpec, group=None) -> CaseSetup:
-    """The :class:`CaseSetup` of ``spec`` on this rank of ``group`` (default: the world)."""
+    """The :class:`CaseSetup` of ``spec`` on this rank of ``group`` (default: the world); under an
+    emulation (``run --emulate``), the emulated rank of the emulated world."""
     variant = get_variant(spec.variant)
+    rank, world_size = emulation.rank_and_size(group)
     return CaseSetup(
-        spec=spec, rank=dist.get_rank(group), world_size=dist.get_world_size(group), variant=variant,
+        spec=spec, rank=rank, world_size=world_size, variant=variant,
         kernel=get_kernel(spec.kernel), dtype=getattr(torch, DTYPES[spec.dtype]), causal=spec.causal,
         scale=spec.head_dim ** -0.5, options=variant_options(spec), layout=layout_of(spec, variant),
         ulysses_degree=variant.layout_degree(spec.world_size, spec.ulysses_degree), band=window_band(spec.window),

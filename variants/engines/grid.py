@@ -20,6 +20,9 @@ from typing import NamedTuple
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
+from . import comm
+from ..instruments import emulation
+
 
 class Grid(NamedTuple):
     """This rank's two groups and its place in them."""
@@ -38,22 +41,29 @@ _GRIDS: dict[tuple, Grid] = {}
 def process_grid(group: dist.ProcessGroup | None, ulysses_degree: int) -> Grid:
     """This rank's Ulysses and ring groups for ``ulysses_degree`` over ``group`` (default: the world).
 
+    Under an emulation (``run --emulate``) the groups are the emulation's (``comm.new_group``),
+    made again by each call and not cached here.
+
     Raises:
         ValueError: a degree that does not divide the group's size (the message starts ``[rank r/W]``).
     """
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-    world_size, me = len(ranks), ranks.index(dist.get_rank())
+    ranks = comm.group_ranks(group)
+    world_size, me = len(ranks), ranks.index(comm.global_rank())
     if ulysses_degree < 1 or world_size % ulysses_degree:
         raise ValueError(f"[rank {me}/{world_size}] ulysses_degree {ulysses_degree} does not divide the group's "
                          f"{world_size} ranks; pass a divisor of {world_size}")
-    key = (id(_c10d._get_default_group()), tuple(ranks), ulysses_degree)
-    grid = _GRIDS.get(key)
+    emulated = emulation.current() is not None
+    key = (id(_c10d._get_default_group()), tuple(ranks), ulysses_degree) if not emulated else None
+    grid = _GRIDS.get(key) if key else None
     if grid is None:
         u, r = me % ulysses_degree, me // ulysses_degree
         ring_degree = world_size // ulysses_degree
-        ulysses = dist.new_group([ranks[r * ulysses_degree + i] for i in range(ulysses_degree)],
-                                 use_local_synchronization=True)
-        ring = dist.new_group([ranks[j * ulysses_degree + u] for j in range(ring_degree)],
-                              use_local_synchronization=True)
-        grid = _GRIDS[key] = Grid(ulysses, ring, u, r, ulysses_degree, ring_degree)
+        ulysses_split = [[ranks[j * ulysses_degree + i] for i in range(ulysses_degree)] for j in range(ring_degree)]
+        ring_split = [[ranks[j * ulysses_degree + i] for j in range(ring_degree)] for i in range(ulysses_degree)]
+        # The Ulysses group first, on every rank alike (group creation is collective).
+        ulysses = comm.new_group(ulysses_split, ranks[me])
+        ring = comm.new_group(ring_split, ranks[me])
+        grid = Grid(ulysses, ring, u, r, ulysses_degree, ring_degree)
+        if key:
+            _GRIDS[key] = grid
     return grid

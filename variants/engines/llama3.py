@@ -21,7 +21,7 @@ import torch.distributed as dist
 from . import layouts
 from . import comm
 from .. import instruments
-from ..instruments import observe, timeline
+from ..instruments import emulation, observe, timeline
 from ..kernels.common import accumulation_dtype, window_band
 from ..kernels import Kernel, as_kernel
 from .merge import add_steps, merge_step
@@ -42,8 +42,8 @@ def _chunks(layout: str, rank: int, world_size: int, seqlen_local: int) -> list[
 
 
 def _gather_global(x: Tensor, group, world_size: int) -> tuple[Tensor, dist.Work | None]:
-    """Start gathering every rank's shard of ``x`` [B, S/W, H, D]; returns the [W, ...] buffer."""
-    x = x.contiguous()
+    """Start gathering every rank's shard of ``x`` [B, S/W, H, D] (a view: a head group of the
+    shard, which ``comm`` makes contiguous for the call); returns the [W, ...] buffer."""
     # Concatenated along dim 0, the shape every backend takes; viewed as [W, ...] after.
     buf = torch.empty((world_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     work = comm.all_gather_into_tensor(buf, x, group=group, async_op=True)
@@ -60,7 +60,7 @@ def reduce_scatter_shards(full: Tensor, layout: str, group) -> Tensor:
 
     Used for the float32 key gradients, which every rank holds for the whole sequence.
     """
-    world_size = dist.get_world_size(group)
+    world_size = emulation.rank_and_size(group)[1]
     shards = torch.cat([layouts.shard(full, layout, r, world_size) for r in range(world_size)])
     part = torch.empty_like(shards[: shards.shape[0] // world_size])
     with timeline.span("comm"):
@@ -124,7 +124,7 @@ def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local:
 
 
 def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None):
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    rank, world_size = emulation.rank_and_size(group)
     B, S_local, H = q.shape[:3]
     G = H // k.shape[2]
     acc = accumulation_dtype(q.dtype)
@@ -148,7 +148,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None)
 
 
 def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, layout, window=None):
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    rank, world_size = emulation.rank_and_size(group)
     S_local, G = q.shape[1], q.shape[2] // k.shape[2]
     acc = accumulation_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from . import balanced, layouts
-from ..instruments import observe, timeline
+from ..instruments import emulation, observe, timeline
 from ..kernels.common import accumulation_dtype, window_band
 from ..kernels import Kernel, as_kernel
 from .llama3 import GatheredAttention, _gathered_kv, _head_groups, head_group_stride, reduce_scatter_shards
@@ -152,7 +152,7 @@ def _observe_dkv(seen, pieces: Pieces, heads: slice, dk: Tensor, dv: Tensor, seq
 
 
 def _forward(q, k, v, causal, scale, group, kernel, stride, pieces: Pieces):
-    world_size = dist.get_world_size(group)
+    world_size = emulation.rank_and_size(group)[1]
     G = q.shape[2] // k.shape[2]
     out = q.new_empty(*q.shape[:3], v.shape[3])  # v's head dim (head_dim_v)
     lse = torch.empty(1, q.shape[2], q.shape[1], dtype=accumulation_dtype(q.dtype),
@@ -178,7 +178,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, pieces: Pieces):
 
 
 def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, pieces: Pieces):
-    world_size = dist.get_world_size(group)
+    world_size = emulation.rank_and_size(group)[1]
     G = q.shape[2] // k.shape[2]
     acc = accumulation_dtype(q.dtype)
     dq = torch.empty_like(q)
@@ -193,7 +193,7 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
                                        pieces.max_k, causal and not pieces.window, scale, **pieces.window)
         if seen is not None:
             seen.dq_block(slice(None), qh, g[0])
-            _observe_dkv(seen, pieces, hs, g[1], g[2], q.shape[1], dist.get_world_size(group))
+            _observe_dkv(seen, pieces, hs, g[1], g[2], q.shape[1], world_size)
         whole = world_size == 1 and isinstance(pieces.keys, slice) and pieces.keys == slice(0, k.shape[1])
         if whole and qh == slice(0, q.shape[2]):
             return g  # one head group on the only rank: the kernel's gradients are the result
@@ -251,7 +251,7 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
             varlen form, a ``heads_k_stride`` outside 1..Hkv, an unknown layout, or a window that
             is not positive, without ``causal``, or on a kernel that takes none.
     """
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    rank, world_size = emulation.rank_and_size(group)
     prefix = f"[rank {rank}/{world_size}]"
     if cu_seqlens is None:
         raise ValueError(f"{prefix} llama3_varlen takes packed documents and needs cu_seqlens, the global int32 "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..instruments import emulation
 from ..rules import document_rule
 from ..kernels import Kernel
 from .ring import Plan, VarlenSteps, contiguous_plan, run_ring
@@ -33,7 +34,7 @@ Tensor = torch.Tensor
 def _run(name: str, layout: str, plan: Plan, q: Tensor, k: Tensor, v: Tensor, *, causal: bool,
          softmax_scale: float | None, group, kernel, cu_seqlens: Tensor | None,
          sink: Tensor | None, window: int | None = None) -> tuple[Tensor, Tensor]:
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    rank, world_size = emulation.rank_and_size(group)
     prefix = f"[rank {rank}/{world_size}]"
     if cu_seqlens is None:
         raise ValueError(f"{prefix} {name} takes packed documents and needs cu_seqlens, the global int32 "

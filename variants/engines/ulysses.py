@@ -13,13 +13,16 @@ rows are whole, so the kernel (or the ring's varlen steps) takes its documents' 
 
 GQA: the degree must divide the query heads. K/V heads are split the same way when the degree
 divides them; when it exceeds them (and is a multiple of them), each K/V head is replicated
-``U / Hkv`` times before the all-to-all, as DeepSpeed does, and the replicas' gradients are
-summed in float32 on the way back (``variants.ulysses_rule``). Where a ring of several ranks
-summed each replica's gradient, it crosses the all-to-all in float32, unrounded, so the
-replicas' sum is rounded once (rounding each replica to bf16 first loses what the
-block-decomposition check measures, where replicas nearly cancel).
+``U / Hkv`` times, as DeepSpeed does: the all-to-all sends the head itself to ``U / Hkv`` ranks
+(no repeated copy is made first), and the replicas' gradients are summed in float32 on the
+way back (``variants.ulysses_rule``). Where a ring of several ranks summed each replica's
+gradient, it crosses the all-to-all in float32, unrounded, so the replicas' sum is rounded
+once (rounding each replica to bf16 first loses what the block-decomposition check measures,
+where replicas nearly cancel).
 
-Bytes go through ``comm.all_to_all_single`` (and the ring's ``RingComm``), counted there.
+Bytes go through ``comm.all_to_all`` (and the ring's ``RingComm``), counted there; every part
+an all-to-all sends is a view of the tensor it swaps, which is also what lets one process
+emulate the exchange exactly (``run --emulate``, ``instruments/emulation.py``).
 While an observation is open (verify), the ring's kernel calls are reported to verify's
 block-decomposition reference through ``observe.regrid``, which turns their head-sharded rows
 into the ranks, rows and heads of the variant's own shards; otherwise nothing is reported.
@@ -33,9 +36,9 @@ import torch
 import torch.distributed as dist
 
 from .. import instruments
-from ..instruments import observe, timeline
+from ..instruments import emulation, observe
 from ..rules import ulysses_rule
-from .comm import all_reduce, all_to_all_single
+from .comm import all_reduce, all_to_all
 from .grid import Grid, process_grid
 from ..kernels.common import accumulation_dtype
 from ..kernels import Kernel, as_kernel
@@ -47,46 +50,36 @@ from .varlen import prepare
 Tensor = torch.Tensor
 
 
-@timeline.timed("comm")
-def _exchange(recv: Tensor, send: Tensor, group) -> None:
-    # A blocking all-to-all: all of it is exposed communication in --profile.
-    all_to_all_single(recv, send, group)
+def seq_to_heads(x: Tensor, group, degree: int, replicas: int = 1) -> Tensor:
+    """``[B, s, H, D]`` sequence-sharded over ``degree`` ranks to ``[B, degree * s, H * replicas / degree, D]``.
 
-
-def seq_to_heads(x: Tensor, group, degree: int) -> Tensor:
-    """``[B, s, H, D]`` sequence-sharded over ``degree`` ranks to ``[B, degree * s, H / degree, D]``.
-
-    Part j of the rows comes from Ulysses rank j, so the rows are in the group's order.
+    Part j of the rows comes from Ulysses rank j, so the rows are in the group's order. With
+    ``replicas`` above 1 (the degree exceeds the K/V heads), each head goes to ``replicas``
+    ranks, one head each: rank u gets head ``u // replicas``, as if the heads were repeated
+    (``repeat_interleave``) first. Every part sent is a view of ``x``.
     """
     if degree == 1:
         return x
-    B, s, H, D = x.shape
-    send = x.reshape(B, s, degree, H // degree, D).permute(2, 0, 1, 3, 4).contiguous()
-    recv = torch.empty_like(send)
-    _exchange(recv, send, group)
-    return recv.permute(1, 0, 2, 3, 4).reshape(B, degree * s, H // degree, D).contiguous()
+    h = x.shape[2] * replicas // degree
+    heads = [slice(u * h, (u + 1) * h) if replicas == 1 else slice(u // replicas, u // replicas + 1)
+             for u in range(degree)]
+    return all_to_all([x[:, :, hs] for hs in heads], 1, group)
 
 
 def heads_to_seq(x: Tensor, group, degree: int) -> Tensor:
     """``[B, S, h, D]`` head-sharded to ``[B, S / degree, degree * h, D]``: the inverse of :func:`seq_to_heads`."""
     if degree == 1:
         return x
-    B, S, h, D = x.shape
-    send = x.reshape(B, degree, S // degree, h, D).permute(1, 0, 2, 3, 4).contiguous()
-    recv = torch.empty_like(send)
-    _exchange(recv, send, group)
-    return recv.permute(1, 2, 0, 3, 4).reshape(B, S // degree, degree * h, D).contiguous()
+    s = x.shape[1] // degree
+    return all_to_all([x[:, u * s:(u + 1) * s] for u in range(degree)], 2, group)
 
 
 def lse_heads_to_seq(lse: Tensor, group, degree: int) -> Tensor:
     """lse ``[B, h, S]`` head-sharded to ``[B, degree * h, S / degree]``."""
     if degree == 1:
         return lse
-    B, h, S = lse.shape
-    send = lse.reshape(B, h, degree, S // degree).permute(2, 0, 1, 3).contiguous()
-    recv = torch.empty_like(send)
-    _exchange(recv, send, group)
-    return recv.permute(1, 0, 2, 3).reshape(B, degree * h, S // degree).contiguous()
+    s = lse.shape[2] // degree
+    return all_to_all([lse[:, :, u * s:(u + 1) * s] for u in range(degree)], 1, group)
 
 
 class UlyssesRing(torch.autograd.Function):
@@ -98,14 +91,13 @@ class UlyssesRing(torch.autograd.Function):
         heads = q.shape[2] // grid.ulysses_degree
         mine = slice(grid.ulysses_rank * heads, (grid.ulysses_rank + 1) * heads)  # this rank's heads after the a2a
         sink_h = sink[mine] if sink is not None else None
-        replicas = max(1, grid.ulysses_degree // k.shape[2])
+        replicas = max(1, grid.ulysses_degree // k.shape[2])  # degree above the K/V heads: replicated (DeepSpeed)
         # This rank's K/V heads after the a2a, as heads of k (a replica: the head it copies).
         kv_heads = k.shape[2] * replicas // grid.ulysses_degree
         first = grid.ulysses_rank * kv_heads // replicas
         kv_mine = slice(first, first + max(1, kv_heads // replicas))
-        if replicas > 1:  # degree above the K/V heads: replicate each K/V head (DeepSpeed)
-            k, v = k.repeat_interleave(replicas, dim=2), v.repeat_interleave(replicas, dim=2)
-        qh, kh, vh = (seq_to_heads(t, grid.ulysses, grid.ulysses_degree) for t in (q, k, v))
+        qh = seq_to_heads(q, grid.ulysses, grid.ulysses_degree)
+        kh, vh = (seq_to_heads(t, grid.ulysses, grid.ulysses_degree, replicas) for t in (k, v))
         regrid = dict(ulysses_degree=grid.ulysses_degree, ring_rank=grid.ring_rank, rows_per_rank=q.shape[1],
                       q_heads=mine, kv_heads=kv_mine)
         with observe.regrid(**regrid):
@@ -179,7 +171,7 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
             ring, an invalid cu_seqlens, documents the ring cannot cut, batch above 1 with
             documents, or a kernel that cannot take the call.
     """
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    rank, world_size = emulation.rank_and_size(group)
     prefix = f"[rank {rank}/{world_size}]"
     reason = ulysses_rule(q.shape[2], k.shape[2], ulysses_degree, name)
     if reason:
@@ -246,7 +238,8 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     if cu_seqlens is not None:
         raise ValueError("ulysses is the batch form and takes no cu_seqlens; use ulysses_varlen")
     return run_ulysses("ulysses", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                       ulysses_degree=dist.get_world_size(group), plan=contiguous_plan, sink=sink, window=window)
+                       ulysses_degree=emulation.rank_and_size(group)[1], plan=contiguous_plan, sink=sink,
+                       window=window)
 
 
 def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
@@ -278,5 +271,5 @@ def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = 
         raise ValueError("ulysses_varlen takes packed documents and needs cu_seqlens, the global int32 document "
                          "offsets; pass cu_seqlens, or use the batch variant ulysses")
     return run_ulysses("ulysses_varlen", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
-                       kernel=kernel, ulysses_degree=dist.get_world_size(group), plan=contiguous_plan,
+                       kernel=kernel, ulysses_degree=emulation.rank_and_size(group)[1], plan=contiguous_plan,
                        cu_seqlens=cu_seqlens, sink=sink, window=window)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..instruments import emulation
 from ..rules import document_rule, resolve_ulysses_degree
 from ..kernels import Kernel
 from .ulysses import run_ulysses
@@ -29,7 +30,7 @@ Tensor = torch.Tensor
 
 def _degree(ulysses_degree: int | None, q: Tensor, k: Tensor, group) -> int:
     # The harness passes the degree it resolved; a direct caller may leave it to the default.
-    return resolve_ulysses_degree(ulysses_degree, dist.get_world_size(group), q.shape[2], k.shape[2])
+    return resolve_ulysses_degree(ulysses_degree, emulation.rank_and_size(group)[1], q.shape[2], k.shape[2])
 
 
 def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softmax_scale: float | None = None,

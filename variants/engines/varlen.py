@@ -17,7 +17,9 @@ import collections
 import weakref
 
 import torch
-import torch.distributed as dist
+
+from . import comm
+from ..instruments import emulation
 
 Tensor = torch.Tensor
 
@@ -85,16 +87,15 @@ def check_cu_seqlens(cu_seqlens: Tensor, seqlen_local: int, group=None) -> list[
     Source: the cu_seqlens contract of flash-attn's varlen functions, and ring-flash-attn's
     varlen variants, which take the global cu_seqlens on every rank.
     """
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    rank, world_size = emulation.rank_and_size(group)
     total = seqlen_local * world_size
     problem = _local_problem(cu_seqlens, total)
     offsets = cu_seqlens.tolist() if problem is None else []
     mine = [0 if problem is None else 1, seqlen_local, len(offsets), *_fingerprint(offsets)]
-    device = cu_seqlens.device if isinstance(cu_seqlens, Tensor) else torch.device("cpu")
-    if dist.get_backend(group) == "nccl" and device.type != "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = comm.collective_device(cu_seqlens.device if isinstance(cu_seqlens, Tensor) else torch.device("cpu"),
+                                    group)
     parts = [torch.empty(len(mine), dtype=torch.int64, device=device) for _ in range(world_size)]
-    dist.all_gather(parts, torch.tensor(mine, dtype=torch.int64, device=device), group=group)
+    comm.all_gather(parts, torch.tensor(mine, dtype=torch.int64, device=device), group=group)
     rows = [p.tolist() for p in parts]
     prefix = f"[rank {rank}/{world_size}]"
     if problem is not None:
@@ -168,7 +169,7 @@ _BY_TENSOR: dict[int, tuple] = {}
 
 
 def _group_key(group) -> tuple:
-    return (id(group), dist.get_rank(group), dist.get_world_size(group))
+    return (id(group), *emulation.rank_and_size(group))
 
 
 def prepare(cu_seqlens: "Tensor | Documents", seqlen_local: int, group=None) -> Documents:
@@ -198,7 +199,7 @@ def prepare(cu_seqlens: "Tensor | Documents", seqlen_local: int, group=None) -> 
     """
     if isinstance(cu_seqlens, Documents):
         if cu_seqlens.seqlen_local != seqlen_local:
-            rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+            rank, world_size = emulation.rank_and_size(group)
             raise ValueError(f"[rank {rank}/{world_size}] the documents were prepared for {cu_seqlens.seqlen_local} "
                              f"tokens per rank but q holds {seqlen_local}; prepare them for this row")
         return cu_seqlens

@@ -3,7 +3,7 @@
 While an instrument context with a timeline is open (``instruments.open(timeline=device)``,
 ``context.py``), the functions the ring engine (``ring.py``) and its
 communicator (``comm.py``) wrap with :func:`timed`, and the all-gather engines' (``llama3.py``,
-``llama3_varlen.py``) :func:`span` blocks and the Ulysses engine's all-to-all (``ulysses.py``),
+``llama3_varlen.py``) :func:`span` blocks and the Ulysses exchange (``comm.all_to_all``),
 record one span each: its kind, the phase
 (``fwd`` or ``bwd``) and ring step the engine last announced with :func:`step`, and its start
 and end marks. On CUDA a mark is a CUDA event recorded on the current stream, so nothing waits
@@ -18,7 +18,8 @@ The kinds:
 - ``comm``: waiting for a transfer (``RingComm.wait``; the all-gather engines: the K/V gather's
   wait and the dK/dV reduce-scatter; Ulysses: each all-to-all). On CUDA that is the time the compute
   stream stalls for the transfer, the exposed communication; on CPU the time the host blocks.
-  Under emulation (``emulation.py``) it is the device copies that stand in for the transfers.
+  Under emulation (``emulation.py``) it is the device copies that stand in for the transfers
+  (each emulated transfer or collective one span).
 
 The host gap (CUDA only): when a span starts, the mark that ended the previous span (or began
 the iteration) is asked, without waiting, whether the device has reached it. If it has, the

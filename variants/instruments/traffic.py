@@ -11,7 +11,8 @@ closes. Both follow one set of byte rules, and a byte is counted once: a call ma
 inside a counted call (a helper in ``comm`` calling a ``torch.distributed`` function that the
 patch wraps) adds nothing.
 
-The rules, per rank and per call, W the ranks of the call's group:
+The rules, per rank and per call, W the ranks of the call's group (under an emulation,
+``emulation.py``, the emulated group's, so an emulated rank counts what a real one sends):
 
 - send / isend: the tensor handed to the send is sent; recv / irecv: the tensor filled is
   received; ``batch_isend_irecv``: each of its operations so.
@@ -42,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
-from . import context
+from . import context, emulation
 
 Tensor = torch.Tensor
 
@@ -98,7 +99,7 @@ def nbytes(t: Tensor) -> int:
 
 
 def _world(group) -> int:
-    return dist.get_world_size(group)
+    return emulation.rank_and_size(group)[1]  # an emulated group's size under an emulation
 
 
 def _is_root(group, root: int | None, group_root: int | None) -> bool:
@@ -155,7 +156,7 @@ def _reduce_scatter(output, input_list, op=None, group=None, *args, **kwargs):
 
 def _all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                        *args, **kwargs):
-    world_size, rank = _world(group), dist.get_rank(group)
+    rank, world_size = emulation.rank_and_size(group)
 
     def others(t, splits):
         if not splits:
@@ -167,7 +168,7 @@ def _all_to_all_single(output, input, output_split_sizes=None, input_split_sizes
 
 
 def _all_to_all(output_tensor_list, input_tensor_list, group=None, *args, **kwargs):
-    rank = dist.get_rank(group)
+    rank = emulation.rank_and_size(group)[0]
     sent = sum(nbytes(t) for i, t in enumerate(input_tensor_list) if i != rank)
     received = sum(nbytes(t) for i, t in enumerate(output_tensor_list) if i != rank)
     return sent, received
