@@ -21,7 +21,6 @@ import inspect
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from helpers import ringbench
-from ringbench.errors import SpecError
 from ringbench.case.spec import CaseSpec, default_fields, expand_ulysses_degree
 from ringbench.variants import VARIANTS, default_ulysses_degree, factorizations, ulysses_rule
 from ringbench.variants.engines import layouts
