@@ -63,7 +63,7 @@ def test_fields_variant_options_are_the_rows_that_say_so():
     ("causal", 1, r"^causal 1 is an int, but causal must be true or false"),
     ("docs", "1,,2", r"^docs '1,,2' has no length for document 2"),
     ("rotate", "ring", r"^rotate 'ring' is unknown; pass --rotate with one of allgather, alltoall$"),
-    ("hf_model", "nope", r"^model 'nope' is unknown; pass --model with one of llama-"),
+    ("hf_model", "nope", r"^model 'nope' is unknown; pass --model with one of gpt-oss-tiny, llama-"),
     ("colour", "red", r"^field 'colour' is not a case field; use one of task, variant"),
 ])
 def test_fields_each_row_checks_its_own_value(name, value, pattern):

@@ -89,6 +89,9 @@ def test_register_names_the_implementation_and_refuses_bad_setups():
         hf.register("zigzag", heads_k_stride=2)
     with pytest.raises(ValueError, match=r"^torch_cp needs its own context held around the whole training step"):
         hf.register("torch_cp")
+    with pytest.raises(ValueError, match=r"^window 10 is not an option of register, since each layer brings its own "
+                                         r"window \(the sliding_window transformers passes it"):
+        hf.register("zigzag", window=10)
     # A name holding "flash" would send transformers looking for a FlashAttention build.
     assert hf.register_single("torch-flash") == "ringbench_single_torch-fa"
     _tiny(hf.register_single("torch-flash"))  # a model switches to it
@@ -118,6 +121,84 @@ def test_single_attention_matches_transformers_sdpa_batch_and_packed():
     assert torch.allclose(packed[:, 40:], ref(ids[:, 40:]).logits, atol=1e-10)
 
 
+def _shipped(name: str, dtype=torch.float64):
+    from ringbench.rank.model_check import build
+
+    return build(name, 0).to(dtype)
+
+
+def _loss_and_grads(base, attn: str, ids) -> tuple[torch.Tensor, dict]:
+    import copy
+
+    model = copy.deepcopy(base)
+    hf.use_attention(model, attn)
+    logits = model(ids).logits
+    logits.pow(2).mean().backward()
+    return logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.slow  # transformers' Qwen2 and gpt-oss classes take some 10 s to import here
+@pytest.mark.parametrize("name, theirs", [("qwen2-tiny", "sdpa"), ("gpt-oss-tiny", "eager")])
+def test_single_and_reference_attention_match_transformers_under_windows_and_sinks(name, theirs):
+    """Each layer's sliding window and gpt-oss's sinks mean what transformers means by them:
+    the model check's float64 reference and single-device attention give transformers' own
+    logits and gradients (its eager attention for gpt-oss, whose softmax takes the sinks; sdpa
+    for Qwen2, whose eager softmax runs in float32)."""
+    base = _shipped(name)
+    ids = torch.randint(256, (1, 96), generator=torch.Generator().manual_seed(0))  # past the 40-key window
+    want, want_grads = _loss_and_grads(base, theirs, ids)
+    for attn in (hf.register_reference(), hf.register_single("cpu")):
+        got, grads = _loss_and_grads(base, attn, ids)
+        assert torch.allclose(got, want, rtol=0, atol=1e-10), (attn, float((got - want).abs().max()))
+        for n, g in grads.items():
+            assert torch.allclose(g, want_grads[n], rtol=0, atol=1e-9), (attn, n, float((g - want_grads[n]).abs().max()))
+    sinks = [g for n, g in want_grads.items() if n.endswith("sinks")]
+    assert len(sinks) == (2 if name == "gpt-oss-tiny" else 0) and all(bool(g.abs().min() > 0) for g in sinks)
+    # The window bites: the same weights with every layer full give other logits.
+    full = _shipped(name)
+    for layer in full.model.layers:
+        layer.self_attn.sliding_window = None
+    assert not torch.allclose(_loss_and_grads(full, hf.register_reference(), ids)[0], want, atol=1e-3)
+
+
+@pytest.mark.slow  # transformers' Qwen2 and gpt-oss classes take some 10 s to import here
+def test_shipped_models_match_what_transformers_builds():
+    """What ringbench reads from a model file without transformers (each layer's window, the
+    sinks, the parameter count behind the estimate) is what transformers builds from it."""
+    from ringbench.case.models import list_models, load_model
+    from ringbench.rank.model_check import build
+
+    windowed = sinks = 0
+    for name in list_models():
+        spec = load_model(name)
+        with torch.device("meta"):  # no memory: llama-small is 0.3 B parameters
+            model = build(name, 0)
+        layers = model.model.layers
+        assert [getattr(l.self_attn, "sliding_window", None) or 0 for l in layers] == list(spec.layer_windows), name
+        assert all(hasattr(l.self_attn, "sinks") == (spec.sink == "learnable") for l in layers), name
+        assert sum(p.numel() for p in model.parameters()) == spec.parameter_count(), name
+        windowed += spec.window > 0
+        sinks += spec.sink == "learnable"
+    assert windowed >= 2 and sinks >= 1  # qwen2-tiny, gpt-oss-tiny: not vacuous
+
+
+@pytest.mark.slow  # transformers' Qwen2 and gpt-oss classes take some 10 s to import here
+def test_a_layers_window_or_sinks_reach_only_a_variant_that_takes_them():
+    """A layer's window or sinks given to a variant without them is refused at the call, before
+    any communication, not dropped (test-only variants: sink_every_block takes a sink but no
+    window, band_one_row a window but no sink; gpt-oss-tiny's first layer has both)."""
+    ids = torch.randint(256, (1, 64))
+    gpt_oss = _shipped("gpt-oss-tiny", torch.float32)
+    hf.use_attention(gpt_oss, hf.register("sink_every_block", kernel="cpu"))
+    with pytest.raises(ValueError, match=r"^this layer has a sliding window of 40 keys, which sink_every_block cannot "
+                                         r"take; register ring, zigzag, .* or usp_varlen$"):
+        gpt_oss(ids)
+    hf.use_attention(gpt_oss, hf.register("band_one_row", kernel="cpu"))
+    with pytest.raises(ValueError, match=r"^this layer has attention sinks \(s_aux\), which band_one_row cannot take; "
+                                         r"register ring, zigzag, .* or usp_varlen$"):
+        gpt_oss(ids)
+
+
 def test_padding_mask_is_refused_not_ignored():
     model = _tiny(hf.register_single("math"))
     mask = torch.ones(1, 32, dtype=torch.long)
@@ -127,9 +208,9 @@ def test_padding_mask_is_refused_not_ignored():
 
 
 @pytest.mark.parametrize("args, pattern", [
-    (["--model", "nope"], r"^model 'nope' is unknown; pass --model with one of llama-small, llama-tiny$"),
+    (["--model", "nope"], r"^model 'nope' is unknown; pass --model with one of gpt-oss-tiny, llama-small, llama-tiny, "
+                          r"qwen2-tiny$"),
     (["--model", "llama-tiny", "--world-size", "3"], r"^world_size 3 does not fit model llama-tiny: its 256 tokens"),
-    (["--model", "llama-tiny", "--variant", "zigzag_varlen"], r"^zigzag_varlen attends packed documents, but the case"),
     (["--model", "llama-tiny", "--variant", "zigzag", "--docs", "56,200"],
      r"^docs '56,200' is given, but zigzag is a batch variant"),
     (["--model", "llama-tiny", "--docs", "56,100"], r"^docs '56,100' sum to 156 tokens, but model llama-tiny has 256"),
@@ -137,12 +218,47 @@ def test_padding_mask_is_refused_not_ignored():
     (["--model", "llama-tiny", "--seqlen", "512"], r"^--seqlen does not go with --model llama-tiny, which fixes seqlen "
                                                    r"at 256; drop --seqlen$"),
     (["--model", "llama-tiny", "--heads", "8"], r"^--heads does not go with --model llama-tiny, which fixes heads"),
+    # The model's config gives each layer its window and sinks (issue 27: --window 10 ran, and
+    # both ranks failed on an option the adapter then refused).
+    (["--model", "llama-tiny", "--window", "10"], r"^--window does not go with --model llama-tiny, which has no sliding "
+                                                 r"window; drop --window$"),
+    (["--model", "qwen2-tiny", "--window", "40"], r"^--window does not go with --model qwen2-tiny, which has a sliding "
+                                                 r"window of 40 keys on layer 2 of 2 from its config; drop --window$"),
+    (["--model", "llama-tiny", "--sink", "learnable"], r"^--sink does not go with --model llama-tiny, which has no "
+                                                       r"attention sink; drop --sink$"),
+    (["--model", "gpt-oss-tiny", "--sink", "none"], r"^--sink does not go with --model gpt-oss-tiny, whose attention "
+                                                    r"layers have their own learnable sinks; drop --sink$"),
+    (["--model", "llama-tiny", "--docs", "128,128", "--doc-pad", "64"],
+     r"^--doc-pad 64 does not go with --model llama-tiny: the model check feeds the documents of --docs to the model "
+     r"unpadded, as a training step packs them; drop --doc-pad, or check padded attention alone without --model$"),
+    (["--model", "qwen2-tiny", "--variant", "sink_every_block"],
+     r"^sink_every_block cannot take what model qwen2-tiny's attention layers need \(a sliding window of 40 keys on "
+     r"layer 2 of 2\); use ring, zigzag, .* or usp_varlen, or a model without them such as llama-tiny$"),
+    (["--model", "gpt-oss-tiny", "--variant", "band_one_row"],
+     r"^band_one_row cannot take what model gpt-oss-tiny's attention layers need \(a learnable sink per query head\); "
+     r"use ring, zigzag, .* or usp_varlen, or a model without them such as llama-tiny$"),
+    (["--model", "gpt-oss-tiny", "--variant", "yc_ulysses"],
+     r"^yc_ulysses cannot be checked with --model: it needs its own context held around the whole training step "
+     r"\(forward and backward\), which the Hugging Face adapter does not hold; check its attention without --model$"),
+    (["--model", "qwen2-tiny", "--variant", "ulysses", "--world-size", "4"],
+     r"^world_size 4 does not fit model qwen2-tiny: ulysses runs Ulysses over every rank, which needs a world size "
+     r"that divides its 6 query heads and divides its 2 K/V heads or is a multiple of them; pass --world-size 2$"),
 ])
 def test_verify_model_refuses_bad_input_with_exit_2(args, pattern):
     result = runner.invoke(app, ["verify", *args])
     assert result.exit_code == 2, result.output
     assert re.search(pattern, result.output.strip()), result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_verify_model_refuses_an_architecture_the_installed_transformers_lacks(monkeypatch):
+    from ringbench.case import models
+
+    monkeypatch.setattr(models.importlib.metadata, "version", lambda name: "4.50.0")
+    assert models.architecture_refusal("gpt-oss-tiny") == (
+        "model gpt-oss-tiny is a gpt_oss model, which transformers builds from release 4.55 on, but 4.50.0 is "
+        "installed; upgrade it with pip install -U 'transformers>=4.55'")
+    assert models.architecture_refusal("qwen2-tiny") is None
 
 
 def test_verify_model_without_transformers_names_the_extra(monkeypatch):

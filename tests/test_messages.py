@@ -91,6 +91,14 @@ VARLEN = ["verify", "--variant", "zigzag_varlen", "--world-size", "2", "--device
     ("1,1023,3072", "documents 1 and 2 have 1 and 1023 tokens, not multiples of 2 * world_size = 4, which "
                     "zigzag_varlen needs for every document; pass --docs 4,1020,3072, pad the documents with "
                     "--doc-pad 4 --seqlen 4100, or use --variant llama3_varlen, which takes any document lengths"),
+    # More than four documents off the multiple are counted by length, not listed one by one.
+    ("1,1,1,2,2,4089", "3 documents of 1 token, 2 of 2 tokens and 1 of 4089 tokens are not multiples of 2 * "
+                       "world_size = 4, which zigzag_varlen needs for every document; pass --docs 4,4,4,4,4,4088 "
+                       "--seqlen 4108, pad the documents with --doc-pad 4 --seqlen 4112, or use --variant "
+                       "llama3_varlen, which takes any document lengths"),
+    ("1,2,3,5,4085", "5 documents of 1 to 4085 tokens are not multiples of 2 * world_size = 4, which zigzag_varlen "
+                     "needs for every document; pass --docs 4,4,4,4,4084 --seqlen 4100, pad the documents with "
+                     "--doc-pad 4 --seqlen 4108, or use --variant llama3_varlen, which takes any document lengths"),
     # Named before the sum is refused (4098, not 4096), with documents that fill the --seqlen given.
     ("100,3998", "document 2 has 3998 tokens, not a multiple of 2 * world_size = 4, which zigzag_varlen needs for "
                  "every document; pass --docs 100,3996, pad the documents with --doc-pad 4 --seqlen 4100, or use "

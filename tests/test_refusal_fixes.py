@@ -92,3 +92,101 @@ def test_a_model_refusal_suggests_only_variants_that_model_takes():
         build.cases_for("verify", {"variant": [name], "device": "cpu", "docs": "128,128"}, model="llama-tiny")
     refused = [n for n, v in VARIANTS.items() if v.varlen and v.model_refusal()]
     assert not set(refused) & set(suggested)
+
+
+# --------------------------------------------------------------------------- under --model
+
+#: The options of the fields a model fixes: under --model a refusal may only say to drop them
+#: (issue 27: a document refusal suggested --seqlen 704, which --model then refused).
+FIXED_BY_MODEL = ("--seqlen", "--batch", "--heads", "--kv-heads", "--head-dim", "--no-causal", "--causal", "--mode",
+                  "--window", "--sink")
+ONES = ",".join(["1"] * 64 + ["192"])  # 65 documents filling llama-tiny's 256 tokens
+
+
+def _model_cases(model: str, given: dict) -> list:
+    """verify --model MODEL's cases as the command builds them: its option checks, then the model's."""
+    case = {"device": "cpu", "hf_model": model, **{k: list(v) if isinstance(v, list) else v for k, v in given.items()}}
+    from ringbench.case import options
+
+    options.check_given(case)
+    case.pop("hf_model")
+    return build.cases_for("verify", case, model=model)[0]
+
+
+def _variants(text: str) -> list[str]:
+    found = re.split(r", | or ", text)
+    assert all(n in VARIANTS for n in found), text
+    return found
+
+
+def _fixes(message: str, model: str, given: dict) -> list[tuple[str, dict]]:
+    """Every fix the refusal suggests, as the (model, options) of the command that follows it; a
+    form not listed here fails, so a new kind of suggestion is followed too once it is added."""
+    fix = message.rsplit("; ", 1)[1]
+    for option in FIXED_BY_MODEL:
+        assert re.sub(rf"drop {option}\b", "", fix).find(option + " ") < 0, message
+
+    def with_(**changes) -> tuple[str, dict]:
+        return model, {**given, **changes}
+
+    if found := re.fullmatch(r"drop (--[a-z-]+)(?:, or check .* without --model)?", fix):
+        name = found.group(1)[2:].replace("-", "_")
+        assert name in given, message
+        return [(model, {k: v for k, v in given.items() if k != name})]
+    if found := re.fullmatch(r"pass --world-size (\d+)(?: or (\d+))?", fix):
+        return [with_(world_size=[int(w)]) for w in found.groups() if w]
+    if found := re.fullmatch(r"(?:pass --docs (\S+), or )?use --variant (\w+), which takes any document lengths", fix):
+        docs, variant = found.groups()
+        return ([with_(docs=docs)] if docs else []) + [with_(variant=[variant])]
+    if found := re.fullmatch(r"use (.+), or a model without them such as ([\w-]+)", fix):
+        return [with_(variant=[n]) for n in _variants(found.group(1))] + [(found.group(2), given)]
+    if found := re.fullmatch(r"use (.+), or drop --docs", fix):
+        return [with_(variant=[n]) for n in _variants(found.group(1))] + [
+            (model, {k: v for k, v in given.items() if k != "docs"})]
+    if found := re.fullmatch(r"use a degree that .*, such as (\d+)", fix):
+        return [with_(ulysses_degree=int(found.group(1)))]
+    if found := re.fullmatch(r"pass --heads-k-stride (\d+) or fewer", fix):
+        return [with_(heads_k_stride=int(found.group(1)))]
+    if fix == "check its attention without --model":
+        return []  # another command: the variant is one --model cannot check here
+    pytest.fail(f"a fix this test cannot follow yet: {fix!r} (of {message!r})")
+
+
+@pytest.mark.parametrize("model, given, start", [
+    ("llama-tiny", dict(variant=["zigzag_varlen"], world_size=[4], docs=ONES), "64 documents of 1 token are not"),
+    ("llama-tiny", dict(variant=["zigzag_varlen"], world_size=[4], docs="1,255"), "documents 1 and 2 have 1 and 255"),
+    ("llama-tiny", dict(variant=["zigzag_varlen"], world_size=[2, 4], docs="1,255"), "documents 1 and 2 have"),
+    ("llama-tiny", dict(variant=["zigzag"], docs=ONES), "docs '1,1,1,...,192' (65 documents) is given"),
+    ("llama-tiny", dict(world_size=[3]), "world_size 3 does not fit model llama-tiny"),
+    ("llama-tiny", dict(variant=["ulysses"], world_size=[8]), "world_size 8 does not fit model llama-tiny"),
+    ("qwen2-tiny", dict(variant=["ulysses"], world_size=[4]), "world_size 4 does not fit model qwen2-tiny"),
+    ("qwen2-tiny", dict(variant=["usp"], world_size=[4], ulysses_degree=4), "Ulysses degree 4 does not divide heads 6"),
+    ("llama-tiny", dict(variant=["llama3"], heads_k_stride=3), "heads_k_stride 3 must be between 1 and kv_heads = 2"),
+    ("llama-tiny", dict(seqlen=512), "--seqlen does not go with --model llama-tiny"),
+    ("llama-tiny", dict(window=10), "--window does not go with --model llama-tiny"),
+    ("qwen2-tiny", dict(window=40), "--window does not go with --model qwen2-tiny"),
+    ("llama-tiny", dict(sink="learnable"), "--sink does not go with --model llama-tiny"),
+    ("gpt-oss-tiny", dict(sink="none"), "--sink does not go with --model gpt-oss-tiny"),
+    ("llama-tiny", dict(docs="128,128", doc_pad=64), "--doc-pad 64 does not go with --model llama-tiny"),
+    ("qwen2-tiny", dict(variant=["sink_every_block"]), "sink_every_block cannot take what model qwen2-tiny's"),
+    ("gpt-oss-tiny", dict(variant=["band_one_row"]), "band_one_row cannot take what model gpt-oss-tiny's"),
+    ("gpt-oss-tiny", dict(variant=["yc_ulysses"]), "yc_ulysses cannot be checked with --model"),
+])
+def test_every_fix_a_model_refusal_suggests_is_one_the_same_command_takes(model, given, start):
+    with pytest.raises(SpecError) as got:
+        _model_cases(model, given)
+    message = str(got.value)
+    assert message.startswith(start) and "\n" not in message, message
+    for fixed_model, fixed in _fixes(message, model, given):
+        assert _model_cases(fixed_model, fixed), (message, fixed_model, fixed)  # raises if the fix is refused too
+
+
+def test_a_varlen_variant_under_model_without_documents_packs_the_row_as_one():
+    """So batch and varlen variants go in one command (zigzag, llama3_varlen, usp), and each
+    record says what ran: docs is the model's seqlen."""
+    cases = _model_cases("qwen2-tiny", dict(variant=["zigzag", "llama3_varlen", "usp"], world_size=[2, 4]))
+    assert [(c.variant, c.world_size, c.docs) for c in cases] == [
+        ("zigzag", 2, ""), ("zigzag", 4, ""), ("llama3_varlen", 2, "256"), ("llama3_varlen", 4, "256"),
+        ("usp", 2, ""), ("usp", 4, "")]
+    assert {(c.window, c.sink) for c in cases} == {(40, "none")}
+    assert {(c.window, c.sink) for c in _model_cases("gpt-oss-tiny", dict(variant=["ring"]))} == {(40, "learnable")}

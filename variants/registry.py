@@ -51,7 +51,8 @@ class Variant:
             ``session`` was held); empty: none.
         model_check: ``"module:function"`` returning why ``verify --model`` cannot check this
             variant here (rfa_*: the package's own Hugging Face adapter), or ``None``; empty:
-            ringbench's adapter (``adapters.hf``) checks it. See :meth:`model_refusal`.
+            ringbench's adapter (``adapters.hf``) checks it, unless it has a ``session``. See
+            :meth:`model_refusal`.
         expands_kv: it runs GQA by repeating K/V heads to the query heads; records say so.
         head_dim_v: it takes a value head dim apart from the query/key one (``head_dim_v``;
             then its kernel must too); False for peers whose code assumes one head dim.
@@ -222,9 +223,12 @@ class Variant:
         return notes
 
     def model_refusal(self) -> str | None:
-        """Why ``verify --model`` cannot check this variant here, in one sentence, or ``None``
-        (imports torch and the variant's library when ``model_check`` is set)."""
-        reason = self._load(self.model_check)() if self.model_check else None
+        """Why ``verify --model`` cannot check this variant here, in one sentence, or ``None``: its
+        ``model_check`` reason, else a ``session`` (torch_cp, the peers), which the adapter cannot hold
+        around a training step (imports torch and the variant's library when ``model_check`` is set)."""
+        reason = (self._load(self.model_check)() if self.model_check else None) or (
+            "it needs its own context held around the whole training step (forward and backward), which the Hugging "
+            "Face adapter does not hold" if self.session else None)
         return f"{self.name} cannot be checked with --model: {reason}; check its attention without --model" if reason else None
 
     def check_docs(self, docs, world_size: int) -> str | None:
@@ -359,6 +363,8 @@ TESTING_VARIANTS: dict[str, Variant] = {
                 options={"ulysses_degree": ULYSSES_DEGREE}, ulysses="option"),
         Variant("band_one_row", "contiguous", "fixtures.broken:band_one_row_attention",
                 "test only: a ring whose window drops every band part of one query row", options={"window": WINDOW}),
+        Variant("window_off_by_one", "zigzag", "fixtures.broken:window_off_by_one_attention",
+                "test only: zigzag whose window lets every query see one key more than the window", options=_OWN),
         Variant("fault_hang", "contiguous", "fixtures.broken:fault_hang_attention",
                 "test only: rank W-1 sleeps forever inside attention"),
         Variant("fault_raise", "contiguous", "fixtures.broken:fault_raise_attention",

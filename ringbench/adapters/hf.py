@@ -7,9 +7,14 @@ attention layer as the variant over the context-parallel group: every rank feeds
 the tokens (``ringbench.adapters.cp.shard_batch``). Works with transformers 4.48 and later;
 needs transformers: ``pip install -e '.[hf]'`` in the checkout.
 
+Each layer's own sliding window and sinks reach the variant: the ``sliding_window`` that
+transformers passes a layer (Mistral, Qwen2, gpt-oss's banded layers) becomes the variant's
+``window``, and gpt-oss's ``s_aux`` (the layer's learnable sink logits) its ``sink``, whose
+gradient reaches the model's sink parameter.
+
 Only the training-style forward over whole sharded rows is supported: causal attention, no
-padding mask (pack documents instead), no KV cache, no dropout, softcap or sliding window;
-each of these raises ``ValueError`` rather than give a wrong result.
+padding mask (pack documents instead), no KV cache, no dropout or softcap; each of these, and a
+window or sink the variant cannot take, raises ``ValueError`` rather than give a wrong result.
 """
 
 from __future__ import annotations
@@ -19,13 +24,15 @@ from typing import Callable
 import torch
 
 from ringbench.adapters.cp import ShardedBatch, all_reduce_grads, causal_lm_loss, shard_batch
-from ringbench.variants import get_variant
+from ringbench.variants import get_variant, names
 from ringbench.variants.engines import varlen
+from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
 from ringbench.variants.kernels import as_kernel, get_kernel
+from ringbench.variants.kernels.common import window_band
 from ringbench.errors import install_hint
 
-__all__ = ["register", "register_single", "use_attention", "shard_batch", "ShardedBatch", "causal_lm_loss",
-           "all_reduce_grads", "PREFIX", "implementation_name"]
+__all__ = ["register", "register_single", "register_reference", "use_attention", "shard_batch", "ShardedBatch",
+           "causal_lm_loss", "all_reduce_grads", "PREFIX", "implementation_name"]
 
 #: Every implementation this module registers is named by :func:`implementation_name`, after this prefix.
 PREFIX = "ringbench_"
@@ -93,10 +100,34 @@ def _refuse_unsupported(module, query, key, dropout, kwargs, attention_mask=None
     if dropout and module.training:
         raise ValueError(f"attention dropout {dropout} is not supported by ringbench attention; set the config's "
                          "attention_dropout to 0")
-    for option in ("softcap", "sliding_window"):
-        if kwargs.get(option) is not None:
-            raise ValueError(f"{option} {kwargs[option]} is not supported by ringbench attention; use a model "
-                             f"without {option}")
+    if kwargs.get("softcap") is not None:
+        raise ValueError(f"softcap {kwargs['softcap']} is not supported by ringbench attention; use a model "
+                         "without softcap")
+
+
+def _window(kwargs) -> int:
+    """The layer's causal sliding window in keys (transformers' ``sliding_window``: query p sees keys
+    p - L + 1 .. p), 0 for a layer without one."""
+    window = kwargs.get("sliding_window")
+    return int(window) if window else 0
+
+
+class _GroupShare(torch.autograd.Function):
+    """The identity, whose gradient is the incoming one over the group's size.
+
+    A variant returns ``d sink`` summed over the group, the same on every rank; the training
+    loop then sums every parameter's gradient over the group (:func:`all_reduce_grads`), so each
+    rank hands the sink parameter its 1/W share, and the sum counts the gradient once.
+    """
+
+    @staticmethod
+    def forward(ctx, sink, size: int):
+        ctx.size = size
+        return sink.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / ctx.size, None
 
 
 def _causal(module, is_causal) -> bool:
@@ -123,20 +154,26 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
     (this rank's share, in the variant's layout) and returns ``(out [B, S/W, Hq, D], None)``.
     Packed documents (varlen variants, B = 1) come as the forward keyword ``cu_seq_lens_q``:
     the global int32 offsets ``[N + 1]``, the same on every rank (``ShardedBatch.model_inputs``).
-    Registering the same variant again replaces the earlier binding.
+    A layer's ``sliding_window`` (an int, keys) is passed as the variant's ``window``, and
+    ``s_aux`` (``[Hq]``, gpt-oss's sink logits, a parameter of the layer) as its ``sink``: the
+    parameter's gradient on each rank is 1/W of the group's, so summing the gradients over the
+    group (:func:`all_reduce_grads`) gives the whole. Registering the same variant again replaces
+    the earlier binding.
 
     Args:
         variant: a ringbench variant name (``zigzag``, ``llama3_varlen``...).
         group: the context-parallel process group (default: the world).
         kernel: the local attention kernel (``auto``, ``torch-flash``, ``cpu``...).
-        **options: the variant's options, such as ``layout`` or ``heads_k_stride`` (llama3).
+        **options: the variant's options, such as ``layout`` or ``heads_k_stride`` (llama3); not
+            ``window``, which each layer brings.
 
     Returns:
         The name to pass as ``attn_implementation``.
 
     Raises:
-        ValueError: an unknown variant or kernel, an option the variant does not take, or a
-            variant that needs a session around the step (torch_cp).
+        ValueError: an unknown variant or kernel, an option the variant does not take (``window``
+            included), or a variant that needs a session around the step (torch_cp); at a call, a
+            window or sink the variant cannot take.
         ImportError: transformers is not installed.
     """
     v = get_variant(variant)
@@ -146,6 +183,10 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
                          f"such as zigzag")
     if kernel != "auto":
         get_kernel(kernel)
+    if "window" in options:
+        raise ValueError(f"window {options['window']} is not an option of register, since each layer brings its own "
+                         "window (the sliding_window transformers passes it, from the model's config); drop window= "
+                         "and set the config's sliding_window")
     allowed = set(v.keywords)
     unknown = sorted(set(options) - allowed)
     if unknown:
@@ -164,10 +205,21 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
         if not v.varlen and cu_seqlens is not None:
             raise ValueError(f"{variant} is a batch variant and takes no packed documents; register a varlen "
                              "variant such as zigzag_varlen")
+        window, sink = _window(kwargs), kwargs.get("s_aux")
+        if window and not v.takes_window:
+            raise ValueError(f"this layer has a sliding window of {window} keys, which {variant} cannot take; "
+                             f"register {names(lambda x: x.takes_window and not x.session)}")
+        if sink is not None and not v.sink:
+            raise ValueError(f"this layer has attention sinks (s_aux), which {variant} cannot take; register "
+                             f"{names(lambda x: x.sink and not x.session)}")
         q, k, val = (t.transpose(1, 2).contiguous() for t in (query, key, value))
         # Every layer gets the same offsets tensor: the first one checks it, the others reuse
         # the prepared documents and their schedules (varlen.prepare).
         extra = {"cu_seqlens": varlen.prepare(cu_seqlens, q.shape[1], group)} if v.varlen else {}
+        if window:
+            extra["window"] = window
+        if sink is not None:
+            extra["sink"] = _GroupShare.apply(sink, torch.distributed.get_world_size(group))
         out, _ = attention_fn(q, k, val, causal=causal, softmax_scale=scaling, group=group, kernel=kernel,
                               **options, **extra)
         return out, None
@@ -178,36 +230,50 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
 
 
 class _KernelAttention(torch.autograd.Function):
-    """One kernel over the whole sequence (or packed row), differentiable; no context parallelism."""
+    """One kernel over the whole sequence (or packed row), differentiable; no context parallelism.
+
+    Under a sliding window (``band``, the kernels' ``(left, right)``) and with a sink (``[Hq]``
+    logits, or ``None``) it is what verify's single device runs: the sink joins each row once
+    (``apply_sink``), the kernel's backward takes the row's out and lse with the sink, and
+    ``d sink`` is :func:`local_sink_grad`.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, kernel, causal, scale, cu_seqlens):
+    def forward(ctx, q, k, v, sink, kernel, causal, scale, cu_seqlens, band):
+        kw = {"window": band} if band else {}
         if cu_seqlens is None:
-            out, lse = kernel.forward(q, k, v, causal, scale)
+            out, lse = kernel.forward(q, k, v, causal, scale, **kw)
             ctx.varlen = None
         else:
             n = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-            out, lse = kernel.forward_varlen(q, k, v, cu_seqlens, cu_seqlens, n, n, causal, scale)
+            out, lse = kernel.forward_varlen(q, k, v, cu_seqlens, cu_seqlens, n, n, causal, scale, **kw)
             ctx.varlen = (cu_seqlens, cu_seqlens, n, n)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.kernel, ctx.causal, ctx.scale = kernel, causal, scale
+        if sink is not None:
+            out, lse = apply_sink(out, lse, sink.detach())
+            out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, sink)
+        ctx.kernel, ctx.causal, ctx.scale, ctx.kw = kernel, causal, scale, kw
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sink = ctx.saved_tensors
         dout = dout.contiguous()
         if ctx.varlen is None:
-            dq, dk, dv = ctx.kernel.backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale)
+            dq, dk, dv = ctx.kernel.backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale, **ctx.kw)
         else:
-            dq, dk, dv = ctx.kernel.backward_varlen(dout, q, k, v, out, lse, *ctx.varlen, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None, None, None
+            dq, dk, dv = ctx.kernel.backward_varlen(dout, q, k, v, out, lse, *ctx.varlen, ctx.causal, ctx.scale,
+                                                    **ctx.kw)
+        dsink = local_sink_grad(dout, out, lse, sink).to(sink.dtype) if ctx.needs_input_grad[3] else None
+        return dq, dk, dv, dsink, None, None, None, None, None
 
 
 def register_single(kernel: str = "auto") -> str:
     """Register whole-sequence attention through one kernel, no context parallelism, as
-    ``ringbench_single_<kernel>`` (see :func:`implementation_name`): the reference side of a model check (``math`` in float64 is
-    the ground truth). Same contract as :func:`register`, on unsharded rows.
+    ``ringbench_single_<kernel>`` (see :func:`implementation_name`): the single-device side of a model
+    check, as verify's single device runs it (:class:`_KernelAttention`; the ground truth is
+    :func:`register_reference`). Same contract as :func:`register`, on unsharded rows, each
+    layer's window and sinks included.
 
     Raises:
         ValueError: an unknown kernel.
@@ -221,12 +287,51 @@ def register_single(kernel: str = "auto") -> str:
         _refuse_unsupported(module, query, key, dropout, kwargs, attention_mask)
         causal = _causal(module, is_causal)
         q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
-        cu_seqlens = _cu_seqlens(kwargs)
-        kern = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], varlen=cu_seqlens is not None)
+        cu_seqlens, window = _cu_seqlens(kwargs), _window(kwargs)
+        kern = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], varlen=cu_seqlens is not None,
+                         window=bool(window))
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-        return _KernelAttention.apply(q, k, v, kern, causal, scale, cu_seqlens), None
+        return _KernelAttention.apply(q, k, v, kwargs.get("s_aux"), kern, causal, scale, cu_seqlens,
+                                      window_band(window)), None
 
     name = implementation_name("single", kernel)
+    _register(name, attention)
+    return name
+
+
+def register_reference() -> str:
+    """Register the ground truth of a model check as ``ringbench_reference``: whole-sequence
+    attention through autograd of the ``math`` kernel's plain-torch forward, meant for a float64
+    model. A layer's sliding window is the kernel's band, and its sinks (``s_aux``) join each
+    row by ``L = logaddexp(lse, s_h)``, ``out * exp(lse - L)``, so neither the kernels' backward
+    nor the engines' sink identities (``sinks.py``) enter the gradients it gives. Same contract
+    as :func:`register_single`.
+
+    Raises:
+        ImportError: transformers is not installed.
+    """
+    math = get_kernel("math")
+
+    def attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, is_causal=None,
+                  **kwargs):
+        _refuse_unsupported(module, query, key, dropout, kwargs, attention_mask)
+        causal = _causal(module, is_causal)
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
+        cu_seqlens, band = _cu_seqlens(kwargs), window_band(_window(kwargs))
+        kw = {"window": band} if band else {}
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        if cu_seqlens is None:
+            out, lse = math.forward(q, k, v, causal, scale, **kw)
+        else:
+            n = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+            out, lse = math.forward_varlen(q, k, v, cu_seqlens, cu_seqlens, n, n, causal, scale, **kw)
+        sink = kwargs.get("s_aux")
+        if sink is not None:
+            total = torch.logaddexp(lse, sink.to(lse.dtype)[None, :, None])
+            out = out * torch.exp(lse - total).transpose(1, 2).unsqueeze(-1).to(out.dtype)
+        return out, None
+
+    name = implementation_name("reference")
     _register(name, attention)
     return name
 

@@ -476,9 +476,11 @@ class CaseSpec:
                               "one case per factorization of the world size", 0, 0,
                               default_text="the largest the heads allow; 0 for the other variants", label="U={}",
                               optional=True, parse=ULYSSES_DEGREE, check=_check_ulysses_degree)
-    hf_model: str = row("check a whole model instead of attention alone: a random-initialised Llama (llama-tiny: 256 "
-                        "tokens, for CPU; llama-small: 16k tokens, for GPUs) through the Hugging Face adapter; it "
-                        "fixes seqlen, batch, heads, kv_heads and head_dim; needs the hf extra", "", "",
+    hf_model: str = row("check a whole model instead of attention alone: a randomly initialised model through the "
+                        "Hugging Face adapter (llama-tiny, qwen2-tiny with a sliding-window layer, gpt-oss-tiny with "
+                        "banded and full layers and learnable sinks: 256 tokens, for CPU; llama-small: 16k tokens, for "
+                        "GPUs); it fixes seqlen, batch, heads, kv_heads, head_dim, window and sink; needs the hf "
+                        "extra", "", "",
                         default_text="the attention check", optional=True, commands=("verify",), flag="--model",
                         check=_if_set(_check_model))
     repeat: int = row("times each case runs in the same launch; above 1, out, lse, dq, dk and dv must be bitwise the "

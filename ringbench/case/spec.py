@@ -166,15 +166,14 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
     if spec.flush_l2 and spec.device != "cuda":
         raise SpecError(f"flush_l2 writes a buffer larger than a GPU's L2 cache between timed iterations, and device "
                         f"{spec.device} has no L2 that ringbench flushes; drop --flush-l2 or pass --device cuda")
-    if spec.hf_model and (spec.sink != "none" or spec.doc_pad):
-        given = f"sink {spec.sink!r}" if spec.sink != "none" else f"doc_pad {spec.doc_pad}"
-        raise SpecError(f"{given} is not checked with --model, whose Llama has neither sinks nor padded documents; "
-                        "check the attention alone without --model")
     if spec.hf_model:
-        from ringbench.case.models import check_case
+        from ringbench.case import models
 
-        check_case(spec)
-        reason = variant.model_refusal()  # a peer whose model adapter cannot run here
+        if spec.doc_pad:
+            raise SpecError(f"doc_pad {spec.doc_pad} does not go with hf_model {spec.hf_model}: {models.PADDING}")
+        models.check_case(spec)
+        # A variant the adapter cannot run (a peer), or one without the model's window or sinks.
+        reason = models.variant_refusal(spec.hf_model, spec.variant)
         if reason:
             raise SpecError(reason)
     if spec.value_head_dim() != spec.head_dim and not variant.head_dim_v:
@@ -418,6 +417,49 @@ def _round_to_multiples(docs: list[int], n: int, total: int | None) -> list[int]
     return out
 
 
+#: Above this many documents, a refusal summarises them (:func:`docs_text`, :func:`_documents_phrase`).
+LISTED_DOCS = 4
+
+
+def docs_text(text: str) -> str:
+    """``--docs`` as a refusal quotes it: whole (``'100,156'``) up to a few documents, else its
+    first and last lengths and its count (``'1,1,1,...,192' (65 documents)``)."""
+    entries = str(text).split(",")
+    if len(entries) <= 2 * LISTED_DOCS:
+        return repr(text)
+    return f"'{','.join(entries[:3])},...,{entries[-1]}' ({len(entries)} documents)"
+
+
+def _documents_phrase(lengths: list[int], bad: list[int], pad: int = 0) -> str:
+    """The documents ``bad`` (0-based) of ``lengths`` (padded by ``pad``, where set) that a
+    refusal's rule follows: up to :data:`LISTED_DOCS`, by position (``document 3 has 7 tokens,
+    not a multiple``, ``documents 1 and 2 have 1 and 1023 tokens, not multiples``, ``doc_pad 7
+    pads documents 1 and 2 to 7 and 14 tokens, not multiples``); more, by length (``64 documents
+    of 1 token and 2 of 7 tokens are not multiples``, with more than three lengths ``70 documents
+    of 1 to 1023 tokens are not multiples``, after ``with doc_pad 7,`` where padded)."""
+    if len(bad) <= LISTED_DOCS:
+        which = f"document {bad[0] + 1}" if len(bad) == 1 else f"documents {listed([str(i + 1) for i in bad])}"
+        sizes = [lengths[i] for i in bad]
+        tokens = listed(map(str, sizes)) + (" token" if sizes == [1] else " tokens")
+        multiple = "a multiple" if len(bad) == 1 else "multiples"
+        if pad:
+            return f"doc_pad {pad} pads {which} to {tokens}, not {multiple}"
+        return f"{which} {'has' if len(bad) == 1 else 'have'} {tokens}, not {multiple}"
+    return (f"with doc_pad {pad}, " if pad else "") + _by_length(lengths, bad) + " are not multiples"
+
+
+def _by_length(lengths: list[int], bad: list[int]) -> str:
+    """``64 documents of 1 token and 2 of 7 tokens``; ``70 documents of 1 to 1023 tokens`` past three lengths."""
+    counts: dict[int, int] = {}
+    for i in bad:
+        counts[lengths[i]] = counts.get(lengths[i], 0) + 1
+    if len(counts) > 3:
+        return f"{len(bad)} documents of {min(counts)} to {plural(max(counts), 'token')}"
+    groups = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    parts = [f"{plural(c, 'document') if i == 0 else c} of {plural(n, 'token')}" for i, (n, c) in enumerate(groups)]
+    return listed(parts)
+
+
 def document_refusal(given: Mapping[str, Any], world_sizes: list[int] | None = None) -> str | None:
     """Why a document-sharded variant (``ring_varlen``, ``zigzag_varlen``, ``usp_varlen``) cannot cut
     the documents ``--docs`` gives, padded by ``doc_pad`` where set, or ``None``.
@@ -427,9 +469,12 @@ def document_refusal(given: Mapping[str, Any], world_sizes: list[int] | None = N
     names every document that is not, and a fix that passes this rule, the documents' sum and
     the seqlen rule at once: ``--docs`` with each offending length moved to a multiple next to
     it, summing to the given seqlen where that can be done (else with the ``--seqlen`` they
-    fill), padding them with ``--doc-pad`` under a causal mask, or llama3_varlen. Checked before
-    the seqlen rule, whose fix alone cannot make the documents fit. Drawn documents
-    (``doc_dist``) are left to the seqlen rule: they are drawn to the multiple once it holds.
+    fill), padding them with ``--doc-pad`` under a causal mask, or llama3_varlen. With
+    ``hf_model`` (``verify --model``, which fixes the seqlen and takes no padding) only the fixes
+    that keep the seqlen are offered. Checked before the seqlen rule, whose fix alone cannot make
+    the documents fit. Drawn documents (``doc_dist``) are left to the seqlen rule: they are drawn
+    to the multiple once it holds. More than :data:`LISTED_DOCS` offending documents are
+    summarised by length (:func:`_documents_phrase`).
 
     ``given`` may be partial: nothing is refused until variant, docs and world_size are given.
     """
@@ -447,6 +492,11 @@ def document_refusal(given: Mapping[str, Any], world_sizes: list[int] | None = N
         twice = "2 * " if variant.seqlen_multiple(1) == 2 else ""
         rule = f"{twice}world_size = {n}, which {variant.name} needs for every document"
     seqlen = fields.coerce("seqlen", given["seqlen"]) if isinstance(given.get("seqlen"), (int, str)) else None
+    model = given.get("hf_model")
+    if model and seqlen is None:  # the command's options before the model's fields join them
+        from ringbench.case.models import load_model
+
+        seqlen = load_model(model).seqlen
     real, pad = parse_docs(given["docs"]), given.get("doc_pad") or 0
 
     def padded(to: int) -> list[int]:
@@ -459,23 +509,24 @@ def document_refusal(given: Mapping[str, Any], world_sizes: list[int] | None = N
     bad = [i for i, d in enumerate(lengths) if d % n]
     if not bad:
         return None
-    which = (f"document {bad[0] + 1}" if len(bad) == 1 else
-             f"documents {listed([str(i + 1) for i in bad])}")
-    tokens = listed([str(lengths[i]) for i in bad]) + (" token" if [lengths[i] for i in bad] == [1] else " tokens")
-    multiple = "a multiple" if len(bad) == 1 else "multiples"
+    head = _documents_phrase(lengths, bad, pad)
+    fixes = []  # (the fix, the --seqlen it needs or "", what follows it)
     if pad:
         fit = -(-pad // n) * n
-        head, fixes = f"doc_pad {pad} pads {which} to {tokens}", [f"pass --doc-pad {fit}{fill(padded(fit))}"]
+        fixes.append((f"pass --doc-pad {fit}", fill(padded(fit)), ""))
     else:
-        head = f"{which} {'has' if len(bad) == 1 else 'have'} {tokens}"
         moved = _round_to_multiples(real, n, seqlen)
-        fixes = [f"pass --docs {','.join(map(str, moved))}{fill(moved)}"]
-        if given.get("causal", True) is not False and not given.get("hf_model"):
-            fixes.append(f"pad the documents with --doc-pad {n}{fill(padded(n))}")
+        fixes.append((f"pass --docs {','.join(map(str, moved))}", fill(moved), ""))
+        if given.get("causal", True) is not False and not model:
+            fixes.append((f"pad the documents with --doc-pad {n}", fill(padded(n)), ""))
     anywhere = get_variant("llama3_varlen")  # cuts the row, not each document: any lengths
     if sum(lengths) % math.lcm(*(anywhere.seqlen_multiple(w) for w in sizes)) == 0:
-        fixes.append(f"use --variant {anywhere.name}{fill(lengths)}, which takes any document lengths")
-    return f"{head}, not {multiple} of {rule}; {', '.join(fixes[:-1])}{', or ' if len(fixes) > 1 else ''}{fixes[-1]}"
+        fixes.append((f"use --variant {anywhere.name}", fill(lengths), ", which takes any document lengths"))
+    # --model fixes the seqlen: a fix that needs another one is no fix there.
+    offered = [fix + need + after for fix, need, after in fixes if not (model and need)]
+    if not offered:
+        offered = [f"check these documents without --model {model}"]
+    return f"{head} of {rule}; {', '.join(offered[:-1])}{', or ' if len(offered) > 1 else ''}{offered[-1]}"
 
 
 def _check_docs(spec: CaseSpec, variant) -> None:
@@ -485,11 +536,27 @@ def _check_docs(spec: CaseSpec, variant) -> None:
     if not variant.varlen:
         if docs is not None:
             given = "docs" if spec.docs else "doc_dist"
-            # Under --model, only the varlen variants --model takes (not a peer whose adapter cannot run here).
-            takes = (lambda v: v.varlen and not v.model_refusal()) if spec.hf_model else (lambda v: v.varlen)
-            raise SpecError(f"{given} {getattr(spec, given)!r} is given, but {spec.variant} is a batch variant and "
-                            f"takes no documents; use {names(takes)}, or drop --{given.replace('_', '-')}")
+            # Only the varlen variants that take these documents at this shape (and, under --model,
+            # that --model takes: not a peer whose adapter cannot run here).
+            def takes(v) -> bool:
+                return (v.varlen and v.check_docs(docs, spec.world_size) is None
+                        and v.check(seqlen=spec.seqlen, world_size=spec.world_size, causal=spec.causal,
+                                    heads=spec.heads, kv_heads=spec.kv_heads) is None
+                        and not (spec.hf_model and v.model_refusal()))
+            value = docs_text(spec.docs) if spec.docs else repr(spec.doc_dist)
+            others = names(takes)
+            raise SpecError(f"{given} {value} is given, but {spec.variant} is a batch variant and "
+                            f"takes no documents; {f'use {others}, or ' if others else ''}drop "
+                            f"--{given.replace('_', '-')}")
         return
+    if docs is None and spec.hf_model:
+        # The model fixes seqlen: documents that fill it, each a multiple of what the variant needs.
+        n = variant.seqlen_multiple(spec.world_size)
+        first = max(n, spec.seqlen // 4 // n * n)
+        example = f"{first},{spec.seqlen - first}" if first < spec.seqlen else str(spec.seqlen)
+        raise SpecError(f"{spec.variant} attends packed documents, but the case has none; pass --docs {example} "
+                        f"(lengths that sum to model {spec.hf_model}'s {spec.seqlen} tokens) or --doc-dist "
+                        f"lognormal:mean={max(n, spec.seqlen // 4)},sigma=1")
     if docs is None:
         raise SpecError(f"{spec.variant} attends packed documents, but the case has none; pass --docs 3000,500,12k "
                         "(lengths that sum to --seqlen) or --doc-dist lognormal:mean=4k,sigma=1")

@@ -1,9 +1,12 @@
 """End-to-end check of a model under context parallelism: loss and every parameter gradient.
 
 Every rank builds the same randomly initialised model (``ringbench.case.models``, the case's seed)
-and the same random tokens. Three runs on the same tokens:
+and the same random tokens. Each attention layer brings its own sliding window and sinks
+(transformers passes ``sliding_window`` and gpt-oss's ``s_aux``), which every run below honours.
+Three runs on the same tokens:
 
-- reference: float64, no context parallelism, attention through the ``math`` kernel;
+- reference: float64, no context parallelism, attention through autograd of the ``math``
+  kernel's plain-torch forward (``hf.register_reference``);
 - single: the case's dtype, no context parallelism, attention through the case's kernel over
   the whole sequence;
 - variant: the case's dtype, the variant over the group, through the Hugging Face adapter
@@ -34,12 +37,15 @@ def _tokens(spec: CaseSpec, vocab: int) -> torch.Tensor:
     return torch.randint(vocab, (spec.batch, spec.seqlen), generator=gen)
 
 
-def _build(spec: CaseSpec):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def build(name: str, seed: int):
+    """Model ``name`` of ``scenarios/models/`` with random weights from ``seed``: its architecture's
+    causal LM on CPU in float32, the same weights on every rank."""
+    import transformers
 
-    model = load_model(spec.hf_model)
-    torch.manual_seed(spec.seed)
-    return LlamaForCausalLM(LlamaConfig(**model.config))  # CPU, float32: the same weights on every rank
+    model = load_model(name)
+    arch = model.architecture
+    torch.manual_seed(seed)
+    return getattr(transformers, arch.model)(getattr(transformers, arch.config)(**model.config))
 
 
 def _copy(base, *, device, dtype):
@@ -63,10 +69,11 @@ def _grads(model, loss: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def _whole_row(base, ids: torch.Tensor, docs: list[int] | None, *, dtype, kernel: str, device) -> dict:
-    """Loss and gradients of ``base`` (copied to ``dtype``) over whole rows, no context parallelism."""
+def _whole_row(base, ids: torch.Tensor, docs: list[int] | None, *, dtype, attention: str, device) -> dict:
+    """Loss and gradients of ``base`` (copied to ``dtype``) over whole rows, no context parallelism,
+    through the registered attention implementation ``attention``."""
     model = _copy(base, device=device, dtype=dtype)
-    hf.use_attention(model, hf.register_single(kernel))
+    hf.use_attention(model, attention)
     batch, seqlen = ids.shape
     inputs = {"input_ids": ids.to(device)}
     keep = torch.ones(batch, seqlen - 1, dtype=torch.bool, device=device)
@@ -102,12 +109,14 @@ def check_model(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     """
     case = case_setup(spec, group)
     rank, world_size, dtype, docs = case.rank, case.world_size, case.dtype, case.docs
-    base = _build(spec)
+    base = build(spec.hf_model, spec.seed)
     ids = _tokens(spec, base.config.vocab_size)
 
     model = _copy(base, device=device, dtype=dtype)
-    hf.use_attention(model, hf.register(spec.variant, group=group, kernel=spec.kernel,
-                                        **case.options))
+    # Each layer's window comes from the model (its sliding_window at every call), not the case's
+    # window, which only says that some layers have one.
+    options = {k: v for k, v in case.options.items() if k != "window"}
+    hf.use_attention(model, hf.register(spec.variant, group=group, kernel=spec.kernel, **options))
     cu = layouts.cu_seqlens_from_docs(docs, device=device) if docs is not None else None
     batch = cp.shard_batch(ids.to(device), variant=spec.variant, rank=rank, world_size=world_size,
                            labels=ids.to(device), cu_seqlens=cu, layout=case.layout,
@@ -120,8 +129,8 @@ def check_model(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
 
     checks = None
     if rank == 0:
-        ref = _whole_row(base, ids, docs, dtype=torch.float64, kernel="math", device=device)
-        single = _whole_row(base, ids, docs, dtype=dtype, kernel=spec.kernel, device=device)
+        ref = _whole_row(base, ids, docs, dtype=torch.float64, attention=hf.register_reference(), device=device)
+        single = _whole_row(base, ids, docs, dtype=dtype, attention=hf.register_single(spec.kernel), device=device)
         checks = [tolerance_check(name, got[name], single[name], ref[name], single[name].dtype, tuple(ref[name].shape))
                   for name in ref]
     box = [checks]

@@ -121,14 +121,19 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
 def build_model_cases(model: str, scenario: Optional[str], given: dict[str, Any], *, nnodes: int = 1) -> list:
     """The cases of ``verify --model``: one per variant and world size, shape from the model's file.
 
-    Default variant: zigzag, or zigzag_varlen with documents; default world size 2.
+    Default variant: zigzag, or zigzag_varlen with documents; default world size 2. A varlen
+    variant without ``docs`` or ``doc_dist`` packs the model's row as one document. The model
+    fixes the shape, its sliding layers' window and its sinks, so every refusal here suggests
+    a fix the same command takes: a variant or a world size, never another seqlen.
 
     Raises:
-        SpecError: transformers missing, --scenario given, an option the model fixes, an
-            unknown model, or a case that cannot run (the variant, the documents, the world
-            size, the kernel...).
+        SpecError: transformers missing or too old for the model's architecture, --scenario
+            given, an option the model fixes (--window, --sink among them) or --doc-pad, an
+            unknown model, or a case that cannot run (a variant that cannot take the model's
+            window or sinks, the documents, the world size, the kernel...).
     """
     from ringbench.case import models
+    from ringbench.case.spec import docs_text
     from ringbench.variants import get_variant
 
     if scenario is not None:
@@ -136,29 +141,36 @@ def build_model_cases(model: str, scenario: Optional[str], given: dict[str, Any]
     if models.transformers_missing():
         raise SpecError(models.MISSING_EXTRA)
     fixed = models.case_fields(model)
+    reason = models.architecture_refusal(model)
+    if reason:
+        raise SpecError(reason)
     given = dict(given)
     clash = [k for k in fixed if k in given and k != "hf_model"]
     if clash:
-        raise SpecError(f"{fields.BY_NAME[clash[0]].option} does not go with --model {model}, which fixes "
-                        f"{clash[0]} at {fixed[clash[0]]!r}; drop {fields.BY_NAME[clash[0]].option}")
+        raise SpecError(models.clash_refusal(model, clash[0], fields.BY_NAME[clash[0]].option))
+    if given.get("doc_pad"):
+        raise SpecError(f"--doc-pad {given['doc_pad']} does not go with --model {model}: {models.PADDING}")
     has_docs = "docs" in given or "doc_dist" in given
     variants = given.pop("variant", None) or ["zigzag_varlen" if has_docs else "zigzag"]
     world_sizes = given.pop("world_size", None) or [2]
     seqlen = fixed["seqlen"]
     if "docs" in given and sum(fields.parse_docs(given["docs"])) != seqlen:
-        raise SpecError(f"docs {given['docs']!r} sum to {sum(fields.parse_docs(given['docs']))} tokens, but model "
-                        f"{model} has {seqlen}; pass documents that sum to {seqlen}")
+        raise SpecError(f"docs {docs_text(given['docs'])} sum to {sum(fields.parse_docs(given['docs']))} tokens, but "
+                        f"model {model} has {seqlen}; pass documents that sum to {seqlen}")
     cases = []
     for variant in variants:
+        reason = models.variant_refusal(model, variant)
+        if reason:
+            raise SpecError(reason)
         for world_size in world_sizes:
-            # The model fixes seqlen, so the fix the spec's message suggests (another seqlen) is not open here.
-            n = get_variant(variant).seqlen_multiple(world_size)
-            if seqlen % n:
-                fits = [w for w in range(2, 65) if seqlen % get_variant(variant).seqlen_multiple(w) == 0][:2]
-                raise SpecError(f"world_size {world_size} does not fit model {model}: its {seqlen} tokens are not a "
-                                f"multiple of {n}, which {variant} needs at that size; pass --world-size "
-                                f"{' or '.join(map(str, fits))}")
+            # The model fixes seqlen and heads, so the fixes the spec's messages suggest (another
+            # seqlen, other heads) are not open here.
+            reason = models.world_size_refusal(model, variant, world_size)
+            if reason:
+                raise SpecError(reason)
             case = dict(given, **fixed, variant=variant, world_size=world_size)
+            if get_variant(variant).varlen and not has_docs:
+                case["docs"] = str(seqlen)  # the model's row as one document, so batch and varlen variants mix
             cases += build_cases("verify", None, case, nnodes=nnodes)[0]  # one case: nothing is skipped
     return cases
 
