@@ -22,7 +22,7 @@ from ringbench.case.work import attention_flops
 from ringbench.model import memory, schedule
 from ringbench.model.calibration import Calibration, Call
 from ringbench.model.fabric import Cluster
-from ringbench.model.simulate import PARTS, simulate
+from ringbench.model.simulate import PARTS, play, price, segments
 
 GIB = 1024 ** 3
 #: What ``prediction.validated_error`` says until ``predict --against`` has been run on reference records.
@@ -81,7 +81,8 @@ def placement(cluster: Cluster, layout: schedule.Layout, how: str):
 
 
 def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluster,
-                 place: str = "ulysses-inner") -> dict[str, Any]:
+                 place: str = "ulysses-inner", programs: tuple | None = None,
+                 cache: dict | None = None) -> dict[str, Any]:
     """The predicted run fields of ``spec`` (a resolved ``CaseSpec`` at ``cluster.world_size``).
 
     Returns:
@@ -89,16 +90,30 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
         ``peak_allocated_gib`` estimated, ``bytes_sent``...) plus ``predicted: true`` and
         ``prediction`` (module docstring).
 
+    ``programs``: ``schedule.programs(spec)`` where the caller has it already (one walk serves
+    every kernel and placement of a case); ``cache``: a dict the caller keeps across calls, where
+    the programs' segments and their prices per kernel are kept.
+
     Raises:
         schedule.Unpredictable: a case whose schedule the model does not walk.
     """
-    progs, layout = schedule.programs(spec)
+    progs, layout = programs if programs is not None else schedule.programs(spec)
     where = placement(cluster, layout, place)
-    runs = simulate(progs, calibration=calibration, kernel=kernel, cluster=cluster, whiches=("lo", "mid", "hi"),
-                    place=where)
+    cache = {} if cache is None else cache
+    if ("segments", id(progs)) not in cache:  # the programs are kept with their segments, so their id stays theirs
+        cache[("segments", id(progs))] = (progs, segments(progs))
+    segs = cache[("segments", id(progs))][1]
+    key = ("priced", id(progs), kernel, id(calibration))
+    if key not in cache:
+        cache[key] = (progs, price(segs, calibration=calibration, kernel=kernel, whiches=("lo", "mid", "hi")))
+    runs = play(cache[key][1], cluster=cluster, place=where)
     mid = runs["mid"]
     W = spec.world_size
-    slowest = max(range(W), key=lambda r: mid[r].total_ms)
+    # The rank whose time it is: the last to finish, and among those (a collective ends them together)
+    # the busiest, whose path holds the work rather than the wait.
+    busy = [t.parts["compute"] + t.parts["overhead"] for t in mid]
+    last = max(t.total_ms for t in mid)
+    slowest = max((r for r in range(W) if mid[r].total_ms >= last * (1 - 1e-9)), key=lambda r: busy[r])
     time_ms = mid[slowest].total_ms
     interval = [max(t.total_ms for t in runs["lo"]), max(t.total_ms for t in runs["hi"])]
     from ringbench.case.spec import spec_docs
@@ -146,11 +161,16 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
         "bytes_received": int(max(sent)) if W > 1 else 0,
         "bus_gib_s": max(sent) / GIB / (time_ms * 1e-3) if W > 1 and time_ms > 0 else None,
         "bytes_counted": True,
+        "per_rank_busy_ms": busy,
+        "busy_imbalance": max(busy) / min(busy) if min(busy) > 0 else None,
         "prediction": {
             "fwd_ms": fwd_ms,
             "bwd_ms": time_ms - fwd_ms if spec.mode == "fwd_bwd" else None,
             "critical_path_ms": parts,
             "slowest_rank": slowest,
+            "busy_max_over_mean": max(busy) / (sum(busy) / W) if sum(busy) > 0 else None,
+            # Each rank alone, with free and instant transfers: what run --emulate measures.
+            "compute_only_ms": max(t.parts["compute"] + t.parts["overhead"] for t in mid),
             "bytes_by_link_class": by_class,
             "interval": {"time_ms": interval, "tflops_per_gpu": [tflops(interval[1]), tflops(interval[0])],
                          "efficiency": [eff_lo, eff_hi]},

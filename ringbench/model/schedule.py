@@ -167,9 +167,15 @@ def _whole(parts, seqlen_local: int) -> bool:
     return len(parts) == 1 and parts[0].q == (0, seqlen_local) and parts[0].kv == (0, seqlen_local)
 
 
-def _merge_bytes(rows: int, shape: Shape, esize: int) -> float:
-    # merge_step reads the running out (float32) and the block's out, writes out; lse read twice, written once.
-    return rows * shape.batch * shape.heads * (shape.head_dim_v * (4 + esize + 4) + 12)
+def _merge_bytes(rows: int, shape: Shape, esize: int, *, local: int | None = None, held: int = 4,
+                 into: int = 4) -> float:
+    """Bytes of one ``merge.merge_step``: the block's out read, the running out read at its rows and
+    written in ``into`` bytes an element; where the running out changes dtype (``held`` bytes, as
+    the engine keeps it: the input dtype while it holds one block, float32 while more follow)
+    every one of its ``local`` rows is carried over; lse read twice and written once."""
+    touched = local if (local is not None and held != into) else rows
+    per_row = shape.batch * shape.heads
+    return per_row * (touched * shape.head_dim_v * (held + into) + rows * shape.head_dim_v * esize + rows * 12)
 
 
 def _add_bytes(q_rows: int, kv_rows: int, shape: Shape, esize: int) -> float:
@@ -198,7 +204,8 @@ def ring_forward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, sh
     R = len(ring)
     n_steps = getattr(steps, "n_steps", R)
     kv_bytes = seqlen_local * shape.batch * shape.kv_heads * (shape.head_dim + shape.head_dim_v) * esize
-    ops, have_out = [], False
+    ops, held = [], None  # the running out's bytes per element (None: no block yet)
+    left = sum(steps(s, (me - s) % R) is not None for s in range(n_steps))  # ring._blocks_of
     for step in range(n_steps):
         if step + 1 < n_steps:
             ops.append(Post(f"{tag}f", "p2p", "fwd", step, kv_bytes, ring, ring[(me + 1) % R], ring[(me - 1) % R]))
@@ -209,10 +216,14 @@ def ring_forward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, sh
             if block.parts and not _whole(block.parts, seqlen_local):  # window.attend folds its parts
                 ops += [Compute("merge", "fwd", step, nbytes=_merge_bytes(c.q, shape, esize)) for c in calls]
             whole = isinstance(block.q, slice) and block.q == slice(None)
-            if have_out or not whole:  # the first block over every row is the running output as it is
-                ops.append(Compute("merge", "fwd", step, nbytes=_merge_bytes(_rows(block.q, seqlen_local), shape,
-                                                                              esize)))
-            have_out = True
+            left -= 1
+            into = esize if left == 0 else 4  # the last merge writes the input dtype (ring._ring_forward)
+            if held is None and whole:  # the first block over every row is the running output as it is
+                held = esize
+            else:
+                ops.append(Compute("merge", "fwd", step, nbytes=_merge_bytes(
+                    _rows(block.q, seqlen_local), shape, esize, local=seqlen_local, held=held or 4, into=into)))
+                held = into
         if step + 1 < n_steps:
             ops.append(Wait(f"{tag}f"))
     return ops
