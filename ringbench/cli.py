@@ -663,7 +663,7 @@ def advise_command(
                                          machine=(device, world_size), resolve_kernels=False)
             return cases[0]
 
-        cands = adv.candidates(shape, world_size=world_size, nodes=nodes_n, kernels=kernels,
+        cands = adv.candidates(shape, world_size=world_size, nodes=nodes_n, kernels=kernels, device=device,
                                both_placements=both_placements)
     ranked = adv.advise(cands, build=build_one, tgt=tgt, world_size=world_size,
                         memory_gib=tgt.gpu.memory_gib if tgt.gpu else None)

@@ -69,7 +69,7 @@ class Candidate:
         return f"{out}, {f.get('kernel', 'auto')}"
 
 
-def candidates(shape: dict, *, world_size: int, nodes: int, kernels: list[str],
+def candidates(shape: dict, *, world_size: int, nodes: int, kernels: list[str], device: str = "cuda",
                both_placements: bool = False) -> list[Candidate]:
     """Every candidate of ``shape`` (case fields without a variant) at ``world_size`` (module docstring);
     a hybrid's groups placed as the grid places them (the Ulysses group inside a node), and with
@@ -77,7 +77,7 @@ def candidates(shape: dict, *, world_size: int, nodes: int, kernels: list[str],
     varlen = bool(shape.get("docs") or shape.get("doc_dist"))
     out = []
     for name, v in VARIANTS.items():
-        if v.peer or v.varlen != varlen or "cuda" not in v.devices or (shape.get("causal") is False and not v.non_causal):
+        if v.peer or v.varlen != varlen or device not in v.devices or (shape.get("causal") is False and not v.non_causal):
             continue
         layouts = [""] + [lay for lay in v.layouts]
         degrees = factorizations(world_size) if "ulysses_degree" in v.options else [0]

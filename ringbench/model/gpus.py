@@ -82,6 +82,10 @@ def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tu
         cal = cal_mod.load(Path(gpu))
         sheet = match_datasheet(cal.device)
         return cal, (find_gpu(sheet.name) if sheet else None)
+    for cal in calibrations:  # a device named as its calibration names it (cpu, NVIDIA H200)
+        if cal.device.lower() == gpu.lower():
+            sheet = match_datasheet(cal.device)
+            return cal, (find_gpu(sheet.name) if sheet else None)
     target = find_gpu(gpu)
     for cal in calibrations:
         sheet = match_datasheet(cal.device)
