@@ -5,9 +5,10 @@ on blocks of q query rows against k key rows (``full``: every pair of q x k; ``c
 blocks; ``window``: square blocks under a causal window of w keys), with the timing protocol of
 ``run`` (``ringbench.rank.bench.time_iterations``: warm-up calls, then CUDA events per call, or
 ``perf_counter`` on CPU). Each point keeps the median and the 10th and 90th percentile. Then the
-per-step overheads: the engine's own ``merge.merge_step`` and ``merge.add_steps`` at two sizes and
-a contiguous copy (each a fixed time plus bytes over a bandwidth, fitted through the two points),
-and the host's time to issue one small kernel.
+per-step overheads: the engine's own ``merge.merge_step`` and ``merge.add_steps`` at three sizes
+and a contiguous copy (each a fixed time plus bytes over a bandwidth, the least-squares line
+through the points), and the host's time to issue one engine step (``merge_step`` on a tiny
+block, timed on the host without waiting for the device).
 
 The default grid (:func:`default_grid`) is small on CPU (under a minute) and covers 256 to 16k
 rows on CUDA (under 8 minutes on an H200 for four kernels and three head shapes). Communication
@@ -148,11 +149,18 @@ def measure(*, device: str, kernels: list[str], grid: Grid, say: Callable[[str],
 
 
 def _fit(points: list[tuple[float, float]]) -> dict:
-    """``fixed_ms`` and ``gib_s`` through (bytes, ms) points (a line through the two ends), and the spread."""
-    (b0, t0), (b1, t1) = points[0], points[-1]
-    slope = (t1 - t0) / (b1 - b0) if b1 > b0 and t1 > t0 else t1 / b1
-    fixed = max(0.0, t0 - slope * b0)
-    return {"fixed_ms": fixed, "gib_s": 1.0 / (slope * 1e-3 * 1024 ** 3) if slope > 0 else 1e6}
+    """``fixed_ms`` and ``gib_s`` of the least-squares line through (bytes, ms) points, the fixed part
+    at least 0 and the slope positive (else the largest point's bandwidth, with no fixed part)."""
+    n = len(points)
+    mb = sum(b for b, _ in points) / n
+    mt = sum(t for _, t in points) / n
+    var = sum((b - mb) ** 2 for b, _ in points)
+    slope = sum((b - mb) * (t - mt) for b, t in points) / var if var else 0.0
+    fixed = mt - slope * mb
+    if slope <= 0 or fixed < 0:
+        b, t = max(points)
+        slope, fixed = (t / b, 0.0) if slope <= 0 else (mt / mb, 0.0)
+    return {"fixed_ms": fixed, "gib_s": 1.0 / (slope * 1e-3 * 1024 ** 3)}
 
 
 def _overheads(dev, dtype, acc, grid: Grid, timed, rand) -> dict:
@@ -163,7 +171,11 @@ def _overheads(dev, dtype, acc, grid: Grid, timed, rand) -> dict:
 
     heads, kv_heads, head_dim, head_dim_v = grid.shapes[0]
     esize = torch.empty((), dtype=dtype).element_size()
-    rows = (grid.sizes[0] * 4, grid.sizes[-1] * 4)
+    rows = (grid.sizes[0] * 4, grid.sizes[len(grid.sizes) // 2] * 4, grid.sizes[-1] * 4)
+
+    def timed(fn, _timed=timed):  # cheap steps: more calls for a steadier median
+        return _timed(fn) + _timed(fn) + _timed(fn)
+
     merge, add, copy, spreads = [], [], [], []
     for n in rows:
         out = rand(1, n, heads, head_dim_v, dt=acc)
@@ -181,10 +193,14 @@ def _overheads(dev, dtype, acc, grid: Grid, timed, rand) -> dict:
         src = rand(1, heads, n, head_dim)
         t = timed(lambda: src.transpose(1, 2).contiguous())
         copy.append((2 * src.numel() * esize, statistics.median(t)))
-    tiny = rand(8)
+    t_out, t_lse = rand(1, 8, heads, head_dim_v, dt=acc), rand(1, heads, 8, dt=acc)
+    t_blk, t_blse = rand(1, 8, heads, head_dim_v), rand(1, heads, 8, dt=acc)
+    merge_step(t_out, t_lse, slice(None), t_blk, t_blse, into=acc)  # compiled and cached before the clock
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
     for _ in range(200):
-        tiny.add_(1.0)
+        merge_step(t_out, t_lse, slice(None), t_blk, t_blse, into=acc)
     launch_ms = (time.perf_counter() - t0) / 200 * 1e3
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
