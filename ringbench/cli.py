@@ -692,7 +692,10 @@ def calibrate_command(
     with _usage_errors():
         if device not in (None, "cpu", "cuda"):
             raise SpecError(f"device {device!r} is not cuda or cpu; pass --device cuda or --device cpu")
-        options.check_output("--out", out, (".json",))
+        if out.suffix.lower() != ".json":
+            raise SpecError(f"--out {str(out)!r} must end in .json, the calibration's format; pass --out such as "
+                            "results/calibration.json")
+        options.check_output("--out", out, ())
         from ringbench.case.spec import detect_device
         from ringbench.model import calibrate
         from ringbench.variants.kernels import AUTO_ORDER, KERNELS, resolve_kernel

@@ -283,7 +283,7 @@ class Calibration:
         if name == "auto":
             return next(iter(self.kernels.values()))
         if name not in self.kernels:
-            raise SpecError(f"kernel {name!r} is not in the calibration of {self.device} ({self.source}), which holds "
+            raise SpecError(f"kernel {name!r} is not in the calibration of {self.device}, which holds "
                             f"{', '.join(self.kernels)}; pass --kernel with one of them, or calibrate {name} with "
                             f"ringbench calibrate --kernel {name}")
         return self.kernels[name]

@@ -21,7 +21,7 @@ def variant_cell(record: dict) -> str:
     p = record.get("prediction") or {}
     name = text(record_field(record, "variant"))
     u, r = p.get("ulysses_degree"), p.get("ring_degree")
-    if u and r and u > 1 and r > 1:
+    if u and r and (record_field(record, "ulysses_degree") or (u > 1 and r > 1)):  # usp: every factorization
         name += f" U={u}xR={r}"
         if p.get("placement") == "ring-inner":
             name += " ring-inner"
