@@ -379,13 +379,15 @@ def load(path: Path) -> Calibration:
 
 
 def shipped() -> list[Calibration]:
-    """The calibrations shipped with ringbench (``ringbench/model/calibrations/*.json``)."""
-    out = []
+    """The calibrations shipped with ringbench (``ringbench/model/calibrations/*.json``), measured ones
+    before those marked ``provisional``, so a measured one of the same GPU wins."""
+    found = []
     folder = resources.files("ringbench.model").joinpath("calibrations")
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
-            out.append(from_dict(json.loads(entry.read_text(encoding="utf-8")), f"ringbench/model/calibrations/{entry.name}"))
-    return out
+            raw = json.loads(entry.read_text(encoding="utf-8"))
+            found.append((bool(raw.get("provisional")), from_dict(raw, f"ringbench/model/calibrations/{entry.name}")))
+    return [cal for _, cal in sorted(found, key=lambda pc: pc[0])]
 
 
 def surface_dict(mode: str, mask: str, shape: Shape, points: Iterable[dict]) -> dict:
