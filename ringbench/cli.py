@@ -429,6 +429,307 @@ def matrix_command(
     raise typer.Exit(EXIT_OK)
 
 
+# --------------------------------------------------------------------------- predict, advise, calibrate
+
+GPU_HELP = ("The GPU to predict for: a name of the peaks table (H100, H200, H800, B200, A100...) or a calibration "
+            "file (.json); a GPU without a calibration is derived from the nearest calibrated one by the ratio of "
+            "their peaks, and the output says so. Default: the --cluster file's gpu, else the first --calibration's "
+            "device.")
+GPUS_PER_NODE_HELP = "GPUs per node; consecutive ranks share a node. Default: the --cluster file's, else 8."
+NODES_HELP = "Nodes of the cluster; world size = gpus-per-node x nodes unless --world-size is given. Default: 1."
+FABRIC_HELP = ("The links: INTRA or INTRA,INTER, rows of the fabric table (nvlink4, h800-nvlink, nvlink5, nvlink3, "
+               "pcie5; ib-ndr, ib-hdr, roce-400g; h200-nvlink-measured). Default: the --cluster file's, else the "
+               "GPU's usual ones.")
+CLUSTER_HELP = ("A cluster file (TOML: gpu, gpus_per_node, nodes, intra, inter, and [fabric.NAME] rows of its "
+                "own); the options above override it. Default: none.")
+CALIBRATION_HELP = ("A calibration file written by ringbench calibrate, searched before the shipped ones; repeat "
+                    "for several. Default: the shipped calibrations.")
+PLACEMENT_HELP = ("Where a usp grid's groups sit on a multi-node cluster: ulysses-inner (the Ulysses group of "
+                  "consecutive ranks, inside a node: the grid ringbench runs) or ring-inner (the ring's ranks "
+                  "consecutive, for comparison). Default: ulysses-inner.")
+PLACEMENTS = ("ulysses-inner", "ring-inner")
+
+
+def _placement(value: str) -> str:
+    if value not in PLACEMENTS:
+        raise SpecError(f"placement {value!r} is not {' or '.join(PLACEMENTS)}; pass --placement ulysses-inner")
+    return value
+
+
+def _bound(text: str) -> float:
+    raw = text.strip().rstrip("%")
+    try:
+        value = float(raw) / 100
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 10:
+        raise SpecError(f"bound {text!r} is not a percentage above 0, such as 8%; pass --bound 8%")
+    return value
+
+
+def _prediction_target(case: dict, *, gpu, calibration, cluster, gpus_per_node, nodes, fabric):
+    from ringbench.case.fields import BY_NAME
+    from ringbench.model.target import target
+
+    dtype = case.get("dtype") or BY_NAME["dtype"].cuda
+    return target(gpu=gpu, calibrations=list(calibration or []), cluster_file=cluster, gpus_per_node=gpus_per_node,
+                  nodes=nodes, fabric=fabric, dtype=dtype)
+
+
+def _predicted_cases(case: dict, tgt) -> list:
+    """The cases of predict's options at every world size asked, built as run builds them, for the target."""
+    from ringbench.model import schedule
+    from ringbench.model.target import world_sizes
+    from ringbench.sweep import build
+
+    for name, why in (("emulate", "is a way to measure, and predict measures nothing"),
+                      ("profile", "is a way to measure, and predict measures nothing")):
+        if case.get(name):
+            raise SpecError(f"--{name} {why}; drop --{name}")
+    device = tgt.calibration.device_type
+    if case.get("device", device) != device:
+        raise SpecError(f"device {case['device']!r} is not the calibration's ({device}, {tgt.calibration.source}); "
+                        "drop --device or pass a calibration of that device")
+    if "variant" not in case:
+        raise SpecError(build._no_variant_message("run").split(", or --scenario")[0])
+    cases = []
+    for w in world_sizes(case.pop("world_size", None), tgt):
+        given = {**case, "world_size": [w], "device": device}
+        built, _ = build.build_cases("run", None, given, machine=(device, w), resolve_kernels=False)
+        cases += built
+    for spec in cases:
+        reason = schedule.refusal(spec)
+        if reason:
+            raise SpecError(reason)
+        tgt.kernel(spec.kernel)  # a kernel the calibration lacks is refused here, before any prediction
+    return cases
+
+
+def _predict_record(spec, tgt, placement: str) -> dict:
+    from ringbench.model.predict import predict_case
+    from ringbench.records.build import build as build_record
+
+    spec = spec.replace(kernel=tgt.kernel(spec.kernel))
+    fields = predict_case(spec, calibration=tgt.calibration, kernel=spec.kernel, cluster=tgt.cluster(spec.world_size),
+                          place=placement)
+    return build_record(spec, run_id=tgt.run_id, status="ok", fields=fields, env=tgt.env())
+
+
+@options.with_case_options("run")
+def predict(
+    case: dict,
+    gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help=GPUS_PER_NODE_HELP, show_default=False,
+                                                metavar=options.INT,
+                                                parser=options.whole("gpus-per-node", "--gpus-per-node", 8)),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, show_default=False, metavar=options.INT,
+                                        parser=options.whole("nodes", "--nodes", 1)),
+    fabric: Optional[str] = typer.Option(None, "--fabric", help=FABRIC_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    calibration: Optional[List[Path]] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
+    placement: str = typer.Option("ulysses-inner", "--placement", help=PLACEMENT_HELP, show_default=False,
+                                  parser=options.ValueType("text", _placement)),
+    json_out: bool = typer.Option(False, "--json", help="Print one predicted record per line (predicted: true) on "
+                                  "stdout instead of the table."),
+    against: Optional[Path] = typer.Option(None, "--against", help="Predict every measured run record of this "
+                                           ".jsonl file (ok, ringbench's own variants) on its own world size and "
+                                           "GPU, and print each one's error, with the median and the worst; the "
+                                           "case options are not taken with it. Exit 1 when the worst passes "
+                                           "--bound."),
+    bound: float = typer.Option(0.08, "--bound", help="With --against: the largest error allowed, a percentage "
+                                "such as 8%. Default: 8%.", show_default=False,
+                                parser=options.ValueType("percent", _bound)),
+) -> None:
+    """Predict a variant's time, throughput, memory and traffic on a cluster, from a calibration; runs nothing."""
+    with _usage_errors():
+        options.check_given(case)
+        if against is not None:
+            _against(against, case, bound=bound, gpu=gpu, calibration=calibration, cluster=cluster,
+                     gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric, json_out=json_out)
+        tgt = _prediction_target(case, gpu=gpu, calibration=calibration, cluster=cluster,
+                                 gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
+        cases = _predicted_cases(case, tgt)
+    records = [_predict_record(spec, tgt, placement) for spec in cases]
+    if json_out:
+        sys.stdout.write("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        from ringbench.present.predict import print_predict_table
+
+        print_predict_table(records, Console())
+    raise typer.Exit(EXIT_OK)
+
+
+def _against(path: Path, case: dict, *, bound: float, gpu, calibration, cluster, gpus_per_node, nodes, fabric,
+             json_out: bool) -> None:
+    """``predict --against``: every measured record of ``path`` predicted; exits."""
+    from ringbench.model import against as check
+
+    if case:
+        raise SpecError(f"--{sorted(case)[0].replace('_', '-')} does not go with --against, which takes each "
+                        "record's own case; drop it")
+    records = check.measured_records(path)
+    rows = check.compare(records, bound=bound, target_of=lambda rec: _prediction_target(
+        rec["spec"], gpu=gpu or check.record_gpu(rec), calibration=calibration, cluster=cluster,
+        gpus_per_node=gpus_per_node or check.record_gpus_per_node(rec), nodes=nodes, fabric=fabric))
+    summary = check.summary(rows, bound)
+    if json_out:
+        sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        from ringbench.present.predict import print_against
+
+        print_against(rows, summary, Console())
+    raise typer.Exit(EXIT_OK if summary["passed"] else EXIT_FAILED)
+
+
+app.command("predict", cls=_OnceCommand)(predict)
+
+
+@app.command("advise", cls=_OnceCommand)
+def advise_command(
+    preset: Optional[str] = typer.Option(None, "--preset", help="An attention-shape preset (llama3-8b, llama3-70b, "
+                                         "qwen2.5-7b, mha-d64) for heads, kv-heads and head-dim."),
+    heads: Optional[int] = typer.Option(None, "--heads", help="Query heads, where no --preset gives them.",
+                                        show_default=False, metavar=options.INT,
+                                        parser=options.whole("heads", "--heads", 32)),
+    kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="K/V heads, where no --preset gives them.",
+                                           show_default=False, metavar=options.INT,
+                                           parser=options.whole("kv-heads", "--kv-heads", 8)),
+    head_dim: Optional[int] = typer.Option(None, "--head-dim", help="Channels per head, where no --preset gives "
+                                           "them.", show_default=False, metavar=options.INT,
+                                           parser=options.whole("head-dim", "--head-dim", 128)),
+    head_dim_v: Optional[int] = typer.Option(None, "--head-dim-v", help="Channels per value head where they "
+                                             "differ (MLA). Default: head-dim.", show_default=False,
+                                             metavar=options.INT, parser=options.whole("head-dim-v", "--head-dim-v", 128)),
+    seqlen: Optional[str] = typer.Option(None, "--seqlen", help="Global tokens per sequence, such as 128k or 1M."),
+    docs: Optional[str] = typer.Option(None, "--docs", help="Packed documents (lengths summing to --seqlen): "
+                                       "advise the varlen variants."),
+    doc_dist: Optional[str] = typer.Option(None, "--doc-dist", help="A document distribution such as "
+                                           "lognormal:mean=4k,sigma=1 instead of --docs."),
+    window: Optional[str] = typer.Option(None, "--window", help="A causal sliding window of this many keys."),
+    sink: Optional[str] = typer.Option(None, "--sink", help="An attention sink: learnable or off-by-one."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 or fp16. Default: bf16."),
+    mode: Optional[str] = typer.Option(None, "--mode", help="fwd or fwd_bwd. Default: fwd_bwd."),
+    kernel: Optional[List[str]] = typer.Option(None, "--kernel", help="Only this kernel; repeat for several. "
+                                               "Default: every kernel of the calibration that takes the shape."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help=GPUS_PER_NODE_HELP, show_default=False,
+                                                metavar=options.INT,
+                                                parser=options.whole("gpus-per-node", "--gpus-per-node", 8)),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, show_default=False, metavar=options.INT,
+                                        parser=options.whole("nodes", "--nodes", 1)),
+    fabric: Optional[str] = typer.Option(None, "--fabric", help=FABRIC_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+    calibration: Optional[List[Path]] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
+    both_placements: bool = typer.Option(False, "--both-placements", help="Also rank each usp factorization "
+                                         "with its groups placed the other way round (the ring's ranks inside a "
+                                         "node), for comparison. Default: the grid's own placement only."),
+    top: int = typer.Option(5, "--top", help="How many of the ranked candidates the table shows. Default: 5.",
+                            show_default=False, metavar=options.INT, parser=options.whole("top", "--top", 5)),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object per candidate (ranked, then those "
+                                  "that do not fit, then the refused ones) with its prediction and commands."),
+) -> None:
+    """Rank every variant, layout, Ulysses factorization and kernel for a model, a sequence and a cluster."""
+    from ringbench.case.scenarios import SHAPE_PRESETS
+
+    with _usage_errors():
+        if preset is not None and preset not in SHAPE_PRESETS:
+            raise SpecError(f"preset {preset!r} is not a shape preset; choose one of {', '.join(SHAPE_PRESETS)}")
+        shape = dict(SHAPE_PRESETS.get(preset, {}))
+        for key, value in (("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim)):
+            if value is not None:
+                if preset is not None:
+                    raise SpecError(f"--{key.replace('_', '-')} does not go with --preset {preset}, which sets it; "
+                                    "drop one")
+                shape[key] = value
+        missing = [k for k in ("heads", "kv_heads", "head_dim") if k not in shape]
+        if missing:
+            raise SpecError(f"the model's {missing[0].replace('_', ' ')} are not given; pass --preset (such as "
+                            f"llama3-70b) or --{missing[0].replace('_', '-')}")
+        if seqlen is None:
+            raise SpecError("no sequence length was given; pass --seqlen, such as 1M")
+        for key, value in (("head_dim_v", head_dim_v), ("seqlen", seqlen), ("docs", docs), ("doc_dist", doc_dist),
+                           ("window", window), ("sink", sink), ("dtype", dtype), ("mode", mode)):
+            if value is not None:
+                shape[key] = value
+        from ringbench.case.spec import check_fields
+        from ringbench.case.fields import coerce
+
+        shape = {k: coerce(k, v) for k, v in shape.items()}
+        check_fields(shape)
+        tgt = _prediction_target(shape, gpu=gpu, calibration=calibration, cluster=cluster,
+                                 gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
+        kernels = list(dict.fromkeys(kernel or tgt.calibration.kernels))
+        for name in kernels:
+            tgt.kernel(name)
+        from ringbench.model import advise as adv
+        from ringbench.model.target import world_sizes
+        from ringbench.sweep import build
+
+        (world_size,) = world_sizes(None, tgt)
+        nodes_n = tgt.cluster(world_size).nodes
+        device = tgt.calibration.device_type
+
+        def build_one(fields: dict):
+            cases, _ = build.build_cases("run", None, {**fields, "world_size": [world_size], "device": device},
+                                         machine=(device, world_size), resolve_kernels=False)
+            return cases[0]
+
+        cands = adv.candidates(shape, world_size=world_size, nodes=nodes_n, kernels=kernels, device=device,
+                               both_placements=both_placements)
+    ranked = adv.advise(cands, build=build_one, tgt=tgt, world_size=world_size,
+                        memory_gib=tgt.gpu.memory_gib if tgt.gpu else None)
+    if json_out:
+        order = {id(c): i + 1 for i, c in enumerate(c for c in ranked if c.record and c.fits)}
+        sys.stdout.write("".join(json.dumps(adv.entry(c, order.get(id(c)))) + "\n" for c in ranked))
+    else:
+        from ringbench.present.predict import print_advice
+
+        print_advice(ranked, Console(), top=top, cluster=tgt.cluster(world_size).describe(),
+                     calibration=tgt.calibration.provenance())
+    raise typer.Exit(EXIT_OK)
+
+
+@app.command("calibrate", cls=_OnceCommand)
+def calibrate_command(
+    device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu. Default: cuda when a GPU is visible, "
+                                         "else cpu.", show_default=False),
+    kernel: Optional[List[str]] = typer.Option(None, "--kernel", help="A kernel to calibrate; repeat for several. "
+                                               "Default: every kernel available here (cuda: flash-attn-4, flash-attn, "
+                                               "torch-flash, cudnn where they import; cpu: cpu)."),
+    out: Path = typer.Option(Path("results/calibration.json"), "--out", help="The calibration file to write. "
+                             "Default: results/calibration.json.", show_default=False),
+) -> None:
+    """Measure the kernels' rates and the per-step overheads on this machine and write a calibration file."""
+    with _usage_errors():
+        if device not in (None, "cpu", "cuda"):
+            raise SpecError(f"device {device!r} is not cuda or cpu; pass --device cuda or --device cpu")
+        if out.suffix.lower() != ".json":
+            raise SpecError(f"--out {str(out)!r} must end in .json, the calibration's format; pass --out such as "
+                            "results/calibration.json")
+        options.check_output("--out", out, ())
+        from ringbench.case.spec import detect_device
+        from ringbench.model import calibrate
+        from ringbench.variants.kernels import AUTO_ORDER, KERNELS, resolve_kernel
+
+        machine, _ = detect_device()
+        device = device or machine
+        if device == "cuda" and machine != "cuda":
+            raise SpecError("device cuda needs a visible GPU and none is visible; run on a GPU machine or pass "
+                            "--device cpu")
+        grid = calibrate.default_grid(device)
+        names = list(dict.fromkeys(kernel or [])) or [
+            n for n in AUTO_ORDER[device] if n != "math" and KERNELS[n].unavailable() is None]
+        for name in names:
+            try:
+                resolve_kernel(name, device)
+            except ValueError as exc:
+                raise SpecError(str(exc)) from None
+    result = calibrate.measure(device=device, kernels=names, grid=grid, say=_note)
+    calibrate.write(result, out)
+    _note(f"calibration of {result['device']} ({', '.join(names)}) written to {out} in {result['elapsed_s']:.0f} s")
+    raise typer.Exit(EXIT_OK)
+
+
 # --------------------------------------------------------------------------- messages
 
 def _note(message: str) -> None:

@@ -7,7 +7,8 @@ Each generated table sits in its page between two markers, ``<!-- NAME:begin -->
 - ``variants`` in ``docs/variants-and-kernels.md``: :func:`variants_table`, from
   :data:`ringbench.variants.VARIANTS`;
 - ``kernels`` in ``docs/variants-and-kernels.md``: :func:`kernels_table`, from the kernel registry
-  (:data:`ringbench.variants.kernels.KERNELS` and its ``AUTO_ORDER``).
+  (:data:`ringbench.variants.kernels.KERNELS` and its ``AUTO_ORDER``);
+- ``fabrics`` in ``docs/predict.md``: :func:`fabrics_table`, the fabric table of ``ringbench predict``.
 
 ``tests/test_docs.py`` fails when a page's table differs from what these functions give;
 ``python -m ringbench.present.doc_tables`` (from the checkout's root) writes them in place.
@@ -105,10 +106,25 @@ def kernels_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def fabrics_table() -> str:
+    """The fabric table of ``ringbench predict`` (``ringbench/model/fabrics.toml``): name, link, class,
+    bandwidth per direction, latency, source."""
+    from ringbench.model.fabric import fabric_table
+
+    rows = ["| name | link | class | per direction | latency | source |", "|---|---|---|---|---|---|"]
+    for name, link in fabric_table().items():
+        bandwidth = (f"{link.curve[0][1]:g} to {link.curve[-1][1]:g} GiB/s, {link.curve[0][0] / 2 ** 20:g} to "
+                     f"{link.curve[-1][0] / 2 ** 20:g} MiB" if link.curve else f"{link.gb_s:g} GB/s")
+        latency = "in the curve" if link.curve else f"{link.latency_us:g} µs"
+        rows.append(f"| `{name}` | {link.title} | {link.link_class} | {bandwidth} | {latency} | {link.source} |")
+    return "\n".join(rows) + "\n"
+
+
 #: page (relative to docs/) -> its generated tables, as (marker name, generator).
 TABLES: dict[str, tuple[tuple[str, Callable[[], str]], ...]] = {
     "contracts.md": (("fields", _fields_table),),
     "variants-and-kernels.md": (("variants", variants_table), ("kernels", kernels_table)),
+    "predict.md": (("fabrics", fabrics_table),),
 }
 
 

@@ -53,12 +53,17 @@ def _product(given: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
-                nnodes: int = 1) -> tuple[list, dict[str, str]]:
+                nnodes: int = 1, *, machine: Optional[tuple[str, int]] = None,
+                resolve_kernels: bool = True) -> tuple[list, dict[str, str]]:
     """Expand, validate and resolve the cases; raises SpecError on the first bad one.
 
     Without a scenario, one case per combination of ``given``'s lists over the device's
     defaults. With ``nnodes`` hosts, world_size is the total over them: it must be a multiple
     of ``nnodes``, and on cuda each host must see ``world_size / nnodes`` GPUs.
+
+    ``machine`` (device type, GPUs) stands for this machine's, and ``resolve_kernels=False``
+    leaves ``auto`` and each named kernel unresolved (no availability check): how ``predict``
+    and ``advise`` build the cases of a cluster they do not run on.
 
     Returns:
         The cases, and ``{case_id: reason}`` of those a scenario holds whose variant is
@@ -71,7 +76,7 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
     from ringbench.variants import get_variant
 
     scen = load_scenario(scenario) if scenario is not None else None
-    machine, gpus = detect_device()
+    machine, gpus = detect_device() if machine is None else machine
     if scen is None:
         cases = [CaseSpec.from_dict({"task": task, **default_fields(table.get("device", machine), gpus), **table})
                  for table in _product(given)]
@@ -97,7 +102,7 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
                                 f"{(case.world_size // nnodes + 1) * nnodes}")
             validate(case, visible_gpus=gpus * nnodes)
             case = canonical(case)
-            resolved.append(resolve(case))
+            resolved.append(resolve(case) if resolve_kernels else case)
         except Unavailable as exc:
             if scen is None or "variant" in given:
                 raise

@@ -255,3 +255,12 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return GatheredAttention.apply(q, k, v, sink, _forward, _backward, causal, scale, group, kernel, stride,
                                    layout, window)
+
+
+def schedule(layout: str, causal: bool, rank: int, world_size: int, seqlen_local: int, kv_heads: int,
+             stride: int, window: int | None = None) -> list[tuple[slice, list]]:
+    """This rank's work, as :func:`llama3_attention` runs it: per head group (K/V heads gathered
+    together) its kernel calls ``(local query rows, key range, causal, kernel keywords)``; public
+    so that ``ringbench predict`` walks the schedule that runs (issue 24)."""
+    blocks = _blocks(layout, causal, rank, world_size, seqlen_local, seqlen_local * world_size, window)
+    return [(hs, blocks) for hs in _head_groups(kv_heads, stride)]

@@ -472,17 +472,29 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
         if doc_lengths is None and window is None:
             raise
         raise ValueError(f"{prefix}{exc}") from None
-    if window is not None:
-        steps = _window_steps(layout, q.shape[1], doc_lengths, rank, world_size, window)
-    elif doc_lengths is None:
-        steps = batch_steps(plan, rank, world_size, q.shape[1], causal)
-    else:
-        if steps is None:
-            steps = VarlenSteps(plan, doc_lengths, rank, world_size, causal, q.device)
+    if steps is None or window is not None or doc_lengths is None:  # a given steps serves varlen only
+        steps = steps_for(plan, layout, q.shape[1], rank, world_size, causal, window=window,
+                          doc_lengths=doc_lengths, device=q.device)
     if sink is not None:
         check_sink(sink, q.shape[2], f"[rank {rank}/{world_size}] ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return RingAttention.apply(q, k, v, sink, causal, scale, group, kernel, steps, frozenset(lossy))
+
+
+def steps_for(plan: Plan, layout: str, seqlen_local: int, rank: int, world_size: int, causal: bool, *,
+              window: int | None = None, doc_lengths: list[int] | None = None, device="cpu") -> Steps:
+    """What ``rank`` computes at every ring step: the steps :func:`run_ring` runs, public so that
+    ``ringbench predict`` walks the very schedule that runs (issue 24).
+
+    Under a ``window``, the window's parts over ``layout`` (with an ``n_steps`` attribute: the
+    forward ring may end early); with ``doc_lengths``, :class:`VarlenSteps` (index tensors on
+    ``device``); else :func:`batch_steps`.
+    """
+    if window is not None:
+        return _window_steps(layout, seqlen_local, doc_lengths, rank, world_size, window)
+    if doc_lengths is None:
+        return batch_steps(plan, rank, world_size, seqlen_local, causal)
+    return VarlenSteps(plan, doc_lengths, rank, world_size, causal, device)
 
 
 def _window_steps(layout: str, seqlen_local: int, doc_lengths: list[int] | None, rank: int, world_size: int,

@@ -1,0 +1,196 @@
+"""``ringbench advise``: every variant, layout, factorization and kernel the rules allow, predicted and ranked.
+
+For one attention shape, sequence (or documents) and cluster, :func:`candidates` lists what
+ringbench could run: each of its own variants of the shape's form (batch, or packed documents),
+each layout a variant takes, each Ulysses degree of the hybrids (a divisor of the world size),
+on request each placement of a hybrid's groups on a multi-node cluster (the Ulysses group inside
+a node, the grid's own, and the other way round for comparison) and each calibrated kernel that
+takes the shape. Each is built as ``run`` builds a case (``sweep.build``), so the registry's rules refuse
+what they refuse (Ulysses degrees the heads cannot split, with the reason), and predicted
+(``predict.predict_case``). :func:`advise` drops what would not fit in the GPU's memory, ranks
+the rest by time and says why each wins or loses: compute-bound, exposed communication, waiting
+for slower ranks (imbalance), per-step overhead, or memory.
+
+Source: issue 24.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ringbench.case.fields import format_size
+from ringbench.model import schedule
+from ringbench.model.predict import predict_case
+from ringbench.model.target import Target
+from ringbench.variants import VARIANTS, factorizations
+
+#: Share of a GPU's memory the attention call may take before a candidate is dropped (the rest:
+#: the model's weights, activations, the allocator's slack).
+MEMORY_SHARE = 0.9
+#: A critical-path term above this share of the time is named as the reason.
+NAMED_SHARE = 0.1
+#: The largest seqlen the verify command asks for: its float64 reference holds the whole sequence.
+VERIFY_SEQLEN = 32 * 1024
+
+
+@dataclass
+class Candidate:
+    """One thing ringbench could run: its case fields, and after :func:`advise` its fate.
+
+    Attributes:
+        fields: the case options (``variant``, ``layout``, ``ulysses_degree``, ``kernel``...).
+        placement: ``ulysses-inner`` or ``ring-inner`` (hybrids on several nodes), else None.
+        refusal: why the rules refuse it (never predicted), or None.
+        record: its predicted record, or None.
+        fits: whether its estimated peak memory fits (``MEMORY_SHARE`` of the GPU's).
+        reason: why it wins or loses, one phrase.
+    """
+
+    fields: dict
+    placement: Optional[str] = None
+    refusal: Optional[str] = None
+    record: Optional[dict] = None
+    fits: bool = True
+    reason: str = ""
+    commands: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        f = self.fields
+        out = f["variant"]
+        if f.get("layout"):
+            out += f" {f['layout']}"
+        if f.get("ulysses_degree"):
+            out += f" U={f['ulysses_degree']}"
+        if self.placement == "ring-inner":
+            out += " ring-inner"
+        return f"{out}, {f.get('kernel', 'auto')}"
+
+
+def candidates(shape: dict, *, world_size: int, nodes: int, kernels: list[str], device: str = "cuda",
+               both_placements: bool = False) -> list[Candidate]:
+    """Every candidate of ``shape`` (case fields without a variant) at ``world_size`` (module docstring);
+    a hybrid's groups placed as the grid places them (the Ulysses group inside a node), and with
+    ``both_placements`` also the other way round (the ring's ranks inside a node), for comparison."""
+    varlen = bool(shape.get("docs") or shape.get("doc_dist"))
+    out = []
+    for name, v in VARIANTS.items():
+        if v.peer or v.varlen != varlen or device not in v.devices or (shape.get("causal") is False and not v.non_causal):
+            continue
+        layouts = [""] + [lay for lay in v.layouts]
+        degrees = factorizations(world_size) if "ulysses_degree" in v.options else [0]
+        for layout in layouts:
+            for degree in degrees:
+                hybrid = degree not in (0, 1, world_size)
+                placements = ["ulysses-inner", "ring-inner"] if hybrid and nodes > 1 and both_placements else [None]
+                for placement in placements:
+                    for kernel in kernels:
+                        fields = {**shape, "variant": name, "kernel": kernel}
+                        if layout:
+                            fields["layout"] = layout
+                        if degree:
+                            fields["ulysses_degree"] = degree
+                        out.append(Candidate(fields, placement))
+    return out
+
+
+def _reason(rec: dict, best: Optional[dict]) -> str:
+    p = rec["prediction"]
+    total = rec["time_ms"] or 1.0
+    parts = p["critical_path_ms"]
+    named = [(parts["comm"] / total, "exposed communication"), (parts["wait"] / total, "imbalance (waiting for "
+                                                                                       "slower ranks)"),
+             (parts["overhead"] / total, "per-step overhead (merges, adds, copies, launches)")]
+    big = [f"{what} {100 * share:.0f}%" for share, what in sorted(named, reverse=True) if share > NAMED_SHARE]
+    spread = p.get("busy_max_over_mean") or 1.0
+    if spread > 1 + NAMED_SHARE:
+        big.append(f"work imbalance (the busiest rank {spread:.2f}x the mean)")
+    why = ", ".join(big) if big else f"compute-bound ({100 * parts['compute'] / total:.0f}% in the kernel)"
+    if best is None or best is rec:
+        return f"fastest; {why}"
+    slower = 100 * (rec["time_ms"] / best["time_ms"] - 1)
+    return f"{slower:.1f}% slower than the best; {why}" if slower < 10 else f"{slower:.0f}% slower; {why}"
+
+
+def commands(c: Candidate, *, world_size: int, nodes: int) -> dict[str, str]:
+    """The ``ringbench run`` and ``ringbench verify`` commands that check candidate ``c`` on real GPUs.
+
+    ``run`` measures the very case at the cluster's size (with ``--nnodes``, run on every node with
+    its own ``--node-rank`` and the same ``--rdzv-endpoint``); ``verify`` checks it at the same world
+    size at a seqlen its float64 reference can hold (at most :data:`VERIFY_SEQLEN`).
+    """
+    f = c.fields
+    args = ["--variant", f["variant"], "--world-size", str(world_size)]
+    for key, option in (("layout", "--layout"), ("ulysses_degree", "--ulysses-degree"), ("heads", "--heads"),
+                        ("kv_heads", "--kv-heads"), ("head_dim", "--head-dim"), ("head_dim_v", "--head-dim-v"),
+                        ("batch", "--batch"), ("dtype", "--dtype"), ("window", "--window"), ("sink", "--sink"),
+                        ("kernel", "--kernel")):
+        if f.get(key) not in (None, "", 0, "none") and not (key == "batch" and f[key] == 1):
+            args += [option, str(f[key])]
+    if f.get("causal") is False:
+        args.append("--no-causal")
+    nodes_args = ["--nnodes", str(nodes), "--node-rank", "NODE_RANK", "--rdzv-endpoint", "HOST:29500"] if nodes > 1 else []
+    seqlen = f["seqlen"]
+    docs = [a for key, option in (("docs", "--docs"), ("doc_dist", "--doc-dist")) if f.get(key)
+            for a in (option, str(f[key]))]
+    run = ["ringbench", "run", *args, "--seqlen", format_size(seqlen), *docs, *nodes_args]
+    multiple = 2 * world_size
+    small = max(multiple, min(seqlen, VERIFY_SEQLEN) // multiple * multiple)
+    verify_docs = docs if small == seqlen else []
+    verify = ["ringbench", "verify", *args, "--seqlen", format_size(small), *verify_docs, *nodes_args]
+    return {"run": shlex.join(run), "verify": shlex.join(verify)}
+
+
+def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target, world_size: int,
+           memory_gib: Optional[float]) -> list[Candidate]:
+    """Build, predict and rank ``cands`` in place; returns them ranked: the fitting ones by time,
+    then those that do not fit, then the refused ones.
+
+    ``build(fields) -> CaseSpec`` builds one case as ``run`` would, raising ``SpecError`` with the
+    rules' refusal.
+    """
+    from ringbench.errors import SpecError
+
+    cluster = tgt.cluster(world_size)
+    walked: dict[Any, tuple] = {}
+    priced: dict = {}  # the programs' segments and prices, shared by the kernels and placements of a case
+    for c in cands:
+        try:
+            spec = build(c.fields)
+        except SpecError as exc:
+            c.refusal = str(exc)
+            continue
+        reason = schedule.refusal(spec)
+        if reason:
+            c.refusal = reason
+            continue
+        spec = spec.replace(kernel=c.fields["kernel"])
+        key = spec.replace(kernel="auto")
+        if key not in walked:  # one walk of the plans serves every kernel and placement of a case
+            walked[key] = schedule.programs(spec)
+        fields = predict_case(spec, calibration=tgt.calibration, kernel=spec.kernel, cluster=cluster,
+                              place=c.placement or "ulysses-inner", programs=walked[key], cache=priced)
+        from ringbench.records.build import build as build_record
+
+        c.record = build_record(spec, run_id=tgt.run_id, status="ok", fields=fields, env=tgt.env())
+        c.fits = memory_gib is None or c.record["peak_allocated_gib"] <= MEMORY_SHARE * memory_gib
+    ranked = sorted((c for c in cands if c.record and c.fits), key=lambda c: c.record["time_ms"])
+    best = ranked[0].record if ranked else None
+    for c in ranked:
+        c.reason = _reason(c.record, best)
+    for c in cands:
+        if c.record and not c.fits:
+            c.reason = (f"does not fit: needs about {c.record['peak_allocated_gib']:.1f} GiB for attention, above "
+                        f"{100 * MEMORY_SHARE:.0f}% of the GPU's {memory_gib:g} GiB")
+        if c.record:
+            c.commands = commands(c, world_size=world_size, nodes=cluster.nodes)
+    return ranked + [c for c in cands if c.record and not c.fits] + [c for c in cands if c.refusal]
+
+
+def entry(c: Candidate, rank: Optional[int]) -> dict[str, Any]:
+    """The JSON object of one candidate (``advise --json``)."""
+    return {"rank": rank, "candidate": c.label, "fields": c.fields, "placement": c.placement,
+            "refused": c.refusal, "fits": c.fits if c.record else None, "reason": c.reason or c.refusal,
+            "prediction": c.record, "commands": c.commands or None}

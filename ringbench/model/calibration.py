@@ -1,0 +1,406 @@
+"""The calibration file: what one device's kernels and per-step work cost, measured, for ``ringbench predict``.
+
+A calibration (JSON, written by ``ringbench calibrate``) is keyed by the device's name, and per
+kernel by the kernel's name and version; it records the environment it was measured in
+(``records.envinfo.collect``). It holds:
+
+- **kernel rates**, per kernel: *surfaces*, each for one call direction (``fwd``: the kernel's
+  forward; ``bwd``: its backward alone), one mask (``full``, ``causal``, ``window``), one dtype
+  and one head shape (batch, heads, kv_heads, head_dim, head_dim_v), with measured points
+  ``{q, k, window, time_ms, lo_ms, hi_ms}`` (q query rows against k key rows; a ``window``
+  point is a square block of q rows under a causal window of ``window`` keys; lo and hi the
+  10th and 90th percentile of the timed calls). The rate of a point is its FLOPs (flash-attn
+  convention, ``case.work``) over its time; between points it is read bilinearly in log2 of
+  the sizes (a surface, not a number), outside them at the nearest edge, and below the
+  smallest size the point's time is a floor (launch-bound calls do not get faster);
+- **per-step overheads**: ``merge`` (the forward's fold of a block's out/lse, ``merge.merge_step``),
+  ``add`` (the backward's gradient adds, ``merge.add_steps``) and ``copy`` (a contiguous copy:
+  the Ulysses permutes, the all-gather's unshard), each a fixed ms plus bytes over GiB/s, and
+  ``launch_ms``, the host's time to issue one kernel (no GPU op is shorter);
+- optionally **communication** measured on the machine: per link class a curve of bytes against
+  GiB/s, which replaces that fabric row.
+
+A call's time: its FLOPs over the rate of the nearest head shape's surface, looked up at
+``q * (batch * heads) / (batch_cal * heads_cal)`` rows (the kernels parallelise over batch, heads
+and query tiles, so more heads fill the GPU as more rows do) and ``k`` keys. A varlen call is
+priced per document at the call's total query rows and the document's keys.
+
+A GPU without a calibration is *derived* from the nearest calibrated one (:func:`derive`):
+kernel rates scaled by the ratio of the datasheet peaks (``ringbench.rank.peaks``), memory-bound
+overheads by the ratio of memory bandwidths (``gpus.toml``); the result says so
+("derived from H200 by peak ratio").
+
+Torch-free. Source: issue 24.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple
+
+from ringbench.errors import SpecError
+
+FORMAT = "ringbench-calibration"
+SCHEMA_VERSION = 1
+GIB = 1024 ** 3
+MODES = ("fwd", "bwd")
+MASKS = ("full", "causal", "window")
+#: Which quantile of a point's timed calls each bound of an interval reads.
+QUANTILES = ("lo", "mid", "hi")
+_TIME_KEY = {"lo": "lo_ms", "mid": "time_ms", "hi": "hi_ms"}
+#: Backward FLOPs over forward FLOPs in the flash-attn convention (fwd_bwd is 3.5 x fwd).
+BWD_OVER_FWD = 2.5
+
+
+class Call(NamedTuple):
+    """One kernel call as the model prices it.
+
+    Attributes:
+        mode: ``fwd`` or ``bwd``.
+        mask: ``full``, ``causal`` (square) or ``window``.
+        q, k: query rows and key rows of the call (varlen: their totals).
+        pairs: (query, key) pairs attended, per batch row and head.
+        window: keys a query sees (``window`` mask), else 0.
+        docs: varlen only: ``((lq, lk, pairs), ...)`` per document; empty for a batch call.
+    """
+
+    mode: str
+    mask: str
+    q: int
+    k: int
+    pairs: float
+    window: int = 0
+    docs: tuple = ()
+
+
+class Shape(NamedTuple):
+    """The attention shape a call runs at: batch, query heads, K/V heads, head dims, dtype."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+
+
+def call_flops(call: Call, shape: Shape, pairs: float | None = None) -> float:
+    """FLOPs of ``call`` (or of ``pairs`` of it) at ``shape``: ``4 * pairs * B * Hq * (D + Dv) / 2``
+    forward, 2.5 times that backward (the flash-attn convention, ``case.work.attention_flops``)."""
+    p = call.pairs if pairs is None else pairs
+    fwd = 4.0 * p * shape.batch * shape.heads * (shape.head_dim + shape.head_dim_v) / 2
+    return fwd * (BWD_OVER_FWD if call.mode == "bwd" else 1.0)
+
+
+def point_pairs(mask: str, q: int, k: int, window: int = 0) -> float:
+    """Pairs a calibration point's block attends: full ``q * k``; causal square ``q (q + 1) / 2``;
+    a square block under a causal window of ``w`` keys ``sum_i min(w, i + 1)``."""
+    if mask == "full":
+        return float(q) * k
+    if mask == "causal":
+        return q * (q + 1) / 2
+    w = min(window, q)
+    return w * (w + 1) / 2 + float(q - w) * w
+
+
+@dataclass(frozen=True)
+class Surface:
+    """The measured points of one (mode, mask, dtype, head shape): see the module docstring."""
+
+    mode: str
+    mask: str
+    shape: Shape
+    points: tuple[dict, ...]
+    cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def _axis(self, p: dict) -> tuple[float, float]:
+        second = p["window"] if self.mask == "window" else p["k"]
+        return math.log2(p["q"]), math.log2(second)
+
+    def _grid(self, which: str):
+        """(q axis, second axis, log-rate at each measured point, the points) for quantile ``which``; cached."""
+        if which not in self.cache:
+            key = _TIME_KEY[which]
+            pts = [(self._axis(p), math.log(call_flops(Call(self.mode, self.mask, p["q"], p["k"], point_pairs(
+                self.mask, p["q"], p["k"], p.get("window", 0))), self.shape) / (p[key] * 1e-3)))
+                for p in self.points]
+            xs = sorted({a for (a, _), _ in pts})
+            ys = sorted({b for (_, b), _ in pts}) if self.mask != "causal" else [0.0]
+            if self.mask == "causal":
+                pts = [((a, 0.0), r) for (a, _), r in pts]
+            self.cache[which] = (xs, ys, dict(pts), pts)
+        return self.cache[which]
+
+    def rate(self, q: float, second: float, which: str = "mid") -> float:
+        """FLOP/s at ``q`` query rows (already scaled to this surface's batch x heads) and ``second``
+        keys (the window for a ``window`` surface; ignored for ``causal``)."""
+        xs, ys, grid, pts = self._grid(which)
+
+        def at(x: float, y: float) -> float:
+            if (x, y) in grid:
+                return grid[(x, y)]
+            # A hole in the grid takes its nearest measured point (log sizes).
+            return min(pts, key=lambda t: (t[0][0] - x) ** 2 + (t[0][1] - y) ** 2)[1]
+
+        lq = math.log2(max(q, 1.0))
+        lk = math.log2(max(second, 1.0)) if self.mask != "causal" else 0.0
+        x0, x1, tx = _bracket(xs, min(max(lq, xs[0]), xs[-1]))
+        y0, y1, ty = _bracket(ys, min(max(lk, ys[0]), ys[-1]))
+        value = ((1 - tx) * (1 - ty) * at(x0, y0) + tx * (1 - ty) * at(x1, y0)
+                 + (1 - tx) * ty * at(x0, y1) + tx * ty * at(x1, y1))
+        rate = math.exp(value)
+        # Below the smallest measured size a call takes at least that size's time.
+        if lq < xs[0]:
+            rate *= 2 ** (lq - xs[0])
+        if lk < ys[0]:
+            rate *= 2 ** (lk - ys[0])
+        return rate
+
+
+def _bracket(axis: list[float], x: float) -> tuple[float, float, float]:
+    if len(axis) == 1 or x <= axis[0]:
+        return axis[0], axis[0], 0.0
+    if x >= axis[-1]:
+        return axis[-1], axis[-1], 0.0
+    i = bisect.bisect_right(axis, x)
+    a, b = axis[i - 1], axis[i]
+    return a, b, (x - a) / (b - a)
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """A memory-bound step: ``fixed_ms + bytes / gib_s``; ``lo`` and ``hi`` scale it for the interval."""
+
+    fixed_ms: float
+    gib_s: float
+    spread: tuple[float, float] = (1.0, 1.0)
+
+    def ms(self, nbytes: float, which: str = "mid") -> float:
+        scale = {"lo": self.spread[0], "mid": 1.0, "hi": self.spread[1]}[which]
+        return (self.fixed_ms + nbytes / (self.gib_s * GIB) * 1e3) * scale
+
+
+@dataclass(frozen=True)
+class KernelCalibration:
+    """One kernel's surfaces on the calibrated device."""
+
+    name: str
+    version: str | None
+    surfaces: tuple[Surface, ...]
+
+    def surface(self, mode: str, mask: str, shape: Shape) -> tuple[Surface, str | None]:
+        """The surface for a call, and a note when it is not the call's own mask or dtype."""
+        notes = []
+        own = [s for s in self.surfaces if s.mode == mode]
+        if not own:
+            raise SpecError(f"the calibration of kernel {self.name} has no {mode} surface; calibrate it again")
+        by_mask = [s for s in own if s.mask == mask]
+        if not by_mask:
+            for other in {"window": ("full", "causal"), "full": ("causal",), "causal": ("full",)}[mask]:
+                by_mask = [s for s in own if s.mask == other]
+                if by_mask:
+                    notes.append(f"{mask} blocks priced at the {other} rate (no {mask} points)")
+                    break
+            else:
+                by_mask = own
+        by_dtype = [s for s in by_mask if s.shape.dtype == shape.dtype] or by_mask
+        if by_dtype is by_mask and by_mask[0].shape.dtype != shape.dtype:
+            notes.append(f"{shape.dtype} priced at the {by_mask[0].shape.dtype} rate")
+
+        def distance(s: Surface) -> tuple:
+            c = s.shape
+            return (c.head_dim != shape.head_dim, c.head_dim_v != shape.head_dim_v,
+                    abs(c.head_dim - shape.head_dim) + abs(c.head_dim_v - shape.head_dim_v),
+                    abs(math.log2(c.heads / c.kv_heads) - math.log2(shape.heads / shape.kv_heads)))
+
+        best = min(by_dtype, key=distance)
+        if best.shape.head_dim != shape.head_dim or best.shape.head_dim_v != shape.head_dim_v:
+            notes.append(f"head dim {shape.head_dim}/{shape.head_dim_v} priced at the nearest calibrated "
+                         f"{best.shape.head_dim}/{best.shape.head_dim_v}")
+        return best, "; ".join(notes) or None
+
+    def time_ms(self, call: Call, shape: Shape, which: str = "mid", scale: float = 1.0) -> float:
+        """Milliseconds of ``call`` at ``shape``: its FLOPs over the surface's rate (module docstring),
+        the rate times ``scale`` (a derived GPU's peak ratio)."""
+        surface, _ = self.surface(call.mode, call.mask, shape)
+        fill = shape.batch * shape.heads / (surface.shape.batch * surface.shape.heads)
+        if call.docs:
+            total = 0.0
+            for lq, lk, pairs in call.docs:
+                if pairs <= 0:
+                    continue
+                second = call.window if surface.mask == "window" else lk
+                total += call_flops(call, shape, pairs) / (surface.rate(call.q * fill, second, which) * scale)
+            return total * 1e3
+        second = (call.window if surface.mask == "window" else
+                  (call.pairs / max(call.q, 1) if call.mask == "window" else call.k))
+        return call_flops(call, shape) / (surface.rate(call.q * fill, second, which) * scale) * 1e3
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A device's calibration (module docstring), perhaps derived from another device's.
+
+    Attributes:
+        device: the device's name (``NVIDIA H200``, ``cpu``).
+        device_type: ``cuda`` or ``cpu``.
+        kernels: kernel name -> :class:`KernelCalibration`.
+        merge, add, copy: the memory-bound steps.
+        launch_ms: the host's time to issue one kernel.
+        comm: link class -> ``{"curve": [[bytes, GiB/s], ...], "source": str}``, measured links.
+        env: the environment it was measured in.
+        source: where it came from (a file, a note such as "provisional").
+        rate_scale, memory_scale: a derived calibration's peak and memory-bandwidth ratios (1: measured).
+        derived_from: the calibrated device's name, for a derived one; else None.
+    """
+
+    device: str
+    device_type: str
+    kernels: dict[str, KernelCalibration]
+    merge: Overhead
+    add: Overhead
+    copy: Overhead
+    launch_ms: float
+    comm: dict = field(default_factory=dict)
+    env: dict | None = None
+    source: str = ""
+    created_at: str | None = None
+    rate_scale: float = 1.0
+    memory_scale: float = 1.0
+    derived_from: str | None = None
+
+    def kernel(self, name: str) -> KernelCalibration:
+        """The calibration of kernel ``name`` (``auto``: the first one in the file).
+
+        Raises:
+            SpecError: a kernel the calibration does not hold.
+        """
+        if name == "auto":
+            return next(iter(self.kernels.values()))
+        if name not in self.kernels:
+            raise SpecError(f"kernel {name!r} is not in the calibration of {self.device}, which holds "
+                            f"{', '.join(self.kernels)}; pass --kernel with one of them, or calibrate {name} with "
+                            f"ringbench calibrate --kernel {name}")
+        return self.kernels[name]
+
+    def kernel_ms(self, kernel: str, call: Call, shape: Shape, which: str = "mid") -> float:
+        """Milliseconds of one kernel call on this device (a derived one's rate scaled)."""
+        return self.kernel(kernel).time_ms(call, shape, which, self.rate_scale)
+
+    def overhead_ms(self, kind: str, nbytes: float, which: str = "mid") -> float:
+        """Milliseconds of a ``merge``, ``add`` or ``copy`` of ``nbytes`` bytes (a derived one's scaled)."""
+        return getattr(self, kind).ms(nbytes, which) / self.memory_scale
+
+    def provenance(self) -> str:
+        """One line: measured where and when, or derived from what."""
+        if self.derived_from:
+            return f"derived from {self.derived_from} by peak ratio ({self.source})"
+        return self.source
+
+
+# --------------------------------------------------------------------------- reading and writing
+
+def _bad(where: str, what: str) -> SpecError:
+    return SpecError(f"calibration {where} {what}; write it again with ringbench calibrate")
+
+
+def from_dict(raw: Any, where: str) -> Calibration:
+    """A :class:`Calibration` from its JSON form.
+
+    Raises:
+        SpecError: not a calibration, another schema version, or a missing or bad field; one sentence.
+    """
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise _bad(where, f"is not a ringbench calibration (its format is not {FORMAT!r})")
+    if raw.get("schema_version") != SCHEMA_VERSION:
+        raise _bad(where, f"has schema_version {raw.get('schema_version')!r}, but this ringbench reads "
+                          f"{SCHEMA_VERSION}")
+    try:
+        kernels = {}
+        for name, k in raw["kernels"].items():
+            surfaces = []
+            for s in k["surfaces"]:
+                if s["mode"] not in MODES or s["mask"] not in MASKS:
+                    raise _bad(where, f"has a surface of mode {s['mode']!r} and mask {s['mask']!r}; modes are "
+                                      f"{', '.join(MODES)} and masks {', '.join(MASKS)}")
+                shape = Shape(int(s["batch"]), int(s["heads"]), int(s["kv_heads"]), int(s["head_dim"]),
+                              int(s.get("head_dim_v") or s["head_dim"]), str(s["dtype"]))
+                points = tuple(dict(p) for p in s["points"])
+                if not points or any(not all(p.get(key, 0) > 0 for key in ("q", "k", "time_ms", "lo_ms", "hi_ms"))
+                                     for p in points):
+                    raise _bad(where, f"has a {name} {s['mode']} {s['mask']} surface without points, or a point "
+                                      "whose q, k, time_ms, lo_ms or hi_ms is not positive")
+                if s["mask"] == "window" and any(not p.get("window", 0) > 0 for p in points):
+                    raise _bad(where, f"has a {name} window point without a positive window")
+                surfaces.append(Surface(s["mode"], s["mask"], shape, points))
+            kernels[name] = KernelCalibration(name, k.get("version"), tuple(surfaces))
+        over = raw["overheads"]
+
+        def overhead(key: str) -> Overhead:
+            o = over[key]
+            if not (o["gib_s"] > 0 and o["fixed_ms"] >= 0):
+                raise _bad(where, f"has {key} overhead {o!r}, whose gib_s must be positive and fixed_ms 0 or more")
+            return Overhead(float(o["fixed_ms"]), float(o["gib_s"]), tuple(o.get("spread", (1.0, 1.0))))
+
+        if not kernels:
+            raise _bad(where, "holds no kernel")
+        return Calibration(device=str(raw["device"]), device_type=str(raw["device_type"]), kernels=kernels,
+                           merge=overhead("merge"), add=overhead("add"), copy=overhead("copy"),
+                           launch_ms=float(over["launch_ms"]), comm=dict(raw.get("comm") or {}), env=raw.get("env"),
+                           source=str(raw.get("source") or where), created_at=raw.get("created_at"))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, SpecError):
+            raise
+        raise _bad(where, f"lacks or mistypes a field ({type(exc).__name__}: {exc})") from None
+
+
+def load(path: Path) -> Calibration:
+    """Read a calibration file.
+
+    Raises:
+        SpecError: an unreadable file, bad JSON, or :func:`from_dict`'s refusals.
+    """
+    where = repr(str(path))
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError(f"calibration {where} cannot be read ({exc.strerror or type(exc).__name__}); pass "
+                        "--calibration with a file ringbench calibrate wrote") from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"calibration {where} is not JSON ({exc.msg} at line {exc.lineno}); pass a file "
+                        "ringbench calibrate wrote") from None
+    cal = from_dict(raw, where)
+    return cal if cal.source != where else replace(cal, source=str(path))
+
+
+def shipped() -> list[Calibration]:
+    """The calibrations shipped with ringbench (``ringbench/model/calibrations/*.json``), measured ones
+    before those marked ``provisional``, so a measured one of the same GPU wins."""
+    found = []
+    folder = resources.files("ringbench.model").joinpath("calibrations")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".json"):
+            raw = json.loads(entry.read_text(encoding="utf-8"))
+            found.append((bool(raw.get("provisional")), from_dict(raw, f"ringbench/model/calibrations/{entry.name}")))
+    return [cal for _, cal in sorted(found, key=lambda pc: pc[0])]
+
+
+def surface_dict(mode: str, mask: str, shape: Shape, points: Iterable[dict]) -> dict:
+    """The JSON form of one surface."""
+    return {"mode": mode, "mask": mask, "dtype": shape.dtype, "batch": shape.batch, "heads": shape.heads,
+            "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "head_dim_v": shape.head_dim_v,
+            "points": list(points)}
+
+
+def derive(cal: Calibration, name: str, *, rate_scale: float, memory_scale: float) -> Calibration:
+    """``cal`` standing in for GPU ``name``: rates times ``rate_scale`` (the ratio of the datasheet
+    peaks, target over calibrated), memory-bound steps times ``memory_scale`` (of the memory
+    bandwidths); its provenance says "derived from <device> by peak ratio"."""
+    return replace(cal, device=name, rate_scale=cal.rate_scale * rate_scale,
+                   memory_scale=cal.memory_scale * memory_scale, derived_from=cal.derived_from or cal.device,
+                   comm={})

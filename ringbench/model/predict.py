@@ -1,0 +1,200 @@
+"""``ringbench predict``: one case's time, throughput, memory and traffic on a cluster, from a calibration.
+
+:func:`predict_case` walks the case's programs (``schedule.programs``: the engines' own plans),
+plays them on the cluster (``simulate.simulate``) three times, at the calibration's low, middle
+and high quantiles, and returns record fields shaped like a run record's (docs/contracts.md),
+with ``predicted: true`` and a ``prediction`` object holding what a run cannot measure: the
+forward and backward times, the critical path split, bytes per link class and the intervals.
+
+Every figure carries an interval from the calibration's spread (its 10th and 90th percentile
+calls). The model's own error, validated against measured records (``predict --against``), is
+not folded in: ``prediction.validated_error`` says where it stands.
+
+Source: issue 24.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ringbench.case.work import attention_flops
+from ringbench.model import memory, schedule
+from ringbench.model.calibration import Calibration, Call
+from ringbench.model.fabric import Cluster
+from ringbench.model.simulate import PARTS, play, price, segments
+
+GIB = 1024 ** 3
+#: What ``prediction.validated_error`` says until ``predict --against`` has been run on reference records.
+NOT_VALIDATED = "not yet validated against measured records (ringbench predict --against)"
+
+
+def reference_ms(spec, cal: Calibration, kernel: str, which: str = "mid") -> tuple[float, float]:
+    """The same kernel on one rank's share (S / W tokens, the case's mask and mode), as the run's
+    reference is (``bench``): (ms, FLOPs)."""
+    from ringbench.case.spec import padded_docs, spec_docs
+    from ringbench.variants import get_variant
+
+    variant = get_variant(spec.variant)
+    shape = schedule.case_shape(spec)
+    local = spec.seqlen // spec.world_size
+    window = spec.window or 0
+    docs = None
+    if variant.varlen:
+        from ringbench.variants.engines import layouts
+
+        cu = layouts.cu_seqlens_from_docs(padded_docs(spec))
+        layout = spec.layout or variant.layout
+        degree = variant.layout_degree(spec.world_size, spec.ulysses_degree)
+        local_cu = layouts.varlen_local_cu_seqlens(cu, layout, 0, spec.world_size,
+                                                   by_document=variant.shard_by_document,
+                                                   ulysses_degree=degree).tolist()
+        docs = [b - a for a, b in zip(local_cu, local_cu[1:])]
+    total = 0.0
+    for mode in ("fwd", "bwd") if spec.mode == "fwd_bwd" else ("fwd",):
+        if docs is not None:
+            pieces = tuple((d, d, (d * (d + 1) / 2) if spec.causal else float(d) * d) for d in docs)
+            call = Call(mode, "causal" if spec.causal else "full", local, local, sum(p for *_, p in pieces),
+                        docs=pieces)
+        elif window and window < local:
+            call = Call(mode, "window", local, local, schedule.part_pairs(local, local, (window - 1, 0)), window=window)
+        elif spec.causal:
+            call = Call(mode, "causal", local, local, local * (local + 1) / 2)
+        else:
+            call = Call(mode, "full", local, local, float(local) * local)
+        total += cal.kernel_ms(kernel, call, shape, which)
+    real = spec_docs(spec) if variant.varlen else None
+    flops = attention_flops(batch=spec.batch, seqlen=local, heads=spec.heads, head_dim=spec.head_dim,
+                            causal=spec.causal, mode=spec.mode, docs=docs if real else None,
+                            head_dim_v=spec.value_head_dim(), window=spec.window or None)
+    return total, flops
+
+
+def placement(cluster: Cluster, layout: schedule.Layout, how: str):
+    """The host slot of each rank: ``ulysses-inner`` (the grid's own: Ulysses groups of consecutive
+    ranks, inside a node where they fit) or ``ring-inner`` (the other placement, for comparison:
+    the ring's ranks consecutive, the Ulysses groups strided across the nodes)."""
+    if how == "ulysses-inner" or layout.ulysses_degree in (1, cluster.world_size):
+        return lambda r: r
+    U, R = layout.ulysses_degree, layout.ring_degree
+    return lambda r: (r % U) * R + r // U
+
+
+def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluster,
+                 place: str = "ulysses-inner", programs: tuple | None = None,
+                 cache: dict | None = None) -> dict[str, Any]:
+    """The predicted run fields of ``spec`` (a resolved ``CaseSpec`` at ``cluster.world_size``).
+
+    Returns:
+        A run record's fields (``time_ms``, ``per_rank_time_ms``, ``tflops_per_gpu``, ``efficiency``,
+        ``peak_allocated_gib`` estimated, ``bytes_sent``...) plus ``predicted: true`` and
+        ``prediction`` (module docstring).
+
+    ``programs``: ``schedule.programs(spec)`` where the caller has it already (one walk serves
+    every kernel and placement of a case); ``cache``: a dict the caller keeps across calls, where
+    the programs' segments and their prices per kernel are kept.
+
+    Raises:
+        schedule.Unpredictable: a case whose schedule the model does not walk.
+    """
+    progs, layout = programs if programs is not None else schedule.programs(spec)
+    where = placement(cluster, layout, place)
+    cache = {} if cache is None else cache
+    if ("segments", id(progs)) not in cache:  # the programs are kept with their segments, so their id stays theirs
+        cache[("segments", id(progs))] = (progs, segments(progs))
+    segs = cache[("segments", id(progs))][1]
+    key = ("priced", id(progs), kernel, id(calibration))
+    if key not in cache:
+        cache[key] = (progs, price(segs, calibration=calibration, kernel=kernel, whiches=("lo", "mid", "hi")))
+    runs = play(cache[key][1], cluster=cluster, place=where)
+    mid = runs["mid"]
+    W = spec.world_size
+    # The rank whose time it is: the last to finish, and among those (a collective ends them together)
+    # the busiest, whose path holds the work rather than the wait.
+    busy = [t.parts["compute"] + t.parts["overhead"] for t in mid]
+    last = max(t.total_ms for t in mid)
+    slowest = max((r for r in range(W) if mid[r].total_ms >= last * (1 - 1e-9)), key=lambda r: busy[r])
+    time_ms = mid[slowest].total_ms
+    interval = [max(t.total_ms for t in runs["lo"]), max(t.total_ms for t in runs["hi"])]
+    from ringbench.case.spec import spec_docs
+    from ringbench.variants import get_variant
+
+    variant = get_variant(spec.variant)
+    real = spec_docs(spec) if variant.varlen else None
+    flops_per_gpu = attention_flops(batch=spec.batch, seqlen=sum(real) if real else spec.seqlen, heads=spec.heads,
+                                    head_dim=spec.head_dim, causal=spec.causal, mode=spec.mode, docs=real,
+                                    head_dim_v=spec.value_head_dim(), window=spec.window or None) / W
+    ref = {which: reference_ms(spec, calibration, kernel, which) for which in ("lo", "mid", "hi")}
+    ref_ms, ref_flops = ref["mid"]
+
+    def tflops(ms: float) -> float:
+        return flops_per_gpu / (ms * 1e-3) / 1e12 if ms > 0 else math.inf
+
+    ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
+    efficiency = tflops(time_ms) / ref_tflops
+    # The efficiency's ends: the fast end of the ring over the fast end of the kernel, and so on.
+    eff_lo = tflops(interval[1]) / (ref["hi"][1] / (ref["hi"][0] * 1e-3) / 1e12)
+    eff_hi = tflops(interval[0]) / (ref["lo"][1] / (ref["lo"][0] * 1e-3) / 1e12)
+    sent = [t.bytes_sent for t in mid]
+    by_class: dict[str, float] = {}
+    for t in mid:
+        for cls, nbytes in t.bytes_by_class.items():
+            by_class[cls] = max(by_class.get(cls, 0.0), nbytes)
+    fwd_ms = max((t.fwd_ms if t.fwd_ms is not None else t.total_ms) for t in mid) if spec.mode == "fwd_bwd" else time_ms
+    parts = {p: mid[slowest].parts[p] for p in PARTS}
+    notes = _notes(spec, calibration, kernel)
+    peak = memory.peak_gib(spec, ulysses_degree=layout.ulysses_degree)
+    return {
+        "predicted": True,
+        "time_ms": time_ms,
+        "per_rank_time_ms": [t.total_ms for t in mid],
+        "imbalance": time_ms / min(t.total_ms for t in mid) if min(t.total_ms for t in mid) > 0 else None,
+        "flops_convention": "flash-attn",
+        "flops_per_gpu": flops_per_gpu,
+        "tflops_per_gpu": tflops(time_ms),
+        "ref_time_ms": ref_ms,
+        "ref_tflops": ref_tflops,
+        "efficiency": efficiency,
+        "peak_allocated_gib": peak,
+        "peak_reserved_gib": None,
+        "bytes_sent": int(max(sent)) if W > 1 else 0,
+        "bytes_received": int(max(sent)) if W > 1 else 0,
+        "bus_gib_s": max(sent) / GIB / (time_ms * 1e-3) if W > 1 and time_ms > 0 else None,
+        "bytes_counted": True,
+        "per_rank_busy_ms": busy,
+        "busy_imbalance": max(busy) / min(busy) if min(busy) > 0 else None,
+        "prediction": {
+            "fwd_ms": fwd_ms,
+            "bwd_ms": time_ms - fwd_ms if spec.mode == "fwd_bwd" else None,
+            "critical_path_ms": parts,
+            "slowest_rank": slowest,
+            "busy_max_over_mean": max(busy) / (sum(busy) / W) if sum(busy) > 0 else None,
+            # Each rank alone, with free and instant transfers: what run --emulate measures.
+            "compute_only_ms": max(t.parts["compute"] + t.parts["overhead"] for t in mid),
+            "bytes_by_link_class": by_class,
+            "interval": {"time_ms": interval, "tflops_per_gpu": [tflops(interval[1]), tflops(interval[0])],
+                         "efficiency": [eff_lo, eff_hi]},
+            "ulysses_degree": layout.ulysses_degree,
+            "ring_degree": layout.ring_degree,
+            "placement": place if layout.ulysses_degree not in (1, W) else None,
+            "kernel_calls": mid[slowest].kernel_calls,
+            "calibration": calibration.provenance(),
+            "cluster": cluster.describe(),
+            "memory": "estimated from shapes (ringbench/model/memory.py)",
+            "validated_error": NOT_VALIDATED,
+            "notes": notes,
+        },
+    }
+
+
+def _notes(spec, cal: Calibration, kernel: str) -> list[str]:
+    """What the prices had to assume for this case (a mask or head dim the calibration lacks)."""
+    shape = schedule.case_shape(spec)
+    out = []
+    kcal = cal.kernel(kernel)
+    for mode in ("fwd", "bwd"):
+        for mask in ("full", "causal") + (("window",) if spec.window else ()):
+            _, note = kcal.surface(mode, mask, shape)
+            if note and note not in out:
+                out.append(note)
+    return out

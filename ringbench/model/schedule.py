@@ -1,0 +1,458 @@
+"""Every rank's program for one case, walked from the engines' own plans: kernel calls, merges, transfers, waits.
+
+The model restates no algorithm. What each rank computes at each ring step comes from the
+engine's plan through ``ring.steps_for`` (the steps ``run_ring`` runs: ``contiguous_plan``,
+``zigzag_plan``, ``stripe_plan``, their varlen steps and the window's parts), llama3's from
+``llama3.schedule`` (its head groups and kernel blocks), and the Ulysses head split from the
+registry's rules (``Variant.ulysses_degree``, ``variants.rules``). What this module adds is the
+*order* in which an engine issues its transfers, computes and waits, one function per engine
+loop, each following the loop it names line by line, so the overlap is the engine's:
+
+- ring forward (``ring._ring_forward``): at step s the K/V for step s + 1 is committed, then
+  step s's kernel and merge run, then the wait;
+- ring backward (``ring._ring_backward``): the reverse ring, K/V for step i + 1 committed before
+  step i's kernel, the dK/dV partial of step i - 1 waited for after it, added, sent on; the own
+  block last, its dK/dV hop waited for after the last compute;
+- all-gather (``llama3._forward``/``_backward``): the next head group's gather in flight while
+  the current one computes; backward reduce-scatters each group's float32 dK/dV, blocking;
+- Ulysses (``ulysses.UlyssesRing``): blocking all-to-alls of q, k, v (K/V replicated first when
+  the degree exceeds kv_heads), the ring over the ring group, then out and lse back; backward
+  dout over, the ring's backward, dq, dk, dv back.
+
+A program is a list of ops; every rank's has the same sequence of :class:`Post` and
+:class:`Wait` (the engines' loops do not depend on the rank), only the compute between them
+differs, which is what ``simulate`` relies on. Torch is imported (the plans live in torch
+modules), but nothing runs on a device: index tensors of varlen steps are built on CPU.
+
+Source: issue 24 ("the model is the engines' own schedule").
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ringbench.model.calibration import Call, Shape
+from ringbench.variants import VARIANTS, get_variant
+
+#: The plan of each ring layout, as (engine module, function), looked up when a case is walked,
+#: so a plan that changes (or a test's plan) changes the prediction.
+PLANS = {"contiguous": ("ring", "contiguous_plan"), "zigzag": ("zigzag", "zigzag_plan"),
+         "stripe": ("stripe", "stripe_plan")}
+#: Bytes per element of each dtype; float32 accumulators are 4.
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
+
+
+class Compute(NamedTuple):
+    """GPU work on the rank's compute stream: a ``kernel`` call, or a ``merge``, ``add`` or ``copy``
+    of ``nbytes`` bytes; ``phase`` is fwd or bwd, ``step`` the engine's step."""
+
+    kind: str
+    phase: str
+    step: int
+    call: Call | None = None
+    nbytes: float = 0.0
+
+
+class Post(NamedTuple):
+    """A transfer issued on the rank's communication stream at the current point of its compute stream.
+
+    ``op``: ``p2p`` (send ``nbytes`` to ``send_to``, receive as much from ``recv_from``, one batch),
+    or a collective over ``group`` (``all_gather``, ``reduce_scatter``: ``nbytes`` the local
+    shard; ``all_to_all``: ``nbytes`` the whole local tensor). ``channel`` names what a later
+    :class:`Wait` waits for.
+    """
+
+    channel: str
+    op: str
+    phase: str
+    step: int
+    nbytes: float
+    group: tuple[int, ...] = ()
+    send_to: int = -1
+    recv_from: int = -1
+
+
+class Wait(NamedTuple):
+    """The compute stream waits for the latest :class:`Post` of ``channel``."""
+
+    channel: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a case's ranks are arranged for its engine: the Ulysses degree and the ring over the rest."""
+
+    ulysses_degree: int
+    ring_degree: int
+
+
+class Unpredictable(ValueError):
+    """A case whose schedule the model cannot walk (a peer, a form not covered yet); the message says why."""
+
+
+# --------------------------------------------------------------------------- from the plans' blocks to calls
+
+def _rows(sel, n: int) -> int:
+    if isinstance(sel, slice):
+        a, b, _ = sel.indices(n)
+        return max(0, b - a)
+    return int(sel.numel())
+
+
+def _causal_doc_pairs(lq: int, lk: int) -> float:
+    # The kernels' causal mask is aligned bottom-right: query i sees keys j <= i + lk - lq.
+    if lk >= lq:
+        return lq * (lk - lq) + lq * (lq + 1) / 2
+    return lk * (lk + 1) / 2
+
+
+def part_pairs(q: int, k: int, band) -> float:
+    """Pairs of a block of ``q`` rows and ``k`` keys under a flash-attn band ``(left, right)``
+    (bottom-right aligned, ``None`` unbounded): a closed form of ``bands.part_pairs``."""
+    if band is None:
+        return float(q) * k
+    left, right = band
+    shift = k - q  # query i sees keys i + shift - left .. i + shift + right
+    total = 0.0
+    # The count per row is piecewise linear in i; sum it over the pieces where the ends are clipped.
+    def count(i):
+        a = 0 if left is None else max(0, i + shift - left)
+        b = k - 1 if right is None else min(k - 1, i + shift + right)
+        return max(0, b - a + 1)
+    cuts = {0, q}
+    for c in ((left - shift) if left is not None else None, (k - 1 - shift - right) if right is not None else None,
+              (-shift - right) if right is not None else None, (k - shift + (left or 0)) if left is not None else None):
+        if c is not None:
+            for x in (c, c + 1):
+                if 0 < x < q:
+                    cuts.add(x)
+    cuts = sorted(cuts)
+    for a, b in zip(cuts, cuts[1:]):
+        n = b - a
+        total += (count(a) + count(b - 1)) * n / 2  # linear on the piece
+    return total
+
+
+def step_calls(step, mode: str, seqlen_local: int) -> list[Call]:
+    """The kernel calls of one engine :class:`ring.Step` (a window step's parts are several)."""
+    if step.parts:
+        calls = []
+        for p in step.parts:
+            m, n = p.q[1] - p.q[0], p.kv[1] - p.kv[0]
+            pairs = part_pairs(m, n, p.window)
+            if p.window is None:
+                calls.append(Call(mode, "full", m, n, pairs))
+            else:
+                left = p.window[0]
+                calls.append(Call(mode, "window", m, n, pairs, window=(left + 1) if left is not None else n))
+        return calls
+    if step.cu_q is not None:
+        cq, ck = step.cu_q.tolist(), step.cu_k.tolist()
+        docs = []
+        for (a, b), (c, d) in zip(zip(cq, cq[1:]), zip(ck, ck[1:])):
+            lq, lk = b - a, d - c
+            docs.append((lq, lk, _causal_doc_pairs(lq, lk) if step.causal else float(lq) * lk))
+        q, k = cq[-1], ck[-1]
+        return [Call(mode, "causal" if step.causal else "full", q, k, sum(p for *_, p in docs), docs=tuple(docs))]
+    m, n = _rows(step.q, seqlen_local), _rows(step.kv, seqlen_local)
+    if step.causal:
+        return [Call(mode, "causal", m, n, m * (m + 1) / 2)]
+    return [Call(mode, "full", m, n, float(m) * n)]
+
+
+def _whole(parts, seqlen_local: int) -> bool:
+    # window._whole: one part over the whole block is the kernel's own result.
+    return len(parts) == 1 and parts[0].q == (0, seqlen_local) and parts[0].kv == (0, seqlen_local)
+
+
+def _merge_bytes(rows: int, shape: Shape, esize: int, *, local: int | None = None, held: int = 4,
+                 into: int = 4) -> float:
+    """Bytes of one ``merge.merge_step``: the block's out read, the running out read at its rows and
+    written in ``into`` bytes an element; where the running out changes dtype (``held`` bytes, as
+    the engine keeps it: the input dtype while it holds one block, float32 while more follow)
+    every one of its ``local`` rows is carried over; lse read twice and written once."""
+    touched = local if (local is not None and held != into) else rows
+    per_row = shape.batch * shape.heads
+    return per_row * (touched * shape.head_dim_v * (held + into) + rows * shape.head_dim_v * esize + rows * 12)
+
+
+def _add_bytes(q_rows: int, kv_rows: int, shape: Shape, esize: int) -> float:
+    # add_steps: dq at the block's query rows, dk and dv at its key rows; read sum and grad, write the sum.
+    per = 4 + esize + 4
+    return shape.batch * (q_rows * shape.heads * shape.head_dim + kv_rows * shape.kv_heads *
+                          (shape.head_dim + shape.head_dim_v)) * per
+
+
+# --------------------------------------------------------------------------- the ring engine
+
+def ring_steps(layout: str, seqlen_local: int, ring_rank: int, ring_degree: int, causal: bool, window: int | None,
+               doc_lengths: list[int] | None):
+    """The engine's steps for one ring rank (``ring.steps_for`` with the layout's plan, looked up now)."""
+    from ringbench.variants.engines import ring
+
+    module, name = PLANS[layout]
+    plan = getattr(importlib.import_module(f"ringbench.variants.engines.{module}"), name)
+    return ring.steps_for(plan, layout, seqlen_local, ring_rank, ring_degree, causal, window=window,
+                          doc_lengths=doc_lengths, device="cpu")
+
+
+def ring_forward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, shape: Shape, esize: int,
+                 tag: str = "kv") -> list:
+    """Rank ``ring[me]``'s forward ring, in ``ring._ring_forward``'s order."""
+    R = len(ring)
+    n_steps = getattr(steps, "n_steps", R)
+    kv_bytes = seqlen_local * shape.batch * shape.kv_heads * (shape.head_dim + shape.head_dim_v) * esize
+    ops, held = [], None  # the running out's bytes per element (None: no block yet)
+    left = sum(steps(s, (me - s) % R) is not None for s in range(n_steps))  # ring._blocks_of
+    for step in range(n_steps):
+        if step + 1 < n_steps:
+            ops.append(Post(f"{tag}f", "p2p", "fwd", step, kv_bytes, ring, ring[(me + 1) % R], ring[(me - 1) % R]))
+        block = steps(step, (me - step) % R)
+        if block is not None:
+            calls = step_calls(block, "fwd", seqlen_local)
+            ops += [Compute("kernel", "fwd", step, c) for c in calls]
+            if block.parts and not _whole(block.parts, seqlen_local):  # window.attend folds its parts
+                ops += [Compute("merge", "fwd", step, nbytes=_merge_bytes(c.q, shape, esize)) for c in calls]
+            whole = isinstance(block.q, slice) and block.q == slice(None)
+            left -= 1
+            into = esize if left == 0 else 4  # the last merge writes the input dtype (ring._ring_forward)
+            if held is None and whole:  # the first block over every row is the running output as it is
+                held = esize
+            else:
+                ops.append(Compute("merge", "fwd", step, nbytes=_merge_bytes(
+                    _rows(block.q, seqlen_local), shape, esize, local=seqlen_local, held=held or 4, into=into)))
+                held = into
+        if step + 1 < n_steps:
+            ops.append(Wait(f"{tag}f"))
+    return ops
+
+
+def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, shape: Shape, esize: int,
+                  tag: str = "kv") -> list:
+    """Rank ``ring[me]``'s backward ring, in ``ring._ring_backward``'s order (the reverse ring)."""
+    R = len(ring)
+    kv_bytes = seqlen_local * shape.batch * shape.kv_heads * (shape.head_dim + shape.head_dim_v)
+    windowed = hasattr(steps, "n_steps")
+    nxt, prv = ring[(me - 1) % R], ring[(me + 1) % R]  # reverse: send to rank - 1, receive from rank + 1
+    ops = []
+    if R > 1 and windowed and getattr(steps, "n_steps", R) < R:  # the forward ended early: fetch rank + 1's block
+        ops += [Post(f"{tag}b", "p2p", "bwd", -1, kv_bytes * esize, ring, nxt, prv), Wait(f"{tag}b")]
+    block = None
+    for i in range(R):
+        own = i == R - 1
+        source = (me + 1 + i) % R
+        receive = i + 2 < R
+        if receive:
+            ops.append(Post(f"{tag}b", "p2p", "bwd", i, kv_bytes * esize, ring, nxt, prv))
+        block = steps((me - source) % R, source)
+        if block is not None:
+            calls = step_calls(block, "bwd", seqlen_local)
+            ops += [Compute("kernel", "bwd", i, c) for c in calls]
+            if block.parts and not _whole(block.parts, seqlen_local):  # window.attend_backward sums its parts
+                ops += [Compute("add", "bwd", i, nbytes=_add_bytes(c.q, c.k, shape, esize)) for c in calls]
+        if own:
+            break
+        if i > 0:
+            ops.append(Wait(f"{tag}d"))
+        rows_q = _rows(block.q, seqlen_local) if block is not None else 0
+        rows_kv = _rows(block.kv, seqlen_local) if block is not None else 0
+        ops.append(Compute("add", "bwd", i, nbytes=_add_bytes(rows_q, rows_kv, shape, esize)))
+        hop = esize if (i == 0 and not windowed) else 4
+        ops.append(Post(f"{tag}d", "p2p", "bwd", i, kv_bytes * hop, ring, nxt, prv))
+        if receive:
+            ops.append(Wait(f"{tag}b"))
+    if R > 1:
+        ops.append(Wait(f"{tag}d"))
+    rows_q = _rows(block.q, seqlen_local) if block is not None else 0
+    rows_kv = _rows(block.kv, seqlen_local) if block is not None else 0
+    ops.append(Compute("add", "bwd", R - 1, nbytes=_add_bytes(rows_q, rows_kv, shape, esize)))
+    return ops
+
+
+# --------------------------------------------------------------------------- all-gather (llama3)
+
+def gather_program(spec, rank: int, world_size: int, shape: Shape, esize: int, backward: bool) -> list:
+    """Rank ``rank``'s llama3 forward (and backward), in ``llama3._forward``/``_backward``'s order."""
+    from ringbench.variants.engines import llama3
+
+    layout = spec.layout or get_variant(spec.variant).layout
+    local = spec.seqlen // world_size
+    stride = spec.heads_k_stride or shape.kv_heads
+    groups = llama3.schedule(layout, spec.causal, rank, world_size, local, shape.kv_heads, stride,
+                             spec.window or None)
+    everyone = tuple(range(world_size))
+    G = shape.heads // shape.kv_heads
+
+    def group_shape(hs: slice) -> Shape:
+        h = hs.stop - hs.start
+        return shape._replace(heads=h * G, kv_heads=h)
+
+    def calls(blocks, mode):
+        out = []
+        for rows, keys, causal, kw in blocks:
+            m = _rows(rows, local)
+            n = keys.stop - keys.start
+            if "window" in kw:
+                left = kw["window"][0]
+                out.append(Call(mode, "window", m, n, part_pairs(m, n, kw["window"]), window=left + 1))
+            elif causal:
+                out.append(Call(mode, "causal", m, n, m * (m + 1) / 2))
+            else:
+                out.append(Call(mode, "full", m, n, float(m) * n))
+        return out
+
+    def kv_shard(gs: Shape) -> float:  # this rank's K and V of one head group
+        return local * gs.batch * gs.kv_heads * (gs.head_dim + gs.head_dim_v) * esize
+
+    # _gathered_kv: group 0's gather first; then each group posts the next one's before waiting for its own.
+    ops = [Post("gather0", "all_gather", "fwd", 0, kv_shard(group_shape(groups[0][0])), everyone)]
+    for i, (hs, blocks) in enumerate(groups):
+        gs = group_shape(hs)
+        if i + 1 < len(groups):
+            ops.append(Post(f"gather{i + 1}", "all_gather", "fwd", i + 1, kv_shard(group_shape(groups[i + 1][0])),
+                            everyone))
+        ops.append(Wait(f"gather{i}"))
+        ops.append(Compute("copy", "fwd", i, nbytes=2 * world_size * kv_shard(gs)))  # _to_global: the unshard
+        for c in calls(blocks, "fwd"):
+            ops.append(Compute("kernel", "fwd", i, c))
+            ops.append(Compute("merge", "fwd", i, nbytes=_merge_bytes(c.q, gs, esize)))
+    if not backward:
+        return _with_group_shapes(ops, groups, group_shape)
+    for i, (hs, blocks) in enumerate(groups):
+        gs = group_shape(hs)
+        full = world_size * local * gs.batch * gs.kv_heads * (gs.head_dim + gs.head_dim_v) * 4
+        ops.append(Compute("copy", "bwd", i, nbytes=full))  # the float32 dK/dV of the whole sequence, zeroed
+        for c in calls(blocks, "bwd"):
+            ops.append(Compute("kernel", "bwd", i, c))
+            ops.append(Compute("add", "bwd", i, nbytes=_add_bytes(c.q, c.k, gs, esize)))
+        for part in ("k", "v"):  # reduce_scatter_shards: the shards cut (a copy), then a blocking reduce-scatter
+            dim = gs.head_dim if part == "k" else gs.head_dim_v
+            shard = local * gs.batch * gs.kv_heads * dim * 4
+            ops.append(Compute("copy", "bwd", i, nbytes=2 * world_size * shard))
+            ops.append(Post(f"rs{part}", "reduce_scatter", "bwd", i, shard, everyone))
+            ops.append(Wait(f"rs{part}"))
+    return _with_group_shapes(ops, groups, group_shape)
+
+
+def _with_group_shapes(ops, groups, group_shape):
+    # A kernel call of head group i (its step) runs at that group's heads.
+    return [(op, group_shape(groups[op.step][0])) if isinstance(op, Compute) and op.kind == "kernel" else (op, None)
+            for op in ops]
+
+
+# --------------------------------------------------------------------------- Ulysses and USP
+
+def ulysses_program(spec, rank: int, world_size: int, degree: int, shape: Shape, esize: int, backward: bool,
+                    doc_lengths: list[int] | None) -> list:
+    """Rank ``rank``'s Ulysses (or USP) forward and backward, in ``ulysses.UlyssesRing``'s order.
+
+    The grid is ``grid.process_grid``'s: Ulysses groups of ``degree`` consecutive ranks, the ring
+    across them over the ranks with the same Ulysses rank.
+    """
+    U, R = degree, world_size // degree
+    urank, rrank = rank % U, rank // U
+    ugroup = tuple(rank // U * U + i for i in range(U))
+    ring = tuple(j * U + urank for j in range(R))
+    local = spec.seqlen // world_size
+    replicas = max(1, U // shape.kv_heads)
+    hshape = shape._replace(heads=shape.heads // U, kv_heads=shape.kv_heads * replicas // U)
+    ring_len = local * U
+    layout = get_variant(spec.variant).layout
+    ring_docs = [d // R for d in doc_lengths] if doc_lengths is not None else None
+    steps = ring_steps(layout, ring_len, rrank, R, spec.causal, spec.window or None, ring_docs)
+    B = shape.batch
+
+    def swap(phase: str, name: str, elems: float, size: int = esize) -> list:
+        nbytes = elems * size
+        if U == 1:
+            return []
+        # seq_to_heads / heads_to_seq: permute into a contiguous send buffer, the blocking
+        # all-to-all, permute back (two copies around it).
+        return [Compute("copy", phase, 0, nbytes=2 * nbytes), Post(f"a2a-{name}", "all_to_all", phase, 0, nbytes, ugroup),
+                Wait(f"a2a-{name}"), Compute("copy", phase, 0, nbytes=2 * nbytes)]
+
+    kv_elems = local * B * shape.kv_heads * replicas * (shape.head_dim + shape.head_dim_v)  # replicated K and V
+    ops = []
+    if replicas > 1:
+        ops.append(Compute("copy", "fwd", 0, nbytes=2 * kv_elems * esize))  # repeat_interleave of k and v
+    ops += swap("fwd", "q", local * B * shape.heads * shape.head_dim)
+    ops += swap("fwd", "k", local * B * shape.kv_heads * replicas * shape.head_dim)
+    ops += swap("fwd", "v", local * B * shape.kv_heads * replicas * shape.head_dim_v)
+    ops += ring_forward(steps, ring=ring, me=rrank, seqlen_local=ring_len, shape=hshape, esize=esize)
+    ops += swap("fwd", "out", local * B * shape.heads * shape.head_dim_v)
+    ops += swap("fwd", "lse", local * B * shape.heads, 4)
+    if backward:
+        ops += swap("bwd", "dout", local * B * shape.heads * shape.head_dim_v)
+        ops += ring_backward(steps, ring=ring, me=rrank, seqlen_local=ring_len, shape=hshape, esize=esize)
+        ops += swap("bwd", "dq", local * B * shape.heads * shape.head_dim)
+        ops += swap("bwd", "dk", local * B * shape.kv_heads * replicas * shape.head_dim)
+        ops += swap("bwd", "dv", local * B * shape.kv_heads * replicas * shape.head_dim_v)
+        if replicas > 1:  # the replicas' gradients summed in float32
+            ops.append(Compute("copy", "bwd", 0, nbytes=kv_elems * (esize + 4)))
+    return [(op, hshape if isinstance(op, Compute) and op.kind == "kernel" else None) for op in ops]
+
+
+# --------------------------------------------------------------------------- a case
+
+def case_shape(spec) -> Shape:
+    """The attention shape of a case (``CaseSpec``)."""
+    return Shape(spec.batch, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim(), spec.dtype)
+
+
+def refusal(spec) -> str | None:
+    """Why the model cannot walk ``spec``'s schedule, in one sentence, or ``None``."""
+    variant = VARIANTS.get(spec.variant)
+    if variant is None:
+        return f"variant {spec.variant!r} is not one the model knows"
+    if variant.peer:
+        return (f"{spec.variant} is a peer, and its schedule is its own library's code, not a ringbench plan the "
+                f"model can walk, so it is not predicted; predict ringbench's {variant.layout} variant of the same "
+                "layout instead")
+    if spec.variant == "llama3_varlen":
+        return ("llama3_varlen's per-piece schedule is not walked by the model yet; predict llama3 or zigzag_varlen "
+                "instead")
+    if spec.sink != "none":
+        return None  # the sink joins once per row: no step of its own worth pricing
+    return None
+
+
+def programs(spec, *, ulysses_degree: int | None = None) -> tuple[list[list], Layout]:
+    """Every rank's program for ``spec`` (a resolved ``CaseSpec``): per rank a list of
+    ``(op, shape)``, ``shape`` the attention shape a kernel call runs at (``None`` for other ops).
+
+    Raises:
+        Unpredictable: :func:`refusal`'s reasons.
+    """
+    reason = refusal(spec)
+    if reason:
+        raise Unpredictable(reason)
+    from ringbench.case.spec import padded_docs
+
+    variant = get_variant(spec.variant)
+    W = spec.world_size
+    shape = case_shape(spec)
+    esize = ELEMENT_BYTES[spec.dtype]
+    backward = spec.mode == "fwd_bwd"
+    docs = padded_docs(spec) if variant.varlen else None
+    if variant.ulysses:
+        U = variant.ulysses_degree(W, ulysses_degree or spec.ulysses_degree)
+        if spec.batch != 1 and docs is not None:
+            raise Unpredictable("packed documents take batch 1")
+        progs = [ulysses_program(spec, r, W, U, shape, esize, backward, docs) for r in range(W)]
+        return progs, Layout(U, W // U)
+    if spec.variant == "llama3":
+        return [gather_program(spec, r, W, shape, esize, backward) for r in range(W)], Layout(1, W)
+    layout = spec.layout or variant.layout
+    local = spec.seqlen // W
+    doc_lengths = [d // W for d in docs] if docs is not None else None
+    ring = tuple(range(W))
+    progs = []
+    for r in range(W):
+        steps = ring_steps(layout, local, r, W, spec.causal, spec.window or None, doc_lengths)
+        ops = ring_forward(steps, ring=ring, me=r, seqlen_local=local, shape=shape, esize=esize)
+        if backward:
+            ops += ring_backward(steps, ring=ring, me=r, seqlen_local=local, shape=shape, esize=esize)
+        progs.append([(op, shape if isinstance(op, Compute) and op.kind == "kernel" else None) for op in ops])
+    return progs, Layout(1, W)

@@ -1,0 +1,302 @@
+"""Price every rank's program and play them together: the slowest rank's time and what it spent it on.
+
+Each rank has a host that issues every op in turn (``launch_ms`` each: the engine's Python and
+the launch), a compute stream (kernels, merges, adds, copies, one after another, each starting
+once the host has issued it) and a communication stream (transfers in issue order). A
+:class:`~ringbench.model.schedule.Post` starts on the communication stream once the compute
+stream has reached it and the previous transfer has finished; a point-to-point transfer needs
+both ends (it starts when the later of sender and receiver is ready), a collective every member
+of its group. A :class:`~ringbench.model.schedule.Wait` holds the compute stream until that
+transfer is done. So a slow rank delays its neighbours' receives, and the slowest rank gates
+the ring, as in the engines.
+
+The critical path of a rank splits into compute (kernel time), overhead (merges, adds, copies,
+and the GPU idle while the host issues), exposed communication (waiting while a transfer ran)
+and waiting for peers (a transfer that could not start because another rank was late: the
+imbalance). The four add up to its time.
+
+Costs: a kernel call from the calibration's surface, a merge, add or copy from its bytes; a
+transfer from the cluster's link between the two ranks (``fabric``): ring collectives
+(all-gather, reduce-scatter) take ``W - 1`` hops of the shard over the slowest link of the
+group's ring, an all-to-all sends ``1/U`` of the tensor to each peer, over each link class at
+once.
+
+The programs are priced once (:func:`price`, per kernel) and played (:func:`play`, per cluster
+and placement) with every rank and every quantile at once in numpy arrays, so a world size of
+hundreds plays in well under a second. Torch-free.
+
+Source: issue 24.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ringbench.model.calibration import Calibration
+from ringbench.model.fabric import Cluster, Link
+from ringbench.model.schedule import Compute, Post
+
+#: The parts of a rank's time, in the order tables show them.
+PARTS = ("compute", "overhead", "comm", "wait")
+
+
+@dataclass
+class RankTime:
+    """One rank's simulated time, ms, with its parts (they sum to ``total_ms``) and the bytes it sent."""
+
+    total_ms: float = 0.0
+    fwd_ms: float | None = None
+    parts: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+    bytes_sent: float = 0.0
+    bytes_by_class: dict = field(default_factory=dict)
+    kernel_calls: int = 0
+
+
+@dataclass
+class Priced:
+    """Every rank's program with each compute op's cost, ready to :func:`play`.
+
+    Attributes:
+        whiches: the calibration's quantiles, the first axis of every cost.
+        launch_ms: the host's time per op.
+        segments: per segment (the compute ops before one communication op), arrays over
+            (op slot, quantile, rank): ``work`` ms, and over (op slot, rank): ``has`` (the rank
+            has an op there), ``kernel`` (it is a kernel call), ``bwd`` (it is backward's);
+            then that communication op of every rank (``None`` after the last).
+        kernel_calls: per rank.
+    """
+
+    whiches: tuple[str, ...]
+    launch_ms: float
+    segments: list
+    kernel_calls: list[int]
+
+
+def _split(program: list) -> list[tuple[list, object]]:
+    """A program as segments: the compute ops before each communication op, and that op (None: the tail)."""
+    segments, compute = [], []
+    for op, shape in program:
+        if isinstance(op, Compute):
+            compute.append((op, shape))
+        else:
+            segments.append((compute, op))
+            compute = []
+    segments.append((compute, None))
+    return segments
+
+
+def segments(programs: list[list]) -> list[list]:
+    """Every rank's program (``schedule.programs``) cut into segments, once for any number of :func:`price` calls.
+
+    Raises:
+        ValueError: programs whose communication differs between ranks (an engine loop the model
+            does not follow).
+    """
+    segs = [_split(p) for p in programs]
+    if len({len(s) for s in segs}) != 1:
+        raise ValueError("the ranks' programs have different numbers of transfers and waits")
+    for j in range(len(segs[0])):
+        kinds = {(type(o).__name__, getattr(o, "op", ""), o.channel) for o in (s[j][1] for s in segs)
+                 if o is not None}
+        if len(kinds) > 1 or (kinds and any(s[j][1] is None for s in segs)):
+            raise ValueError(f"the ranks' programs differ at transfer {j}: {sorted(kinds)}")
+    return segs
+
+
+def price(segs: list[list], *, calibration: Calibration, kernel: str, whiches: tuple[str, ...] = ("mid",)) -> Priced:
+    """Cost every compute op of the :func:`segments` of the programs at each quantile of ``whiches``."""
+    W, Q = len(segs), len(whiches)
+    cache: dict = {}
+
+    def cost(op: Compute, shape) -> tuple:
+        key = (op.kind, op.call, shape, op.nbytes)
+        if key not in cache:
+            cache[key] = tuple(calibration.kernel_ms(kernel, op.call, shape, w) if op.kind == "kernel" else
+                               calibration.overhead_ms(op.kind, op.nbytes, w) for w in whiches)
+        return cache[key]
+
+    segments, calls = [], [0] * W
+    none = (0.0,) * Q
+    for j in range(len(segs[0])):
+        ops = [segs[r][j][1] for r in range(W)]
+        K = max(len(segs[r][j][0]) for r in range(W))
+        work = [[none] * W for _ in range(K)]
+        has = [[False] * W for _ in range(K)]
+        is_kernel = [[False] * W for _ in range(K)]
+        bwd = [[False] * W for _ in range(K)]
+        for r in range(W):
+            for k, (op, shape) in enumerate(segs[r][j][0]):
+                work[k][r] = cost(op, shape)
+                has[k][r], is_kernel[k][r], bwd[k][r] = True, op.kind == "kernel", op.phase == "bwd"
+                calls[r] += op.kind == "kernel"
+        work_a = np.array(work, dtype=float).reshape(K, W, Q).transpose(0, 2, 1) if K else np.zeros((0, Q, W))
+        segments.append((work_a, np.array(has, dtype=bool).reshape(K, W), np.array(is_kernel, dtype=bool).reshape(K, W),
+                         np.array(bwd, dtype=bool).reshape(K, W), ops))
+    return Priced(tuple(whiches), calibration.launch_ms, segments, calls)
+
+
+def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lambda r: r) -> dict[str, list[RankTime]]:
+    """Play priced programs on ``cluster`` (module docstring): per quantile, one :class:`RankTime` per rank.
+
+    ``place`` gives each rank's host slot (the identity: ranks in order, node by node).
+    """
+    Q, W = len(priced.whiches), len(priced.kernel_calls)
+    T, H, free = np.zeros((Q, W)), np.zeros((Q, W)), np.zeros((Q, W))
+    fwd_at = np.full((Q, W), np.nan)
+    parts = {p: np.zeros((Q, W)) for p in PARTS}
+    done: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    host = priced.launch_ms
+    links: dict[tuple[int, int], Link] = {}
+    patterns: dict = {}
+    sent = np.zeros(W)
+    classes: list[dict] = [dict() for _ in range(W)]
+
+    def link(a: int, b: int) -> Link:
+        if (a, b) not in links:
+            links[(a, b)] = cluster.link(place(a), place(b))
+        return links[(a, b)]
+
+    def mark_bwd(mask: np.ndarray) -> None:
+        first = mask & np.isnan(fwd_at[0])
+        if first.any():
+            fwd_at[:, first] = T[:, first]
+
+    for work, has, is_kernel, bwd, ops in priced.segments:
+        for k in range(work.shape[0]):
+            mark_bwd(has[k] & bwd[k])
+            H[:, has[k]] += host
+            gap = np.where(has[k], np.maximum(0.0, H - T), 0.0)  # the GPU idle, waiting for the host
+            T += gap + work[k]
+            parts["overhead"] += gap + np.where(is_kernel[k], 0.0, work[k])
+            parts["compute"] += np.where(is_kernel[k], work[k], 0.0)
+        if ops[0] is None:
+            continue
+        if isinstance(ops[0], Post):
+            mark_bwd(np.array([op.phase == "bwd" for op in ops]))
+            H += host  # the host issues the transfer too
+            ready = np.maximum(np.maximum(T, H), free)
+            key = (ops[0].op, ops[0].nbytes, tuple((op.send_to, op.recv_from, op.group) for op in ops))
+            if key not in patterns:
+                patterns[key] = _pattern(ops, link, place, cluster)
+            how = patterns[key]
+            if ops[0].op == "p2p":
+                to, frm, send, recv = how["to"], how["from"], how["send"], how["recv"]
+                ends = np.maximum(np.maximum(ready, ready[:, to]) + send, np.maximum(ready[:, frm], ready) + recv)
+                spans = np.broadcast_to(np.maximum(send, recv), ends.shape)
+            else:
+                ends = np.zeros((Q, W))
+                for members, t in how["groups"]:
+                    ends[:, members] = ready[:, members].max(axis=1, keepdims=True) + t
+                spans = np.broadcast_to(how["span"], ends.shape)
+            free = ends
+            done[ops[0].channel] = (ends, spans)
+            sent += how["sent"]
+            for r, by in enumerate(how["classes"]):
+                for cls, nbytes in by.items():
+                    classes[r][cls] = classes[r].get(cls, 0.0) + nbytes
+        else:
+            end, span = done[ops[0].channel]
+            idle = np.maximum(0.0, end - T)
+            exposed = np.minimum(idle, span)
+            parts["comm"] += exposed
+            parts["wait"] += idle - exposed
+            T = np.maximum(T, end)
+    out = {}
+    for i, w in enumerate(priced.whiches):
+        out[w] = [RankTime(total_ms=float(T[i, r]), fwd_ms=None if np.isnan(fwd_at[i, r]) else float(fwd_at[i, r]),
+                           parts={p: float(parts[p][i, r]) for p in PARTS}, bytes_sent=float(sent[r]),
+                           bytes_by_class=dict(classes[r]), kernel_calls=priced.kernel_calls[r]) for r in range(W)]
+    return out
+
+
+def simulate(programs: list[list], *, calibration: Calibration, kernel: str, cluster: Cluster,
+             whiches: tuple[str, ...] = ("mid",), place: Callable[[int], int] = lambda r: r
+             ) -> dict[str, list[RankTime]]:
+    """:func:`segments`, :func:`price` then :func:`play`: per quantile of ``whiches``, one :class:`RankTime` per rank."""
+    return play(price(segments(programs), calibration=calibration, kernel=kernel, whiches=whiches), cluster=cluster,
+                place=place)
+
+
+def _pattern(ops: list, link, place, cluster: Cluster) -> dict:
+    """What one transfer of every rank costs and sends: durations, groups, bytes per rank and class."""
+    W = len(ops)
+    out: dict = {"sent": np.array([_sent_bytes(op) for op in ops]),
+                 "classes": [_by_class(op, r, link) for r, op in enumerate(ops)]}
+    if ops[0].op == "p2p":
+        out["to"] = np.array([op.send_to for op in ops])
+        out["from"] = np.array([op.recv_from for op in ops])
+        out["send"] = np.array([link(r, op.send_to).seconds(op.nbytes) * 1e3 for r, op in enumerate(ops)])
+        out["recv"] = np.array([link(op.recv_from, r).seconds(op.nbytes) * 1e3 for r, op in enumerate(ops)])
+        return out
+    groups, span = {}, np.zeros(W)
+    for r, op in enumerate(ops):
+        if op.group not in groups:
+            groups[op.group] = _collective_ms(op, [place(m) for m in op.group], cluster)
+        span[r] = groups[op.group]
+    out["groups"] = [(np.array(g), t) for g, t in groups.items()]
+    out["span"] = span
+    return out
+
+
+def _stream_ms(link: Link, message: float, count: float) -> float:
+    """``count`` messages of ``message`` bytes one after another over ``link``, ms (one latency)."""
+    if message <= 0 or count <= 0:
+        return 0.0
+    if link.curve:
+        return count * link.seconds(message) * 1e3
+    return (link.latency_us * 1e-6 + count * message / (link.gb_s * 1e9)) * 1e3
+
+
+def _sent_bytes(post: Post) -> float:
+    """The bytes a rank counts as sent for ``post`` (``comm.py``'s rules)."""
+    n = len(post.group)
+    if post.op == "p2p":
+        return post.nbytes
+    if post.op in ("all_gather", "reduce_scatter"):
+        return post.nbytes * (n - 1)
+    if post.op == "all_to_all":
+        return post.nbytes * (n - 1) / n
+    raise ValueError(f"unknown transfer {post.op!r}")
+
+
+def _collective_ms(op: Post, hosts: list[int], cluster: Cluster) -> float:
+    """Milliseconds of a collective over ranks placed on ``hosts`` slots (module docstring)."""
+    n = len(hosts)
+    if n <= 1:
+        return 0.0
+    if op.op in ("all_gather", "reduce_scatter"):
+        slowest = max((cluster.link(a, b) for a, b in zip(hosts, hosts[1:] + hosts[:1])),
+                      key=lambda ln: ln.seconds(op.nbytes))
+        return (n - 1) * slowest.seconds(op.nbytes) * 1e3  # W - 1 hops, each with its latency
+    # all_to_all: 1/n of the tensor to each peer; each link class carries its peers' parts at once.
+    message = op.nbytes / n
+    worst = 0.0
+    for me in hosts:
+        by_link: dict[str, tuple[Link, int]] = {}
+        for peer in hosts:
+            if peer != me:
+                ln = cluster.link(me, peer)
+                by_link[ln.name] = (ln, by_link.get(ln.name, (ln, 0))[1] + 1)
+        worst = max([worst] + [_stream_ms(ln, message, k) for ln, k in by_link.values()])
+    return worst
+
+
+def _by_class(op: Post, rank: int, link: Callable[[int, int], Link]) -> dict[str, float]:
+    """Bytes ``rank`` sends over each link class for ``op`` (``link(a, b)``: the link between two ranks)."""
+    if op.op == "p2p":
+        return {link(rank, op.send_to).link_class: op.nbytes}
+    n = len(op.group)
+    out: dict[str, float] = {}
+    if op.op in ("all_gather", "reduce_scatter"):
+        # A ring collective passes W - 1 shards to the next member of the group's ring.
+        i = op.group.index(rank)
+        out[link(rank, op.group[(i + 1) % n]).link_class] = op.nbytes * (n - 1)
+        return out
+    for peer in op.group:
+        if peer != rank:
+            cls = link(rank, peer).link_class
+            out[cls] = out.get(cls, 0.0) + op.nbytes / n
+    return out

@@ -1,0 +1,147 @@
+"""The tables of ``ringbench predict`` and ``ringbench advise``.
+
+A predicted record (``ringbench.model.predict``) is a run record with ``predicted: true`` and a
+``prediction`` object; these tables show its figures with their intervals, its critical path and
+its bytes per link class. Torch-free.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.text import Text
+
+from ringbench.present.formatting import compact_table, milliseconds, number, rate, text
+from ringbench.records.access import record_field
+
+_PART_HEADERS = (("compute", "compute"), ("overhead", "overhead"), ("comm", "exposed\ncomm"), ("wait", "wait\npeers"))
+
+
+def variant_cell(record: dict) -> str:
+    """``usp U=8 x R=8`` (with the placement when it is not the grid's own), else the variant's name."""
+    p = record.get("prediction") or {}
+    name = text(record_field(record, "variant"))
+    u, r = p.get("ulysses_degree"), p.get("ring_degree")
+    if u and r and (record_field(record, "ulysses_degree") or (u > 1 and r > 1)):  # usp: every factorization
+        name += f" U={u}xR={r}"
+        if p.get("placement") == "ring-inner":
+            name += " ring-inner"
+    layout = record_field(record, "layout")
+    if layout:
+        name += f" {layout}"
+    return name
+
+
+def interval_text(value, bounds, fmt) -> str:
+    """``12.3 (11.9-12.8)``."""
+    if not bounds:
+        return fmt(value)
+    return f"{fmt(value)} ({fmt(bounds[0])}-{fmt(bounds[1])})"
+
+
+def _gib(nbytes) -> str:
+    return "-" if nbytes is None else f"{nbytes / 1024 ** 3:.2f}"
+
+
+def _path(record: dict) -> str:
+    """The critical path as shares of the time: compute/overhead/exposed comm/waiting for peers."""
+    parts, total = record["prediction"]["critical_path_ms"], record["time_ms"] or 1.0
+    return "/".join(f"{100 * parts[k] / total:.0f}" for k, _ in _PART_HEADERS)
+
+
+def print_predict_table(records: list[dict], console: Console | None = None) -> None:
+    """One row per predicted record: the time with its interval under it, forward over backward
+    ms, TFLOP/s per GPU, efficiency, estimated peak memory, GiB sent inside a node over GiB sent
+    between nodes, and the slowest rank's critical path as percentages of its time (compute /
+    overhead / exposed communication / waiting for slower peers); then where the figures come from."""
+    console = console or Console()
+    if not records:
+        return
+    table = compact_table("ringbench predict")
+    table.add_column("variant", no_wrap=True)
+    for header in ("ms\n(interval)", "fwd ms\nbwd ms", "TFLOP/s\n/GPU", "eff.", "peak\nGiB", "GiB intra\ninter",
+                   "path %\nc/o/x/w"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for r in records:
+        p = r["prediction"]
+        lo, hi = p["interval"]["time_ms"]
+        by_class = p["bytes_by_link_class"]
+        table.add_row(
+            f"{variant_cell(r)}\nW={record_field(r, 'world_size')} {text(r.get('kernel'))}",
+            f"{milliseconds(r['time_ms'])}\n{milliseconds(lo)}-{milliseconds(hi)}",
+            f"{milliseconds(p['fwd_ms'])}\n{milliseconds(p['bwd_ms'])}",
+            rate(r["tflops_per_gpu"]), number(r["efficiency"], ".3f"), number(r["peak_allocated_gib"], ".2f"),
+            f"{_gib(by_class.get('intra-node'))}\n{_gib(by_class.get('inter-node'))}", _path(r))
+    console.print(table)
+    for line in dict.fromkeys(f"{r['prediction']['cluster']}; calibration: {r['prediction']['calibration']}"
+                              for r in records):
+        console.print(Text(line, style="dim"))
+    for note in dict.fromkeys(n for r in records for n in r["prediction"]["notes"]):
+        console.print(Text(f"note: {note}", style="dim"))
+    console.print(Text("Predicted, not measured. path %: the slowest rank's time in compute, overhead (merges, "
+                       "adds, copies, host launches), exposed communication and waiting for slower peers. Intervals "
+                       "from the calibration's spread (10th-90th percentile calls); the model's own error is "
+                       f"{records[0]['prediction']['validated_error']}; peak GiB is estimated from shapes.",
+                       style="dim"))
+
+
+def print_against(rows: list[dict], summary: dict, console: Console | None = None) -> None:
+    """``predict --against``: per measured record its time, the prediction and the error; then the
+    median and worst error against the bound."""
+    console = console or Console()
+    table = compact_table("ringbench predict --against")
+    table.add_column("case", no_wrap=True)
+    for header in ("measured\nms", "predicted\nms", "error"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        if row.get("refused"):
+            table.add_row(row["label"], milliseconds(row["measured_ms"]), "-", Text("not predicted", style="yellow"))
+            continue
+        err = row["error"]
+        style = "red" if abs(err) > summary["bound"] else ""
+        table.add_row(row["label"], milliseconds(row["measured_ms"]), milliseconds(row["predicted_ms"]),
+                      Text(f"{100 * err:+.1f}%", style=style))
+    console.print(table)
+    for i, reason in enumerate(dict.fromkeys(r["reason"] for r in rows if r.get("refused")), 1):
+        console.print(Text(f"not predicted [{i}]: {reason}", style="yellow"))
+    if summary["count"]:
+        verdict = "within" if summary["passed"] else "past"
+        console.print(Text(f"{summary['count']} records: median error {100 * summary['median']:.1f}%, worst "
+                           f"{100 * summary['worst']:.1f}% ({verdict} the bound of {100 * summary['bound']:g}%)",
+                           style="green" if summary["passed"] else "red"))
+
+
+def print_advice(ranked: list, console: Console | None = None, *, top: int, cluster: str, calibration: str) -> None:
+    """``ringbench advise``: the best ``top`` candidates with their figures and why each wins or loses,
+    the commands that check the winner, then what does not fit and what the rules refuse."""
+    console = console or Console()
+    fitting = [c for c in ranked if c.record and c.fits]
+    table = compact_table("ringbench advise")
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("candidate", no_wrap=True)
+    for header in ("ms (interval)", "TFLOP/s\n/GPU", "eff.", "peak\nGiB"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("why")
+    for i, c in enumerate(fitting[:top], 1):
+        r, p = c.record, c.record["prediction"]
+        table.add_row(str(i), c.label, interval_text(r["time_ms"], p["interval"]["time_ms"], milliseconds),
+                      rate(r["tflops_per_gpu"]), number(r["efficiency"], ".3f"), number(r["peak_allocated_gib"], ".1f"),
+                      c.reason)
+    console.print(Text(cluster, style="bold"))
+    console.print(table)
+    if fitting:
+        best = fitting[0]
+        console.print(Text(f"Check the winner ({best.label}) on real GPUs:", style="bold"))
+        console.print(Text(f"  {best.commands['verify']}"))
+        console.print(Text(f"  {best.commands['run']}"))
+        if "NODE_RANK" in best.commands["run"]:
+            console.print(Text("  (on every node, NODE_RANK its index and HOST node 0's address)", style="dim"))
+    else:
+        console.print(Text("No candidate fits in the GPU's memory.", style="red"))
+    for c in (c for c in ranked if c.record and not c.fits):
+        console.print(Text(f"dropped: {c.label}: {c.reason}", style="yellow"))
+    for reason in dict.fromkeys(c.refusal for c in ranked if c.refusal):
+        who = ", ".join(dict.fromkeys(c.label.split(",")[0] for c in ranked if c.refusal == reason))
+        console.print(Text(f"refused: {who}: {reason}", style="yellow"))
+    console.print(Text(f"{len(fitting)} ranked of {len(ranked)} candidates; calibration: {calibration}; "
+                       "predicted, not measured (ringbench predict --against measures the model's error).",
+                       style="dim"))
