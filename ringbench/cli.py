@@ -26,7 +26,7 @@ from rich.text import Text
 from ringbench import __version__
 from ringbench.case import options
 from ringbench.errors import RingbenchError, SpecError
-from ringbench.case.fields import plural
+from ringbench.variants import plural
 from ringbench.case.types import Refused
 from ringbench.case.options import (JSON_HELP, JUNIT_HELP, NNODES_HELP, NODE_RANK_HELP, OUT_HELP, RDZV_ENDPOINT_HELP,
                                     RDZV_ID_HELP, RESUME_HELP, SCENARIO_HELP, TIMEOUT_HELP, YES_HELP)
@@ -294,7 +294,7 @@ def compare(
         cmp.plot(table, loaded.frame, plot)
         err.print(f"plot written to {plot}", style="dim", markup=False)
     if to_parquet is not None:
-        err.print(f"{len(loaded.frame)} records written to {to_parquet}", style="dim", markup=False)
+        err.print(f"{plural(len(loaded.frame), 'record')} written to {to_parquet}", style="dim", markup=False)
     raise typer.Exit(EXIT_OK)
 
 

@@ -367,7 +367,7 @@ def test_cli_resume_skips_cases_with_an_ok_record(harness, tmp_path):
     assert rerun == [c.case_id() for c in cases[1:]]
     shown = [json.loads(line)["case_id"] for line in result.stdout.splitlines()]
     assert shown == [c.case_id() for c in cases]  # the reused record is shown too
-    assert f"--resume: 1 of {len(cases)} cases already have an ok record" in result.stderr
+    assert f"--resume: 1 of {len(cases)} cases already has an ok record" in result.stderr
     assert f"{len(cases) - 1} records appended" in result.stderr and "1 reused" in result.stderr
 
 
@@ -382,7 +382,7 @@ def test_cli_ctrl_c_keeps_records_and_prints_the_resume_command(harness, tmp_pat
     result = invoke(["verify", "--variant", "ring", "--world-size", "2", "--out", str(tmp_path)], harness)
     assert result.exit_code == 130
     assert len(lines(tmp_path / "verify.jsonl")) == 1  # kept, and nothing added for the rest
-    assert re.search(r"^interrupted: 1 of \d+ cases have a record in .*verify\.jsonl; to run the others: "
+    assert re.search(r"^interrupted: 1 of \d+ cases has a record in .*verify\.jsonl; to run the others: "
                      r"ringbench .*--resume$", result.stderr, re.M), result.stderr
 
 

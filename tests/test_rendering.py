@@ -293,7 +293,7 @@ def test_verify_summary_is_the_last_line_of_the_table_output():
                {**_model_check(2), "worst_param": {"tensor": "grad model.norm.weight", "ratio": 0.5}},
                {"spec": _verify("ring", 2, 0)["spec"], "status": "timeout", "reason": "no progress for 600 s"}]
     text = _render(report.print_verify_table, records, NARROW)
-    assert text.rstrip("\n").splitlines()[-1] == "4 cases: 3 passed, 0 failed, 1 errors"
+    assert text.rstrip("\n").splitlines()[-1] == "4 cases: 3 passed, 0 failed, 1 error"
     assert "note: K/V expanded" in text and "[1] no progress for 600 s" in text
 
 

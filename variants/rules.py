@@ -28,7 +28,7 @@ def document_rule(docs, world_size: int, layout: str, who: str) -> str | None:
     for i, length in enumerate(docs):
         if length % n:
             down = f" or {length - length % n}" if length > n else ""
-            return (f"document {i + 1} has {length} token{'' if length == 1 else 's'}, not a multiple of {rule}, "
+            return (f"document {i + 1} has {plural(length, 'token')}, not a multiple of {rule}, "
                     f"which {who} needs; "
                     f"make it {(length // n + 1) * n}{down} tokens, or use llama3_varlen, which takes any "
                     "document lengths")
@@ -103,6 +103,14 @@ def listed(items, last: str = "and") -> str:
     """Names as a sentence lists them: ``a``, ``a and b``, ``a, b and c`` (``last="or"``: ``a, b or c``)."""
     items = list(items)
     return ", ".join(items[:-1]) + f" {last} " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def plural(n: int, one: str, many: str | None = None, *, bare: bool = False) -> str:
+    """A count and the word that agrees with it: ``1 case``, ``0 cases``, ``3 launches`` (``many``:
+    the plural where it is not ``one`` + s); ``bare``: the word alone, for a verb that agrees
+    with ``n`` (``plural(n, "has", "have", bare=True)``). The one home of count-noun agreement."""
+    word = one if n == 1 else (many if many is not None else one + "s")
+    return word if bare else f"{n} {word}"
 
 
 def _and(items) -> str:

@@ -92,11 +92,6 @@ def format_size(count: int) -> str:
     return str(count)
 
 
-def plural(n: int, noun: str) -> str:
-    """``1 case``, ``3 cases``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
 _DIST_KEYS = {"lognormal": ("mean", "sigma"), "uniform": ("min", "max")}
 _DIST_EXAMPLE = "lognormal:mean=4k,sigma=1 or uniform:min=512,max=8k"
 

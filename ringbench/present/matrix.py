@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
-from ringbench.case.fields import plural
+from ringbench.variants import plural
 from ringbench.present.formatting import ratio_text
 from ringbench.sweep.matrix.grid import BASE, BASE_SEQLEN, CLASSES, CLASS_MEANING, Cell, Grid, TEST_VARIANTS, _BY_KEY
 
@@ -65,7 +65,7 @@ def env_title(env: dict, device: str) -> str:
     if device == "cuda" and env.get("gpu_name"):
         where = f"{env.get('gpu_count') or 1} x {env['gpu_name']}"
     else:
-        where = f"cpu ({env.get('cpu') or 'unknown'}, {os.cpu_count()} cores)"
+        where = f"cpu ({env.get('cpu') or 'unknown'}, {plural(os.cpu_count() or 1, 'core')})"
     commit = env.get("git_commit") or "unknown"
     commit = commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")
     return f"{where} · torch {env.get('torch', 'unknown')} · commit {commit}"

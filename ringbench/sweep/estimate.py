@@ -32,14 +32,14 @@ from typing import Optional
 from ringbench.case.spec import launch_world_size
 from ringbench.case.types import MAX_TIMEOUT_S
 from ringbench.errors import SpecError
-from ringbench.case.fields import plural
+from ringbench.variants import plural
 
 #: A sweep on CPU estimated above this many seconds is refused without --yes.
 CPU_LIMIT_S = 30 * 60
 #: More ranks than this per usable core is refused on CPU without --yes.
 RANKS_PER_CORE = 4
 #: Resident memory of one CPU rank before its tensors: Python, torch, gloo (measured about
-#: 300 MB on torch 2.13; rounded up).
+#: 300 MiB on torch 2.13; rounded up).
 RANK_BASE_BYTES = 400 * 2 ** 20
 #: Attention's rate in the flash-attn FLOP convention against the best float32 matmul's on
 #: CPU: the CPU kernel computes a causal block whole, which the convention counts as half, and
@@ -272,7 +272,7 @@ def summary(cases: list, est: Estimate) -> str:
     """One line: ``estimate: about 2 min for 16 cases in 1 launch (cpu at ...); the longest ...``."""
     longest = max(range(len(cases)), key=lambda i: est.case_s[i])
     text = (f"estimate: about {duration(est.total_s)} for {plural(len(cases), 'case')} in "
-            f"{len(est.launch_s)} launch{'es' if len(est.launch_s) > 1 else ''} ({_rate_text(cases)})")
+            f"{plural(len(est.launch_s), 'launch', 'launches')} ({_rate_text(cases)})")
     if len(cases) > 1:
         text += f"; the longest, {_label(cases[longest])}, about {duration(est.case_s[longest])}"
     return text

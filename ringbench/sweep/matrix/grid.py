@@ -319,6 +319,8 @@ def check_runnable(grid: Grid) -> None:
         reasons[cell.refusal] = reasons.get(cell.refusal, 0) + 1
     reason, n = max(reasons.items(), key=lambda item: item[1])
     total = len(grid.cells)
+    if total == 1:
+        raise SpecError(f"nothing to verify: the one cell of this matrix is refused on {grid.device} because {reason}")
     some = "all of them" if n == total else f"{n} of them"
     raise SpecError(f"nothing to verify: every one of the {total} cells of this matrix is refused on {grid.device}, "
                     f"{some} because {reason}")
