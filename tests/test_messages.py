@@ -204,3 +204,13 @@ def test_compare_still_blames_a_by_column_that_usable_records_lack(damaged):
     result = runner.invoke(app, ["compare", str(damaged), "--by", "colour"])
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().splitlines()[-1].startswith("--by 'colour' is not a record column")
+
+
+def test_memory_is_said_in_binary_units():
+    """MEASUREMENT.md: memory in GiB (and MiB), computed as such; the estimate's refusal said GB and MB."""
+    root = Path(__file__).resolve().parent.parent
+    sources = [p for d in ("ringbench", "variants") for p in (root / d).rglob("*.py")]
+    decimal = re.compile(r"\}\s?[kKMGT]B\b|/ ?1e[369]\b[^\n]*[kKMGT]B\b")
+    found = [f"{p.relative_to(root)}:{i}" for p in sources for i, line in enumerate(p.read_text().splitlines(), 1)
+             if decimal.search(line)]
+    assert found == []

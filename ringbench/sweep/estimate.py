@@ -325,6 +325,16 @@ def _memory_fix(case, room: int) -> str:
     return f"{fix}, such as {BY_NAME[name].option} {value}" if value else fix
 
 
+def _gib(nbytes: float) -> str:
+    """Bytes in GiB (2^30), one decimal: ``1.5 GiB``."""
+    return f"{nbytes / 2 ** 30:.1f} GiB"
+
+
+def _mib(nbytes: float) -> str:
+    """Bytes in MiB (2^20), whole: ``431 MiB``."""
+    return f"{nbytes / 2 ** 20:.0f} MiB"
+
+
 def check(cases: list, est: Estimate, *, yes: bool) -> None:
     """Refuse, unless ``yes``, what this machine should not start without asking (CPU only).
 
@@ -348,10 +358,9 @@ def check(cases: list, est: Estimate, *, yes: bool) -> None:
         biggest = max(group, key=launch_bytes)
         need = launch_bytes(biggest)
         if room is not None and need > room:
-            held = (f"one emulating process holding {world_size} shards of about {shard_bytes(biggest) / 1e6:.0f} MB"
-                    if launch_world_size(biggest) == 1 else f"{world_size} of about {rank_bytes(biggest) / 1e6:.0f} MB")
-            why.append(f"its ranks need about {need / 1e9:.1f} GB of memory ({held}) but {room / 1e9:.1f} GB is "
-                       f"available here")
+            held = (f"one emulating process holding {world_size} shards of about {_mib(shard_bytes(biggest))}"
+                    if launch_world_size(biggest) == 1 else f"{world_size} of about {_mib(rank_bytes(biggest))}")
+            why.append(f"its ranks need about {_gib(need)} of memory ({held}) but {_gib(room)} is available here")
         if why:
             fix = "a smaller --world-size"
             if room is not None and need > room and len(why) == 1:
