@@ -359,7 +359,8 @@ MATRIX_HELP = (
     "cell, each changing one thing. Mask: causal, full, sliding window, packed documents; dtype: bf16, fp16, fp32; "
     "shape: head dim 64, 128, 256, MLA 192/128, MHA 8/8, GQA 8/2, MQA 8/1, an odd length (S/W odd); sink: "
     "learnable, off-by-one; padding: padded documents. Base: causal, "
-    "bf16, 8 query heads over 2 K/V heads, head dim 128, 256 tokens on cpu or 4096 on cuda (packed into four "
+    "bf16, 8 query heads over 2 K/V heads, head dim 128, 256 tokens on cpu or 4096 on cuda (at least 64 per rank, a "
+    "multiple of 2W; packed into four "
     "documents for the varlen implementations); world sizes 2 and 4 on cpu. The sliding-window column runs "
     "window = S / 4 and the MLA column head_dim 192 with head_dim_v 128, wherever the implementation takes them.")
 

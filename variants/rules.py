@@ -12,8 +12,21 @@ from typing import Any, Callable, Mapping
 
 #: Chunks per rank of each layout: the global seqlen must be a multiple of this times W.
 LAYOUT_CHUNKS = {"contiguous": 1, "zigzag": 2, "stripe": 1}
+#: The longest global sequence, in tokens (1024M): the harness refuses more, so no fix offers more.
+MAX_SEQLEN = 2**30
 #: How torch_cp moves K/V (its ``rotate`` option), PyTorch's default first.
 ROTATE = ("allgather", "alltoall")
+
+
+def nearest_multiple(value: int, n: int) -> int | None:
+    """The multiple of ``n`` a refusal offers in place of ``value`` (not one): the next one above,
+    or the one below where that passes :data:`MAX_SEQLEN`; ``None`` where no multiple of ``n``
+    from ``n`` up is within it, so no seqlen can be offered."""
+    up = (value // n + 1) * n
+    if up <= MAX_SEQLEN:
+        return up
+    down = value - value % n
+    return down if down >= n else None
 
 
 def document_rule(docs, world_size: int, layout: str, who: str) -> str | None:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 from ringbench.case.types import ValueType, whole
 from ringbench.errors import SpecError
-from ringbench.variants import OPTIONS, ROTATE, VARIANTS, get_variant, listed
+from ringbench.variants import MAX_SEQLEN, OPTIONS, ROTATE, VARIANTS, get_variant, listed
 
 #: Short dtype names users type, mapped to the ``torch`` attribute they mean.
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
@@ -36,8 +36,10 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "flo
 MODES = ("fwd", "fwd_bwd")
 TASKS = ("run", "verify")
 DEVICES = ("cuda", "cpu")
-#: The largest global seqlen accepted, in tokens (1024M).
-MAX_SEQLEN = 2**30
+#: The most hosts a job may span (``--nnodes``).
+MAX_NODES = 4096
+#: The most ranks a case may have: :data:`MAX_NODES` hosts of 16 ranks (GPUs) each.
+MAX_WORLD_SIZE = 16 * MAX_NODES
 #: ``sink``: a learnable logit per query head, the off-by-one softmax (0, fixed), or none.
 SINKS = ("none", "learnable", "off-by-one")
 #: The cuda default of ``world_size``: every visible GPU.
@@ -387,6 +389,13 @@ _POSITIVE, _ZERO_OR_MORE = _at_least(1), _at_least(0)
 SEED_LIMIT = 2 ** 63
 
 
+def _check_world_size(name: str, value: int) -> None:
+    _POSITIVE(name, value)
+    if value > MAX_WORLD_SIZE:
+        raise SpecError(f"{name} {value} is above the limit of {MAX_WORLD_SIZE} ranks ({MAX_NODES} hosts of 16); "
+                        f"pass {_flag(name)} {MAX_WORLD_SIZE} or fewer")
+
+
 def _check_seed(name: str, value: int) -> None:
     _ZERO_OR_MORE(name, value)
     if value >= SEED_LIMIT:
@@ -407,8 +416,8 @@ class CaseSpec:
     device: str = row("run on cuda (NCCL, one GPU per rank) or cpu (gloo)",
                       default_text="cuda when a GPU is visible, else cpu; a scenario that names its device (smoke "
                                    "says cpu) keeps it unless this is given", check=_one_of(lambda: DEVICES))
-    world_size: int = row("ranks in the context-parallel group, one process each", VISIBLE_GPUS, 2, label="W={}",
-                          repeatable=True, check=_POSITIVE)
+    world_size: int = row(f"ranks in the context-parallel group, one process each, 1 to {MAX_WORLD_SIZE}", VISIBLE_GPUS,
+                          2, label="W={}", repeatable=True, check=_check_world_size)
     batch: int = row("sequences per batch (B)", 1, 1, label="B={}", check=_POSITIVE)
     seqlen: int = row("global tokens per sequence (S), split across the ranks; a whole number with an optional k "
                       "(x1024) or M (x1024^2) suffix, such as 4096, 128k or 1M", 16 * 1024, 4 * 1024,
