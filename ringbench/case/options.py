@@ -71,7 +71,7 @@ def _case_parameters(command: str) -> list[inspect.Parameter]:
         kind = str if f.value_type is not None else f.type
         annotation = Optional[List[kind]] if f.repeatable else Optional[kind]
         option = typer.Option(None, *f.option.split(" "), help=_option_help(f), show_default=False,
-                              parser=f.value_type)
+                              parser=f.value_type, metavar=f.value_name)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=annotation))
     return params
@@ -104,8 +104,6 @@ def with_case_options(command: str) -> Callable:
 
 # --------------------------------------------------------------------------- checks of options
 
-#: How the help shows an option taken as text and read as a number here (as typer shows a typed one).
-INT, INT_LIST, FLOAT = "<int>", "<list[int]>", "<float>"
 #: ``matrix --world-size`` reads its values as the case field does.
 WORLD_SIZE = fields.BY_NAME["world_size"].value_type
 #: The types of ``--timeout``, ``--nnodes`` and ``--node-rank``.
@@ -230,7 +228,7 @@ def _out_folder(text: str) -> Path:
 
 
 #: ``--out``: a folder; empty text, which would write in the working folder unasked, is refused.
-OUT = ValueType("path", _out_folder)
+OUT = ValueType("FOLDER", _out_folder)
 
 
 def check_out(out: Path, junit_xml: Optional[Path], files: tuple[str, ...] = ()) -> None:
