@@ -26,17 +26,33 @@ from rich.text import Text
 from ringbench import __version__
 from ringbench.case import options
 from ringbench.errors import RingbenchError, SpecError
-from ringbench.case.fields import plural
+from ringbench.variants import plural
+from ringbench.case.fields import DEVICES
 from ringbench.case.types import Refused
 from ringbench.case.options import (JSON_HELP, JUNIT_HELP, NNODES_HELP, NODE_RANK_HELP, OUT_HELP, RDZV_ENDPOINT_HELP,
                                     RDZV_ID_HELP, RESUME_HELP, SCENARIO_HELP, TIMEOUT_HELP, YES_HELP)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
+class _Group(typer.core.TyperGroup):
+    """``ringbench``: its help wraps at any width (``ringbench.present.help``)."""
+
+    def format_help(self, ctx, formatter) -> None:
+        from ringbench.present.help import print_help
+
+        print_help(self, ctx)
+
+
 class _OnceCommand(typer.core.TyperCommand):
     """A command that refuses an option of one value given twice with different values, or both
     sides of an on/off flag (``--causal --no-causal``), which click would otherwise settle
-    silently by keeping the last (``--layout a --layout b``)."""
+    silently by keeping the last (``--layout a --layout b``). Its help wraps at any width,
+    naming each option's value (``--seqlen TOKENS``; ``ringbench.present.help``)."""
+
+    def format_help(self, ctx, formatter) -> None:
+        from ringbench.present.help import print_help
+
+        print_help(self, ctx)
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         self._refuse_twice(args)
@@ -76,6 +92,7 @@ class _OnceCommand(typer.core.TyperCommand):
 
 app = typer.Typer(
     name="ringbench",
+    cls=_Group,
     help="Run, verify and compare context-parallel (ring) attention variants across ranks.\n\n"
          "Exit codes: 0 all passed, 1 a case failed (compare: regressed), 2 bad usage, 3 a launch failed or "
          "timed out, 130/143 interrupted (rerun with --resume).",
@@ -105,21 +122,22 @@ def _sweep_command(task: str, doc: str, *, junit: bool) -> None:
     def command(
         ctx: typer.Context,
         case: dict,
-        scenario: Optional[str] = typer.Option(None, "--scenario", help=SCENARIO_HELP),
-        junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help=JUNIT_HELP),
+        scenario: Optional[str] = typer.Option(None, "--scenario", help=SCENARIO_HELP, metavar="NAME|FILE"),
+        junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help=JUNIT_HELP, metavar="FILE"),
         out: Path = typer.Option(Path("results"), "--out", help=OUT_HELP, show_default=False,
-                                 parser=options.OUT),
+                                 metavar=options.OUT.name, parser=options.OUT),
         json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
         timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
-                                              metavar=options.FLOAT, parser=options.TIMEOUT),
+                                              metavar=options.TIMEOUT.name, parser=options.TIMEOUT),
         resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
         yes: bool = typer.Option(False, "--yes", help=YES_HELP),
         nnodes: Optional[int] = typer.Option(None, "--nnodes", help=NNODES_HELP, show_default=False,
-                                             metavar=options.INT, parser=options.NNODES),
+                                             metavar=options.NNODES.name, parser=options.NNODES),
         node_rank: Optional[int] = typer.Option(None, "--node-rank", help=NODE_RANK_HELP, show_default=False,
-                                                metavar=options.INT, parser=options.NODE_RANK),
-        rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP),
-        rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP),
+                                                metavar=options.NODE_RANK.name, parser=options.NODE_RANK),
+        rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help=RDZV_ENDPOINT_HELP,
+                                                    metavar="HOST:PORT"),
+        rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help=RDZV_ID_HELP, metavar="ID"),
     ) -> None:
         _sweep(task, case, ctx.obj, scenario=scenario, out=out, json_out=json_out, timeout=timeout, resume=resume,
                nodes=(nnodes, node_rank, rdzv_endpoint, rdzv_id), junit_xml=junit_xml if junit else None, yes=yes)
@@ -216,34 +234,38 @@ def _report(task: str, found: list[dict], *, json_out: bool, junit_xml: Optional
 def compare(
     paths: Optional[List[Path]] = typer.Argument(
         None, help="Result files (.jsonl) or folders (every .jsonl under them). Default: results/runs.jsonl.",
-        show_default=False),
+        show_default=False, metavar="PATHS"),
     x: Optional[str] = typer.Option(None, "--x", help="Column across the table and along the plot's x axis "
-                                    "(log2 where positive). Default: seqlen."),
+                                    "(log2 where positive). Default: seqlen.", metavar="FIELD"),
     metric: str = typer.Option("tflops", "--metric", help="What to show: tflops (TFLOP/s per GPU), efficiency "
                                "(against the same kernel on one rank's share), time (ms, slowest rank) or memory "
-                               "(peak allocated GiB). Default: tflops.", show_default=False),
+                               "(peak allocated GiB). Default: tflops.", show_default=False, metavar="METRIC"),
     by: Optional[str] = typer.Option(None, "--by", help="Comma-separated fields that name a line of the plot and "
                                      "a row of the table; a non-spec column such as source keeps records of one "
-                                     "case apart. Default: variant,kernel."),
+                                     "case apart. Default: variant,kernel.", metavar="FIELDS"),
     where: Optional[str] = typer.Option(None, "--where", help="Keep the records for which this pandas query holds, "
                                         "such as 'world_size == 2 and seqlen >= 16384'; spec fields go by their "
-                                        "short names, other columns as `env.torch` in backticks. Default: all."),
+                                        "short names, other columns as `env.torch` in backticks. Default: all.",
+                                        metavar="QUERY"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the metric against --x to this .png, .svg "
-                                        "or .pdf: one panel per world size and mode, one line per --by value."),
+                                        "or .pdf: one panel per world size and mode, one line per --by value.",
+                                        metavar="FILE"),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the table to this file as "
-                                            "Markdown."),
+                                            "Markdown.", metavar="FILE"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per table row (per matched case "
                                   "with --baseline) on stdout instead of the table."),
     to_parquet: Optional[Path] = typer.Option(None, "--to-parquet", help="Also write the loaded records (ok, "
                                               "filtered by --where, latest per case) to this Parquet file; "
-                                              "needs pyarrow."),
+                                              "needs pyarrow.", metavar="FILE"),
     baseline: Optional[List[Path]] = typer.Option(None, "--baseline", help="Regression gate: the old results "
-                                                  "(file or folder; repeat for several). Needs --candidate."),
+                                                  "(file or folder; repeat for several). Needs --candidate.",
+                                                  metavar="PATH"),
     candidate: Optional[List[Path]] = typer.Option(None, "--candidate", help="Regression gate: the new results, "
-                                                   "matched to the baseline case by case (case_id)."),
+                                                   "matched to the baseline case by case (case_id).", metavar="PATH"),
     fail_if: Optional[List[str]] = typer.Option(None, "--fail-if", help="Regression gate rule METRIC:[+-]N%: "
                                                 "tflops:-5% fails a case whose TFLOP/s drop more than 5%, "
-                                                "time:+5% one whose time grows more than 5%; repeat for several."),
+                                                "time:+5% one whose time grows more than 5%; repeat for several.",
+                                                metavar="METRIC:[+-]N%"),
     beyond_spread: bool = typer.Option(False, "--beyond-spread", help="Regression gate: a crossed --fail-if rule "
                                        "fails a case only where the candidate's p20-p80 range of the metric lies "
                                        "wholly beyond the baseline's, on the worse side (else the verdict is 'ok "
@@ -305,7 +327,7 @@ def compare(
         cmp.plot(table, loaded.frame, plot)
         err.print(f"plot written to {plot}", style="dim", markup=False)
     if to_parquet is not None:
-        err.print(f"{len(loaded.frame)} records written to {to_parquet}", style="dim", markup=False)
+        err.print(f"{plural(len(loaded.frame), 'record')} written to {to_parquet}", style="dim", markup=False)
     raise typer.Exit(EXIT_OK)
 
 
@@ -370,7 +392,8 @@ MATRIX_HELP = (
     "cell, each changing one thing. Mask: causal, full, sliding window, packed documents; dtype: bf16, fp16, fp32; "
     "shape: head dim 64, 128, 256, MLA 192/128, MHA 8/8, GQA 8/2, MQA 8/1, an odd length (S/W odd); sink: "
     "learnable, off-by-one; padding: padded documents. Base: causal, "
-    "bf16, 8 query heads over 2 K/V heads, head dim 128, 256 tokens on cpu or 4096 on cuda (packed into four "
+    "bf16, 8 query heads over 2 K/V heads, head dim 128, 256 tokens on cpu or 4096 on cuda (at least 64 per rank, a "
+    "multiple of 2W; packed into four "
     "documents for the varlen implementations); world sizes 2 and 4 on cpu. The sliding-window column runs "
     "window = S / 4 and the MLA column head_dim 192 with head_dim_v 128, wherever the implementation takes them.")
 
@@ -379,22 +402,22 @@ MATRIX_HELP = (
 def matrix_command(
     ctx: typer.Context,
     device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu. Default: cuda when a GPU is "
-                                         "visible, else cpu.", show_default=False),
+                                         "visible, else cpu.", show_default=False, metavar="|".join(DEVICES)),
     world_size: Optional[List[int]] = typer.Option(None, "--world-size", help="A world size (one panel each); "
                                                    "repeat for several. Default: 2 and 4 on cpu; 2, 4 and 8 up "
                                                    "to the visible GPUs on cuda.", show_default=False,
-                                                   metavar=options.INT_LIST, parser=options.WORLD_SIZE),
+                                                   metavar=options.WORLD_SIZE.name, parser=options.WORLD_SIZE),
     variant: Optional[List[str]] = typer.Option(None, "--variant", help="Keep only this implementation's row; "
                                                 "repeat for several. Default: every variant and peer.",
-                                                show_default=False),
+                                                show_default=False, metavar="NAME"),
     axis: Optional[List[str]] = typer.Option(None, "--axis", help="Keep only this axis's columns: mask, dtype, "
                                              "shape, sink or padding; repeat for several. Default: all five.",
-                                             show_default=False),
+                                             show_default=False, metavar="AXIS"),
     out: Path = typer.Option(Path("results/matrix"), "--out", help="Folder for matrix.jsonl (one object per "
                              "cell), matrix.md, matrix.png and the verify records (verify.jsonl). Default: "
-                             "results/matrix.", show_default=False, parser=options.OUT),
+                             "results/matrix.", show_default=False, metavar=options.OUT.name, parser=options.OUT),
     timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP, show_default=False,
-                                          metavar=options.FLOAT, parser=options.TIMEOUT),
+                                          metavar=options.TIMEOUT.name, parser=options.TIMEOUT),
     resume: bool = typer.Option(False, "--resume", help="Reuse every cell that already has a record in "
                                 "OUT/verify.jsonl (a mismatch, error or refusal is a result too) and verify only "
                                 "the others. Default: verify every cell."),

@@ -137,7 +137,8 @@ def test_cli_e2e_sweep_killed_then_resumed_keeps_one_ok_record_per_case(tmp_path
 
     result = ringbench("run", "--scenario", str(scenario), "--out", str(out), "--resume", cwd=tmp_path)
     assert result.returncode == 0
-    assert f"--resume: {len(ok_first)} of 6 cases already have an ok record" in result.stderr
+    assert f"--resume: {len(ok_first)} of 6 cases already {'has' if len(ok_first) == 1 else 'have'} an ok record" \
+        in result.stderr
     records = read_jsonl(runs)
     assert records[:len(first)] == first  # nothing rewritten
     ok = [r["case_id"] for r in records if r["status"] == "ok"]

@@ -265,6 +265,78 @@ def test_cli_help_exits_0_and_lists_options(args, words):
         assert word in result.stdout, word
 
 
+def _commands():
+    """The click commands of ``ringbench`` and its subcommands, each with a context, as --help sees them."""
+    import typer
+
+    group = typer.main.get_command(app)
+    out = []
+    for name in [None, *group.list_commands(None)]:
+        command = group if name is None else group.get_command(None, name)
+        out.append((name, command, command.make_context(name or "ringbench", [], resilient_parsing=True)))
+    return out
+
+
+@pytest.mark.parametrize("width", [40, 80])
+@pytest.mark.parametrize("name", [None, "run", "verify", "compare", "variants", "matrix"])
+def test_cli_help_wraps_every_word_whole_at_narrow_terminals(width, name):
+    """At 40 columns typer's table cut names and words with an ellipsis (--vari…, contex…), at 80 it cut
+    --require-determinist… and lognormal:mean=4k,sig… (issue 27, item 4): every option's names, the name of
+    its value and every word of its help and of the command's text are printed whole, within the width."""
+    from collections import Counter
+
+    command, ctx = next((c, x) for n, c, x in _commands() if n == name)
+    result = CliRunner(env={"COLUMNS": str(width), "NO_COLOR": "1"}).invoke(app, [*([name] if name else []),
+                                                                              "--help"])
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    assert max(map(len, result.stdout.splitlines())) <= width
+    printed = Counter(re.sub(r"[│╭╮╰╯─]", " ", result.stdout).split())
+    expected = Counter((command.help or "").split())
+    for param in command.get_params(ctx):
+        if getattr(param, "hidden", False):
+            continue
+        names = "/".join([", ".join(param.opts), *param.secondary_opts]) if param.param_type_name == "option" else ""
+        value = (param.metavar or "") + ("..." if param.param_type_name == "argument" and param.nargs != 1 else "")
+        expected.update([*names.split(), *(param.help or "").split(), *([value] if value else [])])
+    if name is None:
+        for sub in command.list_commands(ctx):
+            expected.update([sub, *inspect_first_paragraph(command.get_command(ctx, sub).help)])
+    missing = expected - printed
+    assert not missing, (dict(missing), result.stdout)
+
+
+def inspect_first_paragraph(text: str) -> list[str]:
+    import inspect
+
+    return inspect.cleandoc(text).split("\n\n")[0].split()
+
+
+def test_cli_help_names_what_each_value_is():
+    """--help showed <str> for integer options (the text their parser reads) and <bool> for flags."""
+    result = runner.invoke(app, ["run", "--help"])
+    assert result.exit_code == 0
+    for shown in ("--world-size INT", "--seqlen TOKENS", "--window TOKENS", "--heads INT", "--timeout SECONDS",
+                  "--out FOLDER", "--dtype bf16|fp16|fp32|fp64", "--ulysses-degree INT|auto", "--nnodes INT",
+                  "--device cuda|cpu", "--docs LENGTHS", "--rdzv-endpoint HOST:PORT"):
+        assert shown in result.stdout, shown
+    assert re.search(r"--json {2,}Print", result.stdout) and re.search(r"--causal/--no-causal {2,}Causal", result.stdout)
+    assert not re.search(r"<(str|int|float|bool|path|Path|list)\b|\bTEXT\b", result.stdout)
+    # A value named INT is read as a whole number, TOKENS as a size: the name says what the parser takes.
+    checked = 0
+    for name, command, ctx in _commands():
+        for param in command.get_params(ctx):
+            if param.param_type_name != "option" or param.is_flag:
+                continue
+            assert param.metavar, (name, param.opts)
+            if param.metavar in ("INT", "TOKENS"):
+                refused = runner.invoke(app, [name, param.opts[0], "x"])
+                assert refused.exit_code == 2, refused.output
+                assert re.search(r"'x' is not (a whole number|a size)", refused.stderr), (param.opts, refused.stderr)
+                checked += 1
+    assert checked > 15
+
+
 # --------------------------------------------------------------------------- launch loop (stand-ins)
 
 def test_cli_verify_default_runs_smoke_on_cpu_grouped_by_world_size(harness, tmp_path):
@@ -374,7 +446,7 @@ def test_cli_resume_skips_cases_with_an_ok_record(harness, tmp_path):
     assert rerun == [c.case_id() for c in cases[1:]]
     shown = [json.loads(line)["case_id"] for line in result.stdout.splitlines()]
     assert shown == [c.case_id() for c in cases]  # the reused record is shown too
-    assert f"--resume: 1 of {len(cases)} cases already have an ok record" in result.stderr
+    assert f"--resume: 1 of {len(cases)} cases already has an ok record" in result.stderr
     assert f"{len(cases) - 1} records appended" in result.stderr and "1 reused" in result.stderr
 
 
@@ -389,7 +461,7 @@ def test_cli_ctrl_c_keeps_records_and_prints_the_resume_command(harness, tmp_pat
     result = invoke(["verify", "--variant", "ring", "--world-size", "2", "--out", str(tmp_path)], harness)
     assert result.exit_code == 130
     assert len(lines(tmp_path / "verify.jsonl")) == 1  # kept, and nothing added for the rest
-    assert re.search(r"^interrupted: 1 of \d+ cases have a record in .*verify\.jsonl; to run the others: "
+    assert re.search(r"^interrupted: 1 of \d+ cases has a record in .*verify\.jsonl; to run the others: "
                      r"ringbench .*--resume$", result.stderr, re.M), result.stderr
 
 

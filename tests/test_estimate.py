@@ -38,10 +38,10 @@ class Recorder:
 
 @pytest.fixture
 def machine(monkeypatch):
-    """Two cores, 20 GB free and a 400 GFLOP/s matmul, wherever the test runs."""
+    """Two cores, 20 GiB free and a 400 GFLOP/s matmul, wherever the test runs."""
     monkeypatch.setattr(estimate, "cpu_matmul_rate", lambda: 400e9)
     monkeypatch.setattr(estimate, "usable_cores", lambda: 2)
-    monkeypatch.setattr(estimate, "available_bytes", lambda: 20 * 10 ** 9)
+    monkeypatch.setattr(estimate, "available_bytes", lambda: 20 * 2 ** 30)
     return monkeypatch
 
 
@@ -73,7 +73,7 @@ def test_estimate_yes_lets_a_long_sweep_through_and_prints_the_estimate(machine,
 
 @pytest.mark.parametrize("world_size, free, why", [
     (64, 200 * 10 ** 9, r"64 ranks on 2 cores are more than the 8 \(4 per core\) that ringbench starts without asking"),
-    (4, 10 ** 9, r"its ranks need about 1\.\d GB of memory \(4 of about 4\d\d MB\) but 1\.0 GB is available here"),
+    (4, 2 ** 30, r"its ranks need about 1\.\d GiB of memory \(4 of about 4\d\d MiB\) but 1\.0 GiB is available here"),
 ])
 def test_estimate_a_world_size_the_machine_cannot_hold_is_refused_unless_yes(machine, tmp_path, world_size, free,
                                                                              why):
@@ -176,8 +176,8 @@ def test_estimate_an_emulated_run_is_one_process_holding_every_ranks_shards(mach
 
     emulated, real = case(emulate=True), case()
     assert estimate.launch_bytes(emulated[0]) == estimate.RANK_BASE_BYTES + 64 * estimate.shard_bytes(real[0])
-    estimate.check(emulated, estimate.estimate(emulated), yes=False)  # about 0.4 GB: fits
-    with pytest.raises(estimate.SpecError, match=r"its ranks need about 2[67]\.\d GB of memory \(64 of about"):
+    estimate.check(emulated, estimate.estimate(emulated), yes=False)  # about 0.4 GiB: fits
+    with pytest.raises(estimate.SpecError, match=r"its ranks need about 2[45]\.\d GiB of memory \(64 of about"):
         estimate.check(real, estimate.estimate(real), yes=False)
     machine.setattr(estimate, "available_bytes", lambda: 10 ** 8)
     with pytest.raises(estimate.SpecError, match=r"one emulating process holding 64 shards of about"):
@@ -190,12 +190,12 @@ def test_estimate_memory_counts_the_value_head_dim(machine):
         return build.cases_for("verify", {"variant": ["zigzag"], "device": "cpu", "seqlen": 512, "world_size": 2,
                                           "head_dim": 48, **given})[0]
 
-    machine.setattr(estimate, "available_bytes", lambda: 8 * 10 ** 9)
+    machine.setattr(estimate, "available_bytes", lambda: 8 * 2 ** 30)
     plain, wide = case()[0], case(head_dim_v=100000)[0]
     width = (plain.heads + plain.kv_heads) * (100000 - 48)  # v, out and their gradients grow, q and k do not
     assert estimate.shard_bytes(wide) - estimate.shard_bytes(plain) == 3 * 256 * width * 4
     assert estimate.verify_extra_bytes(wide) - estimate.verify_extra_bytes(plain) == 5 * 512 * width * 8
-    with pytest.raises(estimate.SpecError, match=r"its ranks need about \d+\.\d GB of memory"):
+    with pytest.raises(estimate.SpecError, match=r"its ranks need about \d+\.\d GiB of memory"):
         estimate.check([wide], estimate.estimate([wide]), yes=False)
     estimate.check([plain], estimate.estimate([plain]), yes=False)
 
@@ -230,8 +230,8 @@ def test_estimate_memory_refusal_names_the_term_that_dominates_and_its_value_fit
     got = _run(args, launcher)
     assert got.exit_code == 2, got.output
     message = got.stderr.strip()
-    assert re.fullmatch(rf"world_size 2 on cpu does not fit this machine: its ranks need about [\d.]+ GB of memory "
-                        rf"\(2 of about \d+ MB\) but 20\.0 GB is available here; pass {fix}, or --yes to start it "
+    assert re.fullmatch(rf"world_size 2 on cpu does not fit this machine: its ranks need about [\d.]+ GiB of memory "
+                        rf"\(2 of about \d+ MiB\) but 20\.0 GiB is available here; pass {fix}, or --yes to start it "
                         r"anyway", message), message
     assert "--world-size" not in message
     option, value = re.search(r"such as (--[\w-]+) (\d+)", message).groups()
@@ -242,7 +242,7 @@ def test_estimate_memory_refusal_names_the_term_that_dominates_and_its_value_fit
     from ringbench.case.spec import CaseSpec
 
     case = [CaseSpec.from_dict(c) for c in launcher.launches[-1]["cases"]]
-    assert [estimate.launch_bytes(c) <= 20 * 10 ** 9 for c in case] == [True]  # the suggested value fits
+    assert [estimate.launch_bytes(c) <= 20 * 2 ** 30 for c in case] == [True]  # the suggested value fits
 
 
 def test_estimate_each_launch_measures_the_cpu_rate_again(monkeypatch):

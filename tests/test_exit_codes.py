@@ -135,7 +135,7 @@ def test_exit_130_ctrl_c_keeps_the_records_written(tmp_path):
     result = invoke(THREE, Launcher(during=_interrupted_by(signal.SIGINT)), tmp_path)
     assert result.exit_code == 130, result.output
     assert statuses(tmp_path) == {"ring": "ok"}
-    assert re.search(r"^interrupted: 1 of 3 cases have a record in .*runs\.jsonl; to run the others: "
+    assert re.search(r"^interrupted: 1 of 3 cases has a record in .*runs\.jsonl; to run the others: "
                      r"ringbench .*--resume$", result.stderr, re.M), result.stderr
 
 
@@ -144,7 +144,7 @@ def test_exit_143_sigterm_keeps_the_records_written(tmp_path):
     result = invoke(THREE, Launcher(during=_interrupted_by(signal.SIGTERM)), tmp_path)
     assert result.exit_code == 143, result.output
     assert statuses(tmp_path) == {"ring": "ok"}
-    assert "interrupted: 1 of 3 cases have a record" in result.stderr
+    assert "interrupted: 1 of 3 cases has a record" in result.stderr
     assert signal.getsignal(signal.SIGTERM) == previous  # the sweep put the handler back
 
 

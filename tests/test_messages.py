@@ -54,7 +54,7 @@ def test_compare_prints_each_damaged_line_as_one_sentence_without_python_source(
 def test_compare_counts_empty_and_unknown_schema_records_as_what_they_are(damaged):
     result = runner.invoke(app, ["compare", str(damaged), "--json"])
     assert result.exit_code == 0, result.output
-    assert "left out 2 records: 1 with unknown schema version 99, 1 with no status" in result.stderr
+    assert "left out 2 records: 1 with unknown schema version 99, 1 with no task, status or spec" in result.stderr
     assert "nan" not in result.stderr
     assert len(result.stdout.splitlines()) == 1  # the schema-99 "ok" record is not a row
 
@@ -150,3 +150,75 @@ def test_install_hints_are_one_and_the_same(monkeypatch):
         text = path.read_text()
         for wrong in ("pip install ring-flash-attn", "pip install yunchang", "pip install 'ringbench["):
             assert wrong not in text, f"{path}: {wrong}"
+
+
+# --------------------------------------------------------------------------- issue 27, item 4: a new user's leftovers
+
+def test_plural_agrees_with_every_count():
+    from ringbench.variants import plural
+
+    assert [plural(n, "case") for n in (0, 1, 2)] == ["0 cases", "1 case", "2 cases"]
+    assert plural(1, "launch", "launches") == "1 launch" and plural(3, "launch", "launches") == "3 launches"
+    assert [plural(n, "has", "have", bare=True) for n in (0, 1, 2)] == ["have", "has", "have"]
+
+
+def test_verify_summary_says_1_error_not_1_errors():
+    from ringbench.present.report import summary_line
+
+    assert summary_line([{"task": "verify", "status": "error"}]).plain == "1 case: 0 passed, 0 failed, 1 error"
+    assert summary_line([{"task": "verify", "status": "oom"}] * 2).plain == "2 cases: 0 passed, 0 failed, 2 errors"
+
+
+def test_compare_left_out_counts_agree_with_their_nouns():
+    from ringbench.present.compare.load import left_out_text
+
+    assert left_out_text({("older record of a case shown with its latest",
+                           "older records of cases shown with their latest"): 1,
+                          ("verify record", "verify records"): 2}) == (
+        "left out 3 records: 1 older record of a case shown with its latest, 2 verify records")
+
+
+def test_no_message_pluralises_a_count_by_hand():
+    """Count-noun agreement has one home (variants.rules.plural): '1 older records', '1 errors' and
+    '0 of 1 case have' came from f-strings that wrote the noun, or its s, themselves."""
+    root = Path(__file__).resolve().parent.parent
+    sources = [p for d in ("ringbench", "variants") for p in (root / d).rglob("*.py")]
+    assert len(sources) > 20
+    by_hand = re.compile(r"""\{['"](s|es)['"] if |else ['"](s|es)['"]\}|['"]s['"] if [\w()\[\]'". ]+ != 1""")
+    found = [f"{p.relative_to(root)}:{i}" for p in sources for i, line in enumerate(p.read_text().splitlines(), 1)
+             if by_hand.search(line)]
+    assert found == []
+
+
+@pytest.mark.parametrize("lines, lacking", [
+    (["{}"], "1 with no task, status or spec"),
+    (["{}", "{}"], "2 with no task, status or spec"),
+    (['{"task": "run"}'], "1 with no status or spec"),
+    (['{"status": "ok"}'], "1 with no task or spec"),
+])
+def test_compare_on_records_without_fields_names_the_file_and_what_they_lack(tmp_path, lines, lacking):
+    """`compare` on a file of `{}` blamed --by ('variant' is not a record column), an option the user never gave."""
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    for by in ([], ["--by", "variant"]):
+        result = runner.invoke(app, ["compare", str(path), *by])
+        assert result.exit_code == 2, result.output
+        total = f"{len(lines)} record{'' if len(lines) == 1 else 's'}"
+        assert result.stderr.strip() == (f"no usable run record in {path} (left out {total}: {lacking}); pass the "
+                                         "results of `ringbench run`")
+
+
+def test_compare_still_blames_a_by_column_that_usable_records_lack(damaged):
+    result = runner.invoke(app, ["compare", str(damaged), "--by", "colour"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1].startswith("--by 'colour' is not a record column")
+
+
+def test_memory_is_said_in_binary_units():
+    """MEASUREMENT.md: memory in GiB (and MiB), computed as such; the estimate's refusal said GB and MB."""
+    root = Path(__file__).resolve().parent.parent
+    sources = [p for d in ("ringbench", "variants") for p in (root / d).rglob("*.py")]
+    decimal = re.compile(r"\}\s?[kKMGT]B\b|/ ?1e[369]\b[^\n]*[kKMGT]B\b")
+    found = [f"{p.relative_to(root)}:{i}" for p in sources for i, line in enumerate(p.read_text().splitlines(), 1)
+             if decimal.search(line)]
+    assert found == []

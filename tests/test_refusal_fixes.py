@@ -190,3 +190,109 @@ def test_a_varlen_variant_under_model_without_documents_packs_the_row_as_one():
         ("usp", 2, ""), ("usp", 4, "")]
     assert {(c.window, c.sink) for c in cases} == {(40, "none")}
     assert {(c.window, c.sink) for c in _model_cases("gpt-oss-tiny", dict(variant=["ring"]))} == {(40, "learnable")}
+
+
+# --------------------------------------------------------------------------- issue 27, item 4: fixes the command takes
+
+def _invoke(args):
+    from typer.testing import CliRunner
+
+    from ringbench.cli import app
+
+    return CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, args)
+
+
+def _check(args) -> str | None:
+    """The sentence the CLI refuses ``run ARGS`` with before any process starts (None: accepted)."""
+    from ringbench.case import fields, options
+
+    by_option = {f.option: f for f in fields.FIELDS}
+    given: dict = {}
+    for option, value in zip(args[::2], args[1::2]):
+        field = by_option[option]
+        parsed = field.value_type.parse(value) if field.value_type else value
+        if field.repeatable:
+            given.setdefault(field.name, []).append(parsed)
+        else:
+            given[field.name] = parsed
+    try:
+        options.check_given(given)
+        build.cases_for("run", {"device": "cpu", **given})
+    except SpecError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_world_size_past_any_machine_is_refused_with_a_world_size_the_check_takes():
+    """`run --world-size 99999999999999999999` said 'use 99999999999999999999', a seqlen above the limit."""
+    result = _invoke(["run", "--variant", "ring", "--world-size", "99999999999999999999"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == ("world_size 99999999999999999999 is above the limit of 65536 ranks (4096 hosts "
+                                     "of 16); pass --world-size 65536 or fewer")
+    # The fix passes this rule; the next one (the seqlen's multiple) names a seqlen that passes too.
+    message = _check(["--variant", "ring", "--world-size", "65536"])
+    assert message == "seqlen 4096 is not a multiple of world_size = 65536, which ring needs; use 65536"
+    assert _check(["--variant", "ring", "--world-size", "65536", "--seqlen", "65536"]) is None
+
+
+@pytest.mark.parametrize("args, fix", [
+    # The multiple above 1024M passes the seqlen limit: the one below it is offered.
+    (["--variant", "ring", "--seqlen", "1024M", "--world-size", "3"], "use 1073741823"),
+    (["--variant", "zigzag", "--seqlen", "1024M", "--world-size", "3", "--world-size", "5", "--world-size", "7"],
+     "use 1073741760"),
+    (["--variant", "zigzag", "--seqlen", "4097", "--world-size", "3"], "use 4098"),
+])
+def test_a_seqlen_refusal_offers_a_seqlen_within_the_limit(args, fix):
+    message = _check(args)
+    assert message.endswith(f"; {fix}"), message
+    value = fix.split()[-1]
+    followed = list(args)
+    followed[followed.index("--seqlen") + 1] = value
+    assert _check(followed) is None, followed
+
+
+def test_world_sizes_no_seqlen_can_cut_together_are_told_to_run_apart():
+    message = _check(["--variant", "zigzag", "--seqlen", "1k", "--world-size", "65535", "--world-size", "65536"])
+    assert message == ("seqlen 1024 is not a multiple of 8589803520, which zigzag needs to cut it at every world size "
+                       "given (65535, 65536); no seqlen up to the limit of 1073741824 tokens is one, so run these "
+                       "world sizes in separate commands")
+
+
+def test_a_world_size_off_the_nodes_is_offered_one_within_the_limit():
+    with pytest.raises(SpecError) as got:
+        build.cases_for("run", {"variant": ["ring"], "device": "cpu", "world_size": [65535]}, nnodes=4095)
+    found = re.search(r"pass --world-size (\d+)$", str(got.value))
+    assert found and int(found.group(1)) == 65520, got.value  # 4095 * 16: the multiple above passes 65536
+    build.cases_for("run", {"variant": ["ring"], "device": "cpu", "world_size": [65520], "seqlen": [65520]},
+                    nnodes=4095)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5, 6, 7])
+def test_the_matrix_refuses_no_cell_for_a_length_it_chose_itself(world_size):
+    """`matrix --world-size 3` refused every ring cell with 'seqlen 256 ...; use 258', a --seqlen matrix does not
+    take: its base length (and the padded column's doc_pad) now fit every layout at any world size. Only the odd
+    column, whose point is a length some layouts cannot cut, may be refused so."""
+    from ringbench.sweep import matrix as mx
+
+    grid = mx.build_grid(device="cpu", world_sizes=[world_size])
+    seqlen = mx.base_seqlen("cpu", world_size)
+    assert seqlen % (2 * world_size) == 0 and seqlen >= 256 and (seqlen == 256 or world_size not in (2, 4))
+    refused = [(c.implementation, c.columns, c.refusal) for c in grid.cells if c.refusal
+               and re.match(r"(seqlen|doc_pad|documents?) \d", c.refusal) and "odd" not in c.columns]
+    assert refused == []
+    assert sum(c.refusal is None for c in grid.cells) > 100
+
+
+def test_the_matrix_refusal_offers_only_what_matrix_takes():
+    """`matrix --variant ulysses --world-size 3` offered verify's '--heads a multiple of 3', which matrix lacks."""
+    from ringbench.sweep import matrix as mx
+
+    result = _invoke(["matrix", "--variant", "ulysses", "--world-size", "3", "--out", "/nonexistent/m"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        "nothing to verify: every one of the 15 cells of this matrix is refused on cpu, all of them because "
+        "world_size 3 does not divide heads 8, and ulysses runs Ulysses over every rank, giving each heads / "
+        "world_size query heads; pass a --world-size that divides 8, such as 2")
+    mx.check_runnable(mx.build_grid(device="cpu", world_sizes=[2], variants=["ulysses"]))  # the fix runs
+    assert mx.matrix_fix("x; pass --heads 9") == "x; pass another --world-size or --variant"
+    assert mx.matrix_fix("x; run it with --device cuda") == "x; run it with --device cuda"

@@ -178,6 +178,28 @@ def test_variants_table_splits_no_word(width):
         assert "rfa_llama3_varlen" in table and "abbreviations" not in table
 
 
+@pytest.mark.parametrize("width", [14, 30, 40, 50, 60, 70])
+def test_variants_table_spells_out_every_abbreviation_it_uses(width):
+    """A new user saw abbreviations at 40 columns (issue 27, item 4): whenever the table writes a name
+    shorter, the legend under it says what it stands for."""
+    from ringbench.present.names import ABBREVIATIONS
+
+    result = CliRunner(env={"COLUMNS": str(width), "NO_COLOR": "1"}).invoke(app, ["variants"])
+    assert result.exit_code == 0, result.output
+    used = {short: full for full, short in ABBREVIATIONS.items() if short in WORD.findall(result.stdout)}
+    assert used, result.stdout  # at these widths the table does abbreviate
+    legend = "".join(result.stdout.split())  # the legend wraps like any line (and folds a name wider than it)
+    for short, full in used.items():
+        assert f"{short}={full}" in legend, (short, result.stdout)
+
+
+def test_variants_at_a_width_no_column_fits_prints_folded_blocks_not_a_traceback():
+    """Under 14 columns every column was at its narrowest and the layout's shrink took min() of nothing."""
+    result = CliRunner(env={"COLUMNS": "10", "NO_COLOR": "1"}).invoke(app, ["variants"])
+    assert result.exit_code == 0, result.output
+    assert "somewordsarefolded" in "".join(result.stdout.split()), result.stdout
+
+
 def test_wrap_breaks_only_after_a_separator():
     from rich.text import Text
 
@@ -293,7 +315,7 @@ def test_verify_summary_is_the_last_line_of_the_table_output():
                {**_model_check(2), "worst_param": {"tensor": "grad model.norm.weight", "ratio": 0.5}},
                {"spec": _verify("ring", 2, 0)["spec"], "status": "timeout", "reason": "no progress for 600 s"}]
     text = _render(report.print_verify_table, records, NARROW)
-    assert text.rstrip("\n").splitlines()[-1] == "4 cases: 3 passed, 0 failed, 1 errors"
+    assert text.rstrip("\n").splitlines()[-1] == "4 cases: 3 passed, 0 failed, 1 error"
     assert "note: K/V expanded" in text and "[1] no progress for 600 s" in text
 
 

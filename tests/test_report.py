@@ -69,7 +69,7 @@ def test_report_verify_table_shows_fail_for_failing_check():
     assert "FAIL" in dk_ring and "non-finite" in dk_ring and "nan" in dk_ring
     assert text.count("PASS") == 3  # out and dq of zigzag, out of ring
     assert "no progress for 600 s" in text and "timeout" in text
-    assert "4 cases: 1 passed, 1 failed, 1 errors, 1 skipped" in text
+    assert "4 cases: 1 passed, 1 failed, 1 error, 1 skipped" in text
 
 
 def test_report_verify_summary_counts_ok_with_bad_check_as_failed():

@@ -77,7 +77,8 @@ def test_survival_cli_killed_takes_the_sweep_with_it_and_resume_writes_no_duplic
 
     result = ringbench("run", "--scenario", str(scenario), "--out", str(out), "--resume", cwd=tmp_path)
     assert result.returncode == 0
-    assert f"--resume: {len(ok_first)} of 6 cases already have an ok record" in result.stderr
+    assert f"--resume: {len(ok_first)} of 6 cases already {'has' if len(ok_first) == 1 else 'have'} an ok record" \
+        in result.stderr
     records = read_jsonl(runs)
     assert records[:len(first)] == first
     counts = collections.Counter(r["case_id"] for r in records if r["status"] == "ok")

@@ -25,9 +25,9 @@ Two registries: :data:`VARIANTS`, what users, ``ringbench variants`` and scenari
 
 from .registry import (TESTING_ENV, TESTING_VARIANTS, VARIANTS, Variant, get_variant, list_variants, names,
                        testing_variants_enabled)
-from .rules import (LAYOUT_CHUNKS, OPTIONS, ROTATE, Option, default_ulysses_degree, document_rule, factorizations,
-                    listed, resolve_ulysses_degree, ulysses_rule)
+from .rules import (LAYOUT_CHUNKS, MAX_SEQLEN, OPTIONS, ROTATE, Option, default_ulysses_degree, document_rule,
+                    factorizations, listed, nearest_multiple, plural, resolve_ulysses_degree, ulysses_rule)
 
-__all__ = ["LAYOUT_CHUNKS", "OPTIONS", "Option", "ROTATE", "TESTING_ENV", "TESTING_VARIANTS", "VARIANTS", "Variant",
+__all__ = ["LAYOUT_CHUNKS", "MAX_SEQLEN", "OPTIONS", "Option", "ROTATE", "TESTING_ENV", "TESTING_VARIANTS", "VARIANTS", "Variant",
            "default_ulysses_degree", "document_rule", "factorizations", "get_variant", "list_variants", "listed",
-           "names", "resolve_ulysses_degree", "testing_variants_enabled", "ulysses_rule"]
+           "names", "nearest_multiple", "plural", "resolve_ulysses_degree", "testing_variants_enabled", "ulysses_rule"]

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .rules import (HEADS_K_STRIDE, LAYOUT_CHUNKS, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW, Option,
-                    document_rule, layouts, listed, ulysses_rule)
+from .rules import (HEADS_K_STRIDE, LAYOUT_CHUNKS, MAX_SEQLEN, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW,
+                    Option, document_rule, layouts, listed, nearest_multiple, ulysses_rule)
 
 
 def names(which: Callable[["Variant"], bool]) -> str:
@@ -178,9 +178,11 @@ class Variant:
         n = self.seqlen_multiple(world_size, layout)
         if seqlen % n:
             rule = f"2 * world_size = {n}" if LAYOUT_CHUNKS.get(layout, 1) == 2 else f"world_size = {n}"
-            up = (seqlen // n + 1) * n
+            near = nearest_multiple(seqlen, n)
             which = self.name if layout == self.layout else f"{self.name} over the {layout} layout"
-            return f"seqlen {seqlen} is not a multiple of {rule}, which {which} needs; use {up}"
+            fix = (f"use {near}" if near else
+                   f"no seqlen up to the limit of {MAX_SEQLEN} tokens is one, so pass a smaller --world-size")
+            return f"seqlen {seqlen} is not a multiple of {rule}, which {which} needs; {fix}"
         return None
 
     def check_device(self, device: str) -> str | None:

@@ -12,8 +12,21 @@ from typing import Any, Callable, Mapping
 
 #: Chunks per rank of each layout: the global seqlen must be a multiple of this times W.
 LAYOUT_CHUNKS = {"contiguous": 1, "zigzag": 2, "stripe": 1}
+#: The longest global sequence, in tokens (1024M): the harness refuses more, so no fix offers more.
+MAX_SEQLEN = 2**30
 #: How torch_cp moves K/V (its ``rotate`` option), PyTorch's default first.
 ROTATE = ("allgather", "alltoall")
+
+
+def nearest_multiple(value: int, n: int) -> int | None:
+    """The multiple of ``n`` a refusal offers in place of ``value`` (not one): the next one above,
+    or the one below where that passes :data:`MAX_SEQLEN`; ``None`` where no multiple of ``n``
+    from ``n`` up is within it, so no seqlen can be offered."""
+    up = (value // n + 1) * n
+    if up <= MAX_SEQLEN:
+        return up
+    down = value - value % n
+    return down if down >= n else None
 
 
 def document_rule(docs, world_size: int, layout: str, who: str) -> str | None:
@@ -28,7 +41,7 @@ def document_rule(docs, world_size: int, layout: str, who: str) -> str | None:
     for i, length in enumerate(docs):
         if length % n:
             down = f" or {length - length % n}" if length > n else ""
-            return (f"document {i + 1} has {length} token{'' if length == 1 else 's'}, not a multiple of {rule}, "
+            return (f"document {i + 1} has {plural(length, 'token')}, not a multiple of {rule}, "
                     f"which {who} needs; "
                     f"make it {(length // n + 1) * n}{down} tokens, or use llama3_varlen, which takes any "
                     "document lengths")
@@ -103,6 +116,14 @@ def listed(items, last: str = "and") -> str:
     """Names as a sentence lists them: ``a``, ``a and b``, ``a, b and c`` (``last="or"``: ``a, b or c``)."""
     items = list(items)
     return ", ".join(items[:-1]) + f" {last} " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def plural(n: int, one: str, many: str | None = None, *, bare: bool = False) -> str:
+    """A count and the word that agrees with it: ``1 case``, ``0 cases``, ``3 launches`` (``many``:
+    the plural where it is not ``one`` + s); ``bare``: the word alone, for a verb that agrees
+    with ``n`` (``plural(n, "has", "have", bare=True)``). The one home of count-noun agreement."""
+    word = one if n == 1 else (many if many is not None else one + "s")
+    return word if bare else f"{n} {word}"
 
 
 def _and(items) -> str:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 from ringbench.case.types import ValueType, whole
 from ringbench.errors import SpecError
-from ringbench.variants import OPTIONS, ROTATE, VARIANTS, get_variant, listed
+from ringbench.variants import MAX_SEQLEN, OPTIONS, ROTATE, VARIANTS, get_variant, listed
 
 #: Short dtype names users type, mapped to the ``torch`` attribute they mean.
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
@@ -36,8 +36,10 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "flo
 MODES = ("fwd", "fwd_bwd")
 TASKS = ("run", "verify")
 DEVICES = ("cuda", "cpu")
-#: The largest global seqlen accepted, in tokens (1024M).
-MAX_SEQLEN = 2**30
+#: The most hosts a job may span (``--nnodes``).
+MAX_NODES = 4096
+#: The most ranks a case may have: :data:`MAX_NODES` hosts of 16 ranks (GPUs) each.
+MAX_WORLD_SIZE = 16 * MAX_NODES
 #: ``sink``: a learnable logit per query head, the off-by-one softmax (0, fixed), or none.
 SINKS = ("none", "learnable", "off-by-one")
 #: The cuda default of ``world_size``: every visible GPU.
@@ -90,11 +92,6 @@ def format_size(count: int) -> str:
         if count % unit == 0 and count >= unit:
             return f"{count // unit}{suffix}"
     return str(count)
-
-
-def plural(n: int, noun: str) -> str:
-    """``1 case``, ``3 cases``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 _DIST_KEYS = {"lognormal": ("mean", "sigma"), "uniform": ("min", "max")}
@@ -289,9 +286,9 @@ def _check_model(name: str, value: str) -> None:
 
 #: The metadata key of a CaseSpec attribute's :class:`Field` row.
 ROW = "row"
-_SIZE = {name: ValueType("size", lambda text, name=name: parse_size(text, name=name)) for name in ("seqlen", "window")}
+_SIZE = {name: ValueType("TOKENS", lambda text, name=name: parse_size(text, name=name)) for name in ("seqlen", "window")}
 #: ``--ulysses-degree``: a whole number or ``auto``.
-ULYSSES_DEGREE = ValueType("degree", lambda text: parse_ulysses_degree(text))
+ULYSSES_DEGREE = ValueType("INT|auto", lambda text: parse_ulysses_degree(text))
 
 
 @dataclass(frozen=True)
@@ -319,6 +316,8 @@ class Field:
             int field reads a whole number, a text field takes the text.
         check: ``(name, value)`` -> None, raising SpecError: the field's own rule, alone.
         repeatable: the option may be given several times (one case per value).
+        metavar: what its option's value is, as ``--help`` names it (``NAME``, ``cuda|cpu``);
+            default: its type's name (``TOKENS``, ``INT``), none for a flag.
     """
 
     help: str
@@ -333,6 +332,7 @@ class Field:
     parse: ValueType | None = None
     check: Callable[[str, Any], None] | None = None
     repeatable: bool = False
+    metavar: str = ""
     name: str = ""
     type: type = object
 
@@ -359,6 +359,14 @@ class Field:
         if self.type is int:
             return whole(self.name, self.option, self.cpu if isinstance(self.cpu, int) else 1)
         return None
+
+    @property
+    def value_name(self) -> str | None:
+        """Its option's value as ``--help`` names it (:attr:`metavar`, else its type's name); None
+        for a flag (``--causal``)."""
+        if self.type is bool:
+            return None
+        return self.metavar or (self.value_type.name if self.value_type is not None else "TEXT")
 
     def default_help(self) -> str:
         """``Default: cuda 16k, cpu 4k.`` or ``Default: 1.``, from the row."""
@@ -396,6 +404,13 @@ CUDA_GRAPH_CHOICES = ("auto", "on", "off")
 SEED_LIMIT = 2 ** 63
 
 
+def _check_world_size(name: str, value: int) -> None:
+    _POSITIVE(name, value)
+    if value > MAX_WORLD_SIZE:
+        raise SpecError(f"{name} {value} is above the limit of {MAX_WORLD_SIZE} ranks ({MAX_NODES} hosts of 16); "
+                        f"pass {_flag(name)} {MAX_WORLD_SIZE} or fewer")
+
+
 def _check_seed(name: str, value: int) -> None:
     _ZERO_OR_MORE(name, value)
     if value >= SEED_LIMIT:
@@ -408,16 +423,18 @@ class CaseSpec:
     task: str = row("`run` (measure) or `verify` (compare against single-device attention)",
                     commands=(), check=_one_of(lambda: TASKS))
     variant: str = row("the context-parallel variant, a registry name (`ringbench variants` lists them and says "
-                       "which can run here)", repeatable=True, check=_check_variant)
+                       "which can run here)", repeatable=True, check=_check_variant, metavar="NAME",
+                       default_text="none; run needs one or --scenario, verify with neither checks the smoke scenario")
     kernel: str = row("the local attention kernel: flash-attn-4, flash-attn, torch-flash, cudnn, torch-efficient "
                       "(cuda), cpu, math (any device), or auto: the first one available here that takes the dtype, "
                       "head dims and form, flash-attn-4 first on CUDA (never auto once launched)", "auto", "auto",
-                      repeatable=True, check=_check_kernel_name)
+                      repeatable=True, check=_check_kernel_name, metavar="NAME")
     device: str = row("run on cuda (NCCL, one GPU per rank) or cpu (gloo)",
                       default_text="cuda when a GPU is visible, else cpu; a scenario that names its device (smoke "
-                                   "says cpu) keeps it unless this is given", check=_one_of(lambda: DEVICES))
-    world_size: int = row("ranks in the context-parallel group, one process each", VISIBLE_GPUS, 2, label="W={}",
-                          repeatable=True, check=_POSITIVE)
+                                   "says cpu) keeps it unless this is given", check=_one_of(lambda: DEVICES),
+                      metavar="|".join(DEVICES))
+    world_size: int = row(f"ranks in the context-parallel group, one process each, 1 to {MAX_WORLD_SIZE}", VISIBLE_GPUS,
+                          2, label="W={}", repeatable=True, check=_check_world_size)
     batch: int = row("sequences per batch (B)", 1, 1, label="B={}", check=_POSITIVE)
     seqlen: int = row("global tokens per sequence (S), split across the ranks; a whole number with an optional k "
                       "(x1024) or M (x1024^2) suffix, such as 4096, 128k or 1M", 16 * 1024, 4 * 1024,
@@ -426,11 +443,13 @@ class CaseSpec:
     kv_heads: int = row("key/value heads (Hkv); divides heads, fewer than heads is GQA", 8, 2, label="KV={}",
                         check=_POSITIVE)
     head_dim: int = row("channels per head (D)", 128, 32, label="D={}", check=_POSITIVE)
-    dtype: str = row("input dtype: bf16, fp16, fp32 or fp64", "bf16", "fp32", check=_one_of(lambda: tuple(DTYPES)))
+    dtype: str = row("input dtype: bf16, fp16, fp32 or fp64", "bf16", "fp32", check=_one_of(lambda: tuple(DTYPES)),
+                     metavar="|".join(DTYPES))
     causal: bool = row("causal mask (--causal) or every key visible (--no-causal)", True, True,
                        default_text="causal", flag="--causal/--no-causal")
     mode: str = row("what one iteration times: fwd (forward) or fwd_bwd (forward and backward); verify always "
-                    "checks both", "fwd_bwd", "fwd_bwd", commands=("run",), check=_one_of(lambda: MODES))
+                    "checks both", "fwd_bwd", "fwd_bwd", commands=("run",), check=_one_of(lambda: MODES),
+                    metavar="|".join(MODES))
     iters: int = row("timed iterations per case", 20, 10, in_case_id=False, commands=("run",), check=_POSITIVE)
     warmup: int = row("untimed warm-up iterations before timing (0 allowed)", 5, 3, in_case_id=False,
                       commands=("run",), check=_ZERO_OR_MORE)
@@ -441,7 +460,7 @@ class CaseSpec:
     layout: str = row("the layout of the sequence over the ranks, for variants that take several (llama3: zigzag or "
                       "contiguous; llama3_varlen: contiguous, or balanced: each document cut head-tail, which "
                       "balances the causal mask's work; both take either mask)", "", "",
-                      default_text="the variant's own", optional=True)
+                      default_text="the variant's own", optional=True, metavar="NAME")
     heads_k_stride: int = row("K/V heads gathered at a time by all-gather variants; while one group computes, the "
                               "next group's gather is in flight; 0: all of them in one gather", 0, 0,
                               default_text="all K/V heads in one gather", label="stride={}", optional=True,
@@ -449,11 +468,12 @@ class CaseSpec:
     docs: str = row("packed documents of a varlen variant: lengths in tokens separated by commas (sizes such as 12k, "
                     "0 for an empty document), in row order, summing to seqlen; ring_varlen needs each a multiple of "
                     "the world size, zigzag_varlen of twice it, llama3_varlen takes any", "", "",
-                    default_text="none", optional=True, check=_if_set(lambda name, value: parse_docs(value)))
+                    default_text="none", optional=True, check=_if_set(lambda name, value: parse_docs(value)),
+                    metavar="LENGTHS")
     doc_dist: str = row("draw the documents with the seed until they fill seqlen: lognormal:mean=4k,sigma=1 (mean "
                         "length in tokens, sigma of its log) or uniform:min=512,max=8k; lengths are rounded to the "
                         "variant's multiple", "", "", default_text="none", optional=True,
-                        check=_if_set(lambda name, value: parse_doc_dist(value)))
+                        check=_if_set(lambda name, value: parse_doc_dist(value)), metavar="DIST")
     doc_pad: int = row("pad every document given by --docs to a multiple of this many tokens, the padding at the "
                        "document's end (so under the causal mask no real token sees it); --docs gives the real "
                        "lengths, seqlen the padded row, FLOPs count real tokens; padding rows' out and gradients are "
@@ -461,11 +481,11 @@ class CaseSpec:
                        label="pad={}", optional=True, check=_ZERO_OR_MORE)
     rotate: str = row("how torch_cp (PyTorch's context parallel) moves K/V: allgather (gather once) or alltoall (one "
                       "block per step)", "", "", default_text="allgather, PyTorch's own", optional=True,
-                      check=_if_set(_one_of(_rotations)))
+                      check=_if_set(_one_of(_rotations)), metavar="|".join(ROTATE))
     sink: str = row("attention sink, one logit per query head joining every softmax row once: learnable (float32 "
                     "logits drawn from the seed; verify checks their gradient too) or off-by-one (0, fixed, no "
                     "gradient)", "none", "none", default_text="none",
-                    label="sink={}", optional=True, check=_one_of(lambda: SINKS))
+                    label="sink={}", optional=True, check=_one_of(lambda: SINKS), metavar="|".join(SINKS))
     window: int = row("a causal sliding window: each query sees this many most recent keys of its sequence or "
                       "document, itself included (query p sees keys p - L + 1 .. p); a size such as 4096 or 4k; on "
                       "the flash-attn-4, flash-attn, torch-flash, cpu and math kernels", 0, 0, default_text="none",
@@ -482,7 +502,7 @@ class CaseSpec:
                         "GPUs); it fixes seqlen, batch, heads, kv_heads, head_dim, window and sink; needs the hf "
                         "extra", "", "",
                         default_text="the attention check", optional=True, commands=("verify",), flag="--model",
-                        check=_if_set(_check_model))
+                        check=_if_set(_check_model), metavar="NAME")
     repeat: int = row("times each case runs in the same launch; above 1, out, lse, dq, dk and dv must be bitwise the "
                       "same in every repeat (a determinism check: the first differing tensor and repeat are "
                       "recorded, and the case fails unless only the gradients differ and its kernel's backward is "

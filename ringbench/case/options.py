@@ -71,7 +71,7 @@ def _case_parameters(command: str) -> list[inspect.Parameter]:
         kind = str if f.value_type is not None else f.type
         annotation = Optional[List[kind]] if f.repeatable else Optional[kind]
         option = typer.Option(None, *f.option.split(" "), help=_option_help(f), show_default=False,
-                              parser=f.value_type)
+                              parser=f.value_type, metavar=f.value_name)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=annotation))
     return params
@@ -104,8 +104,6 @@ def with_case_options(command: str) -> Callable:
 
 # --------------------------------------------------------------------------- checks of options
 
-#: How the help shows an option taken as text and read as a number here (as typer shows a typed one).
-INT, INT_LIST, FLOAT = "<int>", "<list[int]>", "<float>"
 #: ``matrix --world-size`` reads its values as the case field does.
 WORLD_SIZE = fields.BY_NAME["world_size"].value_type
 #: The types of ``--timeout``, ``--nnodes`` and ``--node-rank``.
@@ -137,7 +135,7 @@ def check_given(given: dict[str, Any]) -> None:
 
 def _check_seqlen_fits_every_world_size(given: dict[str, Any]) -> None:
     """Refuse a seqlen that some of several world sizes cannot cut, naming one that fits them all."""
-    from ringbench.variants import get_variant
+    from ringbench.variants import MAX_SEQLEN, get_variant, nearest_multiple
 
     sizes = given.get("world_size") or []
     if "seqlen" not in given or len(sizes) < 2:
@@ -149,9 +147,11 @@ def _check_seqlen_fits_every_world_size(given: dict[str, Any]) -> None:
         need = math.lcm(*(variant.seqlen_multiple(w, layout) for w in sizes))
         for seqlen in seqlens:
             if seqlen % need:
-                up = (seqlen // need + 1) * need
+                near = nearest_multiple(seqlen, need)
+                fix = (f"use {near}" if near else f"no seqlen up to the limit of {MAX_SEQLEN} tokens is one, so "
+                       "run these world sizes in separate commands")
                 raise SpecError(f"seqlen {seqlen} is not a multiple of {need}, which {name} needs to cut it at "
-                                f"every world size given ({', '.join(map(str, sizes))}); use {up}")
+                                f"every world size given ({', '.join(map(str, sizes))}); {fix}")
 
 
 _HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
@@ -164,8 +164,8 @@ def check_nodes(nnodes: Optional[int], node_rank: Optional[int], endpoint: Optio
     for them."""
     nnodes = 1 if nnodes is None else nnodes
     node_rank = 0 if node_rank is None else node_rank
-    if not 1 <= nnodes <= 4096:
-        raise SpecError(f"nnodes {nnodes} must be from 1 to 4096; pass --nnodes with the number of hosts")
+    if not 1 <= nnodes <= fields.MAX_NODES:
+        raise SpecError(f"nnodes {nnodes} must be from 1 to {fields.MAX_NODES}; pass --nnodes with the number of hosts")
     if not 0 <= node_rank < nnodes:
         raise SpecError(f"node-rank {node_rank} must be from 0 to nnodes - 1 = {nnodes - 1}; pass --node-rank with "
                         "this host's index")
@@ -228,7 +228,7 @@ def _out_folder(text: str) -> Path:
 
 
 #: ``--out``: a folder; empty text, which would write in the working folder unasked, is refused.
-OUT = ValueType("path", _out_folder)
+OUT = ValueType("FOLDER", _out_folder)
 
 
 def check_out(out: Path, junit_xml: Optional[Path], files: tuple[str, ...] = ()) -> None:

@@ -36,7 +36,8 @@ class ValueType:
     """One kind of value: ``parse`` turns text into it, raising ``SpecError`` in one sentence.
 
     Attributes:
-        name: the kind, as in ``--help``.
+        name: what the value is, as ``--help`` names it after the option (its metavar: ``INT``,
+            ``TOKENS``, ``SECONDS``).
         read: text -> value, raising ``SpecError``.
     """
 
@@ -70,7 +71,7 @@ def whole(name: str, option: str, example: int) -> ValueType:
         except ValueError:
             raise SpecError(f"{name} {text!r} is not a whole number; pass {option} with an integer, such as "
                             f"{example}") from None
-    return ValueType("int", read)
+    return ValueType("INT", read)
 
 
 #: The longest watchdog limit of one case, in seconds: a week (``--timeout``'s own bound).
@@ -90,4 +91,4 @@ def _seconds(text: str) -> float:
 
 
 #: ``--timeout``: seconds, above 0 and under a week.
-SECONDS = ValueType("float", _seconds)
+SECONDS = ValueType("SECONDS", _seconds)

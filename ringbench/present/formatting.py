@@ -144,13 +144,16 @@ def break_words(text: Text, width: int) -> Text:
 
 
 def _shrink(ranges: list[tuple[int, int]], cells: list[list[int]], room: int) -> list[int]:
-    """Column widths from ``(narrowest, widest)`` ranges that sum to at most ``room``: one
+    """Column widths from ``(narrowest, widest)`` ranges that sum to at most ``room`` (or their
+    narrowest, where that is more): one
     character at a time from the column where that makes the fewest cells (their widths in
     ``cells``) wrap further, the widest of those first; none below its narrowest."""
     widths = [high for _, high in ranges]
     for _ in range(sum(widths) - room):
-        i = min((i for i, (low, _) in enumerate(ranges) if widths[i] > low),
-                key=lambda i: (sum(w >= widths[i] for w in cells[i]), -widths[i]))
+        narrower = [i for i, (low, _) in enumerate(ranges) if widths[i] > low]
+        if not narrower:  # every column at its narrowest: wider than room (a stacked table that must fold)
+            break
+        i = min(narrower, key=lambda i: (sum(w >= widths[i] for w in cells[i]), -widths[i]))
         widths[i] -= 1
     return widths
 

@@ -9,9 +9,10 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
-from ringbench.case.fields import plural
+from ringbench.variants import plural
 from ringbench.present.formatting import ratio_text
-from ringbench.sweep.matrix.grid import BASE, BASE_SEQLEN, CLASSES, CLASS_MEANING, Cell, Grid, TEST_VARIANTS, _BY_KEY
+from ringbench.sweep.matrix.grid import (BASE, BASE_SEQLEN, CLASSES, CLASS_MEANING, Cell, Grid, TEST_VARIANTS, _BY_KEY,
+                                         base_seqlen)
 
 
 # --------------------------------------------------------------------------- outputs
@@ -65,16 +66,19 @@ def env_title(env: dict, device: str) -> str:
     if device == "cuda" and env.get("gpu_name"):
         where = f"{env.get('gpu_count') or 1} x {env['gpu_name']}"
     else:
-        where = f"cpu ({env.get('cpu') or 'unknown'}, {os.cpu_count()} cores)"
+        where = f"cpu ({env.get('cpu') or 'unknown'}, {plural(os.cpu_count() or 1, 'core')})"
     commit = env.get("git_commit") or "unknown"
     commit = commit[:7] + ("-dirty" if commit.endswith("-dirty") else "")
     return f"{where} · torch {env.get('torch', 'unknown')} · commit {commit}"
 
 
-def base_text(device: str) -> str:
-    """What the base cell is, in one sentence."""
+def base_text(device: str, world_sizes: tuple[int, ...] = ()) -> str:
+    """What the base cell is, in one sentence; its tokens at each of ``world_sizes`` where they are
+    not :data:`BASE_SEQLEN` (``grid.base_seqlen``: 64 per rank at least, a multiple of 2W)."""
+    other = [f"{base_seqlen(device, w)} at W={w}" for w in world_sizes if base_seqlen(device, w) != BASE_SEQLEN[device]]
+    tokens = f"{BASE_SEQLEN[device]} tokens" + (f" ({', '.join(other)})" if other else "")
     return (f"Base cell: causal, bf16, {BASE['heads']} query heads over {BASE['kv_heads']} K/V heads, head dim "
-            f"{BASE['head_dim']}, {BASE_SEQLEN[device]} tokens (varlen implementations: packed into four "
+            f"{BASE['head_dim']}, {tokens} (varlen implementations: packed into four "
             "documents); each column changes one thing from it.")
 
 
@@ -158,7 +162,7 @@ def markdown(grid: Grid, env: dict) -> str:
         return text.replace("|", "\\|")
 
     lines = ["# ringbench matrix", "", env_title(env, grid.device), "",
-             base_text(grid.device) + " One `ringbench verify` case per cell, against float64 attention; "
+             base_text(grid.device, tuple(grid.world_sizes)) + " One `ringbench verify` case per cell, against float64 attention; "
              "the classes:", "", "| class | means |", "|---|---|"]
     lines += [f"| {k} | {CLASS_MEANING[k]} |" for k in CLASSES]
     for world_size in grid.world_sizes:
@@ -230,7 +234,7 @@ def figure(grid: Grid, env: dict):
     rows, cols = grid.implementations, grid.columns
     cmap = ListedColormap([_COLOURS[k] for k in CLASSES]).with_extremes(bad="white")
     norm = BoundaryNorm(np.arange(len(CLASSES) + 1) - 0.5, len(CLASSES))
-    caption = (base_text(grid.device) + "\nGreen: the worst tensor's error over verify's allowance (twice one "
+    caption = (base_text(grid.device, tuple(grid.world_sizes)) + "\nGreen: the worst tensor's error over verify's allowance (twice one "
                "device's error plus a rounding), so 0.50 is as close to float64 as one device; red: the worst tensor, "
                "×N its allowance.\nGrey: what the implementation's refusal is about (the sentences are in matrix.md). "
                "Blank: not in the grid (a test variant's other columns)."

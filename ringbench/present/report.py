@@ -19,6 +19,7 @@ from ringbench.case.fields import BY_NAME, GROWTH_KEY, VARIANT_OPTIONS, format_s
 from ringbench.present.formatting import (MISSING, FitTable, compact_table, docs_count, milliseconds, number, rate,
                                           ratio_text, text)
 from ringbench.records.access import kernel_ran, record_field
+from ringbench.variants import plural
 
 _STATUS_STYLE = {"ok": "green", "skipped": "yellow"}
 #: The bus GiB/s cell of a run whose bytes cannot be counted (``bytes_counted: false``).
@@ -381,15 +382,15 @@ def print_verify_table(records: list[dict], console: Console | None = None) -> N
 
 
 def summary_line(records: list[dict]) -> Text:
-    """``4 cases: 1 passed, 1 failed, 1 errors, 1 skipped`` (skipped only when some were), the
+    """``4 cases: 1 passed, 1 failed, 1 error, 1 skipped`` (skipped only when some were), the
     verdict :func:`print_verify_table` prints last."""
     s = verify_summary(records)
-    line = Text(f"{s['cases']} {'case' if s['cases'] == 1 else 'cases'}: ")
+    line = Text(f"{plural(s['cases'], 'case')}: ")
     line.append(f"{s['passed']} passed", style="green")
     line.append(", ")
     line.append(f"{s['failed']} failed", style="bold red" if s["failed"] else "")
     line.append(", ")
-    line.append(f"{s['errors']} errors", style="bold red" if s["errors"] else "")
+    line.append(plural(s["errors"], "error"), style="bold red" if s["errors"] else "")
     if s["skipped"]:
         line.append(f", {s['skipped']} skipped", style="yellow")
     return line
@@ -530,7 +531,7 @@ def _failure_message(record: dict) -> str:
                 f"{number(c.get('allowed'), '.3e')}" if over_max else f"{text(c.get('tensor'))}: within the max rule")
         notes = _check_notes(c)
         parts.append(f"{part} ({notes})" if notes else part)
-    return f"{len(bad)} of {len(record.get('checks') or [])} tensors over allowance: " + \
+    return f"{len(bad)} of {plural(len(record.get('checks') or []), 'tensor')} over allowance: " + \
         "; ".join(parts)
 
 

@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from ringbench.rank import sink_pad as extras
 from ringbench.rank.setup import CaseSetup, Results, case_setup, sink_logits
-from ringbench.case.fields import plural
+from ringbench.variants import plural
 from ringbench.case.spec import CaseSpec
 from ringbench.variants.engines import layouts
 from ringbench.variants import instruments

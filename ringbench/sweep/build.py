@@ -97,9 +97,10 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
         try:
             case = without_full_window(resolve_docs(case))  # before the variant's window rules: it is none
             if case.world_size % nnodes:
+                up = (case.world_size // nnodes + 1) * nnodes  # or the one below, where that passes the limit
+                fit = up if up <= fields.MAX_WORLD_SIZE else case.world_size - case.world_size % nnodes
                 raise SpecError(f"world_size {case.world_size} is not a multiple of nnodes {nnodes}, and every "
-                                f"node runs world_size / nnodes ranks; pass --world-size "
-                                f"{(case.world_size // nnodes + 1) * nnodes}")
+                                f"node runs world_size / nnodes ranks; pass --world-size {fit}")
             validate(case, visible_gpus=gpus * nnodes)
             case = canonical(case)
             resolved.append(resolve(case) if resolve_kernels else case)

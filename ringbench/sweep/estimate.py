@@ -32,14 +32,14 @@ from typing import Optional
 from ringbench.case.spec import launch_world_size
 from ringbench.case.types import MAX_TIMEOUT_S
 from ringbench.errors import SpecError
-from ringbench.case.fields import plural
+from ringbench.variants import plural
 
 #: A sweep on CPU estimated above this many seconds is refused without --yes.
 CPU_LIMIT_S = 30 * 60
 #: More ranks than this per usable core is refused on CPU without --yes.
 RANKS_PER_CORE = 4
 #: Resident memory of one CPU rank before its tensors: Python, torch, gloo (measured about
-#: 300 MB on torch 2.13; rounded up).
+#: 300 MiB on torch 2.13; rounded up).
 RANK_BASE_BYTES = 400 * 2 ** 20
 #: Attention's rate in the flash-attn FLOP convention against the best float32 matmul's on
 #: CPU: the CPU kernel computes a causal block whole, which the convention counts as half, and
@@ -293,7 +293,7 @@ def summary(cases: list, est: Estimate) -> str:
     """One line: ``estimate: about 2 min for 16 cases in 1 launch (cpu at ...); the longest ...``."""
     longest = max(range(len(cases)), key=lambda i: est.case_s[i])
     text = (f"estimate: about {duration(est.total_s)} for {plural(len(cases), 'case')} in "
-            f"{len(est.launch_s)} launch{'es' if len(est.launch_s) > 1 else ''} ({_rate_text(cases)})")
+            f"{plural(len(est.launch_s), 'launch', 'launches')} ({_rate_text(cases)})")
     if len(cases) > 1:
         text += f"; the longest, {_label(cases[longest])}, about {duration(est.case_s[longest])}"
     return text
@@ -346,6 +346,16 @@ def _memory_fix(case, room: int) -> str:
     return f"{fix}, such as {BY_NAME[name].option} {value}" if value else fix
 
 
+def _gib(nbytes: float) -> str:
+    """Bytes in GiB (2^30), one decimal: ``1.5 GiB``."""
+    return f"{nbytes / 2 ** 30:.1f} GiB"
+
+
+def _mib(nbytes: float) -> str:
+    """Bytes in MiB (2^20), whole: ``431 MiB``."""
+    return f"{nbytes / 2 ** 20:.0f} MiB"
+
+
 def check(cases: list, est: Estimate, *, yes: bool) -> None:
     """Refuse, unless ``yes``, what this machine should not start without asking (CPU only).
 
@@ -369,10 +379,9 @@ def check(cases: list, est: Estimate, *, yes: bool) -> None:
         biggest = max(group, key=launch_bytes)
         need = launch_bytes(biggest)
         if room is not None and need > room:
-            held = (f"one emulating process holding {world_size} shards of about {shard_bytes(biggest) / 1e6:.0f} MB"
-                    if launch_world_size(biggest) == 1 else f"{world_size} of about {rank_bytes(biggest) / 1e6:.0f} MB")
-            why.append(f"its ranks need about {need / 1e9:.1f} GB of memory ({held}) but {room / 1e9:.1f} GB is "
-                       f"available here")
+            held = (f"one emulating process holding {world_size} shards of about {_mib(shard_bytes(biggest))}"
+                    if launch_world_size(biggest) == 1 else f"{world_size} of about {_mib(rank_bytes(biggest))}")
+            why.append(f"its ranks need about {_gib(need)} of memory ({held}) but {_gib(room)} is available here")
         if why:
             fix = "a smaller --world-size"
             if room is not None and need > room and len(why) == 1:

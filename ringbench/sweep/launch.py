@@ -42,6 +42,7 @@ from typing import Callable, Sequence
 import psutil
 
 from ringbench.rank.lifeline import TORCHRUN_PID_ENV
+from ringbench.variants import listed, plural
 
 #: Seconds between SIGTERM and SIGKILL when a job is stopped.
 TERM_GRACE_S = 10.0
@@ -471,7 +472,8 @@ def _root_cause(dirs: dict[int, Path], world_size: int) -> str | None:
     # The first rank to fail is the root cause; the others usually fail on its absence.
     rank = min(errors, key=lambda r: (errors[r][0], r))
     others = sorted(set(errors) - {rank})
-    also = f" (ranks {others} failed after it)" if others else ""
+    also = (f" ({plural(len(others), 'rank', bare=True)} {listed(map(str, others))} failed after it)" if others
+            else "")
     return f"rank {rank}/{world_size} failed{also}: {errors[rank][1]}"
 
 
@@ -530,7 +532,7 @@ def _failure_text(log_dir: Path, world_size: int, returncode: int) -> str:
             text += ": killed from outside, or by the kernel's out-of-memory killer (see dmesg)"
         stopped = [o["rank"] for o in others if o["exitcode"] == -signal.SIGTERM]
         if stopped:
-            text += f"; torchrun then stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
+            text += f"; torchrun then stopped {plural(len(stopped), 'rank', bare=True)} {listed(map(str, stopped))}"
         text += "".join(f"; rank {o['rank']} {_exit_text(o['exitcode'])} after it" for o in others
                         if o["exitcode"] != -signal.SIGTERM)
         local = first["local_rank"]

@@ -31,7 +31,7 @@ from rich.text import Text
 from ringbench.case import fields
 from ringbench.records import build as records, store as results
 from ringbench.case.spec import launch_world_size
-from ringbench.case.fields import plural
+from ringbench.variants import plural
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_RUN = 0, 1, 2, 3
 
@@ -106,8 +106,9 @@ def run_sweep(cases: list, *, task: str, out: Path, timeout_s: Optional[float] =
             for record in results.read_records(results_path):
                 if record.get("case_id") in wanted and records.is_done(record):
                     by_id[record["case_id"]] = record  # the latest ok record of the case
-            err.print(f"--resume: {len(by_id)} of {plural(len(cases), 'case')} already have an ok record in "
-                      f"{results_path}; running {len(cases) - len(by_id)}", style="dim", markup=False)
+            err.print(f"--resume: {len(by_id)} of {plural(len(cases), 'case')} already "
+                      f"{plural(len(by_id), 'has', 'have', bare=True)} an ok record in {results_path}; running "
+                      f"{len(cases) - len(by_id)}", style="dim", markup=False)
         to_launch = [c for c in cases if c.case_id() not in by_id and c.case_id() not in skipped]
         est = estimate.estimate(to_launch) if to_launch else None
         if est is not None:
@@ -158,7 +159,8 @@ def _sweep_all(cases: list, *, task: str, results_path: Path, run_id: str, timeo
         done = by_id.keys() | {r.get("case_id") for r in results.read_records(results_path)
                                if r.get("run_id") == run_id}
         again = shlex.join(["ringbench", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"]))
-        err.print(Text(f"interrupted: {len(done & ids)} of {plural(len(cases), 'case')} have a record in "
+        err.print(Text(f"interrupted: {len(done & ids)} of {plural(len(cases), 'case')} "
+                       f"{plural(len(done & ids), 'has', 'have', bare=True)} a record in "
                        f"{results_path}; to run the others: {again}", style="red"))
         return Outcome([], len(done & ids), 128 + signum[0])
     finally:
@@ -404,9 +406,9 @@ def _launch_one(pending: list, launcher, results_path: Path, run_id: str, timeou
         what = "timed out" if timed_out else f"failed: {failure or 'no reason given'}"
         where = f"; logs in {log_dir}" if log_dir else ""
         again = (f"; {'the case' if len(rest) == 1 else f'the {len(rest)} cases'} after it "
-                 f"{'goes' if len(rest) == 1 else 'go'} to a fresh launch" if rest else "")
+                 f"{plural(len(rest), 'goes', 'go', bare=True)} to a fresh launch" if rest else "")
         progress.console.print(Text(f"launch at world_size {world_size} on {device} {what}; {len(missing)} of "
-                                    f"{len(pending)} cases unreported{where}{again}", style="red"))
+                                    f"{plural(len(pending), 'case')} unreported{where}{again}", style="red"))
     return found, bool(missing), rest
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ringbench.errors import CompareError
-from ringbench.case.fields import NOT_IN_CASE_ID, OPTIONAL_DEFAULTS, plural
+from ringbench.case.fields import NOT_IN_CASE_ID, OPTIONAL_DEFAULTS
 from ringbench.present.formatting import not_measured
+from ringbench.variants import listed, plural
 
 if TYPE_CHECKING:
     import pandas
@@ -29,21 +30,31 @@ class Loaded:
 
     Attributes:
         frame: one row per case (see :func:`load_runs`), flattened, short names added.
-        left_out: why other records were left out -> how many.
+        left_out: why other records were left out, as said of one record and of several
+            (``("verify record", "verify records")``) -> how many.
         aliases: the short names of the ``spec.<field>`` columns (``seqlen``...).
     """
 
     frame: "pandas.DataFrame"
-    left_out: dict[str, int] = field(default_factory=dict)
+    left_out: dict[tuple[str, str], int] = field(default_factory=dict)
     aliases: list[str] = field(default_factory=list)
 
     def left_out_text(self) -> str | None:
         """``left out 3 records: 2 with status oom, 1 verify record``, or None."""
-        total = sum(self.left_out.values())
-        if not total:
-            return None
-        parts = ", ".join(f"{n} {why}" for why, n in self.left_out.items())
-        return f"left out {plural(total, 'record')}: {parts}"
+        return left_out_text(self.left_out)
+
+
+def left_out_text(left_out: dict[tuple[str, str], int]) -> str | None:
+    """``left out 3 records: 2 with status oom, 1 verify record`` of :attr:`Loaded.left_out`, or None."""
+    total = sum(left_out.values())
+    if not total:
+        return None
+    return f"left out {plural(total, 'record')}: " + ", ".join(plural(n, *why) for why, n in left_out.items())
+
+
+def _same(phrase: str) -> tuple[str, str]:
+    """A reason said the same of one record and of several (``with status oom``)."""
+    return phrase, phrase
 
 
 def read_frame(paths: Sequence[Path | str]) -> "pandas.DataFrame":
@@ -164,22 +175,15 @@ def load_runs(paths: Sequence[Path | str], *, where: str | None = None, keep_apa
             run record left.
     """
     frame = read_frame(paths)
+    left_out: dict[tuple[str, str], int] = {_same(f"with unknown schema version {version}"): n
+                                            for version, n in frame.attrs.get("unknown_schema", {}).items()}
+    frame = _usable(frame, left_out)
+    if frame.empty:  # nothing a column could be asked of: say what the records lack, not that --by is wrong
+        raise CompareError(f"no usable run record in {', '.join(map(str, paths))} ({left_out_text(left_out)}); "
+                           "pass the results of `ringbench run`")
     check_columns(frame, keep_apart, "--by")
-    left_out: dict[str, int] = {f"with unknown schema version {version}": n
-                                for version, n in frame.attrs.get("unknown_schema", {}).items()}
-    # A line such as {} is a record with no status (nor anything else): say that, not "nan".
     import pandas as pd
 
-    statusless = frame["status"].isna() if "status" in frame.columns else pd.Series(True, index=frame.index)
-    if statusless.any():
-        left_out["with no status"] = int(statusless.sum())
-        frame = frame[~statusless]
-    tasks = frame["task"] if "task" in frame.columns else frame.get("spec.task")
-    if tasks is not None:
-        others = tasks != "run"
-        for task, n in tasks[others].value_counts(dropna=False).items():
-            left_out["with no task" if not_measured(task) else f"{task} record{'s' if n != 1 else ''}"] = int(n)
-        frame = frame[~others]
     frame = apply_where(frame, where)
     # The latest record of a case, whatever its status, says what the case is now: an older ok
     # value must not stand in for a case that has since failed.
@@ -188,25 +192,54 @@ def load_runs(paths: Sequence[Path | str], *, where: str | None = None, keep_apa
     status = latest["status"] if "status" in latest.columns else None
     failed = status != "ok" if status is not None else pd.Series(False, index=latest.index)
     for value, n in status[failed].value_counts(dropna=False).items() if status is not None else ():
-        left_out[f"with status {value}"] = int(n)
+        left_out[_same(f"with status {value}")] = int(n)
     shown = latest[~failed]
     if "case_id" in frame.columns:
         keys = ["case_id", *apart]
         of_failed = frame.set_index(keys).index.isin(latest[failed].set_index(keys).index)
         stale = int(of_failed.sum()) - int(failed.sum())
         if stale:
-            left_out["older records of a case whose latest is not ok"] = stale
+            left_out[("older record of a case whose latest is not ok",
+                      "older records of cases whose latest is not ok")] = stale
         dropped = len(frame) - int(of_failed.sum()) - len(shown)
     else:
         dropped = 0
     if shown.empty:
-        left = f" (left out first: {', '.join(f'{n} {why}' for why, n in left_out.items())})" if left_out else ""
+        left = f" ({left_out_text(left_out)})" if left_out else ""
         matching = f" matches --where {where!r}" if where else ""
         raise CompareError(f"no ok run record in {', '.join(map(str, paths))}{matching}{left}; pass the results "
                            f"of `ringbench run`{' or loosen --where' if where else ''}")
     if dropped:
-        left_out["older records of a case shown with its latest"] = dropped
+        left_out[("older record of a case shown with its latest",
+                  "older records of cases shown with their latest")] = dropped
     return Loaded(frame=shown, left_out=left_out, aliases=list(shown.attrs.get("aliases", [])))
+
+
+def _usable(frame: "pandas.DataFrame", left_out: dict[tuple[str, str], int]) -> "pandas.DataFrame":
+    """The run records of ``frame`` that have a status and a spec; the others are counted in
+    ``left_out`` by what they lack (a line such as ``{}``: ``with no task, status or spec``) or by
+    their task (``verify record``)."""
+    import pandas as pd
+
+    def present(*columns: str) -> "pandas.Series":
+        found = pd.Series(False, index=frame.index)
+        for column in (c for c in columns if c in frame.columns):
+            found |= frame[column].notna()
+        return found
+
+    has = {"task": present("task", "spec.task"), "status": present("status"), "spec": present("spec.variant")}
+    lacking = pd.Series([listed([k for k in has if not has[k][i]], "or") for i in frame.index], index=frame.index,
+                        dtype=object)
+    for phrase, n in lacking[lacking != ""].value_counts().items():
+        left_out[_same(f"with no {phrase}")] = int(n)
+    frame = frame[lacking == ""]
+    tasks = frame["task"] if "task" in frame.columns else pd.Series(None, index=frame.index, dtype=object)
+    if "spec.task" in frame.columns:
+        tasks = tasks.fillna(frame["spec.task"])
+    others = tasks != "run"
+    for task, n in tasks[others].value_counts().items():
+        left_out[(f"{task} record", f"{task} records")] = int(n)
+    return frame[~others]
 
 
 def latest_records(paths: Sequence[Path | str], where: str | None) -> "pandas.DataFrame":

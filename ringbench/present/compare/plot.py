@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from ringbench.present.compare.pivot import Pivot
 from ringbench.present.formatting import axis_text, cell_text, docs_count, plain
+from ringbench.variants import plural
 
 if TYPE_CHECKING:
     import pandas
@@ -62,10 +63,10 @@ def _common_shape(frame: "pandas.DataFrame", shown: Iterable[str]) -> str:
         return frame[column].dropna().iloc[0] if len(values) == 1 else None
 
     parts = []
-    if one("heads") is not None:
-        parts.append(f"{plain(one('heads'))} heads")
-    if one("kv_heads") is not None:
-        parts.append(f"{plain(one('kv_heads'))} KV heads")
+    for column, noun in (("heads", "head"), ("kv_heads", "KV head")):
+        if one(column) is not None:
+            value = plain(one(column))
+            parts.append(plural(int(value), noun) if value.isdigit() else f"{value} {noun}s")
     if one("head_dim") is not None:
         parts.append(f"head dim {plain(one('head_dim'))}")
     if one("dtype") is not None:

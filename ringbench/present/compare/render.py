@@ -11,7 +11,7 @@ from rich.text import Text
 from ringbench.present.compare.gate import GateResult
 from ringbench.present.compare.metrics import format_value, spread_text
 from ringbench.present.compare.pivot import Contest, Pivot, contest
-from ringbench.case.fields import plural
+from ringbench.variants import plural
 from ringbench.present.formatting import MISSING, axis_text, cell_text, compact_table, plain
 
 

@@ -7,7 +7,7 @@ objects, Markdown, the picture).
 The grid (:func:`build_grid`): every implementation (ringbench's variants, then every peer)
 against eighteen columns around one base cell, each column changing one thing from it, at each
 world size. The base: causal, bf16, batch 1, 8 query heads over 2 K/V heads (GQA 4:1), head dim
-128, :data:`BASE_SEQLEN` tokens (packed into four documents for a varlen implementation, whose
+128, :func:`base_seqlen` tokens (packed into four documents for a varlen implementation, whose
 base mask is packed documents). The columns (:data:`COLUMNS`):
 
 - mask: causal, full (no mask), sliding window, packed documents;
@@ -16,7 +16,7 @@ base mask is packed documents). The columns (:data:`COLUMNS`):
   GQA 8/2, MQA 8/1; an odd length (``S = W * c`` with ``c`` odd, so a contiguous share is an odd
   number of tokens; a varlen implementation gets documents of odd lengths instead);
 - sink: a learnable sink, the off-by-one softmax (``sink``);
-- padding: the base documents 3 tokens short each, padded to ``max(8, 2W)`` (``doc_pad``).
+- padding: the base documents 3 tokens short each, padded to the first multiple of 2W from 8 up (``doc_pad``).
 
 The base cell shows under four columns (causal or packed, bf16, D=128, GQA 8/2): it is one case.
 A column that sets a variant option (the sliding window, the sinks) is ``unsupported`` for an
@@ -42,10 +42,10 @@ pandas-free; matplotlib is imported by :func:`plot` alone, torch by the case bui
 
 from ringbench.sweep.matrix.classes import classify
 from ringbench.sweep.matrix.grid import (AXES, BASE, BASE_SEQLEN, CLASS_MEANING, CLASSES, COLUMNS, MLA_HEAD_DIMS,
-                                         TEST_VARIANTS, Cell, Column, Grid, build_grid, cell_fields, check_runnable,
-                                         default_world_sizes, implementations)
+                                         MATRIX_OPTIONS, TEST_VARIANTS, Cell, Column, Grid, base_seqlen, build_grid,
+                                         cell_fields, check_runnable, default_world_sizes, implementations, matrix_fix)
 from ringbench.sweep.matrix.running import run
 
-__all__ = ["AXES", "BASE", "BASE_SEQLEN", "CLASS_MEANING", "CLASSES", "COLUMNS", "MLA_HEAD_DIMS", "TEST_VARIANTS",
-           "Cell", "Column", "Grid", "build_grid", "cell_fields", "check_runnable", "classify",
-           "default_world_sizes", "implementations", "run"]
+__all__ = ["AXES", "BASE", "BASE_SEQLEN", "CLASS_MEANING", "CLASSES", "COLUMNS", "MATRIX_OPTIONS", "MLA_HEAD_DIMS",
+           "TEST_VARIANTS", "Cell", "Column", "Grid", "base_seqlen", "build_grid", "cell_fields", "check_runnable",
+           "classify", "default_world_sizes", "implementations", "matrix_fix", "run"]

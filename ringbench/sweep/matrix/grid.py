@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ringbench.case import fields
 from ringbench.errors import SpecError
-from ringbench.variants import OPTIONS
+from ringbench.variants import LAYOUT_CHUNKS, OPTIONS
 
 #: The classes a cell can end in, in the order legends list them.
 CLASSES = ("correct", "mismatch", "unsupported", "oom", "timeout", "error")
@@ -25,7 +26,8 @@ CLASS_MEANING = {
     "error": "the implementation raised, or its launch crashed",
 }
 
-#: The base cell's global tokens per device (at least 64 per rank at larger world sizes).
+#: The base cell's global tokens per device (at least 64 per rank at larger world sizes, and a
+#: multiple of 2W: :func:`base_seqlen`).
 BASE_SEQLEN = {"cpu": 256, "cuda": 4096}
 #: The base cell's other fields.
 BASE = {"batch": 1, "heads": 8, "kv_heads": 2, "head_dim": 128, "dtype": "bf16", "causal": True, "seed": 0,
@@ -143,8 +145,11 @@ class Grid:
 # --------------------------------------------------------------------------- the grid
 
 def base_seqlen(device: str, world_size: int) -> int:
-    """The base cell's tokens: :data:`BASE_SEQLEN`, at least 64 per rank."""
-    return max(BASE_SEQLEN[device], 64 * world_size)
+    """The base cell's tokens: :data:`BASE_SEQLEN`, at least 64 per rank, rounded up to a multiple
+    of 2W, which every layout can cut (zigzag's two chunks per rank), so that no cell at a world
+    size such as 3 is refused for a seqlen that ``matrix`` gives the user no option to change."""
+    multiple = max(LAYOUT_CHUNKS.values()) * world_size
+    return -(-max(BASE_SEQLEN[device], 64 * world_size) // multiple) * multiple
 
 
 def odd_seqlen(seqlen: int, world_size: int) -> int:
@@ -170,8 +175,9 @@ def odd_documents(seqlen: int) -> list[int]:
 
 def padded_documents(seqlen: int, world_size: int) -> tuple[list[int], int]:
     """The padded column's real document lengths and ``doc_pad``: the base documents 3 tokens
-    short each, padded to ``max(8, 2W)`` (a multiple of 2W, so every varlen implementation takes it)."""
-    return [d - 3 for d in documents(seqlen, world_size)], max(8, 2 * world_size)
+    short each, padded to the first multiple of 2W from 8 up (8 at W=2 and 4, 12 at W=3), so
+    every varlen implementation takes it."""
+    return [d - 3 for d in documents(seqlen, world_size)], -(-8 // (2 * world_size)) * 2 * world_size
 
 
 def base_columns(varlen: bool) -> list[str]:
@@ -318,10 +324,34 @@ def check_runnable(grid: Grid) -> None:
     for cell in grid.cells:
         reasons[cell.refusal] = reasons.get(cell.refusal, 0) + 1
     reason, n = max(reasons.items(), key=lambda item: item[1])
+    reason = matrix_fix(reason)
     total = len(grid.cells)
+    if total == 1:
+        raise SpecError(f"nothing to verify: the one cell of this matrix is refused on {grid.device} because {reason}")
     some = "all of them" if n == total else f"{n} of them"
     raise SpecError(f"nothing to verify: every one of the {total} cells of this matrix is refused on {grid.device}, "
                     f"{some} because {reason}")
+
+
+#: The options of ``ringbench matrix`` that change its cells: a fix may name only these.
+MATRIX_OPTIONS = ("--device", "--world-size", "--variant", "--axis")
+
+
+def matrix_fix(reason: str) -> str:
+    """A cell's refusal with the fix that ``matrix`` can take: of the alternatives after its last
+    ``; `` (``pass a --world-size that divides 8, such as 2, or --heads a multiple of 3``), those
+    that name only :data:`MATRIX_OPTIONS`; where none does, another world size or variant.
+    The spec's sentence offers run's and verify's options, and matrix has no ``--heads``."""
+    rule, sep, fix = reason.rpartition("; ")
+    named = re.findall(r"--[\w-]+", fix)
+    if not sep or all(option in MATRIX_OPTIONS for option in named):
+        return reason
+    verb = fix.split(" ", 1)[0]
+    kept = [a for a in re.split(r",? or ", fix) if all(o in MATRIX_OPTIONS for o in re.findall(r"--[\w-]+", a))
+            and re.search(r"--[\w-]+", a)]
+    if not kept:
+        return f"{rule}; pass another --world-size or --variant"
+    return f"{rule}; " + " or ".join(a if a.startswith(verb + " ") else f"{verb} {a}" for a in kept)
 
 
 def _make_cell(variant, column: str, world_size: int, device: str, gpus: int) -> Cell:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ringbench.case.fields import plural
+from ringbench.variants import plural
 from ringbench.sweep.matrix.classes import classify
 from ringbench.sweep.matrix.grid import Grid, _LAUNCH_APART
 
@@ -56,7 +56,8 @@ def run(grid: Grid, *, out: Path, timeout_s: Optional[float] = None, resume: boo
         else:
             cases.append(cell.case)  # the sweep's --resume reuses an ok record
     if reused:
-        err.print(f"--resume: {plural(len(reused), 'cell')} keep their earlier record (a mismatch, error, oom, "
+        err.print(f"--resume: {plural(len(reused), 'cell')} {plural(len(reused), 'keeps its', 'keep their', bare=True)} "
+                  "earlier record (a mismatch, error, oom, "
                   f"timeout or refusal is a result); drop --resume to verify them again", style="dim", markup=False)
     found = dict(reused)
     order = {c.case_id(): i for i, c in enumerate(cases)}
