@@ -27,7 +27,7 @@ from ringbench import __version__
 from ringbench.case import options
 from ringbench.errors import RingbenchError, SpecError
 from ringbench.variants import plural
-from ringbench.case.fields import DEVICES
+from ringbench.case.fields import BY_NAME as FIELD_ROWS, DEVICES
 from ringbench.case.types import Refused
 from ringbench.case.options import (JSON_HELP, JUNIT_HELP, NNODES_HELP, NODE_RANK_HELP, OUT_HELP, RDZV_ENDPOINT_HELP,
                                     RDZV_ID_HELP, RESUME_HELP, SCENARIO_HELP, TIMEOUT_HELP, YES_HELP)
@@ -541,25 +541,25 @@ def _predict_record(spec, tgt, placement: str) -> dict:
 @options.with_case_options("run")
 def predict(
     case: dict,
-    gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
+    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="NAME|FILE", help=GPU_HELP),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help=GPUS_PER_NODE_HELP, show_default=False,
-                                                metavar=options.INT,
+                                                metavar="INT",
                                                 parser=options.whole("gpus-per-node", "--gpus-per-node", 8)),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, show_default=False, metavar=options.INT,
+    nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, show_default=False, metavar="INT",
                                         parser=options.whole("nodes", "--nodes", 1)),
-    fabric: Optional[str] = typer.Option(None, "--fabric", help=FABRIC_HELP),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
-    calibration: Optional[List[Path]] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
-    placement: str = typer.Option("ulysses-inner", "--placement", help=PLACEMENT_HELP, show_default=False,
+    fabric: Optional[str] = typer.Option(None, "--fabric", metavar="NAME", help=FABRIC_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", metavar="FILE", help=CLUSTER_HELP),
+    calibration: Optional[List[Path]] = typer.Option(None, "--calibration", metavar="FILE", help=CALIBRATION_HELP),
+    placement: str = typer.Option("ulysses-inner", "--placement", metavar="ulysses-inner|ring-inner", help=PLACEMENT_HELP, show_default=False,
                                   parser=options.ValueType("text", _placement)),
     json_out: bool = typer.Option(False, "--json", help="Print one predicted record per line (predicted: true) on "
                                   "stdout instead of the table."),
-    against: Optional[Path] = typer.Option(None, "--against", help="Predict every measured run record of this "
+    against: Optional[Path] = typer.Option(None, "--against", metavar="FILE", help="Predict every measured run record of this "
                                            ".jsonl file (ok, ringbench's own variants) on its own world size and "
                                            "GPU, and print each one's error, with the median and the worst; the "
                                            "case options are not taken with it. Exit 1 when the worst passes "
                                            "--bound."),
-    bound: float = typer.Option(0.08, "--bound", help="With --against: the largest error allowed, a percentage "
+    bound: float = typer.Option(0.08, "--bound", metavar="FRACTION", help="With --against: the largest error allowed, a percentage "
                                 "such as 8%. Default: 8%.", show_default=False,
                                 parser=options.ValueType("percent", _bound)),
 ) -> None:
@@ -609,45 +609,47 @@ app.command("predict", cls=_OnceCommand)(predict)
 
 @app.command("advise", cls=_OnceCommand)
 def advise_command(
-    preset: Optional[str] = typer.Option(None, "--preset", help="An attention-shape preset (llama3-8b, llama3-70b, "
+    preset: Optional[str] = typer.Option(None, "--preset", metavar="NAME", help="An attention-shape preset (llama3-8b, llama3-70b, "
                                          "qwen2.5-7b, mha-d64) for heads, kv-heads and head-dim."),
     heads: Optional[int] = typer.Option(None, "--heads", help="Query heads, where no --preset gives them.",
-                                        show_default=False, metavar=options.INT,
+                                        show_default=False, metavar="INT",
                                         parser=options.whole("heads", "--heads", 32)),
     kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="K/V heads, where no --preset gives them.",
-                                           show_default=False, metavar=options.INT,
+                                           show_default=False, metavar="INT",
                                            parser=options.whole("kv-heads", "--kv-heads", 8)),
     head_dim: Optional[int] = typer.Option(None, "--head-dim", help="Channels per head, where no --preset gives "
-                                           "them.", show_default=False, metavar=options.INT,
+                                           "them.", show_default=False, metavar="INT",
                                            parser=options.whole("head-dim", "--head-dim", 128)),
     head_dim_v: Optional[int] = typer.Option(None, "--head-dim-v", help="Channels per value head where they "
                                              "differ (MLA). Default: head-dim.", show_default=False,
-                                             metavar=options.INT, parser=options.whole("head-dim-v", "--head-dim-v", 128)),
-    seqlen: Optional[str] = typer.Option(None, "--seqlen", help="Global tokens per sequence, such as 128k or 1M."),
-    docs: Optional[str] = typer.Option(None, "--docs", help="Packed documents (lengths summing to --seqlen): "
+                                             metavar="INT", parser=options.whole("head-dim-v", "--head-dim-v", 128)),
+    seqlen: Optional[int] = typer.Option(None, "--seqlen", metavar="TOKENS", help="Global tokens per sequence, such as "
+                                         "128k or 1M.", parser=FIELD_ROWS["seqlen"].value_type),
+    docs: Optional[str] = typer.Option(None, "--docs", metavar="LENGTHS", help="Packed documents (lengths summing to --seqlen): "
                                        "advise the varlen variants."),
-    doc_dist: Optional[str] = typer.Option(None, "--doc-dist", help="A document distribution such as "
+    doc_dist: Optional[str] = typer.Option(None, "--doc-dist", metavar="DIST", help="A document distribution such as "
                                            "lognormal:mean=4k,sigma=1 instead of --docs."),
-    window: Optional[str] = typer.Option(None, "--window", help="A causal sliding window of this many keys."),
-    sink: Optional[str] = typer.Option(None, "--sink", help="An attention sink: learnable or off-by-one."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 or fp16. Default: bf16."),
-    mode: Optional[str] = typer.Option(None, "--mode", help="fwd or fwd_bwd. Default: fwd_bwd."),
-    kernel: Optional[List[str]] = typer.Option(None, "--kernel", help="Only this kernel; repeat for several. "
+    window: Optional[int] = typer.Option(None, "--window", metavar="TOKENS", help="A causal sliding window of this many "
+                                         "keys.", parser=FIELD_ROWS["window"].value_type),
+    sink: Optional[str] = typer.Option(None, "--sink", metavar="learnable|off-by-one", help="An attention sink: learnable or off-by-one."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="bf16|fp16", help="bf16 or fp16. Default: bf16."),
+    mode: Optional[str] = typer.Option(None, "--mode", metavar="fwd|fwd_bwd", help="fwd or fwd_bwd. Default: fwd_bwd."),
+    kernel: Optional[List[str]] = typer.Option(None, "--kernel", metavar="NAME", help="Only this kernel; repeat for several. "
                                                "Default: every kernel of the calibration that takes the shape."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
+    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="NAME|FILE", help=GPU_HELP),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help=GPUS_PER_NODE_HELP, show_default=False,
-                                                metavar=options.INT,
+                                                metavar="INT",
                                                 parser=options.whole("gpus-per-node", "--gpus-per-node", 8)),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, show_default=False, metavar=options.INT,
+    nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, show_default=False, metavar="INT",
                                         parser=options.whole("nodes", "--nodes", 1)),
-    fabric: Optional[str] = typer.Option(None, "--fabric", help=FABRIC_HELP),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
-    calibration: Optional[List[Path]] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
+    fabric: Optional[str] = typer.Option(None, "--fabric", metavar="NAME", help=FABRIC_HELP),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", metavar="FILE", help=CLUSTER_HELP),
+    calibration: Optional[List[Path]] = typer.Option(None, "--calibration", metavar="FILE", help=CALIBRATION_HELP),
     both_placements: bool = typer.Option(False, "--both-placements", help="Also rank each usp factorization "
                                          "with its groups placed the other way round (the ring's ranks inside a "
                                          "node), for comparison. Default: the grid's own placement only."),
     top: int = typer.Option(5, "--top", help="How many of the ranked candidates the table shows. Default: 5.",
-                            show_default=False, metavar=options.INT, parser=options.whole("top", "--top", 5)),
+                            show_default=False, metavar="INT", parser=options.whole("top", "--top", 5)),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per candidate (ranked, then those "
                                   "that do not fit, then the refused ones) with its prediction and commands."),
 ) -> None:
@@ -714,12 +716,12 @@ def advise_command(
 
 @app.command("calibrate", cls=_OnceCommand)
 def calibrate_command(
-    device: Optional[str] = typer.Option(None, "--device", help="cuda or cpu. Default: cuda when a GPU is visible, "
+    device: Optional[str] = typer.Option(None, "--device", metavar="cuda|cpu", help="cuda or cpu. Default: cuda when a GPU is visible, "
                                          "else cpu.", show_default=False),
-    kernel: Optional[List[str]] = typer.Option(None, "--kernel", help="A kernel to calibrate; repeat for several. "
+    kernel: Optional[List[str]] = typer.Option(None, "--kernel", metavar="NAME", help="A kernel to calibrate; repeat for several. "
                                                "Default: every kernel available here (cuda: flash-attn-4, flash-attn, "
                                                "torch-flash, cudnn where they import; cpu: cpu)."),
-    out: Path = typer.Option(Path("results/calibration.json"), "--out", help="The calibration file to write. "
+    out: Path = typer.Option(Path("results/calibration.json"), "--out", metavar="FILE", help="The calibration file to write. "
                              "Default: results/calibration.json.", show_default=False),
 ) -> None:
     """Measure the kernels' rates and the per-step overheads on this machine and write a calibration file."""

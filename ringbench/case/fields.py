@@ -530,7 +530,7 @@ class CaseSpec:
                           "else the case runs eagerly and the record says why), off (eager), or auto: capture where "
                           "it is checked to be faster and to give the eager outputs (emulated runs and world size "
                           "1 on cuda; eager on cpu and for NCCL runs); records say cuda_graph true or false with "
-                          "the reason", "auto", "auto", optional=True, commands=("run",),
+                          "the reason", "auto", "auto", optional=True, commands=("run",), metavar="auto|on|off",
                           check=_one_of(lambda: CUDA_GRAPH_CHOICES))
     min_time_ms: int = row("a time budget for the timed loop, in ms: after --iters iterations, go on timing until "
                            "every rank's timed iterations add up to this many ms (the ranks agree on each extension "

@@ -20,7 +20,7 @@ from importlib import resources
 from typing import Any
 
 from ringbench.errors import SpecError, install_hint
-from ringbench.variants import VARIANTS, get_variant, listed, ulysses_rule
+from ringbench.variants import VARIANTS, get_variant, listed, plural, ulysses_rule
 
 try:
     import tomllib
@@ -121,7 +121,7 @@ class ModelSpec:
         """``a sliding window of 40 keys on layer 2 of 2`` (or ``on every layer``, ``on layers 1 and 3 of 4``)."""
         sliding = [str(i + 1) for i, w in enumerate(self.layer_windows) if w]
         where = ("every layer" if len(sliding) == self.layers else
-                 f"layer{'s' if len(sliding) > 1 else ''} {listed(sliding)} of {self.layers}")
+                 f"{plural(len(sliding), 'layer', bare=True)} {listed(sliding)} of {self.layers}")
         return f"a sliding window of {self.window} keys on {where}"
 
     def parameter_count(self) -> int:

@@ -19,7 +19,7 @@ from ringbench.case import fields
 from ringbench.case.fields import (DEVICES, DTYPES, MAX_SEQLEN, MODES, TASKS, CaseSpec, format_size,  # noqa: F401
                                    parse_doc_dist, parse_docs, parse_size, variant_options)
 from ringbench.errors import SpecError, Unavailable
-from ringbench.variants import (OPTIONS, ROTATE, VARIANTS, factorizations, get_variant, listed, names,
+from ringbench.variants import (OPTIONS, ROTATE, VARIANTS, factorizations, get_variant, listed, names, plural,
                                 ulysses_rule)
 
 

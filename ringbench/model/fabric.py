@@ -98,7 +98,7 @@ class Link:
         """``NVLink 4 (...): 450 GB/s per direction, 5 µs`` for tables."""
         if self.curve:
             return f"{self.title}: measured curve, {self.curve[0][1]:g} to {self.curve[-1][1]:g} GiB/s"
-        return f"{self.title}: {self.gb_s:g} GB/s per direction, {self.latency_us:g} µs"
+        return f"{self.title}: {self.gb_s * 1e9 / 2 ** 30:.4g} GiB/s per direction, {self.latency_us:g} µs"
 
 
 def _row(name: str, raw: Any, where: str) -> Link:

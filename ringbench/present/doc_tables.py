@@ -114,7 +114,7 @@ def fabrics_table() -> str:
     rows = ["| name | link | class | per direction | latency | source |", "|---|---|---|---|---|---|"]
     for name, link in fabric_table().items():
         bandwidth = (f"{link.curve[0][1]:g} to {link.curve[-1][1]:g} GiB/s, {link.curve[0][0] / 2 ** 20:g} to "
-                     f"{link.curve[-1][0] / 2 ** 20:g} MiB" if link.curve else f"{link.gb_s:g} GB/s")
+                     f"{link.curve[-1][0] / 2 ** 20:g} MiB" if link.curve else f"{link.gb_s * 1e9 / 2 ** 30:.4g} GiB/s")
         latency = "in the curve" if link.curve else f"{link.latency_us:g} µs"
         rows.append(f"| `{name}` | {link.title} | {link.link_class} | {bandwidth} | {latency} | {link.source} |")
     return "\n".join(rows) + "\n"
