@@ -538,18 +538,26 @@ def _predict_record(spec, tgt, placement: str) -> dict:
     return build_record(spec, run_id=tgt.run_id, status="ok", fields=fields, env=tgt.env())
 
 
+#: The cluster options predict and advise share (one declaration serves both commands).
+_GPU = typer.Option(None, "--gpu", metavar="NAME|FILE", help=GPU_HELP)
+_GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", help=GPUS_PER_NODE_HELP, show_default=False, metavar="INT",
+                              parser=options.whole("gpus-per-node", "--gpus-per-node", 8))
+_NODES = typer.Option(None, "--nodes", help=NODES_HELP, show_default=False, metavar="INT",
+                      parser=options.whole("nodes", "--nodes", 1))
+_FABRIC = typer.Option(None, "--fabric", metavar="NAME", help=FABRIC_HELP)
+_CLUSTER = typer.Option(None, "--cluster", metavar="FILE", help=CLUSTER_HELP)
+_CALIBRATION = typer.Option(None, "--calibration", metavar="FILE", help=CALIBRATION_HELP)
+
+
 @options.with_case_options("run")
 def predict(
     case: dict,
-    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="NAME|FILE", help=GPU_HELP),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help=GPUS_PER_NODE_HELP, show_default=False,
-                                                metavar="INT",
-                                                parser=options.whole("gpus-per-node", "--gpus-per-node", 8)),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, show_default=False, metavar="INT",
-                                        parser=options.whole("nodes", "--nodes", 1)),
-    fabric: Optional[str] = typer.Option(None, "--fabric", metavar="NAME", help=FABRIC_HELP),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", metavar="FILE", help=CLUSTER_HELP),
-    calibration: Optional[List[Path]] = typer.Option(None, "--calibration", metavar="FILE", help=CALIBRATION_HELP),
+    gpu: Optional[str] = _GPU,
+    gpus_per_node: Optional[int] = _GPUS_PER_NODE,
+    nodes: Optional[int] = _NODES,
+    fabric: Optional[str] = _FABRIC,
+    cluster: Optional[Path] = _CLUSTER,
+    calibration: Optional[List[Path]] = _CALIBRATION,
     placement: str = typer.Option("ulysses-inner", "--placement", metavar="ulysses-inner|ring-inner", help=PLACEMENT_HELP, show_default=False,
                                   parser=options.ValueType("text", _placement)),
     json_out: bool = typer.Option(False, "--json", help="Print one predicted record per line (predicted: true) on "
@@ -636,15 +644,12 @@ def advise_command(
     mode: Optional[str] = typer.Option(None, "--mode", metavar="fwd|fwd_bwd", help="fwd or fwd_bwd. Default: fwd_bwd."),
     kernel: Optional[List[str]] = typer.Option(None, "--kernel", metavar="NAME", help="Only this kernel; repeat for several. "
                                                "Default: every kernel of the calibration that takes the shape."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="NAME|FILE", help=GPU_HELP),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help=GPUS_PER_NODE_HELP, show_default=False,
-                                                metavar="INT",
-                                                parser=options.whole("gpus-per-node", "--gpus-per-node", 8)),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, show_default=False, metavar="INT",
-                                        parser=options.whole("nodes", "--nodes", 1)),
-    fabric: Optional[str] = typer.Option(None, "--fabric", metavar="NAME", help=FABRIC_HELP),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", metavar="FILE", help=CLUSTER_HELP),
-    calibration: Optional[List[Path]] = typer.Option(None, "--calibration", metavar="FILE", help=CALIBRATION_HELP),
+    gpu: Optional[str] = _GPU,
+    gpus_per_node: Optional[int] = _GPUS_PER_NODE,
+    nodes: Optional[int] = _NODES,
+    fabric: Optional[str] = _FABRIC,
+    cluster: Optional[Path] = _CLUSTER,
+    calibration: Optional[List[Path]] = _CALIBRATION,
     both_placements: bool = typer.Option(False, "--both-placements", help="Also rank each usp factorization "
                                          "with its groups placed the other way round (the ring's ranks inside a "
                                          "node), for comparison. Default: the grid's own placement only."),
