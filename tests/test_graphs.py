@@ -1,11 +1,15 @@
 """CUDA graphs in the timed loop (``ringbench/rank/graphs.py``, issue 25 item 1).
 
 On CPU: the rules (what ``auto``, ``on`` and ``off`` choose where no graph can run) and the
-replay check's verdicts. On a GPU (``gpu``): an emulated zigzag and a world-size-1 ring are
-captured, and one replay gives the eager outputs bit for bit.
+replay check's verdicts, output
+by output, on tensors built to take each branch. On a GPU (``gpu``): an emulated zigzag and a
+world-size-1 ring are captured, and one replay gives the eager outputs bit for bit.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,14 +19,75 @@ from ringbench.case.spec import CaseSpec, default_fields
 from ringbench.rank import bench, graphs
 
 
-def test_graphs_replay_check_tells_bitwise_spread_and_mismatch():
-    a = [torch.tensor([1.0, 2.0])]
-    assert graphs.compare([a[0].clone()], a, a) == "bitwise"
-    noisy = [torch.tensor([1.0, 2.0 + 1e-3])]
-    assert graphs.compare([torch.tensor([1.0, 2.0 + 1.5e-3])], a, noisy) == "within eager's own spread"
-    assert graphs.compare([torch.tensor([1.0, 2.1])], a, noisy) is None
-    # Eager that repeats bit for bit leaves no room: any difference is a mismatch.
-    assert graphs.compare([torch.tensor([1.0, 2.0 + 1e-6])], a, a) is None
+def _eager_runs(dq_noise: list[float], dk=(0.0, 0.0, 0.0)) -> list[list[torch.Tensor]]:
+    """Three eager calls of (out, dq, dk): out repeats bit for bit, dq and dk move by the given
+    offsets (powers of two, so every difference below is exact)."""
+    out = torch.arange(6.0).reshape(2, 3)
+    return [[out.clone(), torch.ones(4) + torch.tensor([0.0, e, 0.0, 0.0]), torch.full((3,), 2.0) + d]
+            for e, d in zip(dq_noise, dk)]
+
+
+def test_graphs_replay_check_bitwise_when_eager_repeats_bit_for_bit():
+    eager = _eager_runs([0.0, 0.0, 0.0])
+    check = graphs.compare([t.clone() for t in eager[0]], eager)
+    assert check == graphs.Check(True, "bitwise", 0.0)
+
+
+def test_graphs_replay_check_passes_a_nondeterministic_output_within_eager_spread():
+    # dq's spread over three calls is 2^-8 (the widest pair); the replay sits 2^-7 from one call.
+    eager = _eager_runs([0.0, 2 ** -9, 2 ** -8])
+    replay = [eager[0][0].clone(), eager[0][1] + torch.tensor([0.0, -2 ** -8, 0.0, 0.0]), eager[0][2].clone()]
+    check = graphs.compare(replay, eager)
+    assert check.ok and check.worst_ratio == 2.0
+    assert check.note == "within 4x eager's own spread: dq at 2.00x (out, dk bitwise)"
+
+
+def test_graphs_replay_check_fails_where_eager_is_deterministic_and_the_replay_is_not():
+    # dq is noisy, so one max over every output (the old rule) would pass dk's 1-ulp slip.
+    eager = _eager_runs([0.0, 2 ** -4, 2 ** -3])
+    replay = [eager[0][0].clone(), eager[0][1].clone(), eager[0][2] + torch.tensor([0.0, 2 ** -22, 0.0])]
+    check = graphs.compare(replay, eager)
+    assert not check.ok and check.worst_ratio == math.inf
+    assert check.note == "dk of the replay differs from eager by 2.38e-07, where 3 eager calls agree bit for bit"
+
+
+def test_graphs_replay_check_fails_beyond_its_multiple_of_each_outputs_own_spread():
+    # dq's spread 2^-3 would cover dk's 2^-6 slip under one max; dk's own spread is 2^-10.
+    eager = _eager_runs([0.0, 2 ** -4, 2 ** -3], dk=(0.0, 2 ** -10, 0.0))
+    replay = [eager[0][0].clone(), eager[0][1].clone(), eager[0][2] + 2 ** -6]
+    check = graphs.compare(replay, eager)
+    assert not check.ok and check.worst_ratio == 16.0
+    assert check.note == ("dk of the replay differs from eager by 0.0156, 16.00x eager's own spread 0.000977 over 3 "
+                          "calls (4x allowed)")
+    # Exactly four times the spread is still in.
+    edge = graphs.compare([eager[0][0], eager[0][1], eager[0][2] + 2 ** -8], eager)
+    assert edge.ok and edge.note == "within 4x eager's own spread: dq at 1.00x, dk at 4.00x (out bitwise)"
+
+
+def test_graphs_replay_check_refuses_mismatched_outputs():
+    eager = _eager_runs([0.0, 0.0, 0.0])
+    short = graphs.compare(eager[0][:2], eager)
+    assert not short.ok and short.note == "the replay gave 2 outputs and eager 3"
+    wide = graphs.compare([eager[0][0], eager[0][1].double(), eager[0][2]], eager)
+    assert not wide.ok and wide.note == "dq of the replay is torch.float64 (4,), eager's torch.float32 (4,)"
+    nan = graphs.compare([eager[0][0], eager[0][1], eager[0][2] * float("nan")], _eager_runs([0.0, 2 ** -4, 0.0],
+                                                                                          dk=(0.0, 1.0, 0.0)))
+    assert not nan.ok  # a NaN is never within any spread
+    with pytest.raises(ValueError, match=r"^1 eager call\(s\) give no spread; pass two or more$"):
+        graphs.compare(eager[0], eager[:1])
+
+
+def test_graphs_record_note_is_the_worst_ranks():
+    base = bench.RankMeasure(time_ms=1.0, time_ms_p20=1.0, time_ms_p80=1.0, ref_time_ms=1.0, ref_time_ms_p20=1.0,
+                             ref_time_ms_p80=1.0, timed_iters=3, ref_timed_iters=3, bytes_sent=0.0,
+                             bytes_received=0.0, peak_allocated_gib=None, peak_reserved_gib=None,
+                             l2_flush_bytes=None, ref_flops=1.0, profile=None, cuda_graph=True,
+                             cuda_graph_note="bitwise", cuda_graph_ratio=0.0)
+    near = replace(base, cuda_graph_note="within 4x eager's own spread: dq at 3.00x", cuda_graph_ratio=3.0)
+    eager = replace(base, cuda_graph=False, cuda_graph_note="a replay's outputs differed", cuda_graph_ratio=9.0)
+    assert bench.graph_note([base, base]) == "bitwise"
+    assert bench.graph_note([base, near, base]) == "rank 1: within 4x eager's own spread: dq at 3.00x"
+    assert bench.graph_note([base, near, eager]) == "rank 2: a replay's outputs differed"
 
 
 def test_graphs_choice_where_no_graph_runs():
@@ -79,4 +144,4 @@ def test_graphs_run_records_say_whether_the_loop_replayed(tmp_path):
                     "--seqlen", "4k", "--cuda-graph", "on", "--out", str(tmp_path), "--json", cwd=tmp_path)
     assert got.returncode == 0, got.stderr
     (record,) = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
-    assert record["cuda_graph"] is True and record["cuda_graph_note"] in ("bitwise", "within eager's own spread")
+    assert record["cuda_graph"] is True and record["cuda_graph_note"].startswith(("bitwise", "within 4x eager's own spread"))

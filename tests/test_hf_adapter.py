@@ -1,16 +1,20 @@
 """The Hugging Face adapter without a process group: sharding helpers, set-up errors, the
-whole-sequence attention against transformers' own, and verify --model's refusals."""
+whole-sequence attention against transformers' own, and verify --model's refusals; with a
+world-size-1 group, its CUDA graphs: the eager fallback on CPU, graphed against eager on CUDA."""
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
+import warnings
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from ringbench.adapters import cp
+from ringbench.adapters.graphed import GraphedCalls
 from ringbench.cli import app
 from ringbench.variants.engines import layouts
 
@@ -197,6 +201,104 @@ def test_a_layers_window_or_sinks_reach_only_a_variant_that_takes_them():
     with pytest.raises(ValueError, match=r"^this layer has attention sinks \(s_aux\), which band_one_row cannot take; "
                                          r"register ring, zigzag, .* or usp_varlen$"):
         gpt_oss(ids)
+
+
+def _graphs(name: str):
+    return transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS[name].graphs
+
+
+def test_register_cuda_graph_takes_a_bool_and_no_varlen_variant():
+    graphed = _graphs(hf.register("zigzag", kernel="cpu", cuda_graph=True))
+    assert isinstance(graphed, GraphedCalls) and graphed.captured == 0 and graphed.reasons == []
+    assert _graphs(hf.register("zigzag", kernel="cpu")) is None  # off by default
+    with pytest.raises(ValueError, match=r"^cuda_graph 'on' is not True or False; pass cuda_graph=True to replay each "
+                                         r"layer's attention from CUDA graphs, or leave it out$"):
+        hf.register("zigzag", cuda_graph="on")
+    with pytest.raises(ValueError, match=r"^cuda_graph=True does not go with zigzag_varlen: a graph fixes the "
+                                         r"documents of the batch it captured"):
+        hf.register("zigzag_varlen", cuda_graph=True)
+
+
+def test_graphed_calls_run_eagerly_off_cuda_and_say_why_once():
+    calls, layer = GraphedCalls("ringbench_zigzag"), torch.nn.Linear(1, 1)
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+
+    def fn(t):
+        return (3 * t).sin()
+
+    with pytest.warns(RuntimeWarning, match=r"^ringbench_zigzag runs its attention eagerly: cpu has no CUDA graphs$"):
+        out = calls(layer, "shape", fn, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the reason is told once
+        again = calls(layer, "shape", fn, x)
+    out.sum().backward()
+    assert torch.equal(out, fn(x)) and torch.equal(again, out) and torch.equal(x.grad, 3 * (3 * x.detach()).cos())
+    assert calls.reasons == ["cpu has no CUDA graphs"] and calls.captured == 0
+    # Without a backward to replay (evaluation), the call is plain eager, and no fallback.
+    quiet = GraphedCalls("ringbench_zigzag")
+    with torch.no_grad():
+        assert torch.equal(quiet(layer, "shape", fn, x), fn(x.detach()))
+    assert quiet.reasons == []
+
+
+def _with_attention(base, attn: str):
+    model = copy.deepcopy(base)
+    hf.use_attention(model, attn)
+    return model
+
+
+def _train_steps(model, batches) -> list[tuple[torch.Tensor, dict]]:
+    """Logits and parameter grads of ``model`` stepping through ``batches`` (the same layers
+    every step, as a training loop has them, so graphs made in the first step replay after)."""
+    steps = []
+    for ids in batches:
+        model.zero_grad(set_to_none=True)
+        logits = model(ids).logits
+        logits.float().pow(2).mean().backward()
+        steps.append((logits.detach().clone(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    return steps
+
+
+@pytest.mark.dist
+def test_graphed_registration_on_cpu_is_the_eager_model(solo_group):
+    base = _shipped("llama-tiny")
+    batches = [torch.randint(256, (1, 32), generator=torch.Generator().manual_seed(s)) for s in (0, 1)]
+    want = _train_steps(_with_attention(base, hf.register("zigzag", kernel="cpu")), batches)
+    graphed = _with_attention(base, hf.register("zigzag", kernel="cpu", cuda_graph=True))
+    with pytest.warns(RuntimeWarning, match=r"ringbench_zigzag runs its attention eagerly: cpu has no CUDA graphs"):
+        got = _train_steps(graphed, batches)
+    for (logits, grads), (want_logits, want_grads) in zip(got, want):
+        assert torch.equal(logits, want_logits)
+        assert grads.keys() == want_grads.keys() and all(torch.equal(grads[n], want_grads[n]) for n in grads)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, kernel, dtype, tol", [("llama-tiny", "torch-flash", torch.bfloat16, 2e-2),
+                                                      ("gpt-oss-tiny", "math", torch.float32, 1e-5)])
+def test_graphed_attention_gives_eager_logits_and_grads_on_cuda(solo_group, name, kernel, dtype, tol):
+    """Two training steps on other tokens: the first captures each layer's graphs, the second
+    replays them; both match the eager model (within ``tol`` of each tensor's largest value:
+    torch-flash's backward adds dq with atomics, so eager differs from itself too)."""
+    from ringbench.case.models import architecture_refusal
+
+    if architecture_refusal(name):
+        pytest.skip(architecture_refusal(name))
+    base = _shipped(name, dtype).cuda()
+    batches = [torch.randint(256, (1, 128), generator=torch.Generator().manual_seed(s)).cuda() for s in (0, 1)]
+    want = _train_steps(_with_attention(base, hf.register("zigzag", kernel=kernel)), batches)
+    name_graphed = hf.register("zigzag", kernel=kernel, cuda_graph=True)
+    model = _with_attention(base, name_graphed)  # held: a layer's graphs live as long as it does
+    got = _train_steps(model, batches)
+    # Every layer replays (a fallback to eager would list its reason).
+    assert _graphs(name_graphed).reasons == [] and _graphs(name_graphed).captured == len(model.model.layers)
+
+    def close(a, b):
+        return float((a.float() - b.float()).abs().max()) <= tol * float(b.float().abs().max())
+
+    for (logits, grads), (want_logits, want_grads) in zip(got, want):
+        assert close(logits, want_logits)
+        bad = [n for n in want_grads if not close(grads[n], want_grads[n])]
+        assert not bad, bad
 
 
 def test_padding_mask_is_refused_not_ignored():

@@ -12,6 +12,10 @@ transformers passes a layer (Mistral, Qwen2, gpt-oss's banded layers) becomes th
 ``window``, and gpt-oss's ``s_aux`` (the layer's learnable sink logits) its ``sink``, whose
 gradient reaches the model's sink parameter.
 
+With ``register(..., cuda_graph=True)`` each layer's attention replays its forward and backward
+from CUDA graphs once a shape repeats (``ringbench/adapters/graphed.py``, which says what that asks
+of the training loop); off by default.
+
 Only the training-style forward over whole sharded rows is supported: causal attention, no
 padding mask (pack documents instead), no KV cache, no dropout or softcap; each of these, and a
 window or sink the variant cannot take, raises ``ValueError`` rather than give a wrong result.
@@ -24,6 +28,7 @@ from typing import Callable
 import torch
 
 from ringbench.adapters.cp import ShardedBatch, all_reduce_grads, causal_lm_loss, shard_batch
+from ringbench.adapters.graphed import GraphedCalls
 from ringbench.variants import get_variant, names
 from ringbench.variants.engines import varlen
 from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
@@ -147,7 +152,7 @@ def _cu_seqlens(kwargs) -> torch.Tensor | None:
     return cu_q if cu_q is not None else cu_k
 
 
-def register(variant: str, *, group=None, kernel: str = "auto", **options) -> str:
+def register(variant: str, *, group=None, kernel: str = "auto", cuda_graph: bool = False, **options) -> str:
     """Register ``variant`` as the transformers attention implementation ``ringbench_<variant>``.
 
     The implementation receives query ``[B, Hq, S/W, D]`` and key/value ``[B, Hkv, S/W, D]``
@@ -160,10 +165,19 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
     group (:func:`all_reduce_grads`) gives the whole. Registering the same variant again replaces
     the earlier binding.
 
+    With ``cuda_graph=True``, a layer's call in a training step (grad enabled) on CUDA replays
+    from graphs made by ``torch.cuda.make_graphed_callables`` on its first call of each shape,
+    one pair per layer (``ringbench/adapters/graphed.py``: one forward per backward per layer,
+    the graphs' memory held). Where none can be made (off CUDA, a capture that raises) the
+    layer runs eagerly and warns once with the reason; the registered function's ``graphs``
+    attribute (a ``GraphedCalls``: ``captured``, ``reasons``) says which. Off by default.
+
     Args:
         variant: a ringbench variant name (``zigzag``, ``llama3_varlen``...).
         group: the context-parallel process group (default: the world).
         kernel: the local attention kernel (``auto``, ``torch-flash``, ``cpu``...).
+        cuda_graph: replay each layer's attention from CUDA graphs (above); not for the varlen
+            variants, whose documents change from batch to batch while a graph fixes them.
         **options: the variant's options, such as ``layout`` or ``heads_k_stride`` (llama3); not
             ``window``, which each layer brings.
 
@@ -172,8 +186,9 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
 
     Raises:
         ValueError: an unknown variant or kernel, an option the variant does not take (``window``
-            included), or a variant that needs a session around the step (torch_cp); at a call, a
-            window or sink the variant cannot take.
+            included), a variant that needs a session around the step (torch_cp), a
+            ``cuda_graph`` that is not a bool or is given a varlen variant; at a call, a window or
+            sink the variant cannot take.
         ImportError: transformers is not installed.
     """
     v = get_variant(variant)
@@ -192,7 +207,14 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
     if unknown:
         raise ValueError(f"option {unknown[0]!r} is not one {variant} takes; it takes "
                          f"{', '.join(sorted(allowed)) or 'no options'}")
+    if not isinstance(cuda_graph, bool):
+        raise ValueError(f"cuda_graph {cuda_graph!r} is not True or False; pass cuda_graph=True to replay each "
+                         "layer's attention from CUDA graphs, or leave it out")
+    if cuda_graph and v.varlen:
+        raise ValueError(f"cuda_graph=True does not go with {variant}: a graph fixes the documents of the batch it "
+                         "captured, and packed batches change them; leave cuda_graph out for a varlen variant")
     attention_fn = v.attention
+    graphs = GraphedCalls(implementation_name(variant)) if cuda_graph else None
 
     def attention(module, query, key, value, attention_mask=None, dropout=0.0, scaling=None, is_causal=None,
                   **kwargs):
@@ -218,12 +240,21 @@ def register(variant: str, *, group=None, kernel: str = "auto", **options) -> st
         extra = {"cu_seqlens": varlen.prepare(cu_seqlens, q.shape[1], group)} if v.varlen else {}
         if window:
             extra["window"] = window
+        tensors = (q, k, val)
         if sink is not None:
-            extra["sink"] = _GroupShare.apply(sink, torch.distributed.get_world_size(group))
-        out, _ = attention_fn(q, k, val, causal=causal, softmax_scale=scaling, group=group, kernel=kernel,
-                              **options, **extra)
-        return out, None
+            tensors += (_GroupShare.apply(sink, torch.distributed.get_world_size(group)),)
 
+        def call(q, k, v, *sink):
+            return attention_fn(q, k, v, causal=causal, softmax_scale=scaling, group=group, kernel=kernel,
+                                **options, **extra, **({"sink": sink[0]} if sink else {}))[0]
+
+        if graphs is None:
+            return call(*tensors), None
+        # What the graph fixes besides the tensors' values: their layout and the call's options.
+        graph_key = (tuple((t.shape, t.dtype, t.requires_grad) for t in tensors), causal, scaling, window)
+        return graphs(module, graph_key, call, *tensors), None
+
+    attention.graphs = graphs
     name = implementation_name(variant)
     _register(name, attention)
     return name

@@ -312,7 +312,9 @@ class RankMeasure:
         ref_flops: the FLOPs of one reference iteration.
         profile: the rank's ``profile.measure`` breakdown, or ``None`` (``spec.profile`` off).
         cuda_graph: the timed iterations replayed a CUDA graph (``graphs.for_case``).
-        cuda_graph_note: how the replay matched eager, or why the rank ran eagerly.
+        cuda_graph_note: how the replay matched eager (``graphs.compare``'s note, then the
+            reference's), or why the rank ran eagerly.
+        cuda_graph_ratio: the worst ratio of the loop's replay check (``graphs.Check``), or None.
     """
 
     time_ms: float
@@ -332,6 +334,7 @@ class RankMeasure:
     profile: dict | None
     cuda_graph: bool = False
     cuda_graph_note: str | None = None
+    cuda_graph_ratio: float | None = None
 
 
 def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[], None], *, inputs: tuple,
@@ -383,6 +386,7 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
         ref_graph = graphs.capture(reference, device=device)
         if ref_graph.replay is not None:
             reference = ref_graph.replay
+            note += f"; the reference: {ref_graph.check}"
         else:
             note += f"; the reference ran eagerly ({ref_graph.reason})"
     ref_times = time_iterations(reference, iters=iters, warmup=warmup, device=device, group=group,
@@ -397,7 +401,17 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
                        bytes_sent=sent, bytes_received=received, peak_allocated_gib=peak_alloc,
                        peak_reserved_gib=peak_reserved, l2_flush_bytes=flush_bytes, ref_flops=ref_flops,
                        profile=spans, cuda_graph=graph.replay is not None,
-                       cuda_graph_note=note)
+                       cuda_graph_note=note, cuda_graph_ratio=graph.worst_ratio)
+
+
+def graph_note(gathered: list[RankMeasure]) -> str | None:
+    """The ``cuda_graph_note`` of a record: that of the first rank that ran eagerly, else of the
+    rank closest to failing its replay check, named when the ranks' notes differ (emulated ranks
+    each capture their own)."""
+    eager = [r for r, g in enumerate(gathered) if not g.cuda_graph]
+    rank = eager[0] if eager else max(range(len(gathered)), key=lambda r: gathered[r].cuda_graph_ratio or 0.0)
+    note = gathered[rank].cuda_graph_note
+    return note if len({g.cuda_graph_note for g in gathered}) == 1 else f"rank {rank}: {note}"
 
 
 def run_fields(spec: CaseSpec, variant, gathered: list[RankMeasure], *, device: torch.device, group=None,
@@ -455,9 +469,9 @@ def run_fields(spec: CaseSpec, variant, gathered: list[RankMeasure], *, device: 
         else None,
         # False: bytes_sent is null because it is not counted, not because nothing was sent.
         "bytes_counted": variant.traffic_counted,
-        # Every rank replayed its graph, or none did (graphs.for_case agrees across the ranks).
+        # True when every rank replayed: real ranks agree (graphs.for_case), emulated ones each decide.
         "cuda_graph": all(g.cuda_graph for g in gathered),
-        "cuda_graph_note": gathered[0].cuda_graph_note,
+        "cuda_graph_note": graph_note(gathered),
         **profile.record_fields([g.profile for g in gathered]),
     }
     # The datasheet's peak, else one measured in this launch (again before it refuses a result).
