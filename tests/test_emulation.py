@@ -389,3 +389,35 @@ def test_emulate_case_of_the_collective_engines_on_cuda(solo_group, changes):
     assert 0 < fields["efficiency_bound"] <= 1.2 and fields["bytes_sent"] == fields["bytes_received"] > 0
     for p in fields["profile"]["per_rank"]:
         assert p["kernel_ms"] > 0 and p["comm_ms"] > 0 and p["other_ms"] >= -1e-3
+
+
+def _measure(graph: bool, note: str):
+    from ringbench.rank.bench import RankMeasure
+
+    return RankMeasure(time_ms=1.0, time_ms_p20=1.0, time_ms_p80=1.0, ref_time_ms=1.0, ref_time_ms_p20=1.0,
+                       ref_time_ms_p80=1.0, timed_iters=1, ref_timed_iters=1, bytes_sent=0, bytes_received=0,
+                       peak_allocated_gib=None, peak_reserved_gib=None, l2_flush_bytes=None, ref_flops=1.0,
+                       profile=None, cuda_graph=graph, cuda_graph_note=note)
+
+
+@pytest.mark.parametrize("first, can_replay, want_graph, again", [
+    ([True, True, False], True, True, {(2, "on")}),  # the one eager rank replays like the rest
+    ([True, True, False], False, False, {(2, "on"), (0, "off"), (1, "off")}),  # it cannot: all eager
+    ([True, False, False], True, False, {(0, "off")}),  # the one replayed rank runs eagerly
+    ([False, False], True, False, set()),  # they agree already
+])
+def test_emulated_ranks_agree_on_the_graph_as_real_ones_do(first, can_replay, want_graph, again):
+    from ringbench.rank.emulation import agree
+
+    asked = set()
+
+    def measure(rank, choice):
+        asked.add((rank, choice))
+        return _measure(choice == "on" and can_replay, f"rank {rank} again")
+
+    out = agree([_measure(g, f"rank {r} first") for r, g in enumerate(first)], measure)
+    assert asked == again
+    assert {m.cuda_graph for m in out} == {want_graph}
+    for rank, choice in asked:
+        if out[rank].cuda_graph == (choice == "on"):  # the measure that was kept names the first choice
+            assert f"its own choice: rank {rank} first" in out[rank].cuda_graph_note

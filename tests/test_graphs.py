@@ -145,3 +145,18 @@ def test_graphs_run_records_say_whether_the_loop_replayed(tmp_path):
     assert got.returncode == 0, got.stderr
     (record,) = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert record["cuda_graph"] is True and record["cuda_graph_note"].startswith(("bitwise", "within 4x eager's own spread"))
+
+
+@pytest.mark.gpu
+def test_graphs_auto_leaves_a_gpu_bound_iteration_eager_and_captures_a_host_bound_one():
+    device = torch.device("cuda")
+    big = torch.randn(8192, 8192, device=device)
+    small = torch.randn(64, 64, device=device)
+    heavy = lambda: (big @ big @ big,)  # noqa: E731 - one launch, milliseconds of GPU work
+    light = lambda: tuple(small @ small for _ in range(200))  # noqa: E731 - 200 launches of microseconds each
+    kw = {"emulated": False, "world_size": 1, "device": device,
+          "median_ms": lambda fn: bench.quantiles(bench.time_iterations(fn, iters=5, warmup=1, device=device))[1]}
+    left = graphs.for_case("auto", heavy, **kw)
+    assert left.replay is None and left.reason.startswith("auto left it eager: the host issues"), left.reason
+    taken = graphs.for_case("auto", light, **kw)
+    assert taken.replay is not None, taken.reason

@@ -528,7 +528,8 @@ class CaseSpec:
     cuda_graph: str = row("capture each timed iteration (forward and backward: kernels, merges, transfers) as one "
                           "CUDA graph and replay it, which takes the host's launches out of the loop: on (capture, "
                           "else the case runs eagerly and the record says why), off (eager), or auto: capture where "
-                          "it is checked to be faster and to give the eager outputs (emulated runs and world size "
+                          "the host, not the GPU, bounds an iteration, and keep it where it is checked to be faster "
+                          "and to give the eager outputs (emulated runs and world size "
                           "1 on cuda; eager on cpu and for NCCL runs); records say cuda_graph true or false with "
                           "the reason", "auto", "auto", optional=True, commands=("run",), metavar="auto|on|off",
                           check=_one_of(lambda: CUDA_GRAPH_CHOICES))

@@ -26,6 +26,9 @@ Source: issue 15, item 8; issue 25, item 3 (every engine).
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any, Callable
+
 from ringbench.case.spec import CaseSpec
 
 
@@ -53,14 +56,50 @@ def emulate_case(spec: CaseSpec, *, device) -> dict:
 
     dtype, world_size = getattr(torch, DTYPES[spec.dtype]), spec.world_size
     inputs = [bench.rank_inputs(spec, r, dtype, device) for r in range(world_size)]
-    gathered: list[bench.RankMeasure] = []
-    for rank, (q, k, v, dout) in enumerate(inputs):
+
+    def measure(rank: int, choice: str) -> bench.RankMeasure:
+        q, k, v, _ = inputs[rank]
         with instruments.open(emulation=instruments.Emulation(rank, world_size, inputs)):
-            case = case_setup(spec)  # the emulated rank of the emulated world
+            case = case_setup(replace(spec, cuda_graph=choice))  # the emulated rank of the emulated world
             step, reference, ref_docs = bench.rank_calls(case, inputs[rank], device=device)
-            gathered.append(bench.measure_rank(spec, step, reference, inputs=(q, k, v), device=device, group=None,
-                                               ref_docs=ref_docs, local=spec.seqlen // world_size))
+            return bench.measure_rank(case.spec, step, reference, inputs=(q, k, v), device=device, group=None,
+                                      ref_docs=ref_docs, local=spec.seqlen // world_size)
+
+    gathered = agree([measure(rank, spec.cuda_graph) for rank in range(world_size)], measure)
     fields = bench.run_fields(spec, get_variant(spec.variant), gathered, device=device, emulated=True)
     fields.update(emulated=True, per_rank_compute_ms=fields["per_rank_time_ms"],
                   efficiency_bound=fields["efficiency"])
     return fields
+
+
+def agree(gathered: list, measure: Callable[[int, str], Any]) -> list:
+    """The ranks' measures, all replayed or all eager, as a real run's ranks agree (``graphs.for_case``).
+
+    Emulated ranks each decide for themselves, and a record whose slowest rank ran eagerly beside
+    replayed ones would mix two protocols. Where the ranks differ, the fewer are measured again
+    the way of the more (``measure(rank, "on")`` or ``"off"``); where a rank cannot replay when
+    made to, the replayed ones are measured again eagerly. A rank measured again says so in its
+    note, with its own first choice.
+
+    Args:
+        gathered: each rank's ``bench.RankMeasure``, in rank order.
+        measure: ``measure(rank, choice)``, one rank measured again with ``--cuda-graph choice``.
+    """
+    replayed = [r for r, g in enumerate(gathered) if g.cuda_graph]
+    eager = [r for r, g in enumerate(gathered) if not g.cuda_graph]
+    if not replayed or not eager:
+        return gathered
+    out = list(gathered)
+    if len(replayed) >= len(eager):
+        again = {r: measure(r, "on") for r in eager}
+        if all(m.cuda_graph for m in again.values()):
+            for r, m in again.items():
+                out[r] = _noted(m, gathered[r], "replayed like the other ranks")
+            return out
+    for r in replayed:
+        out[r] = _noted(measure(r, "off"), gathered[r], "ran eagerly like the other ranks")
+    return out
+
+
+def _noted(m, first, what: str):
+    return replace(m, cuda_graph_note=f"{what} (its own choice: {first.cuda_graph_note})")

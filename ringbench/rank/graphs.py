@@ -196,6 +196,29 @@ def _everyone_agrees(ok: bool, device: torch.device, group) -> bool:
     return bool(flag.item())
 
 
+#: ``auto`` captures only where the host takes at least this share of the GPU's time to issue an
+#: iteration: below it the host runs ahead of the GPU, which a replay cannot speed up, and the
+#: capture, its check and the two timings would be spent for nothing.
+HOST_BOUND = 0.5
+
+
+def issue_and_run_ms(step: Step, device: torch.device) -> tuple[float, float]:
+    """``(host_ms, gpu_ms)`` of one eager call of ``step`` on a CUDA ``device``: the host's time
+    to issue it (``time.perf_counter`` around the call, no wait) and the GPU's time to run it
+    (CUDA events)."""
+    import time
+
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    step()
+    end.record()
+    host_ms = (time.perf_counter() - t0) * 1e3
+    end.synchronize()
+    return host_ms, start.elapsed_time(end)
+
+
 def for_case(choice: str, step: Step, *, device: torch.device, world_size: int, emulated: bool,
              median_ms: Callable[[Callable[[], object]], float], group=None) -> Capture:
     """Whether a case's timed loop replays a graph, and the graph (``spec.cuda_graph``).
@@ -213,8 +236,10 @@ def for_case(choice: str, step: Step, *, device: torch.device, world_size: int, 
             leaves them all eager).
 
     Returns:
-        A :class:`Capture`. With ``auto``, a captured iteration is kept only when its replay takes
-        less time than the eager step (``median_ms`` of each); else its reason gives both times.
+        A :class:`Capture`. With ``auto``, nothing is captured where the host issues an iteration
+        in less than :data:`HOST_BOUND` of the GPU's time to run it, and a captured iteration is
+        kept only when its replay takes less time than the eager step (``median_ms`` of each);
+        else the reason gives both times.
     """
     if choice == "off":
         return Capture(None, "--cuda-graph off")
@@ -222,6 +247,11 @@ def for_case(choice: str, step: Step, *, device: torch.device, world_size: int, 
         return Capture(None, f"{device.type} has no CUDA graphs")
     if choice == "auto" and world_size > 1 and not emulated:
         return Capture(None, "auto leaves a run with NCCL transfers eager (--cuda-graph on captures them)")
+    if choice == "auto":
+        host_ms, gpu_ms = issue_and_run_ms(step, device)
+        if host_ms < HOST_BOUND * gpu_ms:
+            return Capture(None, f"auto left it eager: the host issues an iteration in {host_ms:.3f} ms and the GPU "
+                                 f"runs it in {gpu_ms:.3f} ms, so a replay could save no GPU time")
     captured = capture(step, device=device)
     if not _everyone_agrees(captured.replay is not None, device, group):
         return captured if captured.replay is None else Capture(None, "another rank's capture failed")
