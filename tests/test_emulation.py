@@ -386,7 +386,10 @@ def test_emulate_case_of_the_collective_engines_on_cuda(solo_group, changes):
     print(spec.variant, [round(t, 3) for t in fields["per_rank_compute_ms"]], fields["efficiency_bound"],
           fields["bytes_sent"])
     assert fields["emulated"] is True and len(fields["per_rank_compute_ms"]) == 8
-    assert 0 < fields["efficiency_bound"] <= 1.2 and fields["bytes_sent"] == fields["bytes_received"] > 0
+    # Above 1 is no fault: a Ulysses rank runs the whole sequence on its heads, one long causal block
+    # that the kernel runs faster than the share's (1.26 for ulysses with a sink on the H200); a rank
+    # whose work went missing would read about W = 8.
+    assert 0 < fields["efficiency_bound"] <= 2.0 and fields["bytes_sent"] == fields["bytes_received"] > 0
     for p in fields["profile"]["per_rank"]:
         assert p["kernel_ms"] > 0 and p["comm_ms"] > 0 and p["other_ms"] >= -1e-3
 

@@ -39,7 +39,7 @@ def test_graphs_replay_check_passes_a_nondeterministic_output_within_eager_sprea
     replay = [eager[0][0].clone(), eager[0][1] + torch.tensor([0.0, -2 ** -8, 0.0, 0.0]), eager[0][2].clone()]
     check = graphs.compare(replay, eager)
     assert check.ok and check.worst_ratio == 2.0
-    assert check.note == "within 4x eager's own spread: dq at 2.00x (out, dk bitwise)"
+    assert check.note == "within 8x eager's own spread: dq at 2.00x (out, dk bitwise)"
 
 
 def test_graphs_replay_check_fails_where_eager_is_deterministic_and_the_replay_is_not():
@@ -58,10 +58,10 @@ def test_graphs_replay_check_fails_beyond_its_multiple_of_each_outputs_own_sprea
     check = graphs.compare(replay, eager)
     assert not check.ok and check.worst_ratio == 16.0
     assert check.note == ("dk of the replay differs from eager by 0.0156, 16.00x eager's own spread 0.000977 over 3 "
-                          "calls (4x allowed)")
-    # Exactly four times the spread is still in.
-    edge = graphs.compare([eager[0][0], eager[0][1], eager[0][2] + 2 ** -8], eager)
-    assert edge.ok and edge.note == "within 4x eager's own spread: dq at 1.00x, dk at 4.00x (out bitwise)"
+                          "calls (8x allowed)")
+    # Exactly eight times the spread is still in.
+    edge = graphs.compare([eager[0][0], eager[0][1], eager[0][2] + 2 ** -7], eager)
+    assert edge.ok and edge.note == "within 8x eager's own spread: dq at 1.00x, dk at 8.00x (out bitwise)"
 
 
 def test_graphs_replay_check_refuses_mismatched_outputs():
@@ -83,10 +83,10 @@ def test_graphs_record_note_is_the_worst_ranks():
                              bytes_received=0.0, peak_allocated_gib=None, peak_reserved_gib=None,
                              l2_flush_bytes=None, ref_flops=1.0, profile=None, cuda_graph=True,
                              cuda_graph_note="bitwise", cuda_graph_ratio=0.0)
-    near = replace(base, cuda_graph_note="within 4x eager's own spread: dq at 3.00x", cuda_graph_ratio=3.0)
+    near = replace(base, cuda_graph_note="within 8x eager's own spread: dq at 3.00x", cuda_graph_ratio=3.0)
     eager = replace(base, cuda_graph=False, cuda_graph_note="a replay's outputs differed", cuda_graph_ratio=9.0)
     assert bench.graph_note([base, base]) == "bitwise"
-    assert bench.graph_note([base, near, base]) == "rank 1: within 4x eager's own spread: dq at 3.00x"
+    assert bench.graph_note([base, near, base]) == "rank 1: within 8x eager's own spread: dq at 3.00x"
     assert bench.graph_note([base, near, eager]) == "rank 2: a replay's outputs differed"
 
 
@@ -144,7 +144,7 @@ def test_graphs_run_records_say_whether_the_loop_replayed(tmp_path):
                     "--seqlen", "4k", "--cuda-graph", "on", "--out", str(tmp_path), "--json", cwd=tmp_path)
     assert got.returncode == 0, got.stderr
     (record,) = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
-    assert record["cuda_graph"] is True and record["cuda_graph_note"].startswith(("bitwise", "within 4x eager's own spread"))
+    assert record["cuda_graph"] is True and record["cuda_graph_note"].startswith(("bitwise", "within 8x eager's own spread"))
 
 
 @pytest.mark.gpu
@@ -152,8 +152,9 @@ def test_graphs_auto_leaves_a_gpu_bound_iteration_eager_and_captures_a_host_boun
     device = torch.device("cuda")
     big = torch.randn(8192, 8192, device=device)
     small = torch.randn(64, 64, device=device)
-    heavy = lambda: (big @ big @ big,)  # noqa: E731 - one launch, milliseconds of GPU work
+    heavy = lambda: (big @ big @ big,)  # noqa: E731 - two launches, tens of ms of GPU work
     light = lambda: tuple(small @ small for _ in range(200))  # noqa: E731 - 200 launches of microseconds each
+    heavy(), light()  # warm, as measure_rank's warm-up is: cuBLAS's handle and the allocator's first blocks
     kw = {"emulated": False, "world_size": 1, "device": device,
           "median_ms": lambda fn: bench.quantiles(bench.time_iterations(fn, iters=5, warmup=1, device=device))[1]}
     left = graphs.for_case("auto", heavy, **kw)

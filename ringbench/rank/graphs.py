@@ -39,7 +39,7 @@ Step = Callable[[], Sequence[Tensor]]
 #: Eager calls before a capture: their pairwise differences are each output's own spread.
 EAGER_CALLS = 3
 #: How far a replay may sit from eager, in multiples of eager's own spread (:func:`compare`).
-SPREAD_MULTIPLE = 4
+SPREAD_MULTIPLE = 8
 #: The names of a step's outputs, in ``bench.iteration``'s order (the reference's too).
 OUTPUT_NAMES = ("out", "dq", "dk", "dv", "dsink")
 
@@ -50,7 +50,7 @@ class Check:
 
     Attributes:
         ok: the replay gives what eager gives.
-        note: the rule that matched, with the numbers (``"bitwise"``, ``"within 4x eager's own
+        note: the rule that matched, with the numbers (``"bitwise"``, ``"within 8x eager's own
             spread: dq at 1.00x (out, dk, dv bitwise)"``), or why it failed.
         worst_ratio: the largest replay difference over eager's spread, among the outputs eager
             does not reproduce; 0.0 when every output is bitwise, inf when an output eager
@@ -95,12 +95,14 @@ def compare(replayed: Sequence[Tensor], eager_runs: Sequence[Sequence[Tensor]],
 
     The rule: each output is bitwise equal to every eager call's, or, where the eager calls differ
     among themselves (a backward that adds dq with atomics), no further from any of them than
-    ``SPREAD_MULTIPLE`` (4) times the largest difference between two of them; an output that eager
-    reproduces bit for bit must be bitwise in the replay too. Why 4: the differences of a bf16
+    ``SPREAD_MULTIPLE`` (8) times the largest difference between two of them; an output that eager
+    reproduces bit for bit must be bitwise in the replay too. Why 8: the differences of a bf16
     tensor are whole units in its last place, so the largest one moves by powers of two with
-    which elements happen to round apart in a given pair of calls (one pair of calls and 2x
-    failed at W=8 32k on the H200); 4 allows two such steps, while a real fault, a stale or wrong
-    value, is off by about the value itself, some hundred times more.
+    which elements happen to round apart in a given set of calls. On the H200 one pair of calls
+    and 2x failed at emulated W=8 32k, and three calls with 4x reached exactly 4.00x in 4 of the 8
+    checks (results/reference/2026-12-02-h200-graphs/); 8 allows three such steps, while a real
+    fault, a stale or wrong value, is off by about the value itself: some 256 units of a bf16
+    last place, 32 times more.
 
     Args:
         replayed: the outputs after one replay (any shapes and dtypes).
