@@ -8,6 +8,7 @@ t() { local name=$1; shift; local t0=$(date +%s); if (( t0 - START > ${STOP_S:-2
 R="ringbench run --device cuda --yes --out /tmp/r --emulate --world-size 8"
 t tf 60 $R --kernel torch-flash --variant zigzag --seqlen 16k
 t z128 120 $R --kernel flash-attn-4 --profile --variant zigzag --seqlen 128k
-t coll 120 $R --kernel flash-attn-4 --profile --variant ulysses --variant llama3_varlen --seqlen 64k --docs 32k,16k,8k,8k
+t uly 60 $R --kernel flash-attn-4 --profile --variant ulysses --seqlen 64k
+t l3v 60 $R --kernel flash-attn-4 --profile --variant llama3_varlen --seqlen 64k --docs 32k,16k,8k,8k
 cp /tmp/r/runs.jsonl $OUT/runs.jsonl
 python3 results/reference/2026-12-02-h200-scaling/summary.py $OUT/runs.jsonl
