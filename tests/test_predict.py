@@ -135,7 +135,22 @@ def _recording_kernel(calls: list):
         calls.append(("bwd", q.shape[1], k.shape[1], mask(causal, kw.get("window"))))
         return cpu.backward(dout, q, k, v, out, lse, causal, scale, **kw)
 
-    return dc_replace(cpu, forward=forward, backward=backward)
+    def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, **kw):
+        calls.append(("fwd", q.shape[1], k.shape[1], mask(causal, kw.get("window")), _lengths(cu_q, cu_k)))
+        return cpu.forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, **kw)
+
+    def backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, **kw):
+        calls.append(("bwd", q.shape[1], k.shape[1], mask(causal, kw.get("window")), _lengths(cu_q, cu_k)))
+        return cpu.backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, **kw)
+
+    return dc_replace(cpu, forward=forward, backward=backward, forward_varlen=forward_varlen,
+                      backward_varlen=backward_varlen)
+
+
+def _lengths(cu_q, cu_k) -> tuple:
+    """(query rows, keys) of every document of a varlen call."""
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    return tuple((b - a, d - c) for a, b, c, d in zip(cq, cq[1:], ck, ck[1:]))
 
 
 @pytest.mark.parametrize("variant,window", [("ring", 0), ("zigzag", 0), ("stripe", 0), ("zigzag", 96)])
@@ -165,6 +180,43 @@ def test_predict_walks_the_calls_the_engine_makes(variant, window):
         walked = [(op.call.mode, op.call.q, op.call.k, op.call.mask) for op, _ in progs[rank]
                   if isinstance(op, schedule.Compute) and op.kind == "kernel"]
         assert walked == calls, (rank, walked, calls)
+
+
+@pytest.mark.parametrize("layout,window", [("contiguous", 0), ("balanced", 0), ("contiguous", 40)])
+def test_predict_walks_the_varlen_calls_llama3_varlen_makes(layout, window):
+    """llama3_varlen over packed documents that straddle ranks: every rank's varlen kernel calls, played by
+    the real engine under emulation, are the model's calls, document piece by document piece."""
+    import torch
+
+    from ringbench.variants import get_variant, instruments
+    from ringbench.variants.engines import layouts
+
+    W, docs = 4, [200, 56, 160, 96]
+    S = sum(docs)
+    spec = _spec("llama3_varlen", W, S, mode="fwd_bwd", docs=",".join(map(str, docs)), layout=layout, window=window)
+    progs, _ = schedule.programs(spec)
+    assert sum(isinstance(op, schedule.Post) for op, _ in progs[0]) > 0  # the gathers and reduce-scatters
+    cu = layouts.cu_seqlens_from_docs(docs)
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randn(1, S, h, SHAPE.head_dim, generator=gen) for h in (2, 1, 1)]
+    shards = [tuple(layouts.shard_varlen(x, cu, layout, r, W, by_document=False) for x in rows) for r in range(W)]
+    pieces = 0
+    for rank in range(W):
+        calls: list = []
+        q, k, v = (t.clone().requires_grad_(True) for t in shards[rank])
+        emul = instruments.Emulation(rank, W, [(s[1], s[2]) for s in shards[:rank]] + [(k, v)] +
+                                     [(s[1], s[2]) for s in shards[rank + 1:]])
+        with instruments.open(emulation=emul):
+            out, _ = get_variant("llama3_varlen").attention(
+                q, k, v, causal=True, softmax_scale=None, group=None, kernel=_recording_kernel(calls), cu_seqlens=cu,
+                layout=layout, **({"window": window} if window else {}))
+            out.backward(torch.ones_like(out))
+        walked = [(op.call.mode, op.call.q, op.call.k, op.call.mask, tuple((lq, lk) for lq, lk, _ in op.call.docs))
+                  for op, _ in progs[rank] if isinstance(op, schedule.Compute) and op.kind == "kernel"]
+        assert [c[0] for c in calls] == ["fwd", "bwd"], calls  # one head group: one call each way
+        assert walked == calls, (rank, walked, calls)
+        pieces = max(pieces, len(calls[0][4]))
+    assert pieces >= 2  # a rank whose rows hold pieces of several documents
 
 
 def _write(path, text):
