@@ -13,7 +13,7 @@ from dataclasses import replace as dc_replace
 
 import pytest
 
-from helpers import ringbench
+from helpers import flat_calibration, ringbench
 from ringbench.case.spec import CaseSpec, default_fields
 from ringbench.model import calibration as C
 from ringbench.model import schedule
@@ -22,24 +22,10 @@ from ringbench.model.predict import predict_case
 
 RATE = 1e12  # FLOP/s of every kernel call in the flat calibration
 SHAPE = C.Shape(1, 2, 1, 16, 16, "fp32")
-SIZES = (8, 16, 32, 64, 128, 256, 512)
 
 
 def _flat_calibration(rate: float = RATE) -> dict:
-    """A calibration whose every call runs at ``rate``, with no overheads worth a rounding."""
-    surfaces = []
-    for mode in C.MODES:
-        for mask in ("full", "causal"):
-            points = []
-            for q in SIZES:
-                for k in (SIZES if mask == "full" else (q,)):
-                    t = C.call_flops(C.Call(mode, mask, q, k, C.point_pairs(mask, q, k)), SHAPE) / rate * 1e3
-                    points.append({"q": q, "k": k, "time_ms": t, "lo_ms": t, "hi_ms": t})
-            surfaces.append(C.surface_dict(mode, mask, SHAPE, points))
-    free = {"fixed_ms": 0.0, "gib_s": 1e15}
-    return {"format": C.FORMAT, "schema_version": C.SCHEMA_VERSION, "device": "cpu", "device_type": "cpu",
-            "kernels": {"cpu": {"version": "test", "surfaces": surfaces}},
-            "overheads": {"merge": free, "add": free, "copy": free, "launch_ms": 0.0}, "source": "test"}
+    return flat_calibration(rate, SHAPE)
 
 
 def _spec(variant: str, world_size: int, seqlen: int, **kw) -> CaseSpec:

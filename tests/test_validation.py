@@ -1,0 +1,158 @@
+"""The model checked against what was measured (issue 24, item 4): ``predict --against``, the
+validation page, and predicted records beside measured ones in compare and advise.
+
+``--against`` runs on a file holding every kind of line the committed results hold (ok records,
+an emulated one, a peer's, a verify record, a failed run, a prediction, a damaged line, an ok
+record without a time), priced by a flat calibration, so each record's error is known: it must
+count what it leaves out, say why it cannot predict the peer, and pass or fail each part of the
+bound. The validation page must be what its command writes today.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import flat_calibration, ringbench
+from ringbench.case.spec import CaseSpec, default_fields
+from ringbench.model import against
+from ringbench.model import calibration as C
+
+SHAPE = C.Shape(1, 2, 1, 16, 16, "fp32")
+#: Each ok record of the file, and the error its measured time is made to have.
+MEASURED = (({"variant": "zigzag", "world_size": 2, "seqlen": 512}, 0.10),
+            ({"variant": "ring", "world_size": 2, "seqlen": 1024}, -0.02),
+            ({"variant": "zigzag", "world_size": 4, "seqlen": 1024, "emulate": True}, 0.04))
+
+
+def _spec(**kw) -> CaseSpec:
+    world_size = kw["world_size"]
+    return CaseSpec.from_dict({**default_fields("cpu", world_size), "task": "run", "heads": SHAPE.heads,
+                               "kv_heads": SHAPE.kv_heads, "head_dim": SHAPE.head_dim, "dtype": "fp32",
+                               "kernel": "cpu", "mode": "fwd_bwd", **kw})
+
+
+def _target(cal_path: Path):
+    from ringbench.model.target import target
+
+    return target(gpu=None, calibrations=[cal_path], cluster_file=None, gpus_per_node=None, nodes=None, fabric=None,
+                  dtype="fp32")
+
+
+def _record(spec: CaseSpec, time_ms, status: str = "ok", **extra) -> dict:
+    from ringbench.records.build import build
+
+    fields = {"time_ms": time_ms, "tflops_per_gpu": 1.0} if status == "ok" else None
+    return {**build(spec, run_id="test", status=status, fields=fields, env={"gpu_name": None}), **extra}
+
+
+@pytest.fixture
+def measured_file(tmp_path):
+    """A .jsonl of every kind of line, the calibration file, and the three ok records' predicted ms."""
+    from ringbench.model.predict import predict_case
+
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(flat_calibration(1e12, SHAPE)), encoding="utf-8")
+    tgt = _target(cal)
+    lines, predicted = [], []
+    for given, error in MEASURED:
+        spec = _spec(**given)
+        fields = predict_case(spec, calibration=tgt.calibration, kernel="cpu", cluster=tgt.cluster(spec.world_size))
+        ms = fields["prediction"]["compute_only_ms"] if spec.emulate else fields["time_ms"]
+        predicted.append(ms)
+        lines.append(json.dumps(_record(spec, ms / (1 + error), emulated=spec.emulate)))
+    peer = _spec(variant="rfa_zigzag", world_size=2, seqlen=512)
+    lines += [json.dumps(_record(peer, 1.0)),
+              json.dumps({**_record(_spec(variant="zigzag", world_size=2, seqlen=512), None, status="oom")}),
+              json.dumps({**_record(_spec(variant="zigzag", world_size=2, seqlen=512), 2.0), "predicted": True}),
+              json.dumps({**_record(_spec(variant="zigzag", world_size=2, seqlen=512), None)}),
+              json.dumps({"task": "verify", "status": "ok", "spec": {"task": "verify", "variant": "zigzag"}}),
+              '{"task": "run", "status": "ok", "time_',
+              ""]
+    path = tmp_path / "runs.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path, cal, predicted
+
+
+def test_against_counts_what_it_leaves_out_and_says_why_it_cannot_predict(measured_file):
+    path, cal, predicted = measured_file
+    measured = against.measured_records([path])
+    assert [r["spec"]["variant"] for r in measured.records] == ["zigzag", "ring", "zigzag", "rfa_zigzag"]
+    assert measured.left_out_text() == ("left out 5 lines: 1 with status oom, 1 predicted record, 1 ok record "
+                                        "without a time, 1 verify record, 1 damaged line")
+    tgt = _target(cal)
+    rows = against.compare(measured.records, target_of=lambda rec: tgt)
+    errors = [r.get("error") for r in rows]
+    assert errors[:3] == pytest.approx([e for _, e in MEASURED], rel=1e-9)
+    assert [r["predicted_ms"] for r in rows[:3]] == pytest.approx(predicted, rel=1e-12)
+    assert len(set(predicted)) == 3  # each record predicted on its own case
+    assert rows[3]["refused"] and "rfa_zigzag is a peer" in rows[3]["reason"], rows[3]
+    assert rows[2]["emulated"] and not rows[0]["emulated"]
+
+
+@pytest.mark.parametrize("bound,passed,failures", [
+    (against.Bound(0.12), True, []),
+    (against.Bound(0.08), False, ["the worst error, 10.0%, is past 8%"]),
+    (against.Bound(0.12, median=0.03), False, ["the median error, 4.0%, is past 3%"]),
+    (against.Bound(0.12, min_records=4), False, ["3 records predicted, fewer than 4"]),
+], ids=["within", "worst", "median", "too-few"])
+def test_against_summary_fails_each_part_of_the_bound(measured_file, bound, passed, failures):
+    path, cal, _ = measured_file
+    tgt = _target(cal)
+    rows = against.compare(against.measured_records([path]).records, target_of=lambda rec: tgt)
+    got = against.summary(rows, bound)
+    assert (got["count"], got["refused"]) == (3, 1)
+    assert got["median"] == pytest.approx(0.04) and got["worst"] == pytest.approx(0.10)
+    assert got["passed"] is passed and got["failures"] == failures
+
+
+@pytest.mark.slow
+def test_against_cli_prints_each_error_and_exits_1_past_the_bound(measured_file):
+    """Through the CLI: every record's error, the peer listed with its reason, the lines left out, the
+    median and worst; exit 1 past --median-bound, 0 within the bounds (the JSON summary says so)."""
+    path, cal, _ = measured_file
+    res = ringbench("predict", "--against", str(path), "--calibration", str(cal), "--bound", "12%",
+                    "--median-bound", "3%", cwd=path.parent)
+    assert res.returncode == 1, res.stderr
+    text = " ".join(res.stdout.split())
+    for words in ("+10.0%", "-2.0%", "+4.0%", "(emulated)", "not predicted [1]",
+                  "not predicted [1] (1 record): rfa_zigzag is a peer", "left out 5 lines: 1 with status oom",
+                  "3 records predicted: median error 4.0%, worst 10.0%",
+                  "past the bound: worst <= 12%, median <= 3%; the median error, 4.0%, is past 3%"):
+        assert words in text, words
+    res = ringbench("predict", "--against", str(path), "--against", str(path), "--calibration", str(cal),
+                    "--bound", "12%", "--json", cwd=path.parent)
+    assert res.returncode == 0, res.stderr
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(lines) == 9 and lines[-1]["summary"]["passed"] is True and lines[-1]["summary"]["count"] == 6
+    assert lines[-1]["summary"]["left_out"].startswith("left out 10 lines")
+
+
+def test_against_refuses_files_without_a_record_to_check(tmp_path):
+    path = tmp_path / "verify.jsonl"
+    path.write_text(json.dumps({"task": "verify", "status": "ok", "spec": {"task": "verify"}}) + "\n"
+                    + json.dumps({"task": "run", "status": "skipped", "spec": {"task": "run"}}) + "\n", encoding="utf-8")
+    with pytest.raises(Exception, match=r"holds no ok run record with a time to check \(left out 2 lines: 1 verify "
+                                        r"record, 1 with status skipped\)"):
+        against.measured_records([path])
+
+
+def test_against_reads_every_committed_results_file():
+    """Each .jsonl under results/reference/ is read without a crash: its records are checked, or counted as
+    left out, and a file with nothing to check is refused in one sentence."""
+    from ringbench.errors import SpecError
+
+    files = sorted((Path(__file__).resolve().parents[1] / "results" / "reference").rglob("*.jsonl"))
+    assert len(files) >= 20, files
+    checked = 0
+    for path in files:
+        try:
+            found = against.measured_records([path])
+        except SpecError as exc:
+            assert "holds no ok run record" in str(exc) and str(exc).count(". ") == 0, exc
+            continue
+        checked += len(found.records)
+        assert all(r["status"] == "ok" and r["time_ms"] for r in found.records)
+    assert checked >= 150
