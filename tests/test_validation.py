@@ -156,3 +156,73 @@ def test_against_reads_every_committed_results_file():
         checked += len(found.records)
         assert all(r["status"] == "ok" and r["time_ms"] for r in found.records)
     assert checked >= 150
+
+
+# --------------------------------------------------------------------------- predicted records in compare
+
+def _invoke(*args: str):
+    from typer.testing import CliRunner
+
+    from ringbench.cli import app
+
+    return CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, list(args))
+
+
+@pytest.fixture
+def predicted_and_measured(tmp_path):
+    """``predict --out`` of zigzag and ring at W=2, 512 and 1024 tokens (a flat calibration), and a file of
+    'measured' records of the same cases (the predictions with predicted dropped and half the TFLOP/s)."""
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(flat_calibration(1e12, SHAPE)), encoding="utf-8")
+    out = tmp_path / "predicted.jsonl"
+    res = _invoke("predict", "--variant", "zigzag", "--variant", "ring", "--world-size", "2", "--seqlen", "512",
+                  "--seqlen", "1024", "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--dtype", "fp32",
+                  "--calibration", str(cal), "--out", str(out))
+    assert res.exit_code == 0, res.output
+    predicted = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(predicted) == 4 and all(r["predicted"] is True for r in predicted)
+    measured = tmp_path / "measured.jsonl"
+    measured.write_text("".join(json.dumps({k: v for k, v in {**r, "tflops_per_gpu": r["tflops_per_gpu"] / 2}.items()
+                                            if k not in ("predicted", "prediction")}) + "\n" for r in predicted),
+                        encoding="utf-8")
+    return out, measured, predicted
+
+
+def test_compare_shows_a_prediction_beside_the_measurement_of_its_case(predicted_and_measured):
+    out, measured, predicted = predicted_and_measured
+    res = _invoke("compare", str(out), str(measured), "--json")
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [(r["variant"], r["predicted"]) for r in rows] == [("ring", False), ("ring", True), ("zigzag", False),
+                                                              ("zigzag", True)], rows
+    by = {(r["variant"], r["predicted"]): r["values"] for r in rows}
+    for rec in predicted:
+        seqlen = str(rec["spec"]["seqlen"])
+        assert by[(rec["spec"]["variant"], True)][seqlen] == pytest.approx(rec["tflops_per_gpu"], rel=1e-3)
+        assert by[(rec["spec"]["variant"], False)][seqlen] == pytest.approx(rec["tflops_per_gpu"] / 2, rel=1e-3)
+    assert "older record" not in res.stderr  # neither stands in for the other
+    table = _invoke("compare", str(out), str(measured))
+    header, *lines = [line.split() for line in table.stdout.splitlines()[1:] if line.strip() and "─" not in line]
+    assert "predicted" in header and {"predicted", "measured"} <= {w for line in lines for w in line}
+
+
+def test_compare_of_predictions_alone_says_so_in_its_title(predicted_and_measured):
+    out, _, _ = predicted_and_measured
+    res = _invoke("compare", str(out))
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[0].strip() == "TFLOP/s per GPU by seqlen, predicted (not measured)"
+    assert "measured " not in res.stdout.split("\n", 1)[1]
+
+
+def test_compare_plot_draws_predictions_dashed_beside_solid_measurements(predicted_and_measured):
+    from ringbench.present import compare
+
+    out, measured, _ = predicted_and_measured
+    loaded = compare.load_runs([out, measured])
+    p = compare.pivot(loaded.frame, metric="tflops")
+    fig = compare.plot(p, loaded.frame)
+    styles = {line.get_label(): line.get_linestyle() for ax in fig.axes for line in ax.get_lines()
+              if not line.get_label().startswith("_")}
+    assert styles == {"ring / cpu / measured": "-", "ring / cpu / predicted": "--", "zigzag / cpu / measured": "-",
+                      "zigzag / cpu / predicted": "--"}, styles
+    assert "predicted long-dashed" in fig.legends[0].get_title().get_text()
