@@ -689,6 +689,10 @@ def advise_command(
                             show_default=False, metavar="INT", parser=options.whole("top", "--top", 5)),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per candidate (ranked, then those "
                                   "that do not fit, then the refused ones) with its prediction and commands."),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="Also draw the predicted time against "
+                                        "world size (every power of two up to the cluster's, the same sequence) of "
+                                        "the best candidate of each of the leading variants, to this .png, .svg or "
+                                        ".pdf. Default: none.", show_default=False),
 ) -> None:
     """Rank every variant, layout, Ulysses factorization and kernel for a model, a sequence and a cluster."""
     from ringbench.case.scenarios import SHAPE_PRESETS
@@ -718,6 +722,7 @@ def advise_command(
 
         shape = {k: coerce(k, v) for k, v in shape.items()}
         check_fields(shape)
+        options.check_output("--plot", plot, (".png", ".svg", ".pdf"))
         tgt = _prediction_target(shape, gpu=gpu, calibration=calibration, cluster=cluster,
                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
         kernels = list(dict.fromkeys(kernel or tgt.calibration.kernels))
@@ -731,15 +736,16 @@ def advise_command(
         nodes_n = tgt.cluster(world_size).nodes
         device = tgt.calibration.device_type
 
-        def build_one(fields: dict):
-            cases, _ = build.build_cases("run", None, {**fields, "world_size": [world_size], "device": device},
-                                         machine=(device, world_size), resolve_kernels=False)
+        def build_at(fields: dict, w: int):
+            cases, _ = build.build_cases("run", None, {**fields, "world_size": [w], "device": device},
+                                         machine=(device, w), resolve_kernels=False)
             return cases[0]
 
         cands = adv.candidates(shape, world_size=world_size, nodes=nodes_n, kernels=kernels, device=device,
                                both_placements=both_placements)
-    ranked = adv.advise(cands, build=build_one, tgt=tgt, world_size=world_size,
-                        memory_gib=tgt.gpu.memory_gib if tgt.gpu else None)
+    memory_gib = tgt.gpu.memory_gib if tgt.gpu else None
+    ranked = adv.advise(cands, build=lambda fields: build_at(fields, world_size), tgt=tgt, world_size=world_size,
+                        memory_gib=memory_gib)
     if json_out:
         order = {id(c): i + 1 for i, c in enumerate(c for c in ranked if c.record and c.fits)}
         sys.stdout.write("".join(json.dumps(adv.entry(c, order.get(id(c)))) + "\n" for c in ranked))
@@ -748,7 +754,29 @@ def advise_command(
 
         print_advice(ranked, Console(), top=top, cluster=tgt.cluster(world_size).describe(),
                      calibration=tgt.calibration.provenance())
+    if plot is not None:
+        _advise_plot(plot, ranked, shape, tgt, world_size, build_at, memory_gib)
     raise typer.Exit(EXIT_OK)
+
+
+def _advise_plot(path: Path, ranked: list, shape: dict, tgt, world_size: int, build_at, memory_gib) -> None:
+    """``advise --plot``: the leading variants predicted at every plotted world size, drawn to ``path``."""
+    from ringbench.case.fields import format_size
+    from ringbench.model import advise as adv
+    from ringbench.present.advise_plot import plot_scaling
+
+    leaders = adv.leaders(ranked)
+    if not leaders:
+        _note(f"no plot written to {path}: no candidate fits in the GPU's memory")
+        return
+    per = tgt.cluster(world_size).gpus_per_node
+    series = adv.scaling(leaders, build=build_at, tgt=tgt, world_sizes=adv.plot_world_sizes(world_size, per),
+                         memory_gib=memory_gib)
+    heads = f"{shape['heads']}/{shape['kv_heads']} heads x {shape['head_dim']}"
+    title = f"ringbench advise: {heads}, seqlen {format_size(shape['seqlen'])}, {shape.get('mode') or 'fwd_bwd'}"
+    calibration = tgt.calibration.provenance().split(" (")[0]  # its first words: measured or derived, from what
+    plot_scaling(series, path, title=title, subtitle=f"{tgt.gpu_name}, {per} per node; calibration: {calibration}")
+    _note(f"plot of {plural(len(series), 'leading variant')} against world size written to {path}")
 
 
 @app.command("calibrate", cls=_OnceCommand)

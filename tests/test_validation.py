@@ -226,3 +226,57 @@ def test_compare_plot_draws_predictions_dashed_beside_solid_measurements(predict
     assert styles == {"ring / cpu / measured": "-", "ring / cpu / predicted": "--", "zigzag / cpu / measured": "-",
                       "zigzag / cpu / predicted": "--"}, styles
     assert "predicted long-dashed" in fig.legends[0].get_title().get_text()
+
+
+# --------------------------------------------------------------------------- advise --plot
+
+@pytest.mark.parametrize("world_size,per,expected", [(64, 8, [1, 2, 4, 8, 16, 32, 64]), (24, 8, [1, 2, 4, 8, 16, 24]),
+                                                     (6, 8, [1, 2, 4, 6]), (1, 8, [1])])
+def test_advise_plot_world_sizes_are_powers_of_two_and_whole_nodes(world_size, per, expected):
+    from ringbench.model.advise import plot_world_sizes
+
+    assert plot_world_sizes(world_size, per) == expected
+
+
+def test_advise_plot_predicts_each_leader_at_each_world_size(tmp_path):
+    """advise --plot through the CLI writes the figure; the series under it hold, per leading variant,
+    the prediction of its own case at each world size, and a refusal where the rules refuse it
+    (usp's Ulysses degree above the world size)."""
+    from ringbench.model import advise as adv
+    from ringbench.model.predict import predict_case
+    from ringbench.present.advise_plot import plot_scaling
+    from ringbench.sweep import build
+
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(flat_calibration(1e12, SHAPE)), encoding="utf-8")
+    png = tmp_path / "advise.png"
+    res = _invoke("advise", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--dtype", "fp32", "--seqlen", "2k",
+                  "--mode", "fwd", "--calibration", str(cal), "--gpus-per-node", "4", "--plot", str(png))
+    assert res.exit_code == 0, res.output
+    assert png.stat().st_size > 10_000 and "leading variants against world size written to" in res.output
+    shape = {"heads": 4, "kv_heads": 2, "head_dim": 16, "dtype": "fp32", "seqlen": 2048, "mode": "fwd"}
+    tgt = _target(cal)
+
+    def build_at(fields, w):
+        return build.build_cases("run", None, {**fields, "world_size": [w], "device": "cpu"}, machine=("cpu", w),
+                                 resolve_kernels=False)[0][0]
+
+    usp = adv.Candidate({**shape, "variant": "usp", "kernel": "cpu", "ulysses_degree": 2})
+    zigzag = adv.Candidate({**shape, "variant": "zigzag", "kernel": "cpu"})
+    series = adv.scaling([zigzag, usp], build=build_at, tgt=tgt, world_sizes=[1, 2, 4], memory_gib=None)
+    assert [s["label"] for s in series] == ["zigzag, cpu", "usp U=2, cpu"]
+    for s, c in zip(series, (zigzag, usp)):
+        for point in s["points"]:
+            if "refused" in point:
+                continue
+            w = point["world_size"]
+            spec = build_at(c.fields, w).replace(kernel="cpu")
+            expected = predict_case(spec, calibration=tgt.calibration, kernel="cpu", cluster=tgt.cluster(w))["time_ms"]
+            assert point["time_ms"] == pytest.approx(expected, rel=1e-12)
+    assert [("refused" in p) for p in series[1]["points"]] == [True, False, False], series[1]
+    zig = [p["time_ms"] for p in series[0]["points"]]
+    assert zig[0] > zig[1] > zig[2]  # the same sequence over more ranks
+    fig = plot_scaling([{**series[0], "points": [{**p, "fits": p["world_size"] > 1} for p in series[0]["points"]]},
+                        series[1]], None, title="t", subtitle="s")
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["zigzag, cpu", "usp U=2, cpu"]
+    assert "open markers: would not fit" in fig.legends[0].get_title().get_text()
