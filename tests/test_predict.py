@@ -83,6 +83,18 @@ def test_predict_four_rank_zigzag_by_hand(gb_s):
     assert rec["efficiency"] == pytest.approx((flops_per_gpu / expected) / (ref_flops / c), rel=1e-6)
 
 
+def test_predict_prices_a_short_document_of_a_varlen_call_at_the_edge_rate():
+    """A batch call of 4 keys, below the calibration's smallest size (8), is launch-bound and takes that
+    point's time; four documents of 4 keys inside one varlen call of 256 rows are one launch, and
+    take the edge's rate: their FLOPs at RATE."""
+    cal = C.from_dict(_flat_calibration(), "test")
+    batch = C.Call("fwd", "full", 256, 4, 256.0 * 4)
+    at_rate = C.call_flops(batch, SHAPE) / RATE * 1e3
+    assert cal.kernel_ms("cpu", batch, SHAPE) == pytest.approx(2 * at_rate, rel=1e-9)
+    varlen = C.Call("fwd", "full", 256, 16, 256.0 * 4, docs=((64, 4, 64.0 * 4),) * 4)
+    assert cal.kernel_ms("cpu", varlen, SHAPE) == pytest.approx(at_rate, rel=1e-9)
+
+
 def test_predict_follows_a_changed_plan(monkeypatch):
     """A plan that computes one more block (the ring's skipped future block of rank 0) adds that
     kernel call and its time to the prediction: the model walks the plan, not a copy of it."""
