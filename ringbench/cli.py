@@ -631,9 +631,9 @@ def _against(paths: List[Path], case: dict, *, bound, gpu, calibration, cluster,
     if bound.min_records is not None and bound.min_records < 1:
         raise SpecError(f"min-records {bound.min_records} must be 1 or more; pass --min-records such as 30")
     measured = check.measured_records(paths)
-    rows = check.compare(measured.records, target_of=lambda rec: _prediction_target(
-        rec["spec"], gpu=gpu or check.record_gpu(rec), calibration=calibration, cluster=cluster,
-        gpus_per_node=gpus_per_node or check.record_gpus_per_node(rec), nodes=nodes, fabric=fabric))
+    rows = check.compare(measured.records, target_of=lambda rec: check.record_target(
+        rec, gpu=gpu, calibrations=calibration or (), cluster_file=cluster, gpus_per_node=gpus_per_node, nodes=nodes,
+        fabric=fabric))
     summary = {**check.summary(rows, bound), "left_out": measured.left_out_text()}
     if json_out:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"summary": summary}) + "\n")

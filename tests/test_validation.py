@@ -130,6 +130,22 @@ def test_against_cli_prints_each_error_and_exits_1_past_the_bound(measured_file)
     assert lines[-1]["summary"]["left_out"].startswith("left out 10 lines")
 
 
+@pytest.mark.parametrize("args,words", [
+    (["--variant", "zigzag", "--gpu", "H100", "--median-bound", "3%"], "--median-bound bounds the check of --against"),
+    (["--variant", "zigzag", "--gpu", "H100", "--min-records", "30"], "--min-records bounds the check of --against"),
+    (["--variant", "zigzag", "--gpu", "H100", "--out", "p.json"], "must end in .jsonl"),
+    (["--against", "runs.jsonl", "--out", "p.jsonl"], "--out does not go with --against"),
+    (["--against", "runs.jsonl", "--min-records", "0"], "min-records 0 must be 1 or more"),
+    (["--against", "runs.jsonl", "--median-bound", "three"], "is not a percentage"),
+], ids=["median-alone", "min-alone", "out-suffix", "out-against", "min-zero", "median-word"])
+def test_predict_refuses_bad_against_and_out_options_in_one_sentence(tmp_path, monkeypatch, args, words):
+    monkeypatch.chdir(tmp_path)
+    res = _invoke("predict", *args)
+    message = " ".join(res.output.split())
+    assert res.exit_code == 2 and words in message, message
+    assert "Traceback" not in res.output and not (tmp_path / "p.jsonl").exists()
+
+
 def test_against_refuses_files_without_a_record_to_check(tmp_path):
     path = tmp_path / "verify.jsonl"
     path.write_text(json.dumps({"task": "verify", "status": "ok", "spec": {"task": "verify"}}) + "\n"
@@ -280,3 +296,123 @@ def test_advise_plot_predicts_each_leader_at_each_world_size(tmp_path):
                         series[1]], None, title="t", subtitle="s")
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["zigzag, cpu", "usp U=2, cpu"]
     assert "open markers: would not fit" in fig.legends[0].get_title().get_text()
+
+
+# --------------------------------------------------------------------------- a published table, and the page
+
+def _table(tmp_path, cal_device: str = "cpu") -> dict:
+    """A published table of the shape of ring-flash-attn's, at world size 2 with 256 tokens per GPU."""
+    from ringbench.model import published
+
+    path = tmp_path / "table.toml"
+    path.write_text(f'''source = "test"
+gpu = "{cal_device}"
+world_size = 2
+fabric = "nvlink4"
+kernel = "cpu"
+[shape]
+heads = 2
+kv_heads = 1
+head_dim = 16
+dtype = "fp32"
+causal = true
+batch = 1
+tokens_per_gpu = 256
+[[batch.rows]]
+function = "zigzag_func"
+variant = "zigzag"
+fwd_bwd = {{ efficiency = 0.9 }}
+[varlen]
+documents_per_gpu = [[256], [64, 192]]
+[[varlen.rows]]
+function = "llama3_varlen_func"
+variant = "llama3_varlen"
+heads_k_stride = 1
+fwd = {{ efficiency = 0.5 }}
+''', encoding="utf-8")
+    return published.load(path)
+
+
+def _build_cpu(fields, w):
+    from ringbench.sweep import build
+
+    return build.build_cases("run", None, {**fields, "world_size": [w], "device": "cpu"}, machine=("cpu", w),
+                             resolve_kernels=False)[0][0]
+
+
+def test_published_table_cases_scale_the_documents_and_keep_the_per_gpu_reference(tmp_path):
+    from ringbench.model import published
+
+    table = _table(tmp_path)
+    cases, refs = published.row_cases(table, "varlen", table["varlen"]["rows"][0], "fwd")
+    assert [(c["variant"], c["seqlen"], c["docs"], c["heads_k_stride"]) for c in cases] == [
+        ("llama3_varlen", 512, "512", 1), ("llama3_varlen", 512, "128,384", 1)]
+    assert [(r["variant"], r["seqlen"], r["docs"]) for r in refs] == [("ring_varlen", 256, "256"),
+                                                                      ("ring_varlen", 256, "64,192")]
+    assert all("heads_k_stride" not in r for r in refs)
+
+
+def test_published_table_reads_the_prediction_as_the_library_reads_its_figure(tmp_path):
+    """A batch row's reading (world size x the kernel on one GPU's tokens, over the variant's time) is
+    the predicted record's own efficiency; a varlen row's sums the times over its sets of documents."""
+    from ringbench.model import published
+    from ringbench.model.predict import predict_case, reference_ms
+
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(flat_calibration(1e12, SHAPE)), encoding="utf-8")
+    tgt = _target(cal)
+    table = _table(tmp_path)
+    rows = published.predict(table, build=_build_cpu, tgt=tgt)
+    assert [(r["api"], r["variant"], r["mode"], r["published"]) for r in rows] == [
+        ("batch", "zigzag", "fwd_bwd", 0.9), ("varlen", "llama3_varlen", "fwd", 0.5)]
+    spec = _build_cpu({"variant": "zigzag", "seqlen": 512, "heads": 2, "kv_heads": 1, "head_dim": 16,
+                       "dtype": "fp32", "kernel": "cpu", "mode": "fwd_bwd"}, 2)
+    record = predict_case(spec, calibration=tgt.calibration, kernel="cpu", cluster=tgt.cluster(2))
+    assert rows[0]["predicted"] == pytest.approx(record["efficiency"], rel=1e-9)
+    assert sum(rows[0]["path"].values()) == pytest.approx(1.0)
+    times, refs = 0.0, 0.0
+    for docs, local in (("512", "256"), ("128,384", "64,192")):
+        fields = {"seqlen": 512, "heads": 2, "kv_heads": 1, "head_dim": 16, "dtype": "fp32", "kernel": "cpu",
+                  "mode": "fwd"}
+        case = _build_cpu({**fields, "variant": "llama3_varlen", "docs": docs, "heads_k_stride": 1}, 2)
+        times += predict_case(case, calibration=tgt.calibration, kernel="cpu", cluster=tgt.cluster(2))["time_ms"]
+        ref = _build_cpu({**fields, "variant": "ring_varlen", "seqlen": 256, "docs": local}, 1)
+        refs += reference_ms(ref, tgt.calibration, "cpu")[0]
+    assert rows[1]["predicted"] == pytest.approx(2 * refs / times, rel=1e-9)
+    assert rows[1]["cases"] == [{"seqlen": 512, "docs": "512"}, {"seqlen": 512, "docs": "128,384"}]
+
+
+def test_published_ring_flash_attn_table_holds_the_readme_figures():
+    """The committed table says where its figures come from, and they are the README's (8 x H800)."""
+    from ringbench.model import published
+    from ringbench.present import validation
+
+    table = published.load(validation.ROOT / validation.PUBLISHED)
+    assert table["source"].startswith("https://github.com/zhuzilin/ring-flash-attention/blob/")
+    figures = {(api, r["variant"]): r["fwd_bwd"]["efficiency"] for api in ("batch", "varlen")
+               for r in table[api]["rows"]}
+    assert figures == {("batch", "ring"): 0.539, ("batch", "zigzag"): 0.902, ("batch", "stripe"): 0.829,
+                       ("varlen", "ring_varlen"): 0.511, ("varlen", "zigzag_varlen"): 0.759,
+                       ("varlen", "llama3_varlen"): 0.581}
+    for api in ("batch", "varlen"):  # each figure is its iter/s over the theoretic one, as published
+        theoretic = table[api]["theoretic"]
+        for r in table[api]["rows"]:
+            for mode in ("fwd", "fwd_bwd"):
+                assert r[mode]["iter_s"] / theoretic[mode][1] == pytest.approx(r[mode]["efficiency"], abs=2e-3)
+
+
+@pytest.mark.slow
+def test_validation_page_is_what_its_command_writes_now():
+    """docs/validation.md's tables are what ``python -m ringbench.present.validation`` gives today: a
+    change to the model, a shipped calibration or a committed record must be written to the page."""
+    from ringbench.present import doc_tables, validation
+
+    text = validation.PAGE.read_text(encoding="utf-8")
+    found = doc_tables.current(text, validation.MARKER)
+    assert found is not None, "docs/validation.md lost its <!-- validation:begin --> / <!-- validation:end --> markers"
+    generated = validation.generate() + "\n"
+    assert found == generated, (f"docs/validation.md is stale; regenerate it with `{validation.REGENERATE}` from the "
+                                "checkout's root")
+    for check in ("(a)", "(b)", "(c)"):  # each check states its bound and its verdict
+        row = next(line for line in generated.splitlines() if line.startswith(f"| {check}"))
+        assert "**pass**" in row or "**fail**" in row, row

@@ -139,10 +139,28 @@ def record_gpus_per_node(rec: dict) -> int | None:
     return max(count, world) if not rec["spec"].get("emulate") else world
 
 
-def compare(records: list[dict], *, target_of: Callable[[dict], Any]) -> list[dict]:
+def record_target(rec: dict, *, gpu: Optional[str] = None, calibrations: Sequence[Path] = (),
+                  cluster_file: Optional[Path] = None, gpus_per_node: Optional[int] = None, nodes: Optional[int] = None,
+                  fabric: Optional[str] = None):
+    """The ``model.target.Target`` a record is predicted on: its own GPU and GPUs per node (module
+    docstring), unless the options given name others.
+
+    Raises:
+        SpecError: as ``target.target``; a record without a GPU and no ``gpu`` given, for one.
+    """
+    from ringbench.model.target import target
+
+    return target(gpu=gpu or record_gpu(rec), calibrations=list(calibrations), cluster_file=cluster_file,
+                  gpus_per_node=gpus_per_node or record_gpus_per_node(rec), nodes=nodes, fabric=fabric,
+                  dtype=rec["spec"].get("dtype") or "bf16")
+
+
+def compare(records: list[dict], *, target_of: Callable[[dict], Any] = record_target) -> list[dict]:
     """One row per record: ``label``, ``source``, ``variant``, ``case_id``, ``measured_ms``,
-    ``emulated``, then ``predicted_ms``, ``error`` and ``calibration``, or ``refused: true`` and
-    ``reason`` (one sentence) for a record the model cannot predict."""
+    ``emulated``, then ``predicted_ms``, ``error``, ``path`` (the prediction's shares of its time
+    in compute, overhead, exposed communication and waiting) and ``calibration``, or ``refused:
+    true`` and ``reason`` (one sentence) for a record the model cannot predict. ``target_of(rec)``
+    gives the target of a record (default :func:`record_target`)."""
     from ringbench.case.fields import CaseSpec
     from ringbench.model import schedule
     from ringbench.model.predict import predict_case
@@ -173,7 +191,9 @@ def compare(records: list[dict], *, target_of: Callable[[dict], Any]) -> list[di
             continue
         # Emulation plays each rank alone: what it measures is the slowest rank's compute and overhead.
         predicted = fields["prediction"]["compute_only_ms"] if rec.get("emulated") else fields["time_ms"]
+        path = fields["prediction"]["critical_path_ms"]
         rows.append({**row, "predicted_ms": predicted, "error": predicted / rec["time_ms"] - 1,
+                     "path": {part: ms / fields["time_ms"] for part, ms in path.items()},
                      "calibration": fields["prediction"]["calibration"]})
     return rows
 

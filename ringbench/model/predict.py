@@ -26,7 +26,8 @@ from ringbench.model.simulate import PARTS, play, price, segments
 
 GIB = 1024 ** 3
 #: What ``prediction.validated_error`` says until ``predict --against`` has been run on reference records.
-NOT_VALIDATED = "not yet validated against measured records (ringbench predict --against)"
+NOT_VALIDATED = ("not yet validated against measured records: docs/validation.md gives the provisional "
+                 "calibration's errors (ringbench predict --against)")
 
 
 def reference_ms(spec, cal: Calibration, kernel: str, which: str = "mid") -> tuple[float, float]:
