@@ -401,6 +401,29 @@ def test_published_ring_flash_attn_table_holds_the_readme_figures():
                 assert r[mode]["iter_s"] / theoretic[mode][1] == pytest.approx(r[mode]["efficiency"], abs=2e-3)
 
 
+@pytest.mark.parametrize("worst,passed,failures", [
+    (0.12, False, ["2 records predicted slower than measured"]),
+    (0.08, False, ["1 record off by more than 8%", "2 records predicted slower than measured"]),
+])
+def test_validation_one_sided_check_fails_a_prediction_slower_than_the_measurement(measured_file, worst, passed,
+                                                                                  failures):
+    """Check (b)'s band: within its width and at or above the measurement; the zigzag records (+10%, +4%)
+    are slower than measured, the ring one (-2%) is not bounded (the check bounds zigzag only here)."""
+    from ringbench.present import validation
+
+    path, cal, _ = measured_file
+    tgt = _target(cal)
+    check = validation.RecordCheck("b", "test", (path.name,), against.Bound(worst),
+                                   bounded=lambda row: row["variant"] == "zigzag", one_sided=True)
+    result = validation.run_records(check, root=path.parent, target_of=lambda rec: tgt)
+    assert result["passed"] is passed and result["failures"] == failures
+    assert [(r["variant"], r["bounded"], r.get("within")) for r in result["rows"]] == [
+        ("zigzag", True, False), ("ring", False, None), ("zigzag", True, False), ("rfa_zigzag", False, None)]
+    ring_only = validation.RecordCheck("b", "test", (path.name,), against.Bound(worst),
+                                       bounded=lambda row: row["variant"] == "ring", one_sided=True)
+    assert validation.run_records(ring_only, root=path.parent, target_of=lambda rec: tgt)["passed"] is True
+
+
 @pytest.mark.slow
 def test_validation_page_is_what_its_command_writes_now():
     """docs/validation.md's tables are what ``python -m ringbench.present.validation`` gives today: a
