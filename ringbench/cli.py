@@ -562,49 +562,81 @@ def predict(
                                   parser=options.ValueType("text", _placement)),
     json_out: bool = typer.Option(False, "--json", help="Print one predicted record per line (predicted: true) on "
                                   "stdout instead of the table."),
-    against: Optional[Path] = typer.Option(None, "--against", metavar="FILE", help="Predict every measured run record of this "
-                                           ".jsonl file (ok, ringbench's own variants) on its own world size and "
-                                           "GPU, and print each one's error, with the median and the worst; the "
-                                           "case options are not taken with it. Exit 1 when the worst passes "
-                                           "--bound."),
-    bound: float = typer.Option(0.08, "--bound", metavar="FRACTION", help="With --against: the largest error allowed, a percentage "
-                                "such as 8%. Default: 8%.", show_default=False,
+    against: Optional[List[Path]] = typer.Option(None, "--against", metavar="FILE", help="Predict every measured run record "
+                                                 "of this .jsonl file (ok, with a time) on its own world size and GPU, "
+                                                 "and print each one's error, with the median and the worst; repeat "
+                                                 "for several files. Other lines are counted as left out, and records "
+                                                 "the model cannot predict (peers...) are listed with the reason. The "
+                                                 "case options are not taken with it. Exit 1 past the bounds."),
+    bound: float = typer.Option(0.08, "--bound", metavar="PERCENT", help="With --against: the largest error allowed "
+                                "for any record, a percentage such as 8%. Default: 8%.", show_default=False,
                                 parser=options.ValueType("percent", _bound)),
+    median_bound: Optional[float] = typer.Option(None, "--median-bound", metavar="PERCENT", help="With --against: the "
+                                                 "largest median error allowed, such as 3%. Default: none.",
+                                                 show_default=False, parser=options.ValueType("percent", _bound)),
+    min_records: Optional[int] = typer.Option(None, "--min-records", metavar="INT", help="With --against: the fewest "
+                                              "records that must be predicted for the check to pass. Default: one.",
+                                              show_default=False,
+                                              parser=options.whole("min-records", "--min-records", 30)),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="Also append the predicted records "
+                                       "(predicted: true) to this .jsonl file, which ringbench compare reads beside "
+                                       "measured ones. Default: none.", show_default=False),
 ) -> None:
     """Predict a variant's time, throughput, memory and traffic on a cluster, from a calibration; runs nothing."""
+    from ringbench.model.against import Bound
+
     with _usage_errors():
         options.check_given(case)
-        if against is not None:
-            _against(against, case, bound=bound, gpu=gpu, calibration=calibration, cluster=cluster,
-                     gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric, json_out=json_out)
+        if against:
+            if out is not None:
+                raise SpecError("--out does not go with --against, which writes no records; drop --out")
+            _against(against, case, bound=Bound(bound, median_bound, min_records), gpu=gpu, calibration=calibration,
+                     cluster=cluster, gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric, json_out=json_out)
+        for name, value in (("median-bound", median_bound), ("min-records", min_records)):
+            if value is not None:
+                raise SpecError(f"--{name} bounds the check of --against, which is not given; drop --{name}")
+        if out is not None:
+            if out.suffix.lower() != ".jsonl":
+                raise SpecError(f"--out {str(out)!r} must end in .jsonl, the records' format; pass --out such as "
+                                "results/predicted.jsonl")
+            options.check_output("--out", out, ())
         tgt = _prediction_target(case, gpu=gpu, calibration=calibration, cluster=cluster,
                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
         cases = _predicted_cases(case, tgt)
     records = [_predict_record(spec, tgt, placement) for spec in cases]
+    if out is not None:
+        from ringbench.records.store import append_record
+
+        for record in records:
+            append_record(out, record)
     if json_out:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in records))
     else:
         from ringbench.present.predict import print_predict_table
 
         print_predict_table(records, Console())
+    if out is not None:
+        _note(f"{plural(len(records), 'predicted record')} appended to {out}")
     raise typer.Exit(EXIT_OK)
 
 
-def _against(path: Path, case: dict, *, bound: float, gpu, calibration, cluster, gpus_per_node, nodes, fabric,
+def _against(paths: List[Path], case: dict, *, bound, gpu, calibration, cluster, gpus_per_node, nodes, fabric,
              json_out: bool) -> None:
-    """``predict --against``: every measured record of ``path`` predicted; exits."""
+    """``predict --against``: every measured record of ``paths`` predicted; exits 0, or 1 past ``bound``."""
     from ringbench.model import against as check
 
     if case:
         raise SpecError(f"--{sorted(case)[0].replace('_', '-')} does not go with --against, which takes each "
                         "record's own case; drop it")
-    records = check.measured_records(path)
-    rows = check.compare(records, bound=bound, target_of=lambda rec: _prediction_target(
-        rec["spec"], gpu=gpu or check.record_gpu(rec), calibration=calibration, cluster=cluster,
-        gpus_per_node=gpus_per_node or check.record_gpus_per_node(rec), nodes=nodes, fabric=fabric))
-    summary = check.summary(rows, bound)
+    if bound.min_records is not None and bound.min_records < 1:
+        raise SpecError(f"min-records {bound.min_records} must be 1 or more; pass --min-records such as 30")
+    measured = check.measured_records(paths)
+    rows = check.compare(measured.records, target_of=lambda rec: check.record_target(
+        rec, gpu=gpu, calibrations=calibration or (), cluster_file=cluster, gpus_per_node=gpus_per_node, nodes=nodes,
+        fabric=fabric))
+    summary = {**check.summary(rows, bound), "left_out": measured.left_out_text()}
     if json_out:
-        sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows))
+        sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"summary": summary}) + "\n")
     else:
         from ringbench.present.predict import print_against
 
@@ -657,6 +689,10 @@ def advise_command(
                             show_default=False, metavar="INT", parser=options.whole("top", "--top", 5)),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per candidate (ranked, then those "
                                   "that do not fit, then the refused ones) with its prediction and commands."),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="Also draw the predicted time against "
+                                        "world size (every power of two up to the cluster's, the same sequence) of "
+                                        "the best candidate of each of the leading variants, to this .png, .svg or "
+                                        ".pdf. Default: none.", show_default=False),
 ) -> None:
     """Rank every variant, layout, Ulysses factorization and kernel for a model, a sequence and a cluster."""
     from ringbench.case.scenarios import SHAPE_PRESETS
@@ -686,6 +722,7 @@ def advise_command(
 
         shape = {k: coerce(k, v) for k, v in shape.items()}
         check_fields(shape)
+        options.check_output("--plot", plot, (".png", ".svg", ".pdf"))
         tgt = _prediction_target(shape, gpu=gpu, calibration=calibration, cluster=cluster,
                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
         kernels = list(dict.fromkeys(kernel or tgt.calibration.kernels))
@@ -699,15 +736,16 @@ def advise_command(
         nodes_n = tgt.cluster(world_size).nodes
         device = tgt.calibration.device_type
 
-        def build_one(fields: dict):
-            cases, _ = build.build_cases("run", None, {**fields, "world_size": [world_size], "device": device},
-                                         machine=(device, world_size), resolve_kernels=False)
+        def build_at(fields: dict, w: int):
+            cases, _ = build.build_cases("run", None, {**fields, "world_size": [w], "device": device},
+                                         machine=(device, w), resolve_kernels=False)
             return cases[0]
 
         cands = adv.candidates(shape, world_size=world_size, nodes=nodes_n, kernels=kernels, device=device,
                                both_placements=both_placements)
-    ranked = adv.advise(cands, build=build_one, tgt=tgt, world_size=world_size,
-                        memory_gib=tgt.gpu.memory_gib if tgt.gpu else None)
+    memory_gib = tgt.gpu.memory_gib if tgt.gpu else None
+    ranked = adv.advise(cands, build=lambda fields: build_at(fields, world_size), tgt=tgt, world_size=world_size,
+                        memory_gib=memory_gib)
     if json_out:
         order = {id(c): i + 1 for i, c in enumerate(c for c in ranked if c.record and c.fits)}
         sys.stdout.write("".join(json.dumps(adv.entry(c, order.get(id(c)))) + "\n" for c in ranked))
@@ -716,7 +754,29 @@ def advise_command(
 
         print_advice(ranked, Console(), top=top, cluster=tgt.cluster(world_size).describe(),
                      calibration=tgt.calibration.provenance())
+    if plot is not None:
+        _advise_plot(plot, ranked, shape, tgt, world_size, build_at, memory_gib)
     raise typer.Exit(EXIT_OK)
+
+
+def _advise_plot(path: Path, ranked: list, shape: dict, tgt, world_size: int, build_at, memory_gib) -> None:
+    """``advise --plot``: the leading variants predicted at every plotted world size, drawn to ``path``."""
+    from ringbench.case.fields import format_size
+    from ringbench.model import advise as adv
+    from ringbench.present.advise_plot import plot_scaling
+
+    leaders = adv.leaders(ranked)
+    if not leaders:
+        _note(f"no plot written to {path}: no candidate fits in the GPU's memory")
+        return
+    per = tgt.cluster(world_size).gpus_per_node
+    series = adv.scaling(leaders, build=build_at, tgt=tgt, world_sizes=adv.plot_world_sizes(world_size, per),
+                         memory_gib=memory_gib)
+    heads = f"{shape['heads']}/{shape['kv_heads']} heads x {shape['head_dim']}"
+    title = f"ringbench advise: {heads}, seqlen {format_size(shape['seqlen'])}, {shape.get('mode') or 'fwd_bwd'}"
+    calibration = tgt.calibration.provenance().split(" (")[0]  # its first words: measured or derived, from what
+    plot_scaling(series, path, title=title, subtitle=f"{tgt.gpu_name}, {per} per node; calibration: {calibration}")
+    _note(f"plot of {plural(len(series), 'leading variant')} against world size written to {path}")
 
 
 @app.command("calibrate", cls=_OnceCommand)

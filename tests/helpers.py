@@ -199,3 +199,24 @@ def cached(make):
         return done[key]
 
     return get
+
+
+def flat_calibration(rate: float, shape, sizes=(8, 16, 32, 64, 128, 256, 512)) -> dict:
+    """A cpu calibration (its JSON form) whose every kernel call runs at ``rate`` FLOP/s, at the
+    attention ``shape`` (a ``ringbench.model.calibration.Shape``), with no overheads worth a
+    rounding: a prediction from it can be computed by hand."""
+    from ringbench.model import calibration as C
+
+    surfaces = []
+    for mode in C.MODES:
+        for mask in ("full", "causal"):
+            points = []
+            for q in sizes:
+                for k in (sizes if mask == "full" else (q,)):
+                    t = C.call_flops(C.Call(mode, mask, q, k, C.point_pairs(mask, q, k)), shape) / rate * 1e3
+                    points.append({"q": q, "k": k, "time_ms": t, "lo_ms": t, "hi_ms": t})
+            surfaces.append(C.surface_dict(mode, mask, shape, points))
+    free = {"fixed_ms": 0.0, "gib_s": 1e15}
+    return {"format": C.FORMAT, "schema_version": C.SCHEMA_VERSION, "device": "cpu", "device_type": "cpu",
+            "kernels": {"cpu": {"version": "test", "surfaces": surfaces}},
+            "overheads": {"merge": free, "add": free, "copy": free, "launch_ms": 0.0}, "source": "test"}

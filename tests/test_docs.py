@@ -20,7 +20,8 @@ from ringbench.present import doc_tables
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = ("README.md", "getting-started.md", "scenarios.md", "operations.md", "variants-and-kernels.md", "verify.md",
-         "matrix.md", "model-check.md", "methodology.md", "contracts.md", "development.md", "predict.md")
+         "matrix.md", "model-check.md", "methodology.md", "contracts.md", "development.md", "predict.md",
+         "validation.md")
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")

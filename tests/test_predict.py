@@ -13,7 +13,7 @@ from dataclasses import replace as dc_replace
 
 import pytest
 
-from helpers import ringbench
+from helpers import flat_calibration, ringbench
 from ringbench.case.spec import CaseSpec, default_fields
 from ringbench.model import calibration as C
 from ringbench.model import schedule
@@ -22,24 +22,10 @@ from ringbench.model.predict import predict_case
 
 RATE = 1e12  # FLOP/s of every kernel call in the flat calibration
 SHAPE = C.Shape(1, 2, 1, 16, 16, "fp32")
-SIZES = (8, 16, 32, 64, 128, 256, 512)
 
 
 def _flat_calibration(rate: float = RATE) -> dict:
-    """A calibration whose every call runs at ``rate``, with no overheads worth a rounding."""
-    surfaces = []
-    for mode in C.MODES:
-        for mask in ("full", "causal"):
-            points = []
-            for q in SIZES:
-                for k in (SIZES if mask == "full" else (q,)):
-                    t = C.call_flops(C.Call(mode, mask, q, k, C.point_pairs(mask, q, k)), SHAPE) / rate * 1e3
-                    points.append({"q": q, "k": k, "time_ms": t, "lo_ms": t, "hi_ms": t})
-            surfaces.append(C.surface_dict(mode, mask, SHAPE, points))
-    free = {"fixed_ms": 0.0, "gib_s": 1e15}
-    return {"format": C.FORMAT, "schema_version": C.SCHEMA_VERSION, "device": "cpu", "device_type": "cpu",
-            "kernels": {"cpu": {"version": "test", "surfaces": surfaces}},
-            "overheads": {"merge": free, "add": free, "copy": free, "launch_ms": 0.0}, "source": "test"}
+    return flat_calibration(rate, SHAPE)
 
 
 def _spec(variant: str, world_size: int, seqlen: int, **kw) -> CaseSpec:
@@ -97,6 +83,18 @@ def test_predict_four_rank_zigzag_by_hand(gb_s):
     assert rec["efficiency"] == pytest.approx((flops_per_gpu / expected) / (ref_flops / c), rel=1e-6)
 
 
+def test_predict_prices_a_short_document_of_a_varlen_call_at_the_edge_rate():
+    """A batch call of 4 keys, below the calibration's smallest size (8), is launch-bound and takes that
+    point's time; four documents of 4 keys inside one varlen call of 256 rows are one launch, and
+    take the edge's rate: their FLOPs at RATE."""
+    cal = C.from_dict(_flat_calibration(), "test")
+    batch = C.Call("fwd", "full", 256, 4, 256.0 * 4)
+    at_rate = C.call_flops(batch, SHAPE) / RATE * 1e3
+    assert cal.kernel_ms("cpu", batch, SHAPE) == pytest.approx(2 * at_rate, rel=1e-9)
+    varlen = C.Call("fwd", "full", 256, 16, 256.0 * 4, docs=((64, 4, 64.0 * 4),) * 4)
+    assert cal.kernel_ms("cpu", varlen, SHAPE) == pytest.approx(at_rate, rel=1e-9)
+
+
 def test_predict_follows_a_changed_plan(monkeypatch):
     """A plan that computes one more block (the ring's skipped future block of rank 0) adds that
     kernel call and its time to the prediction: the model walks the plan, not a copy of it."""
@@ -135,7 +133,22 @@ def _recording_kernel(calls: list):
         calls.append(("bwd", q.shape[1], k.shape[1], mask(causal, kw.get("window"))))
         return cpu.backward(dout, q, k, v, out, lse, causal, scale, **kw)
 
-    return dc_replace(cpu, forward=forward, backward=backward)
+    def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, **kw):
+        calls.append(("fwd", q.shape[1], k.shape[1], mask(causal, kw.get("window")), _lengths(cu_q, cu_k)))
+        return cpu.forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, **kw)
+
+    def backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, **kw):
+        calls.append(("bwd", q.shape[1], k.shape[1], mask(causal, kw.get("window")), _lengths(cu_q, cu_k)))
+        return cpu.backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, **kw)
+
+    return dc_replace(cpu, forward=forward, backward=backward, forward_varlen=forward_varlen,
+                      backward_varlen=backward_varlen)
+
+
+def _lengths(cu_q, cu_k) -> tuple:
+    """(query rows, keys) of every document of a varlen call."""
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    return tuple((b - a, d - c) for a, b, c, d in zip(cq, cq[1:], ck, ck[1:]))
 
 
 @pytest.mark.parametrize("variant,window", [("ring", 0), ("zigzag", 0), ("stripe", 0), ("zigzag", 96)])
@@ -165,6 +178,43 @@ def test_predict_walks_the_calls_the_engine_makes(variant, window):
         walked = [(op.call.mode, op.call.q, op.call.k, op.call.mask) for op, _ in progs[rank]
                   if isinstance(op, schedule.Compute) and op.kind == "kernel"]
         assert walked == calls, (rank, walked, calls)
+
+
+@pytest.mark.parametrize("layout,window", [("contiguous", 0), ("balanced", 0), ("contiguous", 40)])
+def test_predict_walks_the_varlen_calls_llama3_varlen_makes(layout, window):
+    """llama3_varlen over packed documents that straddle ranks: every rank's varlen kernel calls, played by
+    the real engine under emulation, are the model's calls, document piece by document piece."""
+    import torch
+
+    from ringbench.variants import get_variant, instruments
+    from ringbench.variants.engines import layouts
+
+    W, docs = 4, [200, 56, 160, 96]
+    S = sum(docs)
+    spec = _spec("llama3_varlen", W, S, mode="fwd_bwd", docs=",".join(map(str, docs)), layout=layout, window=window)
+    progs, _ = schedule.programs(spec)
+    assert sum(isinstance(op, schedule.Post) for op, _ in progs[0]) > 0  # the gathers and reduce-scatters
+    cu = layouts.cu_seqlens_from_docs(docs)
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randn(1, S, h, SHAPE.head_dim, generator=gen) for h in (2, 1, 1)]
+    shards = [tuple(layouts.shard_varlen(x, cu, layout, r, W, by_document=False) for x in rows) for r in range(W)]
+    pieces = 0
+    for rank in range(W):
+        calls: list = []
+        q, k, v = (t.clone().requires_grad_(True) for t in shards[rank])
+        emul = instruments.Emulation(rank, W, [(s[1], s[2]) for s in shards[:rank]] + [(k, v)] +
+                                     [(s[1], s[2]) for s in shards[rank + 1:]])
+        with instruments.open(emulation=emul):
+            out, _ = get_variant("llama3_varlen").attention(
+                q, k, v, causal=True, softmax_scale=None, group=None, kernel=_recording_kernel(calls), cu_seqlens=cu,
+                layout=layout, **({"window": window} if window else {}))
+            out.backward(torch.ones_like(out))
+        walked = [(op.call.mode, op.call.q, op.call.k, op.call.mask, tuple((lq, lk) for lq, lk, _ in op.call.docs))
+                  for op, _ in progs[rank] if isinstance(op, schedule.Compute) and op.kind == "kernel"]
+        assert [c[0] for c in calls] == ["fwd", "bwd"], calls  # one head group: one call each way
+        assert walked == calls, (rank, walked, calls)
+        pieces = max(pieces, len(calls[0][4]))
+    assert pieces >= 2  # a rank whose rows hold pieces of several documents
 
 
 def _write(path, text):

@@ -9,7 +9,9 @@ takes the shape. Each is built as ``run`` builds a case (``sweep.build``), so th
 what they refuse (Ulysses degrees the heads cannot split, with the reason), and predicted
 (``predict.predict_case``). :func:`advise` drops what would not fit in the GPU's memory, ranks
 the rest by time and says why each wins or loses: compute-bound, exposed communication, waiting
-for slower ranks (imbalance), per-step overhead, or memory.
+for slower ranks (imbalance), per-step overhead, or memory. :func:`scaling` predicts the best
+candidate of each of the leading variants again at smaller world sizes, for ``advise --plot``:
+the predicted time against world size.
 
 Source: issue 24.
 """
@@ -194,3 +196,65 @@ def entry(c: Candidate, rank: Optional[int]) -> dict[str, Any]:
     return {"rank": rank, "candidate": c.label, "fields": c.fields, "placement": c.placement,
             "refused": c.refusal, "fits": c.fits if c.record else None, "reason": c.reason or c.refusal,
             "prediction": c.record, "commands": c.commands or None}
+
+
+#: How many variants ``advise --plot`` draws: the best candidate of each, in rank order.
+PLOT_LEADERS = 5
+
+
+def leaders(ranked: list[Candidate], n: int = PLOT_LEADERS) -> list[Candidate]:
+    """The best fitting candidate of each of the first ``n`` variants of ``ranked`` (``advise``'s order)."""
+    out: dict[str, Candidate] = {}
+    for c in ranked:
+        if c.record and c.fits and c.fields["variant"] not in out:
+            out[c.fields["variant"]] = c
+            if len(out) == n:
+                break
+    return list(out.values())
+
+
+def plot_world_sizes(world_size: int, gpus_per_node: int) -> list[int]:
+    """The world sizes ``advise --plot`` predicts at: every power of two up to ``world_size``, and
+    ``world_size``; above one node only multiples of ``gpus_per_node`` (every node is full)."""
+    sizes = {world_size}
+    w = 1
+    while w < world_size:
+        sizes.add(w)
+        w *= 2
+    return sorted(w for w in sizes if w <= gpus_per_node or w % gpus_per_node == 0)
+
+
+def scaling(cands: list[Candidate], *, build: Callable[[dict, int], Any], tgt: Target, world_sizes: list[int],
+            memory_gib: Optional[float]) -> list[dict]:
+    """Each candidate predicted at every world size of ``world_sizes``, the global sequence the same
+    (strong scaling), for ``advise --plot``.
+
+    ``build(fields, world_size) -> CaseSpec`` builds a case as ``run`` would, raising ``SpecError``
+    where the rules refuse it at that size (a Ulysses degree above it, a seqlen it does not divide).
+
+    Returns:
+        Per candidate ``{"label", "variant", "kernel", "points"}``; ``points`` per world size
+        ``{"world_size", "time_ms", "fits"}``, or ``{"world_size", "refused"}`` with the reason.
+    """
+    from ringbench.errors import SpecError
+
+    out = []
+    for c in cands:
+        points = []
+        for w in world_sizes:
+            try:
+                spec = build(c.fields, w)
+                reason = schedule.refusal(spec)
+                if reason:
+                    raise SpecError(reason)
+                spec = spec.replace(kernel=c.fields["kernel"])
+                fields = predict_case(spec, calibration=tgt.calibration, kernel=spec.kernel, cluster=tgt.cluster(w),
+                                      place=c.placement or "ulysses-inner")
+            except (SpecError, schedule.Unpredictable) as exc:
+                points.append({"world_size": w, "refused": str(exc)})
+                continue
+            fits = memory_gib is None or fields["peak_allocated_gib"] <= MEMORY_SHARE * memory_gib
+            points.append({"world_size": w, "time_ms": fields["time_ms"], "fits": fits})
+        out.append({"label": c.label, "variant": c.fields["variant"], "kernel": c.fields["kernel"], "points": points})
+    return out
+

@@ -1,11 +1,16 @@
 """``ringbench predict --against FILE.jsonl``: every measured record predicted, and how far off each one is.
 
-Each ``run`` record with status ok of ringbench's own variants is predicted on its own case: its
-world size on one node (``env.gpu_count`` GPUs per node, or the world size), its kernel, its GPU
-(``env.gpu_name``, unless ``--gpu`` names another). An emulated record (``run --emulate``, every
-rank played alone on one device) is compared with the slowest rank's compute and overhead, which
-is what it measured; a real one with the predicted time. The error is ``predicted / measured - 1``;
-the summary gives the median and the worst of its absolute values against the bound.
+Each ``run`` record with status ok and a time, of ringbench's own variants, is predicted on its
+own case: its world size on one node (``env.gpu_count`` GPUs per node, or the world size), its
+kernel, its GPU (``env.gpu_name``, unless ``--gpu`` names another). An emulated record (``run
+--emulate``, every rank played alone on one device) is compared with the slowest rank's compute
+and overhead, which is what it measured; a real one with the predicted time. The error is
+``predicted / measured - 1``; the summary gives the median and the worst of its absolute values
+against a :class:`Bound`.
+
+Every other line of the files is counted by why it is left out (a verify record, a status other
+than ok, a predicted record, a damaged line...), and a record the model cannot predict (a peer,
+a kernel the calibration lacks, a GPU it cannot price) is listed with the reason.
 
 Source: issue 24, item 4.
 """
@@ -14,37 +19,112 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
 
 from ringbench.errors import SpecError
+from ringbench.variants import plural
 
 
-def measured_records(path: Path) -> list[dict]:
-    """The ok ``run`` records of ``path`` that are not predictions.
+@dataclass(frozen=True)
+class Bound:
+    """What ``--against`` passes: the worst absolute error at most ``worst``, the median at most
+    ``median`` (None: not bounded), and at least ``min_records`` records predicted (None: any, but one)."""
+
+    worst: float
+    median: Optional[float] = None
+    min_records: Optional[int] = None
+
+    def text(self) -> str:
+        """``worst <= 8%, median <= 3%, at least 30 records``."""
+        parts = [f"worst <= {100 * self.worst:g}%"]
+        if self.median is not None:
+            parts.append(f"median <= {100 * self.median:g}%")
+        if self.min_records is not None:
+            parts.append(f"at least {plural(self.min_records, 'record')}")
+        return ", ".join(parts)
+
+
+@dataclass
+class Measured:
+    """The records ``--against`` checks, and what it left out.
+
+    Attributes:
+        records: the ok run records with a time, each with ``_source`` (its file) added.
+        left_out: why lines were left out, as said of one line and of several
+            (``("verify record", "verify records")``) -> how many.
+    """
+
+    records: list[dict]
+    left_out: dict[tuple[str, str], int]
+
+    def left_out_text(self) -> Optional[str]:
+        """``left out 40 lines: 33 verify records, 6 with status skipped, 1 damaged line``, or None."""
+        total = sum(self.left_out.values())
+        if not total:
+            return None
+        return f"left out {plural(total, 'line')}: " + ", ".join(plural(n, *why) for why, n in self.left_out.items())
+
+
+def _same(phrase: str) -> tuple[str, str]:
+    return phrase, phrase
+
+
+def _why_left_out(rec: Any) -> Optional[tuple[str, str]]:
+    """Why a parsed line is not a record ``--against`` checks (said of one and of several), or None."""
+    if not isinstance(rec, dict):
+        return "line that is not a record", "lines that are not records"
+    if rec.get("predicted"):
+        return "predicted record", "predicted records"
+    spec = rec.get("spec")
+    if not isinstance(spec, dict):
+        return "record without a spec", "records without a spec"
+    task = rec.get("task") or spec.get("task")
+    if task != "run":
+        return f"{task} record", f"{task} records"
+    if rec.get("status") != "ok":
+        return _same(f"with status {rec.get('status')}")
+    if not rec.get("time_ms"):
+        return "ok record without a time", "ok records without a time"
+    return None
+
+
+def measured_records(paths: Sequence[Path]) -> Measured:
+    """The ok ``run`` records of ``paths`` that have a time and are not predictions, and a count
+    of every other line by why it is left out.
 
     Raises:
-        SpecError: an unreadable file, or one without such a record.
+        SpecError: an unreadable file, or files without a single such record (the message says
+            what they hold instead).
     """
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise SpecError(f"against {str(path)!r} cannot be read ({exc.strerror or type(exc).__name__}); pass "
-                        "--against with a .jsonl file of run records") from None
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    records, left_out = [], {}
+    for path in paths:
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            raise SpecError(f"against {str(path)!r} line {n} is not JSON; pass a .jsonl file of run records") from None
-        if isinstance(rec, dict) and rec.get("task") == "run" and rec.get("status") == "ok" and not rec.get(
-                "predicted") and isinstance(rec.get("spec"), dict) and rec.get("time_ms"):
-            out.append(rec)
-    if not out:
-        raise SpecError(f"against {str(path)!r} holds no run record with status ok; pass a file ringbench run wrote")
-    return out
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise SpecError(f"against {str(path)!r} cannot be read ({exc.strerror or type(exc).__name__}); pass "
+                            "--against with a .jsonl file of run records") from None
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                why = ("damaged line", "damaged lines")
+            else:
+                why = _why_left_out(rec)
+            if why is None:
+                records.append({**rec, "_source": str(path)})
+            else:
+                left_out[why] = left_out.get(why, 0) + 1
+    found = Measured(records, left_out)
+    if not records:
+        names = " and ".join(repr(str(p)) for p in paths)
+        held = f" ({found.left_out_text()})" if left_out else " (it is empty)"
+        raise SpecError(f"against {names} {plural(len(paths), 'holds', 'hold', bare=True)} no ok run record with a "
+                        f"time to check{held}; pass the records ringbench run wrote")
+    return found
 
 
 def record_gpu(rec: dict) -> str | None:
@@ -59,8 +139,28 @@ def record_gpus_per_node(rec: dict) -> int | None:
     return max(count, world) if not rec["spec"].get("emulate") else world
 
 
-def compare(records: list[dict], *, bound: float, target_of: Callable[[dict], Any]) -> list[dict]:
-    """One row per record: ``label``, ``measured_ms``, ``predicted_ms``, ``error`` (or ``refused`` and ``reason``)."""
+def record_target(rec: dict, *, gpu: Optional[str] = None, calibrations: Sequence[Path] = (),
+                  cluster_file: Optional[Path] = None, gpus_per_node: Optional[int] = None, nodes: Optional[int] = None,
+                  fabric: Optional[str] = None):
+    """The ``model.target.Target`` a record is predicted on: its own GPU and GPUs per node (module
+    docstring), unless the options given name others.
+
+    Raises:
+        SpecError: as ``target.target``; a record without a GPU and no ``gpu`` given, for one.
+    """
+    from ringbench.model.target import target
+
+    return target(gpu=gpu or record_gpu(rec), calibrations=list(calibrations), cluster_file=cluster_file,
+                  gpus_per_node=gpus_per_node or record_gpus_per_node(rec), nodes=nodes, fabric=fabric,
+                  dtype=rec["spec"].get("dtype") or "bf16")
+
+
+def compare(records: list[dict], *, target_of: Callable[[dict], Any] = record_target) -> list[dict]:
+    """One row per record: ``label``, ``source``, ``variant``, ``case_id``, ``measured_ms``,
+    ``emulated``, then ``predicted_ms``, ``error``, ``path`` (the prediction's shares of its time
+    in compute, overhead, exposed communication and waiting) and ``calibration``, or ``refused:
+    true`` and ``reason`` (one sentence) for a record the model cannot predict. ``target_of(rec)``
+    gives the target of a record (default :func:`record_target`)."""
     from ringbench.case.fields import CaseSpec
     from ringbench.model import schedule
     from ringbench.model.predict import predict_case
@@ -68,10 +168,15 @@ def compare(records: list[dict], *, bound: float, target_of: Callable[[dict], An
 
     rows, targets = [], {}
     for rec in records:
-        row = {"label": case_label(rec), "case_id": rec.get("case_id"), "measured_ms": rec["time_ms"],
-               "emulated": bool(rec.get("emulated"))}
+        row = {"label": case_label(rec), "source": rec.get("_source"), "variant": rec["spec"].get("variant"),
+               "case_id": rec.get("case_id"), "measured_ms": rec["time_ms"], "emulated": bool(rec.get("emulated"))}
         try:
-            spec = CaseSpec.from_dict(rec["spec"]).replace(kernel=rec.get("kernel") or rec["spec"]["kernel"])
+            try:
+                spec = CaseSpec.from_dict(rec["spec"]).replace(kernel=rec.get("kernel") or rec["spec"]["kernel"])
+            except (KeyError, TypeError, ValueError) as exc:
+                if isinstance(exc, SpecError):
+                    raise
+                raise SpecError(f"its spec cannot be read by this ringbench ({type(exc).__name__}: {exc})") from None
             reason = schedule.refusal(spec)
             if reason:
                 raise SpecError(reason)
@@ -86,16 +191,31 @@ def compare(records: list[dict], *, bound: float, target_of: Callable[[dict], An
             continue
         # Emulation plays each rank alone: what it measures is the slowest rank's compute and overhead.
         predicted = fields["prediction"]["compute_only_ms"] if rec.get("emulated") else fields["time_ms"]
+        path = fields["prediction"]["critical_path_ms"]
         rows.append({**row, "predicted_ms": predicted, "error": predicted / rec["time_ms"] - 1,
+                     "path": {part: ms / fields["time_ms"] for part, ms in path.items()},
                      "calibration": fields["prediction"]["calibration"]})
     return rows
 
 
-def summary(rows: list[dict], bound: float) -> dict:
-    """``count``, ``median`` and ``worst`` absolute error, ``bound`` and ``passed`` (worst within it)."""
+def summary(rows: list[dict], bound: Bound) -> dict:
+    """``count`` (records predicted), ``refused``, ``median`` and ``worst`` absolute error, ``bound``
+    (its text) and its parts (``worst_bound``, ``median_bound``, ``min_records``), ``passed``, and
+    ``failures``: one phrase per part of the bound that was missed."""
     errors = [abs(r["error"]) for r in rows if not r.get("refused")]
+    refused = sum(1 for r in rows if r.get("refused"))
+    median = statistics.median(errors) if errors else None
+    worst = max(errors) if errors else None
+    failures = []
     if not errors:
-        return {"count": 0, "median": None, "worst": None, "bound": bound, "passed": False}
-    worst = max(errors)
-    return {"count": len(errors), "median": statistics.median(errors), "worst": worst, "bound": bound,
-            "passed": worst <= bound}
+        failures.append("no record could be predicted")
+    else:
+        if worst > bound.worst:
+            failures.append(f"the worst error, {100 * worst:.1f}%, is past {100 * bound.worst:g}%")
+        if bound.median is not None and median > bound.median:
+            failures.append(f"the median error, {100 * median:.1f}%, is past {100 * bound.median:g}%")
+        if bound.min_records is not None and len(errors) < bound.min_records:
+            failures.append(f"{plural(len(errors), 'record')} predicted, fewer than {bound.min_records}")
+    return {"count": len(errors), "refused": refused, "median": median, "worst": worst, "bound": bound.text(),
+            "worst_bound": bound.worst, "median_bound": bound.median, "min_records": bound.min_records,
+            "passed": not failures, "failures": failures}

@@ -12,7 +12,8 @@ kernel by the kernel's name and version; it records the environment it was measu
   10th and 90th percentile of the timed calls). The rate of a point is its FLOPs (flash-attn
   convention, ``case.work``) over its time; between points it is read bilinearly in log2 of
   the sizes (a surface, not a number), outside them at the nearest edge, and below the
-  smallest size the point's time is a floor (launch-bound calls do not get faster);
+  smallest size the point's time is a floor (launch-bound calls do not get faster), except for
+  the keys of one document of a varlen call, which take the edge's rate (the call is one launch);
 - **per-step overheads**: ``merge`` (the forward's fold of a block's out/lse, ``merge.merge_step``),
   ``add`` (the backward's gradient adds, ``merge.add_steps``) and ``copy`` (a contiguous copy:
   the Ulysses permutes, the all-gather's unshard), each a fixed ms plus bytes over GiB/s, and
@@ -136,9 +137,11 @@ class Surface:
             self.cache[which] = (xs, ys, dict(pts), pts)
         return self.cache[which]
 
-    def rate(self, q: float, second: float, which: str = "mid") -> float:
+    def rate(self, q: float, second: float, which: str = "mid", key_floor: bool = True) -> float:
         """FLOP/s at ``q`` query rows (already scaled to this surface's batch x heads) and ``second``
-        keys (the window for a ``window`` surface; ignored for ``causal``)."""
+        keys (the window for a ``window`` surface; ignored for ``causal``). ``key_floor=False``: keys
+        below the smallest measured size take that size's rate, not its time (one document of a
+        varlen call, which is not a launch of its own)."""
         xs, ys, grid, pts = self._grid(which)
 
         def at(x: float, y: float) -> float:
@@ -157,7 +160,7 @@ class Surface:
         # Below the smallest measured size a call takes at least that size's time.
         if lq < xs[0]:
             rate *= 2 ** (lq - xs[0])
-        if lk < ys[0]:
+        if lk < ys[0] and key_floor:
             rate *= 2 ** (lk - ys[0])
         return rate
 
@@ -235,7 +238,9 @@ class KernelCalibration:
                 if pairs <= 0:
                     continue
                 second = call.window if surface.mask == "window" else lk
-                total += call_flops(call, shape, pairs) / (surface.rate(call.q * fill, second, which) * scale)
+                # The call's rows set the fill; a short document's keys do not make it a launch of its own.
+                total += call_flops(call, shape, pairs) / (surface.rate(call.q * fill, second, which, key_floor=False)
+                                                           * scale)
             return total * 1e3
         second = (call.window if surface.mask == "window" else
                   (call.pairs / max(call.q, 1) if call.mask == "window" else call.k))

@@ -26,12 +26,14 @@ from ringbench.model.simulate import PARTS, play, price, segments
 
 GIB = 1024 ** 3
 #: What ``prediction.validated_error`` says until ``predict --against`` has been run on reference records.
-NOT_VALIDATED = "not yet validated against measured records (ringbench predict --against)"
+NOT_VALIDATED = ("not yet validated against measured records: docs/validation.md gives the provisional "
+                 "calibration's errors (ringbench predict --against)")
 
 
 def reference_ms(spec, cal: Calibration, kernel: str, which: str = "mid") -> tuple[float, float]:
     """The same kernel on one rank's share (S / W tokens, the case's mask and mode), as the run's
-    reference is (``bench``): (ms, FLOPs)."""
+    reference is (``bench``): (ms, FLOPs). Packed documents sharded by row (llama3_varlen) give
+    each rank its own pieces; the rank whose reference takes longest stands, as in ``bench``."""
     from ringbench.case.spec import padded_docs, spec_docs
     from ringbench.variants import get_variant
 
@@ -39,35 +41,43 @@ def reference_ms(spec, cal: Calibration, kernel: str, which: str = "mid") -> tup
     shape = schedule.case_shape(spec)
     local = spec.seqlen // spec.world_size
     window = spec.window or 0
-    docs = None
-    if variant.varlen:
-        from ringbench.variants.engines import layouts
+    real = spec_docs(spec) if variant.varlen else None
 
-        cu = layouts.cu_seqlens_from_docs(padded_docs(spec))
-        layout = spec.layout or variant.layout
-        degree = variant.layout_degree(spec.world_size, spec.ulysses_degree)
-        local_cu = layouts.varlen_local_cu_seqlens(cu, layout, 0, spec.world_size,
+    def one(docs) -> tuple[float, float]:
+        total = 0.0
+        for mode in ("fwd", "bwd") if spec.mode == "fwd_bwd" else ("fwd",):
+            if docs is not None:
+                pieces = tuple((d, d, (d * (d + 1) / 2) if spec.causal else float(d) * d) for d in docs)
+                call = Call(mode, "causal" if spec.causal else "full", local, local, sum(p for *_, p in pieces),
+                            docs=pieces)
+            elif window and window < local:
+                call = Call(mode, "window", local, local, schedule.part_pairs(local, local, (window - 1, 0)),
+                            window=window)
+            elif spec.causal:
+                call = Call(mode, "causal", local, local, local * (local + 1) / 2)
+            else:
+                call = Call(mode, "full", local, local, float(local) * local)
+            total += cal.kernel_ms(kernel, call, shape, which)
+        flops = attention_flops(batch=spec.batch, seqlen=local, heads=spec.heads, head_dim=spec.head_dim,
+                                causal=spec.causal, mode=spec.mode, docs=docs if real else None,
+                                head_dim_v=spec.value_head_dim(), window=spec.window or None)
+        return total, flops
+
+    if not variant.varlen:
+        return one(None)
+    from ringbench.variants.engines import layouts
+
+    cu = layouts.cu_seqlens_from_docs(padded_docs(spec))
+    layout = spec.layout or variant.layout
+    degree = variant.layout_degree(spec.world_size, spec.ulysses_degree)
+    ranks = range(1) if variant.shard_by_document else range(spec.world_size)  # by document: every rank alike
+    found = []
+    for rank in ranks:
+        local_cu = layouts.varlen_local_cu_seqlens(cu, layout, rank, spec.world_size,
                                                    by_document=variant.shard_by_document,
                                                    ulysses_degree=degree).tolist()
-        docs = [b - a for a, b in zip(local_cu, local_cu[1:])]
-    total = 0.0
-    for mode in ("fwd", "bwd") if spec.mode == "fwd_bwd" else ("fwd",):
-        if docs is not None:
-            pieces = tuple((d, d, (d * (d + 1) / 2) if spec.causal else float(d) * d) for d in docs)
-            call = Call(mode, "causal" if spec.causal else "full", local, local, sum(p for *_, p in pieces),
-                        docs=pieces)
-        elif window and window < local:
-            call = Call(mode, "window", local, local, schedule.part_pairs(local, local, (window - 1, 0)), window=window)
-        elif spec.causal:
-            call = Call(mode, "causal", local, local, local * (local + 1) / 2)
-        else:
-            call = Call(mode, "full", local, local, float(local) * local)
-        total += cal.kernel_ms(kernel, call, shape, which)
-    real = spec_docs(spec) if variant.varlen else None
-    flops = attention_flops(batch=spec.batch, seqlen=local, heads=spec.heads, head_dim=spec.head_dim,
-                            causal=spec.causal, mode=spec.mode, docs=docs if real else None,
-                            head_dim_v=spec.value_head_dim(), window=spec.window or None)
-    return total, flops
+        found.append(one([b - a for a, b in zip(local_cu, local_cu[1:])]))
+    return max(found, key=lambda tf: tf[0])
 
 
 def placement(cluster: Cluster, layout: schedule.Layout, how: str):

@@ -3,7 +3,9 @@
 The model restates no algorithm. What each rank computes at each ring step comes from the
 engine's plan through ``ring.steps_for`` (the steps ``run_ring`` runs: ``contiguous_plan``,
 ``zigzag_plan``, ``stripe_plan``, their varlen steps and the window's parts), llama3's from
-``llama3.schedule`` (its head groups and kernel blocks), and the Ulysses head split from the
+``llama3.schedule`` (its head groups and kernel blocks), llama3_varlen's from
+``llama3_varlen.schedule`` (its head groups and the document pieces of its one varlen call per
+group, the very function the engine builds them with), and the Ulysses head split from the
 registry's rules (``Variant.ulysses_degree``, ``variants.rules``). What this module adds is the
 *order* in which an engine issues its transfers, computes and waits, one function per engine
 loop, each following the loop it names line by line, so the overlap is the engine's:
@@ -13,8 +15,9 @@ loop, each following the loop it names line by line, so the overlap is the engin
 - ring backward (``ring._ring_backward``): the reverse ring, K/V for step i + 1 committed before
   step i's kernel, the dK/dV partial of step i - 1 waited for after it, added, sent on; the own
   block last, its dK/dV hop waited for after the last compute;
-- all-gather (``llama3._forward``/``_backward``): the next head group's gather in flight while
-  the current one computes; backward reduce-scatters each group's float32 dK/dV, blocking;
+- all-gather (``llama3._forward``/``_backward``, ``llama3_varlen._forward``/``_backward``): the
+  next head group's gather in flight while the current one computes; backward reduce-scatters
+  each group's float32 dK/dV, blocking;
 - Ulysses (``ulysses.UlyssesRing``): blocking all-to-alls of q, k, v (K/V replicated first when
   the degree exceeds kv_heads), the ring over the ring group, then out and lse back; backward
   dout over, the ring's backward, dq, dk, dv back.
@@ -271,7 +274,53 @@ def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, s
     return ops
 
 
-# --------------------------------------------------------------------------- all-gather (llama3)
+# --------------------------------------------------------------------------- all-gather (llama3, llama3_varlen)
+
+def _group_shape(shape: Shape, hs: slice) -> Shape:
+    """The attention shape of one head group (K/V heads ``hs`` and their query heads)."""
+    h = hs.stop - hs.start
+    return shape._replace(heads=h * (shape.heads // shape.kv_heads), kv_heads=h)
+
+
+def _kv_shard(gs: Shape, local: int, esize: int) -> float:
+    """Bytes of this rank's K and V of one head group."""
+    return local * gs.batch * gs.kv_heads * (gs.head_dim + gs.head_dim_v) * esize
+
+
+def _gathered_forward(heads: list[slice], shape: Shape, local: int, world_size: int, esize: int, compute) -> list:
+    """``llama3._gathered_kv``'s order: group 0's gather first, then each group posts the next
+    one's gather before it waits for its own, unshards it (a copy) and runs ``compute(i, gs)``."""
+    everyone = tuple(range(world_size))
+    ops = [Post("gather0", "all_gather", "fwd", 0, _kv_shard(_group_shape(shape, heads[0]), local, esize), everyone)]
+    for i, hs in enumerate(heads):
+        gs = _group_shape(shape, hs)
+        if i + 1 < len(heads):
+            ops.append(Post(f"gather{i + 1}", "all_gather", "fwd", i + 1,
+                            _kv_shard(_group_shape(shape, heads[i + 1]), local, esize), everyone))
+        ops.append(Wait(f"gather{i}"))
+        ops.append(Compute("copy", "fwd", i, nbytes=2 * world_size * _kv_shard(gs, local, esize)))  # _to_global
+        ops += compute(i, gs)
+    return ops
+
+
+def _reduce_scatter(i: int, gs: Shape, local: int, world_size: int) -> list:
+    """``llama3.reduce_scatter_shards`` of one head group's float32 dK and dV: the shards cut (a
+    copy), then a blocking reduce-scatter, for each."""
+    ops = []
+    for part in ("k", "v"):
+        dim = gs.head_dim if part == "k" else gs.head_dim_v
+        shard = local * gs.batch * gs.kv_heads * dim * 4
+        ops.append(Compute("copy", "bwd", i, nbytes=2 * world_size * shard))
+        ops.append(Post(f"rs{part}", "reduce_scatter", "bwd", i, shard, tuple(range(world_size))))
+        ops.append(Wait(f"rs{part}"))
+    return ops
+
+
+def _with_group_shapes(ops, heads: list[slice], shape: Shape):
+    # A kernel call of head group i (its step) runs at that group's heads.
+    return [(op, _group_shape(shape, heads[op.step])) if isinstance(op, Compute) and op.kind == "kernel"
+            else (op, None) for op in ops]
+
 
 def gather_program(spec, rank: int, world_size: int, shape: Shape, esize: int, backward: bool) -> list:
     """Rank ``rank``'s llama3 forward (and backward), in ``llama3._forward``/``_backward``'s order."""
@@ -282,12 +331,7 @@ def gather_program(spec, rank: int, world_size: int, shape: Shape, esize: int, b
     stride = spec.heads_k_stride or shape.kv_heads
     groups = llama3.schedule(layout, spec.causal, rank, world_size, local, shape.kv_heads, stride,
                              spec.window or None)
-    everyone = tuple(range(world_size))
-    G = shape.heads // shape.kv_heads
-
-    def group_shape(hs: slice) -> Shape:
-        h = hs.stop - hs.start
-        return shape._replace(heads=h * G, kv_heads=h)
+    heads = [hs for hs, _ in groups]
 
     def calls(blocks, mode):
         out = []
@@ -303,43 +347,95 @@ def gather_program(spec, rank: int, world_size: int, shape: Shape, esize: int, b
                 out.append(Call(mode, "full", m, n, float(m) * n))
         return out
 
-    def kv_shard(gs: Shape) -> float:  # this rank's K and V of one head group
-        return local * gs.batch * gs.kv_heads * (gs.head_dim + gs.head_dim_v) * esize
-
-    # _gathered_kv: group 0's gather first; then each group posts the next one's before waiting for its own.
-    ops = [Post("gather0", "all_gather", "fwd", 0, kv_shard(group_shape(groups[0][0])), everyone)]
-    for i, (hs, blocks) in enumerate(groups):
-        gs = group_shape(hs)
-        if i + 1 < len(groups):
-            ops.append(Post(f"gather{i + 1}", "all_gather", "fwd", i + 1, kv_shard(group_shape(groups[i + 1][0])),
-                            everyone))
-        ops.append(Wait(f"gather{i}"))
-        ops.append(Compute("copy", "fwd", i, nbytes=2 * world_size * kv_shard(gs)))  # _to_global: the unshard
-        for c in calls(blocks, "fwd"):
+    def forward(i, gs):
+        ops = []
+        for c in calls(groups[i][1], "fwd"):
             ops.append(Compute("kernel", "fwd", i, c))
             ops.append(Compute("merge", "fwd", i, nbytes=_merge_bytes(c.q, gs, esize)))
+        return ops
+
+    ops = _gathered_forward(heads, shape, local, world_size, esize, forward)
     if not backward:
-        return _with_group_shapes(ops, groups, group_shape)
+        return _with_group_shapes(ops, heads, shape)
     for i, (hs, blocks) in enumerate(groups):
-        gs = group_shape(hs)
+        gs = _group_shape(shape, hs)
         full = world_size * local * gs.batch * gs.kv_heads * (gs.head_dim + gs.head_dim_v) * 4
         ops.append(Compute("copy", "bwd", i, nbytes=full))  # the float32 dK/dV of the whole sequence, zeroed
         for c in calls(blocks, "bwd"):
             ops.append(Compute("kernel", "bwd", i, c))
             ops.append(Compute("add", "bwd", i, nbytes=_add_bytes(c.q, c.k, gs, esize)))
-        for part in ("k", "v"):  # reduce_scatter_shards: the shards cut (a copy), then a blocking reduce-scatter
-            dim = gs.head_dim if part == "k" else gs.head_dim_v
-            shard = local * gs.batch * gs.kv_heads * dim * 4
-            ops.append(Compute("copy", "bwd", i, nbytes=2 * world_size * shard))
-            ops.append(Post(f"rs{part}", "reduce_scatter", "bwd", i, shard, everyone))
-            ops.append(Wait(f"rs{part}"))
-    return _with_group_shapes(ops, groups, group_shape)
+        ops += _reduce_scatter(i, gs, local, world_size)
+    return _with_group_shapes(ops, heads, shape)
 
 
-def _with_group_shapes(ops, groups, group_shape):
-    # A kernel call of head group i (its step) runs at that group's heads.
-    return [(op, group_shape(groups[op.step][0])) if isinstance(op, Compute) and op.kind == "kernel" else (op, None)
-            for op in ops]
+def pieces_call(pieces, mode: str, causal: bool, window: int | None) -> Call:
+    """The one varlen kernel call of ``llama3_varlen``'s :class:`Pieces`: per local document piece
+    its query rows, its keys and the pairs it attends (causal aligned bottom-right, or the window's band)."""
+    cq, ck = pieces.cu_q.tolist(), pieces.cu_k.tolist()
+    docs = []
+    for (a, b), (c, d) in zip(zip(cq, cq[1:]), zip(ck, ck[1:])):
+        lq, lk = b - a, d - c
+        if window is not None:
+            pairs = part_pairs(lq, lk, (window - 1, 0))
+        else:
+            pairs = _causal_doc_pairs(lq, lk) if causal else float(lq) * lk
+        docs.append((lq, lk, pairs))
+    mask = "window" if window is not None else ("causal" if causal else "full")
+    return Call(mode, mask, cq[-1], ck[-1], sum(p for *_, p in docs), window=window or 0, docs=tuple(docs))
+
+
+def gather_varlen_program(spec, rank: int, world_size: int, shape: Shape, esize: int, backward: bool,
+                          doc_lengths: list[int]) -> list:
+    """Rank ``rank``'s llama3_varlen forward (and backward), in ``llama3_varlen._forward``/``_backward``'s
+    order: per head group the gather (as llama3's), one varlen kernel call over ``llama3_varlen.schedule``'s
+    pieces, its out copied into place; backward one varlen call, dq copied into place, and the float32
+    dK/dV of the gathered row (zeroed, the pieces' gradients scattered in) reduce-scattered to their owners."""
+    from ringbench.variants.engines import layouts, llama3_varlen
+
+    layout = spec.layout or get_variant(spec.variant).layout
+    local = spec.seqlen // world_size
+    stride = spec.heads_k_stride or shape.kv_heads
+    window = spec.window or None
+    offsets = layouts.cu_seqlens_from_docs(doc_lengths).tolist()
+    heads, pieces = llama3_varlen.schedule(offsets, layout, spec.causal, rank, world_size, local, shape.kv_heads,
+                                           stride, window)
+    one_group = len(heads) == 1
+    # _keys: a slice of the gathered row is a view; the balanced layout's indices gather a copy.
+    indexed = not isinstance(pieces.keys, slice)
+    keys = pieces.cu_k[-1].item()
+
+    def key_copy(phase: str, i: int, gs: Shape) -> list:
+        if not indexed:
+            return []
+        return [Compute("copy", phase, i, nbytes=2 * keys * gs.batch * gs.kv_heads * (gs.head_dim + gs.head_dim_v)
+                        * esize)]
+
+    def forward(i, gs):
+        ops = key_copy("fwd", i, gs) + [Compute("kernel", "fwd", i, pieces_call(pieces, "fwd", spec.causal, window))]
+        if not one_group:  # out[:, :, heads] = the group's out (and its lse)
+            ops.append(Compute("copy", "fwd", i, nbytes=2 * local * gs.batch * gs.heads * (gs.head_dim_v * esize + 4)))
+        return ops
+
+    ops = _gathered_forward(heads, shape, local, world_size, esize, forward)
+    if not backward:
+        return _with_group_shapes(ops, heads, shape)
+    whole = world_size == 1 and not indexed and pieces.keys == slice(0, local)
+    for i, hs in enumerate(heads):
+        gs = _group_shape(shape, hs)
+        ops += key_copy("bwd", i, gs)
+        ops.append(Compute("kernel", "bwd", i, pieces_call(pieces, "bwd", spec.causal, window)))
+        if whole and one_group:
+            continue  # the kernel's gradients are the result
+        ops.append(Compute("copy", "bwd", i, nbytes=2 * local * gs.batch * gs.heads * gs.head_dim * esize))  # dq
+        if whole:
+            ops.append(Compute("copy", "bwd", i, nbytes=2 * _kv_shard(gs, local, esize)))  # dk, dv into place
+            continue
+        for dim in (gs.head_dim, gs.head_dim_v):
+            # the float32 row zeroed, the pieces' gradient written (or index-added) into it
+            row = world_size * local * gs.batch * gs.kv_heads * dim * 4
+            ops.append(Compute("copy", "bwd", i, nbytes=row + keys * gs.batch * gs.kv_heads * dim * (esize + 4)))
+        ops += _reduce_scatter(i, gs, local, world_size)
+    return _with_group_shapes(ops, heads, shape)
 
 
 # --------------------------------------------------------------------------- Ulysses and USP
@@ -410,9 +506,6 @@ def refusal(spec) -> str | None:
         return (f"{spec.variant} is a peer, and its schedule is its own library's code, not a ringbench plan the "
                 f"model can walk, so it is not predicted; predict ringbench's {variant.layout} variant of the same "
                 "layout instead")
-    if spec.variant == "llama3_varlen":
-        return ("llama3_varlen's per-piece schedule is not walked by the model yet; predict llama3 or zigzag_varlen "
-                "instead")
     if spec.sink != "none":
         return None  # the sink joins once per row: no step of its own worth pricing
     return None
@@ -444,6 +537,10 @@ def programs(spec, *, ulysses_degree: int | None = None) -> tuple[list[list], La
         return progs, Layout(U, W // U)
     if spec.variant == "llama3":
         return [gather_program(spec, r, W, shape, esize, backward) for r in range(W)], Layout(1, W)
+    if spec.variant == "llama3_varlen":
+        if spec.batch != 1:
+            raise Unpredictable("packed documents take batch 1")
+        return [gather_varlen_program(spec, r, W, shape, esize, backward, docs) for r in range(W)], Layout(1, W)
     layout = spec.layout or variant.layout
     local = spec.seqlen // W
     doc_lengths = [d // W for d in docs] if docs is not None else None

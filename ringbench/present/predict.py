@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ringbench.present.formatting import compact_table, milliseconds, number, rate, text
 from ringbench.records.access import record_field
+from ringbench.variants import plural
 
 _PART_HEADERS = (("compute", "compute"), ("overhead", "overhead"), ("comm", "exposed\ncomm"), ("wait", "wait\npeers"))
 
@@ -85,29 +86,41 @@ def print_predict_table(records: list[dict], console: Console | None = None) -> 
 
 
 def print_against(rows: list[dict], summary: dict, console: Console | None = None) -> None:
-    """``predict --against``: per measured record its time, the prediction and the error; then the
-    median and worst error against the bound."""
+    """``predict --against``: per measured record its time, the prediction and the error (red past
+    the worst bound); then the records it could not predict, each reason once, numbered; what it
+    left out of the files; and the median and worst error against the bound, with what missed it."""
     console = console or Console()
     table = compact_table("ringbench predict --against")
     table.add_column("case", no_wrap=True)
     for header in ("measured\nms", "predicted\nms", "error"):
         table.add_column(header, justify="right", no_wrap=True)
+    reasons = list(dict.fromkeys(r["reason"] for r in rows if r.get("refused")))
+    worst = summary.get("worst_bound")
     for row in rows:
+        label = row["label"] + (" (emulated)" if row.get("emulated") else "")
         if row.get("refused"):
-            table.add_row(row["label"], milliseconds(row["measured_ms"]), "-", Text("not predicted", style="yellow"))
+            table.add_row(label, milliseconds(row["measured_ms"]), "-",
+                          Text(f"not predicted [{reasons.index(row['reason']) + 1}]", style="yellow"))
             continue
         err = row["error"]
-        style = "red" if abs(err) > summary["bound"] else ""
-        table.add_row(row["label"], milliseconds(row["measured_ms"]), milliseconds(row["predicted_ms"]),
+        style = "red" if worst is not None and abs(err) > worst else ""
+        table.add_row(label, milliseconds(row["measured_ms"]), milliseconds(row["predicted_ms"]),
                       Text(f"{100 * err:+.1f}%", style=style))
     console.print(table)
-    for i, reason in enumerate(dict.fromkeys(r["reason"] for r in rows if r.get("refused")), 1):
-        console.print(Text(f"not predicted [{i}]: {reason}", style="yellow"))
+    for i, reason in enumerate(reasons, 1):
+        n = sum(1 for r in rows if r.get("reason") == reason)
+        console.print(Text(f"not predicted [{i}] ({plural(n, 'record')}): {reason}", style="yellow"))
+    if summary.get("left_out"):
+        console.print(Text(summary["left_out"], style="dim"))
     if summary["count"]:
-        verdict = "within" if summary["passed"] else "past"
-        console.print(Text(f"{summary['count']} records: median error {100 * summary['median']:.1f}%, worst "
-                           f"{100 * summary['worst']:.1f}% ({verdict} the bound of {100 * summary['bound']:g}%)",
-                           style="green" if summary["passed"] else "red"))
+        line = (f"{plural(summary['count'], 'record')} predicted: median error {100 * summary['median']:.1f}%, "
+                f"worst {100 * summary['worst']:.1f}%")
+    else:
+        line = "no record predicted"
+    verdict = "within" if summary["passed"] else "past"
+    line += f" ({verdict} the bound: {summary['bound']}"
+    line += f"; {'; '.join(summary['failures'])})" if summary["failures"] else ")"
+    console.print(Text(line, style="green" if summary["passed"] else "red"))
 
 
 def print_advice(ranked: list, console: Console | None = None, *, top: int, cluster: str, calibration: str) -> None:

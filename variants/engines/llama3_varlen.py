@@ -131,6 +131,23 @@ def balanced_pieces(offsets: list[int], rank: int, world_size: int, causal: bool
                   _window_keywords(window))
 
 
+def pieces_for(offsets: list[int], layout: str, rank: int, world_size: int, seqlen_local: int, causal: bool,
+               device=None, window: int | None = None) -> Pieces:
+    """This rank's kernel call in ``layout``: :func:`local_pieces` (contiguous) or :func:`balanced_pieces`."""
+    if layout == balanced.NAME:
+        return balanced_pieces(offsets, rank, world_size, causal, device=device, window=window)
+    return local_pieces(offsets, rank, seqlen_local, causal, device=device, window=window)
+
+
+def schedule(offsets: list[int], layout: str, causal: bool, rank: int, world_size: int, seqlen_local: int,
+             kv_heads: int, stride: int, window: int | None = None) -> tuple[list[slice], Pieces]:
+    """This rank's work, as :func:`llama3_varlen_attention` runs it: the head groups (K/V heads
+    gathered together, one varlen kernel call each) and the :class:`Pieces` every one of those
+    calls takes; public so that ``ringbench predict`` walks the schedule that runs (issue 24)."""
+    return _head_groups(kv_heads, stride), pieces_for(offsets, layout, rank, world_size, seqlen_local, causal,
+                                                      window=window)
+
+
 def _keys(x: Tensor, keys) -> Tensor:
     return x[:, keys] if isinstance(keys, slice) else x.index_select(1, keys)
 
@@ -271,14 +288,9 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
         raise ValueError(f"{prefix} {exc}") from None
     documents = prepare(cu_seqlens, q.shape[1], group)
     offsets = list(documents.offsets)
-    if layout == balanced.NAME:
-        pieces = documents.schedule(("llama3_varlen", layout, rank, world_size, causal, window, str(q.device)),
-                                    lambda: balanced_pieces(offsets, rank, world_size, causal, device=q.device,
-                                                            window=window))
-    else:
-        pieces = documents.schedule(("llama3_varlen", layout, rank, world_size, causal, window, str(q.device)),
-                                    lambda: local_pieces(offsets, rank, q.shape[1], causal, device=q.device,
-                                                         window=window))
+    pieces = documents.schedule(("llama3_varlen", layout, rank, world_size, causal, window, str(q.device)),
+                                lambda: pieces_for(offsets, layout, rank, world_size, q.shape[1], causal,
+                                                   device=q.device, window=window))
     if sink is not None:
         check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale

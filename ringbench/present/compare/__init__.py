@@ -8,6 +8,11 @@ reported as left out. When one case (one ``case_id``) has several ok records, ac
 or reruns, the latest (``created_at``) stands for it, unless a ``--by`` column that is not a
 spec field (``source``, ``run_id``, ``env.torch``) tells them apart.
 
+Predictions. A record of ``ringbench predict`` (``predicted: true``) is kept apart from the
+measured records of its case: where both kinds are there, ``predicted`` names a row of its own
+(``predicted`` or ``measured``) and the plot draws predictions long-dashed; where all are
+predicted, the title says so.
+
 Columns. Records are flattened (``spec.seqlen``, ``env.torch``); every ``spec.<field>`` is
 also there under its short name (``seqlen``, ``world_size``, ``variant``, ``heads``...), so
 ``--where``, ``--x`` and ``--by`` can use either. ``kernel`` is the kernel that ran.

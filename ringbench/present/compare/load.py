@@ -3,7 +3,8 @@
 Reads the records of docs/contracts.md through :func:`ringbench.records.store.load`; pandas is
 imported inside the functions. The frame has one row per record, its columns flattened
 (``spec.seqlen``, ``env.torch``), with every ``spec.<field>`` also under its short name
-(``seqlen``) and the short names listed in ``frame.attrs["aliases"]``.
+(``seqlen``) and the short names listed in ``frame.attrs["aliases"]``, and a ``predicted``
+column (True for a record of ``ringbench predict``, else False).
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ def read_frame(paths: Sequence[Path | str]) -> "pandas.DataFrame":
                            "that `ringbench run` wrote")
     frame, unknown_schema = _known_schema(frame)
     frame = frame.copy()
+    # A record of ringbench predict says predicted: true; a measured one holds no such field.
+    frame["predicted"] = (frame["predicted"].map(lambda v: str(v) == "True") if "predicted" in frame.columns
+                          else False)
     for name, default in OPTIONAL_DEFAULTS.items():
         column = f"spec.{name}"
         frame[column] = frame[column].fillna(default) if column in frame.columns else default
@@ -159,7 +163,9 @@ def load_runs(paths: Sequence[Path | str], *, where: str | None = None, keep_apa
     are counted as left out. When one case (one ``case_id``) has several records, across files
     or reruns, the latest (``created_at``) stands for it, unless a ``keep_apart`` column that is
     not a spec field tells them apart; a case whose latest record is not ok (error, oom...) is
-    left out with its older records, so an old value never shows as current.
+    left out with its older records, so an old value never shows as current. A predicted record
+    (``predicted: true``, from ``ringbench predict --out``) is kept apart from the measured ones
+    of its case: each stands beside the other.
 
     Args:
         paths: ``.jsonl`` files and folders.
@@ -187,7 +193,8 @@ def load_runs(paths: Sequence[Path | str], *, where: str | None = None, keep_apa
     frame = apply_where(frame, where)
     # The latest record of a case, whatever its status, says what the case is now: an older ok
     # value must not stand in for a case that has since failed.
-    apart = [k for k in keep_apart if not _is_spec(frame, k)]
+    # A prediction never stands for a measurement of its case, nor the other way round.
+    apart = [k for k in keep_apart if not _is_spec(frame, k) and k != "predicted"] + ["predicted"]
     latest, _ = latest_per_case(frame, apart)
     status = latest["status"] if "status" in latest.columns else None
     failed = status != "ok" if status is not None else pd.Series(False, index=latest.index)

@@ -36,6 +36,8 @@ class Pivot:
         lines: the fields that name a line within a panel.
         low, high: the p20 and p80 of each cell (``metrics.spread_of``), shaped as ``table``;
             NaN where the record has no spread.
+        all_predicted: every record is a prediction (``ringbench predict``); where only some
+            are, ``predicted`` is one of the ``lines`` fields instead.
     """
 
     table: "pandas.DataFrame"
@@ -46,6 +48,7 @@ class Pivot:
     lines: list[str]
     low: "pandas.DataFrame | None" = None
     high: "pandas.DataFrame | None" = None
+    all_predicted: bool = False
 
     def rows(self) -> list[tuple[list[Any], list[Any]]]:
         """(index values, metric values) per row, as plain Python values (None: not measured)."""
@@ -79,7 +82,8 @@ def pivot(frame: "pandas.DataFrame", *, metric: str = "tflops", x: str = "seqlen
 
     Rows are keyed by the world size and mode (the plot's panels, less any that is ``x`` or
     in ``by``), then the ``by`` fields, then every other spec field that varies in
-    ``frame``, so that no cell mixes two cases.
+    ``frame``, so that no cell mixes two cases, then ``predicted`` where the frame holds both
+    predicted and measured records, so a prediction never shares a cell with a measurement.
 
     Args:
         frame: one row per case, as :func:`ringbench.present.compare.load.load_runs` gives.
@@ -103,6 +107,9 @@ def pivot(frame: "pandas.DataFrame", *, metric: str = "tflops", x: str = "seqlen
                            "pass records of `ringbench run`")
     panels = [f for f in PANEL_FIELDS if f != x and f not in by and f in frame.columns]
     lines = list(dict.fromkeys([*by, *varying_fields(frame, exclude=[x, *panels, *by])]))
+    predicted = frame["predicted"].astype(bool) if "predicted" in frame.columns else None
+    if predicted is not None and predicted.any() and not predicted.all():
+        lines.append("predicted")  # a prediction is its own line, beside the measurement
     index = [*panels, *lines]
     if not index:
         raise CompareError(f"--x {x} leaves no field to name a row; pass --by with another field, such as kernel")
@@ -120,7 +127,8 @@ def pivot(frame: "pandas.DataFrame", *, metric: str = "tflops", x: str = "seqlen
     table = table.reindex(sorted(table.columns), axis=1).sort_index()
     low, high = (keyed[c].astype(float).unstack(x).reindex(index=table.index, columns=table.columns)
                  for c in ("_p20", "_p80"))
-    return Pivot(table=table, metric=m, x=x, index=index, panels=panels, lines=lines, low=low, high=high)
+    return Pivot(table=table, metric=m, x=x, index=index, panels=panels, lines=lines, low=low, high=high,
+                 all_predicted=bool(predicted is not None and len(predicted) and predicted.all()))
 
 
 @dataclass

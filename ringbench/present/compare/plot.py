@@ -96,6 +96,9 @@ KERNEL_STYLES: dict[str, tuple[Any, str]] = {
 }
 OTHER_STYLES: tuple[tuple[Any, str], ...] = (("-", "h"), ("-.", "*"), (":", "X"), ((0, (3, 1, 1, 1, 1, 1)), "p"))
 PEER_LINESTYLE = "--"
+#: A predicted record's line (``ringbench predict``): long dashes, its kernel's marker kept filled,
+#: so a prediction reads apart from the measurement beside it and from a peer.
+PREDICTED_LINESTYLE = (0, (7, 3))
 #: Markers of the lines of one variant and kernel after the first (which has its kernel's).
 _SIBLING_MARKERS = ("o", "s", "D", "^", "X", "P", "*", "h")
 #: Fields a legend entry shows as their value alone (the legend's title names them).
@@ -142,19 +145,21 @@ def _line_styles(lines: list[str], line_keys: list[tuple], frame: "pandas.DataFr
     marker of its kernel (:data:`KERNEL_STYLES`); a peer (``Variant.peer``) dashed with open
     markers; lines of one variant and kernel that differ in other fields (rotate, docs...) in
     shades of the variant's colour, the one with the fewest fields set in the colour itself and
-    the kernel's marker, each other in a marker of its own (:data:`_SIBLING_MARKERS`).
-    A field that is not a line field but holds one value in every record counts as well."""
+    the kernel's marker, each other in a marker of its own (:data:`_SIBLING_MARKERS`); a
+    predicted record's line long-dashed (:data:`PREDICTED_LINESTYLE`) in the colour of the
+    measurement it stands beside. A field that is not a line field but holds one value in every
+    record counts as well."""
     def field(key: tuple, name: str) -> Any:
         return key[lines.index(name)] if name in lines else _single(frame, name)
 
     def set_fields(key: tuple) -> tuple:
-        return tuple(v for n, v in zip(lines, key) if n not in _BARE_FIELDS)
+        return tuple(v for n, v in zip(lines, key) if n not in _BARE_FIELDS and n != "predicted")
 
     def family(key: tuple) -> tuple:
         variant = field(key, "variant")
         return (variant if variant is not None else (key[0] if key else None), field(key, "kernel"))
 
-    optional = [n for n in lines if n not in _BARE_FIELDS]  # the names of set_fields' values
+    optional = [n for n in lines if n not in _BARE_FIELDS and n != "predicted"]  # the names of set_fields' values
     shades: dict[tuple, list[tuple]] = {}
     for key in line_keys:
         others = shades.setdefault(family(key), [])
@@ -172,7 +177,9 @@ def _line_styles(lines: list[str], line_keys: list[tuple], frame: "pandas.DataFr
         if k:  # a sibling of another shade: its own marker too, so shared points stay apart
             marker = _SIBLING_MARKERS[(k - 1) % len(_SIBLING_MARKERS)]
         peer = _is_peer(field(key, "variant"))
-        out[key] = dict(color=colour, marker=marker, linestyle=PEER_LINESTYLE if peer else linestyle,
+        predicted = field(key, "predicted") in (True, "True")
+        out[key] = dict(color=colour, marker=marker,
+                        linestyle=PEER_LINESTYLE if peer else PREDICTED_LINESTYLE if predicted else linestyle,
                         markerfacecolor="white" if peer else colour, markeredgecolor=colour)
     return out
 
@@ -194,6 +201,8 @@ def _part(name: str, value: Any, files: dict[str, str] | None) -> str:
     ``7 docs``, every other field as ``name=value``; '' for an empty value."""
     if name == "emulate":
         return "emulated" if value else _UNSET_WORDS["emulate"]
+    if name == "predicted":
+        return cell_text(name, value)
     if name == "flush_l2":
         return "L2 flushed" if value else _UNSET_WORDS["flush_l2"]
     shown = (files or {}).get(value, cell_text(name, value)) if name == "source" else cell_text(name, value)
@@ -387,11 +396,15 @@ def plot(p: Pivot, frame: "pandas.DataFrame", path: Path | str | None = None) ->
             ax.set_ylim(bottom=0)
     shape = _common_shape(frame, [*p.index, p.x])
     title = f"{p.metric.label}" + (f"  ·  {shape}" if shape else "")
+    if p.all_predicted:
+        title += "  ·  predicted (not measured)"
     fig.suptitle(f"{title}\n{_environment(frame)}", fontsize=10)
     if handles:
         named = " / ".join(n for n in p.lines if n in _BARE_FIELDS)
         peers = any(_is_peer(k[p.lines.index("variant")]) for k in line_keys) if "variant" in p.lines else False
-        legend_title = "; ".join(t for t in (named, "peers dashed, open markers" if peers else "") if t)
+        predicted = "predicted" in p.lines or p.all_predicted
+        legend_title = "; ".join(t for t in (named, "peers dashed, open markers" if peers else "",
+                                             "predicted long-dashed" if predicted else "") if t)
         fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center",
                    ncols=min(len(handles), 4), title=legend_title or None, fontsize=9, title_fontsize=9,
                    frameon=False)

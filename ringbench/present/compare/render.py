@@ -64,6 +64,12 @@ def spread_legend(p: Pivot) -> str | None:
     return "±: half the p20-p80 range of the iteration times (tflops: derived from them); none for older records"
 
 
+def title(p: Pivot) -> str:
+    """``TFLOP/s per GPU by seqlen``, with ``, predicted (not measured)`` where every record is a
+    prediction; where only some are, their rows say ``predicted`` in their own column."""
+    return f"{p.metric.label} by {p.x}" + (", predicted (not measured)" if p.all_predicted else "")
+
+
 def print_pivot(p: Pivot, console: Console | None = None) -> None:
     """Print the pivot as a rich table: the row fields, then one column per x value.
 
@@ -79,7 +85,7 @@ def print_pivot(p: Pivot, console: Console | None = None) -> None:
     console = console or Console()
     c = contest(p)
     # The title on its own line: a table title would wrap at the (narrow) table's width.
-    console.print(Text(f"{p.metric.label} by {p.x}", style="italic"))
+    console.print(Text(title(p), style="italic"))
     table = compact_table(None)
     rows, spreads = p.rows(), p.spreads()
     for name in p.index:
@@ -110,7 +116,7 @@ def pivot_markdown(p: Pivot) -> str:
     c = contest(p)
     headers = [*p.index, *(axis_text(p.x, v) for v in p.columns())]
     align = [":--"] * len(p.index) + ["--:"] * len(p.table.columns)
-    lines = [f"**{p.metric.label} by {p.x}**", "", _md_row(headers), _md_row(align)]
+    lines = [f"**{title(p)}**", "", _md_row(headers), _md_row(align)]
     spreads = p.spreads()
     for i, (key, values) in enumerate(p.rows()):
         lines.append(_md_row([*(cell_text(n, k) for n, k in zip(p.index, key)),
