@@ -358,8 +358,8 @@ def _bad(where: str, what: str) -> SpecError:
 
 
 def _positive(where: str, what: str, value: Any) -> float:
-    if not (isinstance(value, (int, float)) and value > 0):
-        raise _bad(where, f"has {what} {value!r}, which must be a positive number of ms")
+    if not (isinstance(value, (int, float)) and value >= 0):
+        raise _bad(where, f"has {what} {value!r}, which must be a number of ms, 0 or more")
     return float(value)
 
 
