@@ -30,8 +30,8 @@ from ringbench.model.simulate import PARTS, issue_and_run_ms, play, price, segme
 
 GIB = 1024 ** 3
 #: What ``prediction.validated_error`` says until ``predict --against`` has been run on reference records.
-NOT_VALIDATED = ("not yet validated against measured records: docs/validation.md gives the provisional "
-                 "calibration's errors (ringbench predict --against)")
+NOT_VALIDATED = ("not yet validated against measured records: docs/validation.md gives the shipped "
+                 "calibrations' errors (ringbench predict --against)")
 
 
 def reference_ms(spec, cal: Calibration, kernel: str, which: str = "mid") -> tuple[float, float]:

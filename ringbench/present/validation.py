@@ -72,8 +72,8 @@ class RecordCheck:
 
 CHECK_A = RecordCheck(
     "a", "ringbench's own records on one H200",
-    (f"{REFERENCE}/2026-12-02-h200-scaling/runs.jsonl", f"{REFERENCE}/2026-12-02-h200-house/runs.jsonl",
-     f"{REFERENCE}/2026-12-01-h200-fa4/runs-w1.jsonl", f"{REFERENCE}/2026-12-01-h200/restructure.jsonl"),
+    # Measured the day the H200 calibration was, with the same install (their NOTES.md).
+    (f"{REFERENCE}/2026-12-02-h200-calibration/runs.jsonl", f"{REFERENCE}/2026-12-02-h200-graphs/runs.jsonl"),
     Bound(0.08, median=0.03, min_records=30))
 CHECK_B = RecordCheck(
     "b", "the real two-GPU records of 2026-11-30 (2 x H200, NCCL over NVLink)",
