@@ -216,7 +216,8 @@ def flat_calibration(rate: float, shape, sizes=(8, 16, 32, 64, 128, 256, 512)) -
                     t = C.call_flops(C.Call(mode, mask, q, k, C.point_pairs(mask, q, k)), shape) / rate * 1e3
                     points.append({"q": q, "k": k, "time_ms": t, "lo_ms": t, "hi_ms": t})
             surfaces.append(C.surface_dict(mode, mask, shape, points))
-    free = {"fixed_ms": 0.0, "gib_s": 1e15}
+    free = {"fixed_ms": 0.0, "gib_s": 1e15, "host_ms": 0.0}
     return {"format": C.FORMAT, "schema_version": C.SCHEMA_VERSION, "device": "cpu", "device_type": "cpu",
-            "kernels": {"cpu": {"version": "test", "surfaces": surfaces}},
+            "kernels": {"cpu": {"version": "test", "surfaces": surfaces, "host_ms": {"fwd": 0.0, "bwd": 0.0},
+                                "timing": {"fwd": "cpu-clock", "bwd": "cpu-clock"}}},
             "overheads": {"merge": free, "add": free, "copy": free, "launch_ms": 0.0}, "source": "test"}

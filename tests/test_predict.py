@@ -276,3 +276,131 @@ def test_advise_lists_refused_ulysses_degrees_with_the_reason(tmp_path):
     times = [e["prediction"]["time_ms"] for e in ranked]
     assert times == sorted(times)
     assert ranked[0]["commands"]["verify"].startswith("ringbench verify --variant ")
+
+
+# --------------------------------------------------------------------------- host costs and CUDA graphs (issue 24)
+
+def _hosted_calibration(host_ms: float, device_type: str = "cpu") -> C.Calibration:
+    """The flat calibration with every kernel call costing the host ``host_ms`` to issue."""
+    raw = _flat_calibration()
+    raw["device_type"] = device_type
+    raw["kernels"]["cpu"]["host_ms"] = {"fwd": host_ms, "bwd": host_ms}
+    return C.from_dict(raw, "test")
+
+
+def test_a_graph_replay_prices_no_host_issue_cost():
+    """W=1 fwd_bwd is one forward and one backward call (no merge, no add: the engine keeps the
+    kernel's own results). Eager, the GPU waits for the host's issue of each call; replayed as a
+    graph, the calls run back to back after one launch (launch_ms, 0 here)."""
+    S = 256
+    cal = _hosted_calibration(5.0)
+    spec = _spec("ring", 1, S, mode="fwd_bwd")
+    fwd = _ms(S * (S + 1) / 2)  # causal: the square block's lower triangle
+    work = fwd * (1 + C.BWD_OVER_FWD)
+    eager = predict_case(spec, calibration=cal, kernel="cpu", cluster=_cluster(1, 1e6), graph=False)
+    graph = predict_case(spec, calibration=cal, kernel="cpu", cluster=_cluster(1, 1e6), graph=True)
+    assert graph["time_ms"] == pytest.approx(work, rel=1e-9)
+    # the second call's issue ends after the first call's work (5 ms against microseconds): it sets the time
+    assert eager["time_ms"] == pytest.approx(10.0 + fwd * C.BWD_OVER_FWD, rel=1e-9)
+    assert (eager["cuda_graph"], graph["cuda_graph"]) == (False, True)
+
+
+def test_cuda_graph_auto_mirrors_run():
+    """auto replays a host-bound W=1 case on cuda, leaves a real W=2 run eager (NCCL), and a case
+    whose GPU time dwarfs the host's stays eager; on and off are taken as said; cpu has no graphs."""
+    cuda = _hosted_calibration(5.0, "cuda")
+
+    def rec(spec, cal=cuda):
+        return predict_case(spec, calibration=cal, kernel="cpu", cluster=_cluster(spec.world_size, 1e6))
+
+    w1 = rec(_spec("ring", 1, 256, mode="fwd_bwd"))
+    assert w1["cuda_graph"] is True and w1["cuda_graph_note"].startswith("auto replays it")
+    w2 = rec(_spec("ring", 2, 256, mode="fwd_bwd"))
+    assert w2["cuda_graph"] is False and "NCCL" in w2["cuda_graph_note"]
+    assert rec(_spec("ring", 2, 256, mode="fwd_bwd", cuda_graph="on"))["cuda_graph"] is True
+    assert rec(_spec("ring", 1, 256, mode="fwd_bwd", cuda_graph="off"))["cuda_graph"] is False
+    gpu_bound = rec(_spec("ring", 1, 256, mode="fwd_bwd"), _hosted_calibration(1e-6, "cuda"))
+    assert gpu_bound["cuda_graph"] is False and "host issues an iteration" in gpu_bound["cuda_graph_note"]
+    assert rec(_spec("ring", 1, 256), _hosted_calibration(5.0))["cuda_graph_note"] == "cpu has no CUDA graphs"
+
+
+@pytest.mark.parametrize("variant", ["ring", "zigzag"])
+def test_the_backward_adds_only_where_the_engine_launches_one(variant):
+    """ring._accumulate keeps the first gradient over every row as the kernel returned it: W=1
+    launches no add; W=2 adds at its last step (the incoming dK/dV), and zigzag's half blocks add too."""
+    progs, _ = schedule.programs(_spec(variant, 1, 256, mode="fwd_bwd"))
+    assert not [op for op, _ in progs[0] if isinstance(op, schedule.Compute) and op.kind == "add"]
+    progs, _ = schedule.programs(_spec(variant, 2, 256, mode="fwd_bwd"))
+    for prog in progs:
+        adds = [op for op, _ in prog if isinstance(op, schedule.Compute) and op.kind == "add"]
+        assert adds and adds[-1].step == 1
+
+
+def test_a_version_1_calibration_is_read_as_host_inclusive():
+    """A schema 1 file (one call between two events per point, one launch_ms for every op) is read:
+    its points are marked host-inclusive and every op costs the host its launch_ms; a schema this
+    ringbench does not know is refused in one sentence."""
+    raw = _flat_calibration()
+    raw["schema_version"] = 1
+    for k in raw["kernels"].values():
+        del k["host_ms"], k["timing"]
+    for key in ("merge", "add", "copy"):
+        raw["overheads"][key] = {k: v for k, v in raw["overheads"][key].items() if k != "host_ms"}
+    raw["overheads"]["launch_ms"] = 0.5
+    cal = C.from_dict(raw, "old")
+    assert cal.host_inclusive and cal.kernel("cpu").timing == {"fwd": C.HOST_INCLUSIVE, "bwd": C.HOST_INCLUSIVE}
+    assert cal.issue_ms("kernel", "cpu", "bwd") == cal.issue_ms("merge") == 0.5
+    assert "host-inclusive" in cal.provenance()
+    new = C.from_dict(_flat_calibration(), "new")
+    assert not new.host_inclusive and new.issue_ms("kernel", "cpu", "fwd") == 0.0
+    with pytest.raises(C.SpecError, match="schema_version 3"):
+        C.from_dict({**raw, "schema_version": 3}, "future")
+
+
+@pytest.mark.slow
+def test_calibrate_on_cpu_end_to_end(tmp_path):
+    """ringbench calibrate --device cpu writes a schema 2 file: GPU-free points timed by the CPU clock,
+    each kernel's host cost per direction and merge/add/copy's; predict reads it back."""
+    out = tmp_path / "cpu.json"
+    res = ringbench("calibrate", "--device", "cpu", "--out", str(out), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    raw = json.loads(out.read_text())
+    assert raw["schema_version"] == C.SCHEMA_VERSION == 2
+    kernel = raw["kernels"]["cpu"]
+    assert kernel["timing"] == {"fwd": "cpu-clock", "bwd": "cpu-clock"}
+    assert all(kernel["host_ms"][m] > 0 for m in C.MODES)
+    assert all(raw["overheads"][k]["host_ms"] > 0 for k in ("merge", "add", "copy"))
+    cal = C.load(out)
+    assert not cal.host_inclusive and cal.issue_ms("kernel", "cpu", "bwd") == kernel["host_ms"]["bwd"]
+    res = ringbench("predict", "--calibration", str(out), "--gpu", str(out), "--variant", "zigzag", "--world-size",
+                    "2", "--seqlen", "1024", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--dtype", "fp32",
+                    "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(res.stdout.splitlines()[0])
+    assert rec["time_ms"] > 0 and rec["cuda_graph"] is False
+
+
+@pytest.mark.gpu
+def test_calibrate_times_the_gpu_free_of_the_host():
+    """On CUDA a small point's GPU time (a graph of calls replayed) is well below one call between
+    two events, which is the host's launch cost for a block of microseconds of work."""
+    import torch
+
+    from ringbench.model import calibrate
+    from ringbench.rank.bench import time_iterations
+    from ringbench.variants.kernels import resolve_kernel
+
+    dev = torch.device("cuda")
+    grid = calibrate.Grid(sizes=(256,), windows=(), shapes=((32, 8, 128, 128),), dtype="bf16", iters=5, warmup=2)
+    raw = calibrate.measure(device="cuda", kernels=["torch-flash"], grid=grid)
+    kernel = raw["kernels"]["torch-flash"]
+    assert kernel["timing"]["fwd"] == "graph" and kernel["host_ms"]["fwd"] > 0
+    point = next(s for s in kernel["surfaces"] if s["mode"] == "fwd" and s["mask"] == "full")["points"][0]
+    k = resolve_kernel("torch-flash", "cuda", dtype=torch.bfloat16, head_dim=128, head_dim_v=128)
+    q = torch.randn(1, 256, 32, 128, device=dev, dtype=torch.bfloat16)
+    kv = torch.randn(1, 256, 8, 128, device=dev, dtype=torch.bfloat16)
+    with torch.no_grad():
+        one_call = sorted(time_iterations(lambda: k.forward(q, kv, kv, False, 128 ** -0.5), iters=10, warmup=3,
+                                          device=dev))[5]
+    assert point["time_ms"] < 0.5 * one_call
+    assert C.from_dict(raw, "gpu").issue_ms("kernel", "torch-flash", "fwd") == kernel["host_ms"]["fwd"]

@@ -2,7 +2,8 @@
 
 Each ``run`` record with status ok and a time, of ringbench's own variants, is predicted on its
 own case: its world size on one node (``env.gpu_count`` GPUs per node, or the world size), its
-kernel, its GPU (``env.gpu_name``, unless ``--gpu`` names another). An emulated record (``run
+kernel, its GPU (``env.gpu_name``, unless ``--gpu`` names another), replayed as a CUDA graph or
+eager as its ``cuda_graph`` says. An emulated record (``run
 --emulate``, every rank played alone on one device) is compared with the slowest rank's compute
 and overhead, which is what it measured; a real one with the predicted time. The error is
 ``predicted / measured - 1``; the summary gives the median and the worst of its absolute values
@@ -184,8 +185,9 @@ def compare(records: list[dict], *, target_of: Callable[[dict], Any] = record_ta
             if key not in targets:
                 targets[key] = target_of(rec)
             tgt = targets[key]
+            # Priced as it ran: replayed as a CUDA graph, or eager.
             fields = predict_case(spec, calibration=tgt.calibration, kernel=tgt.kernel(spec.kernel),
-                                  cluster=tgt.cluster(spec.world_size))
+                                  cluster=tgt.cluster(spec.world_size), graph=bool(rec.get("cuda_graph")))
         except (SpecError, schedule.Unpredictable) as exc:
             rows.append({**row, "refused": True, "reason": str(exc)})
             continue

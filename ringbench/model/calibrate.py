@@ -2,13 +2,18 @@
 
 For each kernel and head shape of the grid it times the kernel's forward and its backward alone
 on blocks of q query rows against k key rows (``full``: every pair of q x k; ``causal``: square
-blocks; ``window``: square blocks under a causal window of w keys), with the timing protocol of
-``run`` (``ringbench.rank.bench.time_iterations``: warm-up calls, then CUDA events per call, or
-``perf_counter`` on CPU). Each point keeps the median and the 10th and 90th percentile. Then the
-per-step overheads: the engine's own ``merge.merge_step`` and ``merge.add_steps`` at three sizes
-and a contiguous copy (each a fixed time plus bytes over a bandwidth, the least-squares line
-through the points), and the host's time to issue one engine step (``merge_step`` on a tiny
-block, timed on the host without waiting for the device).
+blocks; ``window``: square blocks under a causal window of w keys). Each point is the GPU's time
+free of the host (one call between two CUDA events is the host's launch cost for a small block,
+not its work): on CUDA a graph of :data:`GRAPH_CALLS` back-to-back calls is captured and each
+replay timed with events and divided (``timing: graph``); where the capture fails,
+:data:`BACK_TO_BACK` calls between two events (``back-to-back``: still the host's pace where the
+host is the slower); on CPU ``perf_counter`` per call (``cpu-clock``). Each point keeps the
+median and the 10th and 90th percentile of its timed repeats. Then the per-step overheads, timed
+the same way: the engine's own ``merge.merge_step`` and ``merge.add_steps`` at three sizes and a
+contiguous copy (each a fixed time plus bytes over a bandwidth, the least-squares line through
+the points). Last, the host's time to issue one call (``perf_counter`` over
+:data:`ISSUE_CALLS` calls on a small block, without waiting for the device): per kernel and
+direction, of merge, add and copy, and ``launch_ms`` (a tiny ``merge_step``) for any other op.
 
 The default grid (:func:`default_grid`) is small on CPU (under a minute) and covers 256 to 16k
 rows on CUDA (under 8 minutes on an H200 for four kernels and three head shapes). Communication
@@ -29,6 +34,13 @@ from typing import Callable
 
 from ringbench.model import calibration as cal_mod
 from ringbench.model.calibration import Shape
+
+#: Calls captured in one CUDA graph, whose replay time divided by them is a point's GPU time.
+GRAPH_CALLS = 4
+#: Calls between two events where a capture fails.
+BACK_TO_BACK = 20
+#: Calls the host issues, unwaited, to time one issue.
+ISSUE_CALLS = 50
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,6 @@ def measure(*, device: str, kernels: list[str], grid: Grid, say: Callable[[str],
     import torch
 
     from ringbench.case.fields import DTYPES
-    from ringbench.rank.bench import time_iterations
     from ringbench.records.envinfo import collect
     from ringbench.variants.kernels import resolve_kernel
     from ringbench.variants.kernels.common import accumulation_dtype
@@ -94,8 +105,12 @@ def measure(*, device: str, kernels: list[str], grid: Grid, say: Callable[[str],
     def rand(*shape, dt=dtype):
         return torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32).to(dt)
 
-    def timed(fn) -> list[float]:
-        return time_iterations(fn, iters=grid.iters, warmup=grid.warmup, device=dev)
+    timings: dict[str, set] = {}
+
+    def timed(fn, kind: str = "") -> list[float]:
+        times, how = gpu_times(fn, iters=grid.iters, warmup=grid.warmup, device=dev)
+        timings.setdefault(kind, set()).add(how)
+        return times
 
     started = time.perf_counter()
     out_kernels = {}
@@ -114,9 +129,9 @@ def measure(*, device: str, kernels: list[str], grid: Grid, say: Callable[[str],
                 dout = rand(1, q_rows, heads, head_dim_v)
                 kw = {"window": (window - 1, 0)} if window else {}
                 with torch.no_grad():
-                    fwd = timed(lambda: kernel.forward(q, k, v, causal, scale, **kw))
+                    fwd = timed(lambda: kernel.forward(q, k, v, causal, scale, **kw), f"{name} fwd")
                     out, lse = kernel.forward(q, k, v, causal, scale, **kw)
-                    bwd = timed(lambda: kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw))
+                    bwd = timed(lambda: kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw), f"{name} bwd")
                 return fwd, bwd
 
             for a in grid.sizes:
@@ -136,7 +151,10 @@ def measure(*, device: str, kernels: list[str], grid: Grid, say: Callable[[str],
             surfaces += [cal_mod.surface_dict(m, k, shape, pts) for (m, k), pts in points.items() if pts]
             say(f"{name} {heads}/{kv_heads}x{head_dim}: {sum(len(p) for p in points.values())} points, "
                 f"{time.perf_counter() - started:.0f} s so far")
-        out_kernels[name] = {"version": kernel.version(), "surfaces": surfaces}
+        host = _kernel_issue_ms(resolve_kernel(name, dev.type, dtype=dtype, head_dim=grid.shapes[0][2],
+                                               head_dim_v=grid.shapes[0][3]), grid, dev, rand)
+        out_kernels[name] = {"version": kernel.version(), "surfaces": surfaces, "host_ms": host,
+                             "timing": {m: _timing(timings.get(f"{name} {m}", set())) for m in cal_mod.MODES}}
     overheads = _overheads(dev, dtype, accumulation_dtype(dtype), grid, timed, rand)
     env = collect(kernels[0])
     name = env["gpu_name"] if dev.type == "cuda" else "cpu"
@@ -145,7 +163,99 @@ def measure(*, device: str, kernels: list[str], grid: Grid, say: Callable[[str],
             "source": f"measured {_dt.date.today().isoformat()} by ringbench calibrate on {name}",
             "grid": {"sizes": list(grid.sizes), "windows": list(grid.windows), "shapes": [list(s) for s in grid.shapes],
                      "dtype": grid.dtype, "iters": grid.iters, "warmup": grid.warmup},
-            "elapsed_s": time.perf_counter() - started, "kernels": out_kernels, "overheads": overheads, "env": env}
+            "elapsed_s": time.perf_counter() - started, "kernels": out_kernels,
+            "overheads": {**overheads, "timing": _timing(timings.get("overheads", set()))}, "env": env}
+
+
+def _timing(found: set) -> str:
+    # A kernel some of whose points could not be captured says so.
+    return next((t for t in ("back-to-back", "cpu-clock", "graph") if t in found), "graph")
+
+
+def gpu_times(fn: Callable[[], object], *, iters: int, warmup: int, device) -> tuple[list[float], str]:
+    """``iters`` GPU times of one call of ``fn`` in ms, free of the host's issue cost, and how they
+    were timed (module docstring): a CUDA graph of :data:`GRAPH_CALLS` calls replayed
+    (``graph``), else :data:`BACK_TO_BACK` calls between two events (``back-to-back``); on CPU
+    ``perf_counter`` around each call (``cpu-clock``), after ``warmup`` untimed calls.
+
+    Source: issue 24 (the host's launch cost read as GPU time); PyTorch's CUDA graphs notes.
+    """
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times, "cpu-clock"
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph, calls = None, BACK_TO_BACK
+    try:
+        side = torch.cuda.Stream(device)  # torch.cuda.graph asks for a warm-up on a side stream
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(GRAPH_CALLS):
+                fn()
+        graph.replay()  # the first replay uploads the graph
+        calls = GRAPH_CALLS
+    except Exception:  # noqa: BLE001 - a call that cannot be captured is timed back to back, and the file says so
+        graph = None
+        torch.cuda.synchronize(device)
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize(device)
+        start.record()
+        if graph is not None:
+            graph.replay()
+        else:
+            for _ in range(calls):
+                fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return times, "graph" if calls == GRAPH_CALLS else "back-to-back"
+
+
+def issue_ms(fn: Callable[[], object], device, calls: int = ISSUE_CALLS) -> float:
+    """The host's time to issue one call of ``fn``, ms: ``perf_counter`` over ``calls`` calls made
+    without waiting for the device, after one call and a synchronisation (on CPU the call itself)."""
+    import torch
+
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    took = (time.perf_counter() - t0) / calls * 1e3
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return took
+
+
+def _kernel_issue_ms(kernel, grid: Grid, dev, rand) -> dict:
+    """The host's time to issue one forward and one backward call of ``kernel`` on the grid's
+    smallest full block at its first head shape, ms per direction."""
+    import torch
+
+    heads, kv_heads, head_dim, head_dim_v = grid.shapes[0]
+    n = grid.sizes[0]
+    q, k, v = rand(1, n, heads, head_dim), rand(1, n, kv_heads, head_dim), rand(1, n, kv_heads, head_dim_v)
+    dout = rand(1, n, heads, head_dim_v)
+    scale = head_dim ** -0.5
+    with torch.no_grad():
+        out, lse = kernel.forward(q, k, v, False, scale)
+        return {"fwd": issue_ms(lambda: kernel.forward(q, k, v, False, scale), dev),
+                "bwd": issue_ms(lambda: kernel.backward(dout, q, k, v, out, lse, False, scale), dev)}
 
 
 def _fit(points: list[tuple[float, float]]) -> dict:
@@ -164,7 +274,7 @@ def _fit(points: list[tuple[float, float]]) -> dict:
 
 
 def _overheads(dev, dtype, acc, grid: Grid, timed, rand) -> dict:
-    """The merge, add and copy lines and the launch time (module docstring)."""
+    """The merge, add and copy lines, their host costs and the launch time (module docstring)."""
     import torch
 
     from ringbench.variants.engines.merge import add_steps, merge_step
@@ -174,7 +284,7 @@ def _overheads(dev, dtype, acc, grid: Grid, timed, rand) -> dict:
     rows = (grid.sizes[0] * 4, grid.sizes[len(grid.sizes) // 2] * 4, grid.sizes[-1] * 4)
 
     def timed(fn, _timed=timed):  # cheap steps: more calls for a steadier median
-        return _timed(fn) + _timed(fn) + _timed(fn)
+        return _timed(fn, "overheads") + _timed(fn, "overheads") + _timed(fn, "overheads")
 
     merge, add, copy, spreads = [], [], [], []
     for n in rows:
@@ -193,20 +303,23 @@ def _overheads(dev, dtype, acc, grid: Grid, timed, rand) -> dict:
         src = rand(1, heads, n, head_dim)
         t = timed(lambda: src.transpose(1, 2).contiguous())
         copy.append((2 * src.numel() * esize, statistics.median(t)))
+    # The host's issue costs, on the smallest size (merge_step compiled and cached by now).
+    n = rows[0]
+    out, lse = rand(1, n, heads, head_dim_v, dt=acc), rand(1, heads, n, dt=acc)
+    b_out, b_lse = rand(1, n, heads, head_dim_v), rand(1, heads, n, dt=acc)
+    grads = [(rand(1, n, h, d, dt=acc), rand(1, n, h, d)) for h, d in ((heads, head_dim), (kv_heads, head_dim),
+                                                                        (kv_heads, head_dim_v))]
+    src = rand(1, heads, n, head_dim)
+    host = {"merge": issue_ms(lambda: merge_step(out, lse, slice(None), b_out, b_lse, into=acc), dev),
+            "add": issue_ms(lambda: add_steps([(a, slice(None), g, acc, a.shape, None) for a, g in grads]), dev),
+            "copy": issue_ms(lambda: src.transpose(1, 2).contiguous(), dev)}
     t_out, t_lse = rand(1, 8, heads, head_dim_v, dt=acc), rand(1, heads, 8, dt=acc)
     t_blk, t_blse = rand(1, 8, heads, head_dim_v), rand(1, heads, 8, dt=acc)
-    merge_step(t_out, t_lse, slice(None), t_blk, t_blse, into=acc)  # compiled and cached before the clock
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    t0 = time.perf_counter()
-    for _ in range(200):
-        merge_step(t_out, t_lse, slice(None), t_blk, t_blse, into=acc)
-    launch_ms = (time.perf_counter() - t0) / 200 * 1e3
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    launch_ms = issue_ms(lambda: merge_step(t_out, t_lse, slice(None), t_blk, t_blse, into=acc), dev, calls=200)
     spread = (min(s[0] for s in spreads), max(s[1] for s in spreads))
-    return {"merge": {**_fit(merge), "spread": spread}, "add": {**_fit(add), "spread": spread},
-            "copy": {**_fit(copy), "spread": spread}, "launch_ms": launch_ms,
+    return {"merge": {**_fit(merge), "spread": spread, "host_ms": host["merge"]},
+            "add": {**_fit(add), "spread": spread, "host_ms": host["add"]},
+            "copy": {**_fit(copy), "spread": spread, "host_ms": host["copy"]}, "launch_ms": launch_ms,
             "points": {"merge": merge, "add": add, "copy": copy}}
 
 

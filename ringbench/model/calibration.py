@@ -16,10 +16,19 @@ kernel by the kernel's name and version; it records the environment it was measu
   the keys of one document of a varlen call, which take the edge's rate (the call is one launch);
 - **per-step overheads**: ``merge`` (the forward's fold of a block's out/lse, ``merge.merge_step``),
   ``add`` (the backward's gradient adds, ``merge.add_steps``) and ``copy`` (a contiguous copy:
-  the Ulysses permutes, the all-gather's unshard), each a fixed ms plus bytes over GiB/s, and
-  ``launch_ms``, the host's time to issue one kernel (no GPU op is shorter);
+  the Ulysses permutes, the all-gather's unshard), each a fixed ms plus bytes over GiB/s of GPU
+  time;
+- **host costs** (schema 2): the host's time to issue one call, per kernel and direction
+  (``host_ms``: flash-attn-4's Python launch path costs more than PyTorch's C++ one) and per
+  overhead, and ``launch_ms``, the host's time to issue any other op (a transfer);
 - optionally **communication** measured on the machine: per link class a curve of bytes against
   GiB/s, which replaces that fabric row.
+
+Schema 2 points are GPU time free of the host (``timing``: ``graph``, a CUDA graph of a few
+back-to-back calls replayed and divided; ``back-to-back``, many calls between two events where
+the capture failed, the host's time where it is the slower; ``cpu-clock`` on CPU). Schema 1
+files are still read: their points are one call between two events, the host's issue cost
+included (``host-inclusive``), and every op's host cost is their ``launch_ms``.
 
 A call's time: its FLOPs over the rate of the nearest head shape's surface, looked up at
 ``q * (batch * heads) / (batch_cal * heads_cal)`` rows (the kernels parallelise over batch, heads
@@ -47,7 +56,13 @@ from typing import Any, Iterable, NamedTuple
 from ringbench.errors import SpecError
 
 FORMAT = "ringbench-calibration"
-SCHEMA_VERSION = 1
+#: The schema ``ringbench calibrate`` writes; :data:`READS` the ones this ringbench reads.
+SCHEMA_VERSION = 2
+READS = (1, 2)
+#: How a schema 1 file's points were timed: one call between two CUDA events, the host's issue cost included.
+HOST_INCLUSIVE = "host-inclusive"
+#: How schema 2 points are timed (module docstring).
+TIMINGS = ("graph", "back-to-back", "cpu-clock")
 GIB = 1024 ** 3
 MODES = ("fwd", "bwd")
 MASKS = ("full", "causal", "window")
@@ -190,11 +205,19 @@ class Overhead:
 
 @dataclass(frozen=True)
 class KernelCalibration:
-    """One kernel's surfaces on the calibrated device."""
+    """One kernel's surfaces on the calibrated device.
+
+    Attributes:
+        host_ms: the host's time to issue one call, ms, per direction (``fwd``, ``bwd``); empty in
+            a schema 1 file (the calibration's ``launch_ms`` stands in).
+        timing: how the points were timed, per direction (:data:`TIMINGS`, or :data:`HOST_INCLUSIVE`).
+    """
 
     name: str
     version: str | None
     surfaces: tuple[Surface, ...]
+    host_ms: dict = field(default_factory=dict)
+    timing: dict = field(default_factory=dict)
 
     def surface(self, mode: str, mask: str, shape: Shape) -> tuple[Surface, str | None]:
         """The surface for a call, and a note when it is not the call's own mask or dtype."""
@@ -255,8 +278,11 @@ class Calibration:
         device: the device's name (``NVIDIA H200``, ``cpu``).
         device_type: ``cuda`` or ``cpu``.
         kernels: kernel name -> :class:`KernelCalibration`.
-        merge, add, copy: the memory-bound steps.
-        launch_ms: the host's time to issue one kernel.
+        merge, add, copy: the memory-bound steps (GPU time; schema 1: one call, host included).
+        launch_ms: the host's time to issue an op without a measured cost of its own (a transfer;
+            schema 1: every op).
+        host_ms: the host's time to issue one ``merge``, ``add`` or ``copy``, ms (schema 2).
+        schema_version: the file's schema (1: :data:`HOST_INCLUSIVE` points).
         comm: link class -> ``{"curve": [[bytes, GiB/s], ...], "source": str}``, measured links.
         env: the environment it was measured in.
         source: where it came from (a file, a note such as "provisional").
@@ -272,6 +298,8 @@ class Calibration:
     copy: Overhead
     launch_ms: float
     comm: dict = field(default_factory=dict)
+    host_ms: dict = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
     env: dict | None = None
     source: str = ""
     created_at: str | None = None
@@ -297,6 +325,19 @@ class Calibration:
         """Milliseconds of one kernel call on this device (a derived one's rate scaled)."""
         return self.kernel(kernel).time_ms(call, shape, which, self.rate_scale)
 
+    def issue_ms(self, kind: str, kernel: str | None = None, mode: str = "fwd") -> float:
+        """The host's time to issue one op, ms: a ``kernel`` call of ``kernel`` in ``mode``, a
+        ``merge``, ``add`` or ``copy``, or anything else (a transfer): ``launch_ms``, where the
+        file measured nothing of its own for it (schema 1)."""
+        if kind == "kernel":
+            return self.kernel(kernel).host_ms.get(mode, self.launch_ms)
+        return self.host_ms.get(kind, self.launch_ms)
+
+    @property
+    def host_inclusive(self) -> bool:
+        """Whether the points hold the host's issue cost (a schema 1 file)."""
+        return self.schema_version == 1
+
     def overhead_ms(self, kind: str, nbytes: float, which: str = "mid") -> float:
         """Milliseconds of a ``merge``, ``add`` or ``copy`` of ``nbytes`` bytes (a derived one's scaled)."""
         return getattr(self, kind).ms(nbytes, which) / self.memory_scale
@@ -305,6 +346,8 @@ class Calibration:
         """One line: measured where and when, or derived from what."""
         if self.derived_from:
             return f"derived from {self.derived_from} by peak ratio ({self.source})"
+        if self.host_inclusive:
+            return f"{self.source}; schema 1, its points host-inclusive"
         return self.source
 
 
@@ -312,6 +355,12 @@ class Calibration:
 
 def _bad(where: str, what: str) -> SpecError:
     return SpecError(f"calibration {where} {what}; write it again with ringbench calibrate")
+
+
+def _positive(where: str, what: str, value: Any) -> float:
+    if not (isinstance(value, (int, float)) and value >= 0):
+        raise _bad(where, f"has {what} {value!r}, which must be a number of ms, 0 or more")
+    return float(value)
 
 
 def from_dict(raw: Any, where: str) -> Calibration:
@@ -322,9 +371,10 @@ def from_dict(raw: Any, where: str) -> Calibration:
     """
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise _bad(where, f"is not a ringbench calibration (its format is not {FORMAT!r})")
-    if raw.get("schema_version") != SCHEMA_VERSION:
-        raise _bad(where, f"has schema_version {raw.get('schema_version')!r}, but this ringbench reads "
-                          f"{SCHEMA_VERSION}")
+    version = raw.get("schema_version")
+    if version not in READS:
+        raise _bad(where, f"has schema_version {version!r}, but this ringbench reads "
+                          f"{' and '.join(map(str, READS))}")
     try:
         kernels = {}
         for name, k in raw["kernels"].items():
@@ -343,7 +393,9 @@ def from_dict(raw: Any, where: str) -> Calibration:
                 if s["mask"] == "window" and any(not p.get("window", 0) > 0 for p in points):
                     raise _bad(where, f"has a {name} window point without a positive window")
                 surfaces.append(Surface(s["mode"], s["mask"], shape, points))
-            kernels[name] = KernelCalibration(name, k.get("version"), tuple(surfaces))
+            host = {} if version == 1 else {m: _positive(where, f"{name} host_ms {m}", k["host_ms"][m]) for m in MODES}
+            timing = dict.fromkeys(MODES, HOST_INCLUSIVE) if version == 1 else dict(k.get("timing") or {})
+            kernels[name] = KernelCalibration(name, k.get("version"), tuple(surfaces), host, timing)
         over = raw["overheads"]
 
         def overhead(key: str) -> Overhead:
@@ -356,8 +408,11 @@ def from_dict(raw: Any, where: str) -> Calibration:
             raise _bad(where, "holds no kernel")
         return Calibration(device=str(raw["device"]), device_type=str(raw["device_type"]), kernels=kernels,
                            merge=overhead("merge"), add=overhead("add"), copy=overhead("copy"),
-                           launch_ms=float(over["launch_ms"]), comm=dict(raw.get("comm") or {}), env=raw.get("env"),
-                           source=str(raw.get("source") or where), created_at=raw.get("created_at"))
+                           launch_ms=float(over["launch_ms"]), comm=dict(raw.get("comm") or {}),
+                           host_ms={} if version == 1 else {key: _positive(where, f"{key} host_ms", over[key]["host_ms"])
+                                                            for key in ("merge", "add", "copy")},
+                           schema_version=version, env=raw.get("env"), source=str(raw.get("source") or where),
+                           created_at=raw.get("created_at"))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, SpecError):
             raise

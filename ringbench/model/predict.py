@@ -6,6 +6,10 @@ and high quantiles, and returns record fields shaped like a run record's (docs/c
 with ``predicted: true`` and a ``prediction`` object holding what a run cannot measure: the
 forward and backward times, the critical path split, bytes per link class and the intervals.
 
+An iteration is priced eager (every op issued by the host, at its own host cost) or replayed as
+one CUDA graph (no host cost after the one launch), as ``spec.cuda_graph`` says, with ``run``'s
+semantics (:func:`graph_choice`); ``--against`` prices each record as it ran (its ``cuda_graph``).
+
 Every figure carries an interval from the calibration's spread (its 10th and 90th percentile
 calls). The model's own error, validated against measured records (``predict --against``), is
 not folded in: ``prediction.validated_error`` says where it stands.
@@ -22,12 +26,12 @@ from ringbench.case.work import attention_flops
 from ringbench.model import memory, schedule
 from ringbench.model.calibration import Calibration, Call
 from ringbench.model.fabric import Cluster
-from ringbench.model.simulate import PARTS, play, price, segments
+from ringbench.model.simulate import PARTS, issue_and_run_ms, play, price, segments
 
 GIB = 1024 ** 3
 #: What ``prediction.validated_error`` says until ``predict --against`` has been run on reference records.
-NOT_VALIDATED = ("not yet validated against measured records: docs/validation.md gives the provisional "
-                 "calibration's errors (ringbench predict --against)")
+NOT_VALIDATED = ("not yet validated against measured records: docs/validation.md gives the shipped "
+                 "calibrations' errors (ringbench predict --against)")
 
 
 def reference_ms(spec, cal: Calibration, kernel: str, which: str = "mid") -> tuple[float, float]:
@@ -90,9 +94,39 @@ def placement(cluster: Cluster, layout: schedule.Layout, how: str):
     return lambda r: (r % U) * R + r // U
 
 
+def graph_choice(spec, priced, *, device_type: str, play_graph) -> tuple[bool, str]:
+    """Whether ``run`` would replay ``spec``'s iteration as a CUDA graph (``rank.graphs.for_case``'s
+    rules), and why: ``off`` eager; no graphs off cuda; ``on`` replayed; ``auto`` eager for a real
+    run with NCCL transfers (world size above 1, not emulated), eager where the host issues an
+    iteration in less than ``graphs.HOST_BOUND`` of the GPU's time to run it (every rank's, from
+    the priced ops: ``simulate.issue_and_run_ms``), else replayed where the replay is predicted
+    faster (``play_graph(graph) -> ms``)."""
+    from ringbench.rank.graphs import HOST_BOUND
+
+    choice = getattr(spec, "cuda_graph", "auto")
+    if choice == "off":
+        return False, "--cuda-graph off"
+    if device_type != "cuda":
+        return False, f"{device_type} has no CUDA graphs"
+    if choice == "on":
+        return True, "--cuda-graph on"
+    if spec.world_size > 1 and not getattr(spec, "emulate", False):
+        return False, "auto leaves a run with NCCL transfers eager (--cuda-graph on captures them)"
+    mid = priced.whiches.index("mid") if "mid" in priced.whiches else 0
+    costs = [issue_and_run_ms(priced, r, mid) for r in range(spec.world_size)]
+    if all(host < HOST_BOUND * gpu for host, gpu in costs):
+        host, gpu = max(costs, key=lambda hg: hg[0] / hg[1] if hg[1] else 0.0)
+        return False, (f"auto leaves it eager: the host issues an iteration in {host:.3f} ms and the GPU runs it in "
+                       f"{gpu:.3f} ms")
+    eager_ms, graph_ms = play_graph(False), play_graph(True)
+    if graph_ms >= eager_ms:
+        return False, f"auto leaves it eager: the graph is predicted no faster ({graph_ms:.3f} ms against {eager_ms:.3f} ms)"
+    return True, f"auto replays it: {graph_ms:.3f} ms against {eager_ms:.3f} ms eager"
+
+
 def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluster,
                  place: str = "ulysses-inner", programs: tuple | None = None,
-                 cache: dict | None = None) -> dict[str, Any]:
+                 cache: dict | None = None, graph: bool | None = None) -> dict[str, Any]:
     """The predicted run fields of ``spec`` (a resolved ``CaseSpec`` at ``cluster.world_size``).
 
     Returns:
@@ -102,7 +136,9 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
 
     ``programs``: ``schedule.programs(spec)`` where the caller has it already (one walk serves
     every kernel and placement of a case); ``cache``: a dict the caller keeps across calls, where
-    the programs' segments and their prices per kernel are kept.
+    the programs' segments and their prices per kernel are kept. ``graph``: price the iteration
+    replayed as a CUDA graph (True) or eager (False); None: as ``spec.cuda_graph`` says
+    (:func:`graph_choice`).
 
     Raises:
         schedule.Unpredictable: a case whose schedule the model does not walk.
@@ -116,7 +152,15 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
     key = ("priced", id(progs), kernel, id(calibration))
     if key not in cache:
         cache[key] = (progs, price(segs, calibration=calibration, kernel=kernel, whiches=("lo", "mid", "hi")))
-    runs = play(cache[key][1], cluster=cluster, place=where)
+    priced = cache[key][1]
+    if graph is None:
+        def mid_ms(g: bool) -> float:
+            return max(t.total_ms for t in play(priced, cluster=cluster, place=where, graph=g)["mid"])
+
+        graph, graph_note = graph_choice(spec, priced, device_type=calibration.device_type, play_graph=mid_ms)
+    else:
+        graph_note = "replayed as a CUDA graph, as asked" if graph else "eager, as asked"
+    runs = play(priced, cluster=cluster, place=where, graph=graph)
     mid = runs["mid"]
     W = spec.world_size
     # The rank whose time it is: the last to finish, and among those (a collective ends them together)
@@ -172,6 +216,8 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
         "bus_gib_s": max(sent) / GIB / (time_ms * 1e-3) if W > 1 and time_ms > 0 else None,
         "bytes_counted": True,
         "per_rank_busy_ms": busy,
+        "cuda_graph": graph,
+        "cuda_graph_note": graph_note,
         "busy_imbalance": max(busy) / min(busy) if min(busy) > 0 else None,
         "prediction": {
             "fwd_ms": fwd_ms,

@@ -242,7 +242,7 @@ def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, s
     ops = []
     if R > 1 and windowed and getattr(steps, "n_steps", R) < R:  # the forward ended early: fetch rank + 1's block
         ops += [Post(f"{tag}b", "p2p", "bwd", -1, kv_bytes * esize, ring, nxt, prv), Wait(f"{tag}b")]
-    block = None
+    block, dq_held = None, False  # dq_held: a running dq exists (ring._ring_backward's dq)
     for i in range(R):
         own = i == R - 1
         source = (me + 1 + i) % R
@@ -259,19 +259,35 @@ def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, s
             break
         if i > 0:
             ops.append(Wait(f"{tag}d"))
-        rows_q = _rows(block.q, seqlen_local) if block is not None else 0
-        rows_kv = _rows(block.kv, seqlen_local) if block is not None else 0
-        ops.append(Compute("add", "bwd", i, nbytes=_add_bytes(rows_q, rows_kv, shape, esize)))
+        ops += _step_add(block, i, dq_held, i > 0, seqlen_local, shape, esize)
+        dq_held = dq_held or block is not None
         hop = esize if (i == 0 and not windowed) else 4
         ops.append(Post(f"{tag}d", "p2p", "bwd", i, kv_bytes * hop, ring, nxt, prv))
         if receive:
             ops.append(Wait(f"{tag}b"))
     if R > 1:
         ops.append(Wait(f"{tag}d"))
-    rows_q = _rows(block.q, seqlen_local) if block is not None else 0
-    rows_kv = _rows(block.kv, seqlen_local) if block is not None else 0
-    ops.append(Compute("add", "bwd", R - 1, nbytes=_add_bytes(rows_q, rows_kv, shape, esize)))
+    ops += _step_add(block, R - 1, dq_held, R > 1, seqlen_local, shape, esize)
     return ops
+
+
+def _step_add(block, step: int, dq_held: bool, incoming: bool, seqlen_local: int, shape: Shape, esize: int) -> list:
+    """The one add launch of a backward step (``ring._accumulate``), or none: a sum is launched
+    for dq where a running dq is held or the block's rows are not all of them, and for dK/dV where
+    a partial came in or the block's keys are not all of them; the first term over every row is
+    the kernel's own gradient, kept as it is (so W=1 launches no add at all)."""
+    rows_q = rows_kv = 0
+    launched = False
+    if block is not None:
+        every_q = isinstance(block.q, slice) and block.q == slice(None)
+        every_kv = isinstance(block.kv, slice) and block.kv == slice(None)
+        if dq_held or not every_q:
+            rows_q, launched = _rows(block.q, seqlen_local), True
+        if incoming or not every_kv:
+            rows_kv, launched = _rows(block.kv, seqlen_local), True
+    elif incoming:
+        launched = True  # the partial passed on as it came
+    return [Compute("add", "bwd", step, nbytes=_add_bytes(rows_q, rows_kv, shape, esize))] if launched else []
 
 
 # --------------------------------------------------------------------------- all-gather (llama3, llama3_varlen)

@@ -1,8 +1,11 @@
 """Price every rank's program and play them together: the slowest rank's time and what it spent it on.
 
-Each rank has a host that issues every op in turn (``launch_ms`` each: the engine's Python and
-the launch), a compute stream (kernels, merges, adds, copies, one after another, each starting
-once the host has issued it) and a communication stream (transfers in issue order). A
+Each rank has a host that issues every op in turn (each op's own host cost from the calibration,
+``Calibration.issue_ms``: the engine's Python and the launch), a compute stream (kernels, merges,
+adds, copies, one after another, each starting once the host has issued it, for its GPU time)
+and a communication stream (transfers in issue order). An iteration replayed as a CUDA graph
+(``graph=True``, ``run --cuda-graph``) is one launch: the host issues it once (``launch_ms``) and
+no op waits for the host after that. A
 :class:`~ringbench.model.schedule.Post` starts on the communication stream once the compute
 stream has reached it and the previous transfer has finished; a point-to-point transfer needs
 both ends (it starts when the later of sender and receiver is ready), a collective every member
@@ -61,11 +64,12 @@ class Priced:
 
     Attributes:
         whiches: the calibration's quantiles, the first axis of every cost.
-        launch_ms: the host's time per op.
+        launch_ms: the host's time to issue a transfer (and a graph's one launch).
         segments: per segment (the compute ops before one communication op), arrays over
-            (op slot, quantile, rank): ``work`` ms, and over (op slot, rank): ``has`` (the rank
-            has an op there), ``kernel`` (it is a kernel call), ``bwd`` (it is backward's);
-            then that communication op of every rank (``None`` after the last).
+            (op slot, quantile, rank): ``work`` ms, and over (op slot, rank): ``host`` (ms the
+            host takes to issue the op), ``has`` (the rank has an op there), ``kernel`` (it is a
+            kernel call), ``bwd`` (it is backward's); then that communication op of every rank
+            (``None`` after the last).
         kernel_calls: per rank.
     """
 
@@ -110,6 +114,13 @@ def price(segs: list[list], *, calibration: Calibration, kernel: str, whiches: t
     """Cost every compute op of the :func:`segments` of the programs at each quantile of ``whiches``."""
     W, Q = len(segs), len(whiches)
     cache: dict = {}
+    issue: dict = {}
+
+    def host_cost(op: Compute) -> float:
+        key = (op.kind, op.call.mode if op.call is not None else None)
+        if key not in issue:
+            issue[key] = calibration.issue_ms(op.kind, kernel, key[1] or "fwd")
+        return issue[key]
 
     def cost(op: Compute, shape) -> tuple:
         key = (op.kind, op.call, shape, op.nbytes)
@@ -124,31 +135,37 @@ def price(segs: list[list], *, calibration: Calibration, kernel: str, whiches: t
         ops = [segs[r][j][1] for r in range(W)]
         K = max(len(segs[r][j][0]) for r in range(W))
         work = [[none] * W for _ in range(K)]
+        host = [[0.0] * W for _ in range(K)]
         has = [[False] * W for _ in range(K)]
         is_kernel = [[False] * W for _ in range(K)]
         bwd = [[False] * W for _ in range(K)]
         for r in range(W):
             for k, (op, shape) in enumerate(segs[r][j][0]):
                 work[k][r] = cost(op, shape)
+                host[k][r] = host_cost(op)
                 has[k][r], is_kernel[k][r], bwd[k][r] = True, op.kind == "kernel", op.phase == "bwd"
                 calls[r] += op.kind == "kernel"
         work_a = np.array(work, dtype=float).reshape(K, W, Q).transpose(0, 2, 1) if K else np.zeros((0, Q, W))
-        segments.append((work_a, np.array(has, dtype=bool).reshape(K, W), np.array(is_kernel, dtype=bool).reshape(K, W),
-                         np.array(bwd, dtype=bool).reshape(K, W), ops))
+        segments.append((work_a, np.array(host, dtype=float).reshape(K, W), np.array(has, dtype=bool).reshape(K, W),
+                         np.array(is_kernel, dtype=bool).reshape(K, W), np.array(bwd, dtype=bool).reshape(K, W), ops))
     return Priced(tuple(whiches), calibration.launch_ms, segments, calls)
 
 
-def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lambda r: r) -> dict[str, list[RankTime]]:
+def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lambda r: r,
+         graph: bool = False) -> dict[str, list[RankTime]]:
     """Play priced programs on ``cluster`` (module docstring): per quantile, one :class:`RankTime` per rank.
 
-    ``place`` gives each rank's host slot (the identity: ranks in order, node by node).
+    ``place`` gives each rank's host slot (the identity: ranks in order, node by node);
+    ``graph``: the iteration is replayed as one CUDA graph, so the host issues it once and no op after.
     """
     Q, W = len(priced.whiches), len(priced.kernel_calls)
     T, H, free = np.zeros((Q, W)), np.zeros((Q, W)), np.zeros((Q, W))
+    if graph:
+        H += priced.launch_ms  # the graph's one launch
     fwd_at = np.full((Q, W), np.nan)
     parts = {p: np.zeros((Q, W)) for p in PARTS}
     done: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    host = priced.launch_ms
+    post_host = 0.0 if graph else priced.launch_ms
     links: dict[tuple[int, int], Link] = {}
     patterns: dict = {}
     sent = np.zeros(W)
@@ -164,10 +181,11 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
         if first.any():
             fwd_at[:, first] = T[:, first]
 
-    for work, has, is_kernel, bwd, ops in priced.segments:
+    for work, host, has, is_kernel, bwd, ops in priced.segments:
         for k in range(work.shape[0]):
             mark_bwd(has[k] & bwd[k])
-            H[:, has[k]] += host
+            if not graph:
+                H += np.where(has[k], host[k], 0.0)
             gap = np.where(has[k], np.maximum(0.0, H - T), 0.0)  # the GPU idle, waiting for the host
             T += gap + work[k]
             parts["overhead"] += gap + np.where(is_kernel[k], 0.0, work[k])
@@ -176,7 +194,7 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
             continue
         if isinstance(ops[0], Post):
             mark_bwd(np.array([op.phase == "bwd" for op in ops]))
-            H += host  # the host issues the transfer too
+            H += post_host  # the host issues the transfer too
             ready = np.maximum(np.maximum(T, H), free)
             key = (ops[0].op, ops[0].nbytes, tuple((op.send_to, op.recv_from, op.group) for op in ops))
             if key not in patterns:
@@ -213,11 +231,23 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
 
 
 def simulate(programs: list[list], *, calibration: Calibration, kernel: str, cluster: Cluster,
-             whiches: tuple[str, ...] = ("mid",), place: Callable[[int], int] = lambda r: r
+             whiches: tuple[str, ...] = ("mid",), place: Callable[[int], int] = lambda r: r, graph: bool = False
              ) -> dict[str, list[RankTime]]:
     """:func:`segments`, :func:`price` then :func:`play`: per quantile of ``whiches``, one :class:`RankTime` per rank."""
     return play(price(segments(programs), calibration=calibration, kernel=kernel, whiches=whiches), cluster=cluster,
-                place=place)
+                place=place, graph=graph)
+
+
+def issue_and_run_ms(priced: Priced, rank: int = 0, which: int = 0) -> tuple[float, float]:
+    """``(host_ms, gpu_ms)`` of one eager iteration of ``rank``: the host's time to issue every op
+    (transfers at ``launch_ms``) and the GPU's time to run the compute ops, at quantile index
+    ``which``; what ``run --cuda-graph auto`` compares (``rank.graphs.issue_and_run_ms``)."""
+    host = gpu = 0.0
+    for work, cost, has, _, _, ops in priced.segments:
+        host += float(cost[:, rank].sum()) + (priced.launch_ms if ops[0] is not None and isinstance(ops[0], Post)
+                                              else 0.0)
+        gpu += float(np.where(has[:, rank], work[:, which, rank], 0.0).sum())
+    return host, gpu
 
 
 def _pattern(ops: list, link, place, cluster: Cluster) -> dict:
