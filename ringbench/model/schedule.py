@@ -413,6 +413,10 @@ def refusal(spec) -> str | None:
     if spec.variant == "llama3_varlen":
         return ("llama3_varlen's per-piece schedule is not walked by the model yet; predict llama3 or zigzag_varlen "
                 "instead")
+    if getattr(spec, "mask", ""):
+        return (f"mask {spec.mask if not spec.mask.startswith('slices:') else 'slices'} is not priced by the model yet "
+                "(its partial blocks run on the math kernel, which no calibration rates); predict the causal case, "
+                "or measure the mask with ringbench run")
     if spec.sink != "none":
         return None  # the sink joins once per row: no step of its own worth pricing
     return None

@@ -20,7 +20,7 @@ import functools
 import torch
 import torch.distributed as dist
 
-from . import layouts, masked
+from . import layouts, masked, masks
 from . import comm
 from .. import instruments
 from ..instruments import emulation, observe, timeline
@@ -271,7 +271,7 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                          "equal chunks, so seqlen must be a multiple of 2 * world_size")
     stride = head_group_stride(heads_k_stride, k.shape[2])
     kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
-                       window=window is not None, mask=mask.text if mask is not None else "")
+                       window=window is not None, mask=masks.label(mask.text) if mask is not None else "")
     if sink is not None:
         check_sink(sink, q.shape[2])
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale

@@ -479,7 +479,7 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     try:
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
                            varlen=doc_lengths is not None, window=window is not None,
-                           mask=mask.text if mask is not None else "")
+                           mask=masks.label(mask.text) if mask is not None else "")
     except ValueError as exc:
         if doc_lengths is None and window is None and mask is None:
             raise

@@ -42,7 +42,7 @@ from .comm import all_reduce, all_to_all
 from .grid import Grid, process_grid
 from ..kernels.common import accumulation_dtype
 from ..kernels import Kernel, as_kernel
-from . import masked, window as _window
+from . import masked, masks, window as _window
 from .ring import Plan, VarlenSteps, _ring_backward, _ring_forward, _window_steps, batch_steps, contiguous_plan
 from .sinks import check_sink, sink_grad
 from .varlen import prepare
@@ -188,7 +188,7 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
     try:
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
                            varlen=cu_seqlens is not None, window=window is not None,
-                           mask=mask.text if mask is not None else "")
+                           mask=masks.label(mask.text) if mask is not None else "")
     except ValueError as exc:
         raise ValueError(f"{prefix} {exc}") from None
     if cu_seqlens is None:
