@@ -355,7 +355,7 @@ def rule(text: str, seqlen: int) -> str | None:
         p, a = plain[0], keyed["answers"]
         rest = seqlen - p
         if rest < a or rest % a:
-            fit = max(1, rest) // a * a + p if rest >= a else p + a
+            fit = p + (max(rest, 0) // a + 1) * a
             return (f"mask {text} needs the {max(rest, 0)} tokens after the prompt to split into {a} answers of "
                     f"equal length, which seqlen {seqlen} does not give; pass --seqlen {fit} or another P or A")
     if name == "global" and plain[0] >= seqlen:
