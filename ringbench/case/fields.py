@@ -293,11 +293,14 @@ ULYSSES_DEGREE = ValueType("INT|auto", lambda text: parse_ulysses_degree(text))
 
 
 def parse_mask(text: str) -> str:
-    """``--mask``'s text as its canonical form (``engines/masks.py``: ``window:64,0`` is ``window:64``).
+    """``--mask``'s text as its canonical form (``engines/masks.py``: ``window:64,0`` is ``window:64``);
+    ``""`` (no mask) stays ``""``.
 
     Raises:
         SpecError: an unknown family or a malformed parameter, naming the value and the families.
     """
+    if not str(text).strip():
+        return ""
     try:
         return masks.parse(text)
     except ValueError as exc:

@@ -112,9 +112,12 @@ def axis_text(name: str, value: Any) -> str:
 
 def cell_text(name: str, value: Any) -> str:
     """A value of field ``name`` in a table cell or a legend: as :func:`axis_text`, with
-    many documents counted (:func:`docs_count`), and no window (``window`` 0) as ``none``, never 0."""
+    many documents counted (:func:`docs_count`), no window (``window`` 0) as ``none``, never 0, and a
+    mask of slices by their count (``slices(7)``)."""
     if name == "window" and value in (0, None):
         return "none"
+    if name == "mask" and isinstance(value, str) and value.startswith("slices:"):
+        return f"slices({value.count(';') + 1})"
     if name == "docs" and isinstance(value, str) and docs_count(value):
         return docs_count(value)
     return axis_text(name, value)

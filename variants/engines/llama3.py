@@ -118,7 +118,7 @@ def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local:
     Under a sliding window each local chunk makes one call: its keys from ``window - 1`` before
     its first token to its last, with the flash-attn window ``(window - 1, 0)``. Under a mask
     (a ``masks.Mask``) each local chunk meets the gathered keys cut in the layout's chunks, the
-    empty ones skipped, neighbouring ones of one class in one call (``masked.gathered_blocks``,
+    empty ones skipped, each run of neighbouring ones in one call (``masked.gathered_blocks``,
     built once per rank and shape and kept).
     """
     if mask is not None:

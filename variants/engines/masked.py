@@ -140,22 +140,24 @@ def gathered_blocks(mask: masks.Mask, chunks: list[tuple[slice, int, int]], chun
                     device=None) -> list[tuple[slice, slice, bool, dict]]:
     """The kernel calls of an all-gather engine (llama3) under ``mask``: for every local query chunk
     (``(local rows, first global position, length)``) against the gathered keys in global order,
-    cut in key chunks of ``chunk`` tokens, each run of neighbouring chunks of one class (full or
-    partial) one call ``(local rows, key range, causal=False, kernel keywords)``; empty chunks none."""
+    cut in key chunks of ``chunk`` tokens, each run of neighbouring non-empty chunks one call
+    ``(local rows, key range, causal=False, kernel keywords)``, with the run's mask where some chunk
+    of it is partial; empty chunks none. Few calls, as llama3 wants: each row's result is merged
+    from fewer blocks."""
     calls = []
     for rows, start, length in chunks:
         q = bands.Run(rows.start, start, 1, length)
-        runs: list[list] = []  # [first key, end, class]
+        runs: list[list] = []  # [first key, end, every chunk full]
         for k0 in range(0, seqlen, chunk):
             k = bands.Run(k0, k0, 1, min(chunk, seqlen - k0))
             kind = mask.classify(q, k)
             if kind == masks.EMPTY:
                 continue
-            if runs and runs[-1][1] == k0 and runs[-1][2] == kind:
-                runs[-1][1] = k0 + k.count
+            if runs and runs[-1][1] == k0:
+                runs[-1][1], runs[-1][2] = k0 + k.count, runs[-1][2] and kind == masks.FULL
             else:
-                runs.append([k0, k0 + k.count, kind])
-        for k0, k1, kind in runs:
-            kw = {} if kind == masks.FULL else {"mask": position_mask(mask, q, bands.Run(k0, k0, 1, k1 - k0), device)}
+                runs.append([k0, k0 + k.count, kind == masks.FULL])
+        for k0, k1, full in runs:
+            kw = {} if full else {"mask": position_mask(mask, q, bands.Run(k0, k0, 1, k1 - k0), device)}
             calls.append((rows, slice(k0, k1), False, kw))
     return calls
