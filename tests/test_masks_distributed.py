@@ -12,6 +12,7 @@ cases in the quick subset; the rest, and 1, 4 and 8, are slow.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,41 @@ def test_masks_cli_verify_reads_a_mask_file_and_fails_the_local_only_mask(tmp_pa
     assert by_variant["zigzag"]["spec"]["causal"] is False
     area = masks.build(by_variant["zigzag"]["spec"]["mask"], 256).area()
     assert sum(by_variant["zigzag"]["predicted_pairs_per_rank"]) == area
+
+
+#: Two forward-only run cases of one launch: ring at W=4 over blocks of 64 tokens, full and chunked:128.
+EARLY_STOP = """
+[defaults]
+variant = "ring"
+device = "cpu"
+kernel = "math"
+world_size = 4
+seqlen = 256
+heads = 2
+kv_heads = 1
+head_dim = 16
+mode = "fwd"
+iters = 2
+warmup = 1
+[sweep]
+mask = ["full", "chunked:128"]
+"""
+
+
+@pytest.mark.dist
+@pytest.mark.slow  # one launch of four ranks through the CLI
+def test_masks_ring_sends_only_the_kv_some_rank_needs_and_counts_only_unmasked_flops(tmp_path):
+    """chunked:128 over ring blocks of 64: odd ranks need their left neighbour's K/V, no rank needs more,
+    so the forward ring stops after one step (one K/V block sent per rank instead of three); FLOPs and
+    the predicted work count only the chunks' causal pairs."""
+    (tmp_path / "early.toml").write_text(EARLY_STOP)
+    done = ringbench("run", "--scenario", str(tmp_path / "early.toml"), "--json", "--out", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    full, chunked = sorted((json.loads(line) for line in done.stdout.splitlines()), key=lambda r: r["spec"]["mask"])
+    assert full["status"] == chunked["status"] == "ok"
+    assert full["spec"]["mask"] == "" and full["spec"]["causal"] is False  # --mask full is --no-causal
+    kv_block = 2 * 64 * 1 * 16 * 4  # K and V, 64 tokens, 1 head, dim 16, fp32
+    assert (full["bytes_sent"], chunked["bytes_sent"]) == (3 * kv_block, kv_block)
+    area = 2 * 128 * 129 // 2
+    assert chunked["flops_per_gpu"] == pytest.approx(4 * area * 2 * 16 / 4)
+    assert chunked["predicted_pairs_per_rank"] == [64 * 65 // 2, 64 * 64 + 64 * 65 // 2] * 2
