@@ -2,7 +2,8 @@
 every named family beyond the plain ones (window:L,R, prefix, shared-prefix, chunked, global) and the three
 slices files of ``tests/data/masks/`` on ring, zigzag, stripe, llama3, ulysses and usp, against the float64
 math kernel under the dense mask of the same slices (the max rule, the block-decomposition check and the
-cp-active check), one launch per world size (``tests/dist/verify_cases.py``).
+cp-active check, null with its reason where no rank needs another's K/V), one launch per world size
+(``tests/dist/verify_cases.py``).
 
 Every (mask, variant) pair runs at every world size, in bf16 at some and fp32 at the others, so each pair
 meets both dtypes over the four launches. The hidden ``mask_local_only`` variant (its mask cuts only the
@@ -69,6 +70,8 @@ def _cases(world_size: int, *, quick: bool) -> list[dict]:
         if world_size > 1 and (world_size != 2 or not quick) and m in (1, 3):  # prefix, chunked
             out.append({"name": f"{name}_mask_local_only",
                         "spec": _spec("mask_local_only", world_size, mask, seqlen, "bf16")})
+    if world_size > 1 and not quick:  # chunks of 32 inside the ring's blocks of 256 / W: no rank needs another's K/V
+        out.append({"name": "chunked_inside_blocks_ring", "spec": _spec("ring", world_size, "chunked:32", 256, "fp32")})
     return out
 
 
@@ -107,27 +110,17 @@ def test_masks_verify_passes_every_family_and_file_on_every_variant(launch):
         assert all(c["passed"] and c["shadow_passed"] for c in rec["checks"]), name
         if launch["world_size"] == 1:
             assert rec["cp_active"] is None and rec["cp_active_reason"].startswith("world size 1"), name
-        elif rec["cp_active"] is None:
-            assert "no query sees a key of another rank" in rec["cp_active_reason"], (name, rec["cp_active_reason"])
+        elif name == "chunked_inside_blocks_ring":
+            assert rec["cp_active"] is None, name
+            assert rec["cp_active_reason"] == ("under mask chunked:32 no query sees a key of another rank, so no "
+                                               "rank needs another's K/V")
         else:
-            assert rec["cp_active"] is True, name
+            assert rec["cp_active"] is True, (name, rec["cp_active_reason"])
     for name in broken:
         rec = records[name]
         assert rec["status"] == "ok" and rec["verdict"] == "fail", (name, rec.get("error"))
         assert {"out", "lse"} <= {c["tensor"] for c in rec["checks"] if not c["passed"]}, name
     assert launch["returncode"] == 0, launch["log_tail"]
-
-
-def test_masks_cp_active_reason_where_no_block_crosses_ranks():
-    """chunked:C with C a ring rank's block keeps every query inside its own rank's keys: no pair of
-    ranks to watch, which verify records as the reason (the distributed test checks it where it occurs)."""
-    from ringbench.variants.engines import bands
-
-    mask = masks.build("chunked:64", 256)
-    runs = [bands.layout_runs("contiguous", 256, r, 4) for r in range(4)]
-    assert masks.watch_pair(mask, runs) is None
-    zig = [bands.layout_runs("zigzag", 256, r, 4) for r in range(4)]
-    assert masks.watch_pair(mask, zig) is not None  # zigzag's chunks of 32 share chunks of 64 across ranks
 
 
 @pytest.mark.dist

@@ -444,15 +444,3 @@ def read_file(path: str | Path) -> str:
         if body.strip():
             entries.append(_parse_slice(body, name, f"mask-file {name!r} line {n}"))
     return _slices_text(entries, name)
-
-
-def watch_pair(mask: Mask, runs: Sequence[Sequence[Run]]) -> tuple[int, int] | None:
-    """``(source, watcher)``: two ranks where some query of the watcher sees a key of the source
-    (``runs[r]``: rank r's positions), the latest watcher first; ``None`` when no rank's queries see
-    another rank's keys."""
-    W = len(runs)
-    for watcher in reversed(range(W)):
-        for source in range(W):
-            if source != watcher and any(mask.pairs(q, k) for q in runs[watcher] for k in runs[source]):
-                return source, watcher
-    return None
