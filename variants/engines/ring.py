@@ -542,7 +542,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                    softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                    kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                    sink: Tensor | None = None, window: int | None = None,
-                     mask: str | None = None) -> tuple[Tensor, Tensor]:
+                   mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding one contiguous chunk of it.
 
     Args:
