@@ -240,10 +240,10 @@ class Window(Option):
 @dataclass(frozen=True)
 class MaskOption(Option):
     """``mask``: any mask of ``engines/masks.py`` (its canonical text), by the rules that need the
-    case: a seqlen it fits, no window beside it (``--window L`` is ``window:L``), and none of the
-    options that do not compose with it yet (a sink). ``causal``, ``full`` and ``window:L`` ask
-    nothing beyond the plain fields they are written as (the harness's ``resolve_mask``), so every
-    variant takes them."""
+    case: a seqlen it fits, and none of the options that do not compose with it yet (a sink).
+    ``causal``, ``full`` and ``window:L`` ask nothing beyond the plain fields they are written as
+    (the harness's ``resolve_mask``), so every variant takes them. A mask beside a window is
+    :func:`mask_window_rule`'s, for every variant."""
 
     def given(self, variant, value) -> bool:
         return bool(value) and masks.plain_fields(value) is None
@@ -251,14 +251,20 @@ class MaskOption(Option):
     def check(self, variant, value, case):
         if not value:
             return None
-        if case.get("window"):
-            return (f"mask {masks.label(value)} and window {case['window']} do not go together (--window L is the "
-                    f"short form of --mask window:L); pass one of them")
         if case.get("sink") not in (None, "none"):
             return (f"mask {masks.label(value)} does not take an attention sink yet (sink {case['sink']!r}); pass "
                     "--sink none")
         seqlen = case.get("seqlen")
         return masks.rule(masks.parse(value), seqlen) if seqlen else None
+
+
+def mask_window_rule(mask: str, window: int) -> str | None:
+    """Why a mask and a window cannot both be set (``--window L`` is the short form of ``window:L``,
+    so the two would say the mask twice), in one sentence, or ``None``."""
+    if mask and window:
+        return (f"mask {masks.label(mask)} and window {window} do not go together (--window L is the short form of "
+                "--mask window:L); pass one of them")
+    return None
 
 
 SINK = Option("sink", lambda v, value, takers: (

@@ -22,6 +22,7 @@ from ringbench.errors import SpecError, Unavailable
 from ringbench.variants import (OPTIONS, ROTATE, VARIANTS, factorizations, get_variant, listed, names, plural,
                                 ulysses_rule)
 from ringbench.variants.engines import masks
+from ringbench.variants.rules import mask_window_rule
 
 
 def field_names() -> tuple[str, ...]:
@@ -85,7 +86,7 @@ def detect_device() -> tuple[str, int]:
 def check_fields(given: Mapping[str, Any]) -> None:
     """Check each given field on its own (its row's rule), then the rules across fields that
     the given ones allow, in an order where each refusal's fix passes the rules before it:
-    ``heads % kv_heads``, the padding's (:func:`_check_padding`), the documents' per-document
+    a mask beside a window, ``heads % kv_heads``, the padding's (:func:`_check_padding`), the documents' per-document
     multiple (:func:`document_refusal`), then the variant's rules (its Ulysses degree, its
     seqlen multiple...).
 
@@ -98,6 +99,9 @@ def check_fields(given: Mapping[str, Any]) -> None:
     """
     for name, value in given.items():
         fields.check(name, value)
+    reason = mask_window_rule(given.get("mask") or "", given.get("window") or 0)
+    if reason:
+        raise SpecError(reason)
     heads, kv_heads = given.get("heads"), given.get("kv_heads")
     if heads and kv_heads and heads % kv_heads:
         fit = max(d for d in range(1, kv_heads + 1) if heads % d == 0)
