@@ -344,7 +344,9 @@ def test_cli_verify_default_runs_smoke_on_cpu_grouped_by_world_size(harness, tmp
     assert result.exit_code == 0, result.output
     assert [(g["world_size"], g["device"]) for g in harness.launches] == [(1, "cpu"), (2, "cpu"), (4, "cpu"), (8, "cpu")]
     cases = [c for g in harness.launches for c in g["cases"]]
-    assert len(cases) > 0 and {c["kernel"] for c in cases} == {"cpu"} and {c["task"] for c in cases} == {"verify"}
+    # The cpu kernel, but for the masked cases: math is the kernel that takes a partial block's mask.
+    assert len(cases) > 0 and {c["kernel"] for c in cases if not c["mask"]} == {"cpu"}
+    assert {c["kernel"] for c in cases if c["mask"]} == {"math"} and {c["task"] for c in cases} == {"verify"}
     assert all(c["world_size"] == g["world_size"] for g in harness.launches for c in g["cases"])
     assert len(lines(tmp_path / "verify.jsonl")) == len(cases)
     assert f"{len(cases)} cases:" in result.stdout
@@ -407,7 +409,8 @@ def test_cli_unreported_cases_get_records_and_exit_3(tmp_path, timed_out, failur
     records = [json.loads(line) for line in result.stdout.splitlines()]
     made = [r for r in records if r["spec"]["variant"] == "zigzag"]
     assert made and all(r["status"] == status and re.search(reason, r["reason"]) for r in made)
-    assert all(r["schema_version"] == 1 and r["task"] == "verify" and r["kernel"] == "cpu" for r in made)
+    assert all(r["schema_version"] == 1 and r["task"] == "verify" and r["kernel"] == ("math" if r["spec"]["mask"] else "cpu")
+               for r in made)  # smoke's masked cases run on math, the kernel that takes a partial block's mask
     assert len(lines(tmp_path / "verify.jsonl")) == len(records)
     assert "unreported" in result.stderr
 

@@ -48,7 +48,7 @@ def test_fields_growth_key_is_every_case_id_field_but_the_world_size_and_the_see
 
 
 def test_fields_variant_options_are_the_rows_that_say_so():
-    assert fields.VARIANT_OPTIONS == ("layout", "heads_k_stride", "rotate", "window", "ulysses_degree")
+    assert fields.VARIANT_OPTIONS == ("layout", "heads_k_stride", "rotate", "window", "mask", "ulysses_degree")
     spec = CaseSpec.from_dict({"task": "run", "variant": "llama3", **default_fields("cpu", 0), "layout": "contiguous"})
     assert fields.variant_options(spec) == {"layout": "contiguous"}
     assert fields.variant_options(spec.to_dict()) == {"layout": "contiguous"}

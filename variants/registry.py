@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .rules import (HEADS_K_STRIDE, LAYOUT_CHUNKS, MAX_SEQLEN, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW,
+from .rules import (HEADS_K_STRIDE, LAYOUT_CHUNKS, MASK, MAX_SEQLEN, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW,
                     Option, document_rule, layouts, listed, nearest_multiple, ulysses_rule)
 
 
@@ -37,7 +37,7 @@ class Variant:
             packed row is cut as one sequence and documents may straddle ranks.
         options: the options it takes beyond the common contract, name -> rule
             (``rules.OPTIONS``: ``sink``, ``layout`` with the layouts it takes, ``heads_k_stride``,
-            ``rotate``, ``ulysses_degree``, ``window``); :meth:`check` refuses the others when set,
+            ``rotate``, ``ulysses_degree``, ``window``, ``mask``); :meth:`check` refuses the others when set,
             and ``--help`` and the matrix read it too.
         devices: the device types it runs on; ``devices_reason`` says why not the others.
         kernels: the only kernels it runs with (peers bring their own, or name what serves
@@ -156,7 +156,8 @@ class Variant:
         unset where left out. An option it does not declare is refused when set; then each
         declared one's rule runs (``ulysses_degree`` -1 is ``auto``: one case per
         factorization, expanded by the harness), then the mask and the seqlen rules."""
-        case = {"world_size": world_size, "causal": causal, "heads": heads, "kv_heads": kv_heads, **options}
+        case = {"seqlen": seqlen, "world_size": world_size, "causal": causal, "heads": heads, "kv_heads": kv_heads,
+                **options}
         for name in OPTIONS:
             reason = self.option_refusal(name, options.get(name, OPTIONS[name].unset))
             if reason:
@@ -267,20 +268,22 @@ class Variant:
 
 #: What ringbench's own engines take: a sink applied once per row, and a sliding window.
 _OWN: dict[str, Option] = {"sink": SINK, "window": WINDOW}
+#: What their batch forms take besides: any mask (``engines/masks.py``), block by block.
+_BATCH: dict[str, Option] = {**_OWN, "mask": MASK}
 
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("ring", "contiguous", "engines.ring:ring_attention",
-                "basic ring: contiguous chunks, K/V passed around the ring", options=_OWN, emulates=True),
+                "basic ring: contiguous chunks, K/V passed around the ring", options=_BATCH, emulates=True),
         Variant("zigzag", "zigzag", "engines.zigzag:zigzag_attention",
-                "ring over the zigzag layout, balanced under a causal mask", options=_OWN, emulates=True),
+                "ring over the zigzag layout, balanced under a causal mask", options=_BATCH, emulates=True),
         Variant("stripe", "stripe", "engines.stripe:stripe_attention",
                 "ring over the stripe layout (token t on rank t mod W), balanced under a causal mask",
-                options=_OWN, emulates=True),
+                options=_BATCH, emulates=True),
         Variant("llama3", "zigzag", "engines.llama3:llama3_attention",
                 "all-gather K/V (in head groups), zigzag layout for causal balance",
-                options={**_OWN, "layout": layouts("zigzag", "contiguous"), "heads_k_stride": HEADS_K_STRIDE},
+                options={**_BATCH, "layout": layouts("zigzag", "contiguous"), "heads_k_stride": HEADS_K_STRIDE},
                 emulates=True),
         Variant("ring_varlen", "contiguous", "engines.ring_varlen:ring_varlen_attention",
                 "packed documents, each cut into W chunks, basic ring", varlen=True, shard_by_document=True,
@@ -295,13 +298,13 @@ VARIANTS: dict[str, Variant] = {
                 emulates=True),
         Variant("ulysses", "contiguous", "engines.ulysses:ulysses_attention",
                 "DeepSpeed-Ulysses: all-to-all from sequence to head sharding, the kernel over the whole "
-                "sequence for H/W heads, all-to-all back", ulysses="world", options=_OWN, emulates=True),
+                "sequence for H/W heads, all-to-all back", ulysses="world", options=_BATCH, emulates=True),
         Variant("ulysses_varlen", "contiguous", "engines.ulysses:ulysses_varlen_attention",
                 "packed documents, contiguous row, Ulysses all-to-all; the kernel takes the global "
                 "cu_seqlens, any document boundaries", varlen=True, ulysses="world", options=_OWN, emulates=True),
         Variant("usp", "zigzag", "engines.usp:usp_attention",
                 "USP: Ulysses inside groups of --ulysses-degree ranks, a zigzag ring across the groups",
-                options={**_OWN, "ulysses_degree": ULYSSES_DEGREE}, ulysses="option", emulates=True),
+                options={**_BATCH, "ulysses_degree": ULYSSES_DEGREE}, ulysses="option", emulates=True),
         Variant("usp_varlen", "zigzag", "engines.usp:usp_varlen_attention",
                 "packed documents, each in the zigzag layout over the ring, Ulysses inside groups of "
                 "--ulysses-degree ranks", varlen=True, shard_by_document=True, options={**_OWN, "ulysses_degree": ULYSSES_DEGREE},
@@ -367,6 +370,9 @@ TESTING_VARIANTS: dict[str, Variant] = {
                 "test only: a ring whose window drops every band part of one query row", options={"window": WINDOW}),
         Variant("window_off_by_one", "zigzag", "fixtures.broken:window_off_by_one_attention",
                 "test only: zigzag whose window lets every query see one key more than the window", options=_OWN),
+        Variant("mask_local_only", "contiguous", "fixtures.broken:mask_local_only_attention",
+                "test only: a ring whose mask cuts only its own K/V's blocks and takes received blocks as full",
+                options={"mask": MASK}),
         Variant("fault_hang", "contiguous", "fixtures.broken:fault_hang_attention",
                 "test only: rank W-1 sleeps forever inside attention"),
         Variant("fault_raise", "contiguous", "fixtures.broken:fault_raise_attention",

@@ -1,6 +1,6 @@
 """The torch-free rules that the registry and the engines share: how many chunks each layout cuts
 per rank, which document lengths and Ulysses degrees a variant can take, and the variant options
-(:class:`Option`: window, sink, layout, Ulysses degree...), each with its refusal and its resolver.
+(:class:`Option`: window, mask, sink, layout, Ulysses degree...), each with its refusal and its resolver.
 
 Plain data and arithmetic, so the harness can refuse a bad spec before any process starts.
 """
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
+
+from .engines import masks
 
 #: Chunks per rank of each layout: the global seqlen must be a multiple of this times W.
 LAYOUT_CHUNKS = {"contiguous": 1, "zigzag": 2, "stripe": 1}
@@ -235,6 +237,36 @@ class Window(Option):
         return None
 
 
+@dataclass(frozen=True)
+class MaskOption(Option):
+    """``mask``: any mask of ``engines/masks.py`` (its canonical text), by the rules that need the
+    case: a seqlen it fits, and none of the options that do not compose with it yet (a sink).
+    ``causal``, ``full`` and ``window:L`` ask nothing beyond the plain fields they are written as
+    (the harness's ``resolve_mask``), so every variant takes them. A mask beside a window is
+    :func:`mask_window_rule`'s, for every variant."""
+
+    def given(self, variant, value) -> bool:
+        return bool(value) and masks.plain_fields(value) is None
+
+    def check(self, variant, value, case):
+        if not value:
+            return None
+        if case.get("sink") not in (None, "none"):
+            return (f"mask {masks.label(value)} does not take an attention sink yet (sink {case['sink']!r}); pass "
+                    "--sink none")
+        seqlen = case.get("seqlen")
+        return masks.rule(masks.parse(value), seqlen) if seqlen else None
+
+
+def mask_window_rule(mask: str, window: int) -> str | None:
+    """Why a mask and a window cannot both be set (``--window L`` is the short form of ``window:L``,
+    so the two would say the mask twice), in one sentence, or ``None``."""
+    if mask and window:
+        return (f"mask {masks.label(mask)} and window {window} do not go together (--window L is the short form of "
+                "--mask window:L); pass one of them")
+    return None
+
+
 SINK = Option("sink", lambda v, value, takers: (
     f"{v.name} takes no attention sink (sink {value!r}), since only ringbench's own engines apply one once per "
     "row; pass --sink none or use a ringbench variant such as zigzag"), unset="none", keyword=False)
@@ -247,7 +279,10 @@ ULYSSES_DEGREE = UlyssesDegree("ulysses_degree", lambda v, value, takers: (
     "--ulysses-degree or use one of them"))
 WINDOW = Window("window", lambda v, value, takers: (
     f"{v.name} cannot take a sliding window (--window {value}); use one of {', '.join(takers)}"))
+MASK = MaskOption("mask", lambda v, value, takers: (
+    f"{v.name} cannot take mask {masks.label(value)}, since only ringbench's batch engines cut their blocks by a "
+    f"mask; use one of {', '.join(takers)}"), unset="")
 
 #: Every variant option, in the order a case's options are checked.
 OPTIONS: dict[str, Option] = {o.name: o for o in (SINK, layouts(), HEADS_K_STRIDE, ROTATE_RULE, ULYSSES_DEGREE,
-                                                  WINDOW)}
+                                                  WINDOW, MASK)}

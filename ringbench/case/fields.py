@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 from ringbench.case.types import ValueType, whole
 from ringbench.errors import SpecError
 from ringbench.variants import MAX_SEQLEN, OPTIONS, ROTATE, VARIANTS, get_variant, listed
+from ringbench.variants.engines import masks
 
 #: Short dtype names users type, mapped to the ``torch`` attribute they mean.
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
@@ -291,6 +292,40 @@ _SIZE = {name: ValueType("TOKENS", lambda text, name=name: parse_size(text, name
 ULYSSES_DEGREE = ValueType("INT|auto", lambda text: parse_ulysses_degree(text))
 
 
+def parse_mask(text: str) -> str:
+    """``--mask``'s text as its canonical form (``engines/masks.py``: ``window:64,0`` is ``window:64``);
+    ``""`` (no mask) stays ``""``.
+
+    Raises:
+        SpecError: an unknown family or a malformed parameter, naming the value and the families.
+    """
+    if not str(text).strip():
+        return ""
+    try:
+        return masks.parse(text)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def read_mask_file(path: str) -> str:
+    """A ``--mask-file``'s slices, read once where the option enters, as the ``slices:`` text the
+    ``mask`` field holds (so a record carries the mask itself, and its case_id follows the slices,
+    not the file's name).
+
+    Raises:
+        SpecError: the file cannot be read, or a line breaks the slices' rules.
+    """
+    try:
+        return masks.read_file(path)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+#: ``--mask``: a family and its parameters; ``--mask-file``: a file of slices.
+MASK = ValueType("NAME[:PARAMS]", parse_mask)
+MASK_FILE = ValueType("FILE", read_mask_file)
+
+
 @dataclass(frozen=True)
 class Field:
     """One case field: the row a :class:`CaseSpec` attribute carries in its metadata.
@@ -318,6 +353,8 @@ class Field:
         repeatable: the option may be given several times (one case per value).
         metavar: what its option's value is, as ``--help`` names it (``NAME``, ``cuda|cpu``);
             default: its type's name (``TOKENS``, ``INT``), none for a flag.
+        file_option: a second option that gives the value from a file (``--mask-file``), read
+            by ``file_parse`` into the field's own text where it enters; ``""``: none.
     """
 
     help: str
@@ -333,6 +370,9 @@ class Field:
     check: Callable[[str, Any], None] | None = None
     repeatable: bool = False
     metavar: str = ""
+    file_option: str = ""
+    file_parse: ValueType | None = None
+    file_help: str = ""
     name: str = ""
     type: type = object
 
@@ -383,6 +423,8 @@ class Field:
             value = format_size(value)
         if self.name == "causal":
             return "causal" if value else "non-causal"
+        if self.name == "mask" and value:
+            return f"mask={masks.label(value)}"
         return self.label.format(value) if self.label else str(value)
 
 
@@ -490,6 +532,21 @@ class CaseSpec:
                       "document, itself included (query p sees keys p - L + 1 .. p); a size such as 4096 or 4k; on "
                       "the flash-attn-4, flash-attn, torch-flash, cpu and math kernels", 0, 0, default_text="none",
                       label="window={}", optional=True, parse=_SIZE["window"], check=_check_window)
+    mask: str = row("any mask, as NAME[:PARAMS] (token counts, sizes such as 4k): causal; full; window:L (as "
+                    "--window L) or window:L,R (two-sided, non-causal: query p sees keys p - L + 1 .. p + R); "
+                    "prefix:P (a bidirectional prompt of P tokens, causal after); shared-prefix:P,answers=A (a "
+                    "causal prompt of P tokens, then A equal answers, each seeing the prompt and itself); chunked:C "
+                    "(causal inside chunks of C tokens); global:G,window:L (causal: the first G tokens and the last "
+                    "L keys); or slices:q0,q1,k0,k1,type;... (MagiAttention's slices, type full, causal, inv-causal "
+                    "or bi-causal). causal, full and window:L are written as --causal, --no-causal and --window; "
+                    "the others set causal false (the mask alone decides) and take no --causal or --window; FLOPs "
+                    "count the unmasked pairs; on the math kernel", "", "", default_text="the mask of --causal and "
+                    "--window", optional=True, parse=MASK, check=_if_set(lambda name, value: parse_mask(value)),
+                    repeatable=True, file_option="--mask-file", file_parse=MASK_FILE,
+                    file_help="Read the mask from a file of slices, one a line: q_start q_end k_start k_end type "
+                              "(commas or spaces between them, # starts a comment; type full, causal, inv-causal "
+                              "or bi-causal, MagiAttention's slice types, over global positions); the same as "
+                              "--mask slices:... with them, which records hold. Repeat for several.")
     ulysses_degree: int = row("ranks in each Ulysses group of the Ulysses-ring hybrids, which run a ring of "
                               "world_size / ulysses_degree groups; a divisor of the world size that divides heads "
                               "(and divides kv_heads or is a multiple of it), 0: the largest such divisor, or auto: "

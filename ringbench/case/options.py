@@ -62,8 +62,14 @@ def _option_help(field: fields.Field) -> str:
     return f"{text} {field.default_help()}"
 
 
+def _file_name(field: fields.Field) -> str:
+    """The parameter name of a field's file option (``mask`` -> ``mask_file``)."""
+    return f"{field.name}_file"
+
+
 def _case_parameters(command: str) -> list[inspect.Parameter]:
-    """One typer option per field that ``command`` takes, in table order."""
+    """One typer option per field that ``command`` takes, in table order (a field with a
+    ``file_option`` has that one too, right after its own)."""
     params = []
     for f in fields.fields_of(command):
         # A typed field's text is parsed once, here, by its type (fields.Field.value_type), whose
@@ -74,7 +80,30 @@ def _case_parameters(command: str) -> list[inspect.Parameter]:
                               parser=f.value_type, metavar=f.value_name)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=annotation))
+        if f.file_option:
+            from_file = typer.Option(None, f.file_option, help=f.file_help, show_default=False, parser=f.file_parse,
+                                     metavar=f.file_parse.name)
+            params.append(inspect.Parameter(_file_name(f), inspect.Parameter.KEYWORD_ONLY, default=from_file,
+                                            annotation=Optional[List[str]] if f.repeatable else Optional[str]))
     return params
+
+
+def _with_files(case: dict[str, Any]) -> dict[str, Any]:
+    """``case`` with each file option's values (already read into the field's text) joined to
+    its field's: after them in a repeatable field's list; a single field given both ways is refused."""
+    for f in fields.FIELDS:
+        if not f.file_option:
+            continue
+        read = case.pop(_file_name(f), None)
+        if read is None or read == []:
+            continue
+        if f.repeatable:
+            case[f.name] = [*(case.get(f.name) or []), *read]
+        elif f.name in case:
+            raise SpecError(f"{f.option} and {f.file_option} both give {f.name}; pass one of them")
+        else:
+            case[f.name] = read
+    return case
 
 
 def with_case_options(command: str) -> Callable:
@@ -92,7 +121,7 @@ def with_case_options(command: str) -> Callable:
 
         @functools.wraps(func)
         def command_fn(**kwargs: Any) -> Any:
-            case = {n: kwargs.pop(n) for n in names}
+            case = _with_files({n: kwargs.pop(n) for n in names})
             return func(case={k: v for k, v in case.items() if v is not None and v != []}, **kwargs)
 
         params = case_params + own
@@ -113,7 +142,7 @@ TIMEOUT, NNODES, NODE_RANK = SECONDS, whole("nnodes", "--nnodes", 1), whole("nod
 def check_given(given: dict[str, Any]) -> None:
     """Refuse bad case option values (already parsed into their types) before the (slow,
     torch-importing) device detection."""
-    from ringbench.case.spec import check_fields, document_refusal
+    from ringbench.case.spec import check_fields, document_refusal, mask_refusal
 
     for key, value in given.items():
         for item in value if isinstance(value, list) else [value]:
@@ -130,6 +159,9 @@ def check_given(given: dict[str, Any]) -> None:
             raise SpecError(reason)
     _check_seqlen_fits_every_world_size(given)
     for combo in combos:  # the variant's seqlen rule, at every world size
+        reason = mask_refusal(combo)
+        if reason:
+            raise SpecError(reason)
         check_fields(combo)
 
 

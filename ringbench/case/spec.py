@@ -21,6 +21,8 @@ from ringbench.case.fields import (DEVICES, DTYPES, MAX_SEQLEN, MODES, TASKS, Ca
 from ringbench.errors import SpecError, Unavailable
 from ringbench.variants import (OPTIONS, ROTATE, VARIANTS, factorizations, get_variant, listed, names, plural,
                                 ulysses_rule)
+from ringbench.variants.engines import masks
+from ringbench.variants.rules import mask_window_rule
 
 
 def field_names() -> tuple[str, ...]:
@@ -84,7 +86,7 @@ def detect_device() -> tuple[str, int]:
 def check_fields(given: Mapping[str, Any]) -> None:
     """Check each given field on its own (its row's rule), then the rules across fields that
     the given ones allow, in an order where each refusal's fix passes the rules before it:
-    ``heads % kv_heads``, the padding's (:func:`_check_padding`), the documents' per-document
+    a mask beside a window, ``heads % kv_heads``, the padding's (:func:`_check_padding`), the documents' per-document
     multiple (:func:`document_refusal`), then the variant's rules (its Ulysses degree, its
     seqlen multiple...).
 
@@ -97,6 +99,9 @@ def check_fields(given: Mapping[str, Any]) -> None:
     """
     for name, value in given.items():
         fields.check(name, value)
+    reason = mask_window_rule(given.get("mask") or "", given.get("window") or 0)
+    if reason:
+        raise SpecError(reason)
     heads, kv_heads = given.get("heads"), given.get("kv_heads")
     if heads and kv_heads and heads % kv_heads:
         fit = max(d for d in range(1, kv_heads + 1) if heads % d == 0)
@@ -113,6 +118,38 @@ def check_fields(given: Mapping[str, Any]) -> None:
             **{name: given[name] for name in OPTIONS if name in given})
         if reason:
             raise SpecError(reason)
+
+
+def mask_refusal(given: Mapping[str, Any]) -> str | None:
+    """Why a command's ``--mask`` contradicts its ``--causal``/``--no-causal``, in one sentence, or
+    ``None``: ``causal`` is ``--causal``, ``full`` and ``window:L,R`` with R above 0 are
+    ``--no-causal``... (:func:`resolve_mask`), and the other masks decide alone, so they take
+    neither. ``given``: the options the command was given (one value each), never a whole case."""
+    text, causal = given.get("mask"), given.get("causal")
+    if not text or causal is None:
+        return None
+    plain = masks.plain_fields(text)
+    flag = "--causal" if causal else "--no-causal"
+    if plain is None:
+        return (f"mask {masks.label(text)} says alone which keys each query sees, so it takes no {flag}; drop "
+                f"{flag}")
+    if plain["causal"] != causal:
+        return f"mask {text} is {'--causal' if plain['causal'] else '--no-causal'}, which {flag} contradicts; drop {flag}"
+    return None
+
+
+def resolve_mask(spec: CaseSpec) -> CaseSpec:
+    """``spec`` with its mask written as the plain fields where they say it (``causal`` as
+    ``causal: true``, ``full`` as ``causal: false``, ``window:L`` as ``window: L``; mask then
+    empty), so one computation has one case_id and runs the engines' own path; any other mask
+    with ``causal: false`` (the mask alone decides). A mask beside a window is left for
+    :func:`validate` to refuse."""
+    if not spec.mask or spec.window:
+        return spec
+    plain = masks.plain_fields(spec.mask)
+    if plain is None:
+        return spec.replace(causal=False) if spec.causal else spec
+    return spec.replace(mask="", **plain)
 
 
 def emulation_refusal(spec: CaseSpec) -> str | None:
@@ -166,6 +203,13 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
     if spec.flush_l2 and spec.device != "cuda":
         raise SpecError(f"flush_l2 writes a buffer larger than a GPU's L2 cache between timed iterations, and device "
                         f"{spec.device} has no L2 that ringbench flushes; drop --flush-l2 or pass --device cuda")
+    if spec.mask and spec.hf_model:
+        raise SpecError(f"mask {masks.label(spec.mask)} does not go with hf_model {spec.hf_model}, whose layers fix "
+                        "their own masks; drop --mask")
+    if spec.mask and spec.task == "verify" and spec.seqlen > masks.DENSE_LIMIT:
+        raise SpecError(f"seqlen {spec.seqlen} is above {masks.DENSE_LIMIT} tokens, the longest sequence whose mask "
+                        f"verify builds as a dense [S, S] boolean reference (1 GiB), and mask "
+                        f"{masks.label(spec.mask)} needs one; pass --seqlen {masks.DENSE_LIMIT} or less")
     if spec.hf_model:
         from ringbench.case import models
 
@@ -212,7 +256,7 @@ def _check_kernel(spec: CaseSpec, kernel) -> None:
 
     reason = check_kernel(kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]), head_dim=spec.head_dim,
                           head_dim_v=spec.value_head_dim(), varlen=get_variant(spec.variant).varlen,
-                          window=bool(spec.window))
+                          window=bool(spec.window), mask=masks.label(spec.mask) if spec.mask else "")
     if reason:
         raise SpecError(reason)
 
@@ -267,7 +311,7 @@ def resolve(spec: CaseSpec) -> CaseSpec:
     try:
         kernel = resolve_kernel(spec.kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]),
                                 head_dim=spec.head_dim, head_dim_v=spec.value_head_dim(), varlen=variant.varlen,
-                                window=bool(spec.window),
+                                window=bool(spec.window), mask=masks.label(spec.mask) if spec.mask else "",
                                 among=variant.kernels)
     except ValueError as exc:
         raise SpecError(str(exc)) from None

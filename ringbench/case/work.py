@@ -1,4 +1,4 @@
-"""The attention work per rank, predicted from the mask alone: layout, documents, window, causal.
+"""The attention work per rank, predicted from the mask alone: layout, documents, window, causal, mask.
 
 Every query row is computed on the rank that holds it, in every ringbench variant (the ring
 brings it keys, the all-gather variants gather them), so a rank's work is the number of
@@ -12,7 +12,10 @@ The rows of each rank come from ``variants.bands`` (contiguous, zigzag, stripe; 
 ring_varlen and zigzag_varlen), the contiguous row cut (llama3_varlen) or ``variants.balanced``.
 A layout it does not know gives ``None``. Padded documents (``doc_pad``) are laid out padded and
 count their real tokens' pairs. ulysses and ulysses_varlen split heads, not rows, over the
-whole group: every rank gets the total over W. Pure Python, no torch.
+whole group: every rank gets the total over W. Under a mask (``spec.mask``) a rank's pairs are
+the mask's own count over its rows' runs (``variants.engines.masks``), and usp's are its ring
+rank's over the Ulysses degree (every rank of a Ulysses group computes ``heads / U`` of the ring
+shard's rows). Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ringbench.variants import VARIANTS
-from ringbench.variants.engines import balanced, bands
+from ringbench.variants.engines import balanced, bands, masks
 
 #: The record fields this module fills.
 FIELDS = ("predicted_pairs_per_rank", "predicted_max_over_mean")
@@ -112,6 +115,8 @@ def pairs_per_rank(spec) -> list[int] | None:
         return None
     if variant.varlen and docs is None:
         return None
+    if getattr(spec, "mask", ""):
+        return _masked_pairs(spec, variant, layout_of(spec, variant))
     runs = rank_runs(spec.variant, layout_of(spec, variant), spec.seqlen, spec.world_size, docs)
     if runs is None:
         return None
@@ -126,6 +131,26 @@ def pairs_per_rank(spec) -> list[int] | None:
     return pairs
 
 
+def _share(total: int, parts: int):
+    """``total / parts``, whole where it divides."""
+    return total // parts if total % parts == 0 else total / parts
+
+
+def _masked_pairs(spec, variant, layout: str) -> list | None:
+    """Pairs of each rank's queries under ``spec.mask`` (batch variants), times the batch."""
+    W, S = spec.world_size, spec.seqlen
+    mask = masks.build(spec.mask, S)
+    keys = bands.Run(0, 0, 1, S)
+    if variant.ulysses == "world":
+        return [_share(spec.batch * mask.area(), W)] * W
+    degree = spec.ulysses_degree if variant.ulysses == "option" and spec.ulysses_degree > 0 else 1
+    try:
+        ring = [bands.layout_runs(layout, S, r, W // degree) for r in range(W // degree)]
+    except ValueError:
+        return None
+    return [_share(spec.batch * sum(mask.pairs(run, keys) for run in ring[g // degree]), degree) for g in range(W)]
+
+
 def predicted_fields(spec) -> dict[str, Any]:
     """The record's ``predicted_pairs_per_rank`` and ``predicted_max_over_mean`` (``None`` both when
     :func:`pairs_per_rank` has none, and the ratio ``None`` when no rank has work)."""
@@ -138,7 +163,7 @@ def predicted_fields(spec) -> dict[str, Any]:
 
 def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causal: bool,
                     mode: str, docs: list[int] | None = None, head_dim_v: int = 0,
-                    window: int | None = None) -> float:
+                    window: int | None = None, mask: str = "", pairs: int | None = None) -> float:
     """FLOPs of one attention over the whole sequence, in the flash-attn convention.
 
     Forward is ``4 * B * S^2 * Hq * D``, halved when causal; forward + backward is 3.5 times
@@ -153,10 +178,19 @@ def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causa
     document of length L gives ``4 * (L * w' - w'^2 / 2) * Hq * D`` with ``w' = min(w, L)``,
     which is the causal figure when ``w >= L``.
 
+    Under a ``mask`` (its text, ``engines/masks.py``) only its unmasked pairs count:
+    ``4 * B * area * Hq * D``; ``pairs`` gives the pairs directly instead (a block's, such as one
+    rank's share under the mask), overriding the mask, the window and ``causal``.
+
     Raises:
         ValueError: an unknown mode, or ``docs`` that do not sum to ``seqlen``.
     """
     head_dim = (head_dim + (head_dim_v or head_dim)) / 2
+    if pairs is None and mask:
+        pairs = masks.build(mask, seqlen).area()
+    if pairs is not None:
+        fwd = 4.0 * batch * pairs * heads * head_dim
+        return _by_mode(fwd, mode)
     if docs is None:
         fwd = 4.0 * batch * seqlen * seqlen * heads * head_dim
     else:
@@ -169,6 +203,11 @@ def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causa
         fwd = 4.0 * batch * pairs * heads * head_dim
     elif causal:
         fwd /= 2
+    return _by_mode(fwd, mode)
+
+
+def _by_mode(fwd: float, mode: str) -> float:
+    """A forward pass's FLOPs as ``mode`` times them: fwd, or fwd_bwd (3.5 times forward)."""
     if mode == "fwd":
         return fwd
     if mode == "fwd_bwd":

@@ -522,6 +522,10 @@ def refusal(spec) -> str | None:
         return (f"{spec.variant} is a peer, and its schedule is its own library's code, not a ringbench plan the "
                 f"model can walk, so it is not predicted; predict ringbench's {variant.layout} variant of the same "
                 "layout instead")
+    if getattr(spec, "mask", ""):
+        return (f"mask {spec.mask if not spec.mask.startswith('slices:') else 'slices'} is not priced by the model yet "
+                "(its partial blocks run on the math kernel, which no calibration rates); predict the causal case, "
+                "or measure the mask with ringbench run")
     if spec.sink != "none":
         return None  # the sink joins once per row: no step of its own worth pricing
     return None

@@ -39,6 +39,9 @@ def _heads(record: dict) -> str:
 
 
 def _causal(record: dict) -> str:
+    """``causal`` or ``non-causal``; ``masked`` under a mask, which the options name (``mask=prefix:512``)."""
+    if record_field(record, "mask"):
+        return "masked"
     causal = record_field(record, "causal")
     return MISSING if causal is None else ("causal" if causal else "non-causal")
 

@@ -15,7 +15,8 @@ from ringbench.rank.setup import CaseSetup, case_setup, sink_logits
 from ringbench.rank import graphs
 from ringbench.rank.peaks import Peak, case_peak
 from ringbench.case.spec import CaseSpec, spec_docs
-from ringbench.variants.engines import layouts, varlen
+from ringbench.variants.engines import layouts, masks, varlen
+from ringbench.variants.kernels.common import PositionMask
 from ringbench.variants import instruments
 
 GIB = 1024 ** 3
@@ -254,8 +255,11 @@ def rank_calls(case: CaseSetup, inputs: tuple[torch.Tensor, ...], *, device: tor
     local = spec.seqlen // world_size
     causal, scale, backward = case.causal, case.scale, spec.mode == "fwd_bwd"
     attention, options, docs = variant.attention, case.options, case.docs
-    # The reference attends the rank's share under the same window (the band alone, not causal).
+    # The reference attends the rank's share under the same window (the band alone, not causal), or
+    # under the mask between the rank's own positions.
     ref_kw, ref_causal = ({"window": case.band}, False) if case.band else ({}, causal)
+    if spec.mask:
+        ref_kw, ref_causal = {"mask": reference_mask(case, device)}, False
     ref_docs = None
     if docs is not None:
         cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
@@ -290,6 +294,15 @@ def rank_calls(case: CaseSetup, inputs: tuple[torch.Tensor, ...], *, device: tor
             return (out,)
 
     return step, reference, ref_docs
+
+
+def reference_mask(case: CaseSetup, device) -> PositionMask:
+    """The mask of a case's reference: ``spec.mask`` between the positions this rank holds (its share
+    of the sequence against itself, the same kernel call the variant's blocks are made of)."""
+    spec = case.spec
+    held = layouts.token_index(case.layout, spec.seqlen, case.rank, case.world_size, device=device,
+                               ulysses_degree=case.ulysses_degree)
+    return PositionMask(held, held, masks.build(spec.mask, spec.seqlen).allows, spec.mask)
 
 
 @dataclass(frozen=True)
@@ -391,9 +404,10 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
             note += f"; the reference ran eagerly ({ref_graph.reason})"
     ref_times = time_iterations(reference, iters=iters, warmup=warmup, device=device, group=group,
                                 min_time_ms=budget, flush=flush)
+    ref_pairs = int(reference_mask(case_setup(spec, group), device).dense().sum()) if spec.mask else None
     ref_flops = attention_flops(batch=spec.batch, seqlen=local, heads=spec.heads, head_dim=spec.head_dim,
                                 causal=spec.causal, mode=spec.mode, docs=ref_docs, head_dim_v=spec.value_head_dim(),
-                                window=spec.window or None)
+                                window=spec.window or None, pairs=ref_pairs)
     p20, p50, p80 = quantiles(times)
     ref_p20, ref_p50, ref_p80 = quantiles(ref_times)
     return RankMeasure(time_ms=p50, time_ms_p20=p20, time_ms_p80=p80, ref_time_ms=ref_p50, ref_time_ms_p20=ref_p20,
@@ -436,7 +450,8 @@ def run_fields(spec: CaseSpec, variant, gathered: list[RankMeasure], *, device: 
     real = spec_docs(spec) if variant.varlen else None  # real lengths: padding is not counted
     flops_per_gpu = attention_flops(batch=spec.batch, seqlen=sum(real) if real else spec.seqlen, heads=spec.heads,
                                     head_dim=spec.head_dim, causal=spec.causal, mode=spec.mode, docs=real,
-                                    head_dim_v=spec.value_head_dim(), window=spec.window or None) / world_size
+                                    head_dim_v=spec.value_head_dim(), window=spec.window or None,
+                                    mask=spec.mask) / world_size
     tflops = flops_per_gpu / (time_ms * 1e-3) / 1e12
     ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
     # None: the variant's bytes go where the counters cannot see them (Variant.traffic_counted).

@@ -22,6 +22,11 @@ variant runs, its engine reports every kernel call (``variants/instruments/obser
 variant is one rounding away from it; a check passes only when both rules do. Variants whose
 engine reports nothing (peers) keep the max rule alone, their shadow fields null.
 
+A case with a mask (``spec.mask``, ``engines/masks.py``) takes both references from the kernel
+called with the dense ``[S, S]`` boolean mask of the same slices over the whole sequence (a
+``PositionMask`` of every position), and finds its cp-active pair of ranks from the mask's own
+predicate over the positions each rank holds (none: ``cp_active`` null, with the reason).
+
 A case with packed documents (a varlen variant, ``docs`` in the spec) builds the global
 ``cu_seqlens``, shards the row as the variant does (document by document, or by row), passes
 ``cu_seqlens=`` to the variant, and takes both references from the kernels' varlen form over
@@ -46,10 +51,10 @@ from ringbench.rank import sink_pad as extras
 from ringbench.rank.setup import CaseSetup, Results, case_setup, sink_logits
 from ringbench.variants import plural
 from ringbench.case.spec import CaseSpec
-from ringbench.variants.engines import layouts
+from ringbench.variants.engines import layouts, masks
 from ringbench.variants import instruments
 from ringbench.variants.instruments import observe
-from ringbench.variants.kernels.common import accumulation_dtype
+from ringbench.variants.kernels.common import PositionMask, accumulation_dtype
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.kernels.common import merge_
 
@@ -351,6 +356,8 @@ class Placement:
             self.unwatched = ""
             if case.spec.window:
                 self._watch_window(case.spec.seqlen, world_size, case.spec.window)
+            if case.spec.mask:
+                self._watch_mask(masks.build(case.spec.mask, case.spec.seqlen), world_size)
             return
         by_doc = variant.shard_by_document
         self.cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
@@ -404,6 +411,18 @@ class Placement:
                 break
         self.unwatched = "" if self.watch is not None else (
             f"under window {window} no query sees a key of another rank, so no rank needs another's K/V")
+
+    def _watch_mask(self, mask: masks.Mask, world_size: int) -> None:
+        # The pair comes from the positions each rank holds, read from the shard function itself (every
+        # layout, the composed Ulysses one too), and the mask's own predicate: a watcher's query sees a
+        # source's key somewhere.
+        where = torch.arange(mask.seqlen)
+        held = [self.shard(where.view(1, -1), r)[0] for r in range(world_size)]
+        self.watch = next(((source, watcher) for watcher in reversed(range(world_size)) for source in range(world_size)
+                           if source != watcher and bool(mask.allows(held[watcher][:, None], held[source][None, :]).any())),
+                          None)
+        self.unwatched = "" if self.watch is not None else (
+            f"under mask {masks.label(mask.text)} no query sees a key of another rank, so no rank needs another's K/V")
 
     def max_seqlen(self) -> int:
         offsets = self.cu_seqlens.tolist()
@@ -562,11 +581,15 @@ def determinism_verdict(repeated: dict, *, documented: str, require: bool) -> st
 
 
 def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float,
-               window: int | None = None) -> Results:
+               window: int | None = None, mask: str = "") -> Results:
     """out, lse, dq, dk, dv of ``kernel`` over the whole sequence on one device (varlen form
-    over the whole packed row when the case has documents), under the case's sliding window."""
+    over the whole packed row when the case has documents), under the case's sliding window or
+    its mask (``mask``, its text: the dense ``[S, S]`` block of its slices, causal then ignored)."""
     q, k, v, dout = inputs
     kw = extras.band_keywords(window)
+    if mask:
+        every = torch.arange(q.shape[1], device=q.device)
+        kw, causal = {"mask": PositionMask(every, every, masks.build(mask, q.shape[1]).allows, mask)}, False
     if placement.cu_seqlens is None:
         out, lse = kernel.forward(q, k, v, causal, scale, **kw)
         return Results(out, lse, *kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw))
@@ -628,8 +651,9 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         gathered, single, ref, shadow, implied = extras.references(kernel, inputs, case, placement.cu_seqlens,
                                                                    sink, placement.keep, gathered, shadow)
     elif rank == 0:
-        single = _whole_row(kernel, inputs, placement, causal, scale, spec.window)
-        ref = _whole_row(KERNELS["math"], [x.double() for x in inputs], placement, causal, scale, spec.window)
+        single = _whole_row(kernel, inputs, placement, causal, scale, spec.window, spec.mask)
+        ref = _whole_row(KERNELS["math"], [x.double() for x in inputs], placement, causal, scale, spec.window,
+                         spec.mask)
     if rank == 0:
         q, k, v = inputs[:3]
         expected = ((dtype, (*q.shape[:3], v.shape[3])), (torch.float32 if dtype != torch.float64 else dtype,

@@ -140,7 +140,8 @@ def _flops(case) -> float:
     docs = spec_docs(case) if case.docs else None  # real lengths: padding is not counted
     return attention_flops(batch=case.batch, seqlen=sum(docs) if docs else case.seqlen, heads=case.heads,
                            head_dim=case.head_dim, causal=case.causal, mode=case.mode, docs=docs,
-                           head_dim_v=case.head_dim_v, window=getattr(case, "window", 0) or None)
+                           head_dim_v=case.head_dim_v, window=getattr(case, "window", 0) or None,
+                           mask=getattr(case, "mask", ""))
 
 
 def rate(case) -> float:

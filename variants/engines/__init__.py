@@ -1,4 +1,5 @@
 """The algorithms under test: the ring engine and its plans (ring, zigzag, stripe, their varlen
 forms), the all-gather engines (llama3), the all-to-all ones (ulysses, usp over ``grid``), and
-what they share: merge (and its Triton form), layouts, balanced, varlen, bands, window, sinks and
-the counted communicators (``comm``)."""
+what they share: merge (and its Triton form), layouts, balanced, varlen, bands, window, masks (the
+torch-free slices of any mask) and masked (a mask's blocks in the engines), sinks and the counted
+communicators (``comm``)."""

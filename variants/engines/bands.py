@@ -38,6 +38,10 @@ class Part(NamedTuple):
     kv: tuple[int, int]
     window: tuple[int | None, int | None] | None
 
+    def keywords(self) -> dict:
+        """The kernel keywords of its call: its window (``kernels``' contract)."""
+        return {"window": self.window}
+
 
 def layout_runs(layout: str, seqlen: int, rank: int, world_size: int, doc: int = 0, local: int = 0) -> list[Run]:
     """The runs of ``rank``'s rows of a sequence of ``seqlen`` tokens in ``layout`` (contiguous,

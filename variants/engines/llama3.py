@@ -15,10 +15,12 @@ Source: "The Llama 3 Herd of Models" (Meta, 2024), its context-parallelism part.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
-from . import layouts
+from . import layouts, masked, masks
 from . import comm
 from .. import instruments
 from ..instruments import emulation, observe, timeline
@@ -103,13 +105,24 @@ def _gathered_kv(k: Tensor, v: Tensor, group, world_size: int, stride: int, layo
                _to_global(vb.unflatten(0, (world_size, -1)), layout))
 
 
+@functools.lru_cache(maxsize=32)
+def _masked_blocks(mask, layout: str, rank: int, world_size: int, seqlen_local: int, device):
+    chunks = _chunks(layout, rank, world_size, seqlen_local)
+    return masked.gathered_blocks(mask, chunks, seqlen_local // len(chunks), seqlen_local * world_size, device)
+
+
 def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local: int, seqlen: int,
-            window: int | None = None):
+            window: int | None = None, mask=None, device=None):
     """(local query rows, key range, causal, kernel keywords) of every kernel call this rank makes.
 
     Under a sliding window each local chunk makes one call: its keys from ``window - 1`` before
-    its first token to its last, with the flash-attn window ``(window - 1, 0)``.
+    its first token to its last, with the flash-attn window ``(window - 1, 0)``. Under a mask
+    (a ``masks.Mask``) each local chunk meets the gathered keys cut in the layout's chunks, the
+    empty ones skipped, each run of neighbouring ones in one call (``masked.gathered_blocks``,
+    built once per rank and shape and kept).
     """
+    if mask is not None:
+        return _masked_blocks(mask, layout, rank, world_size, seqlen_local, torch.device(device or "cpu"))
     if not causal:
         return [(slice(None), slice(0, seqlen), False, {})]
     out = []
@@ -123,7 +136,7 @@ def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local:
     return out
 
 
-def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None):
+def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None, mask=None):
     rank, world_size = emulation.rank_and_size(group)
     B, S_local, H = q.shape[:3]
     G = H // k.shape[2]
@@ -135,7 +148,8 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None)
     timeline.step("fwd", 0)  # a step is a head group: its gather's wait, kernel calls and merges
     for i, (hs, kg, vg) in enumerate(_gathered_kv(k, v, group, world_size, stride, layout)):
         qh = slice(hs.start * G, hs.stop * G)
-        for rows, keys, c, kw in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1], window):
+        for rows, keys, c, kw in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1], window, mask,
+                                         q.device):
             with timeline.span("kernel"):
                 b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale, **kw)
             if seen is not None:
@@ -147,7 +161,8 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None)
     return out, lse, saved
 
 
-def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, layout, window=None):
+def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, layout, window=None,
+              mask=None):
     rank, world_size = emulation.rank_and_size(group)
     S_local, G = q.shape[1], q.shape[2] // k.shape[2]
     acc = accumulation_dtype(q.dtype)
@@ -160,7 +175,8 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
         qh = slice(hs.start * G, hs.stop * G)
         dkg = torch.zeros(kg.shape, dtype=acc, device=k.device)
         dvg = torch.zeros(vg.shape, dtype=acc, device=v.device)
-        for rows, keys, c, kw in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1], window):
+        for rows, keys, c, kw in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1], window, mask,
+                                         q.device):
             with timeline.span("kernel"):
                 g = kernel.backward(dout[:, rows, qh], q[:, rows, qh], kg[:, keys], vg[:, keys],
                                     out[:, rows, qh], lse[:, qh, rows], c, scale, **kw)
@@ -214,7 +230,8 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                      heads_k_stride: int | None = None, layout: str = "zigzag",
-                     sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+                     sink: Tensor | None = None, window: int | None = None,
+                     mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by gathering K/V, each rank holding its shard.
 
     Args:
@@ -230,6 +247,9 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
         window: a causal sliding window of this many keys (query p sees keys p - window + 1 ..
             p); each local chunk then attends only the gathered keys its window reaches.
+        mask: any mask over the global sequence (``masks.py``: ``prefix:512``, ``slices:...``), or
+            ``None``; each local chunk attends the gathered key chunks the mask leaves, partial
+            ones on a kernel that takes a mask, and ``causal`` is ignored.
 
     Returns:
         ``out`` ``[B, S/W, Hq, Dv]`` in q's dtype; ``lse`` float32 ``[B, Hq, S/W]``.
@@ -237,11 +257,13 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     Raises:
         ValueError: ``cu_seqlens`` given, an unknown layout, an odd local length under zigzag,
             or a ``heads_k_stride`` outside 1..Hkv; a window that is not positive, without
-            ``causal``, or on a kernel that takes none.
+            ``causal``, or on a kernel that takes none; a mask that is malformed, does not fit
+            the sequence, comes with a window, or on a kernel that takes none.
     """
     if cu_seqlens is not None:
         raise ValueError("llama3 is the batch form and takes no cu_seqlens; use llama3_varlen")
     check_window(window, causal)
+    mask = masked.as_mask(mask, q.shape[1] * emulation.rank_and_size(group)[1], window=window)
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r} is not one llama3 takes; choose one of {', '.join(LAYOUTS)}")
     if layout == "zigzag" and q.shape[1] % 2:
@@ -249,12 +271,12 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                          "equal chunks, so seqlen must be a multiple of 2 * world_size")
     stride = head_group_stride(heads_k_stride, k.shape[2])
     kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
-                       window=window is not None)
+                       window=window is not None, mask=masks.label(mask.text) if mask is not None else "")
     if sink is not None:
         check_sink(sink, q.shape[2])
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return GatheredAttention.apply(q, k, v, sink, _forward, _backward, causal, scale, group, kernel, stride,
-                                   layout, window)
+                                   layout, window, mask)
 
 
 def schedule(layout: str, causal: bool, rank: int, world_size: int, seqlen_local: int, kv_heads: int,

@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import bands, window as _window
+from . import bands, masked, masks, window as _window
 from .. import instruments
 from ..instruments import emulation, observe, timeline
 from .comm import RingComm
@@ -62,7 +62,8 @@ class Step(NamedTuple):
     ``q`` and ``kv`` are local rows: a slice, or (varlen) int64 row indices. For packed
     documents, ``cu_q`` and ``cu_k`` are the int32 offsets of the documents within the taken
     rows, and ``max_q`` and ``max_k`` their longest lengths; ``None`` and 0 in the batch form.
-    Under a sliding window, ``parts`` are its kernel calls (``window.py``), q and kv all rows.
+    Under a sliding window or a mask, ``parts`` are its kernel calls (``window.py``, ``masked.py``),
+    q and kv all rows.
     ``q_inv`` and ``kv_inv`` are the row maps of index selections, int32 ``[S/W]`` on the
     device: the block row of every local row, -1 where the block has none (the fused merge
     reads them); ``None`` for slices.
@@ -437,7 +438,8 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
              group: dist.ProcessGroup | None, kernel: Kernel | str, plan: Plan,
              doc_lengths: list[int] | None = None, steps: "VarlenSteps | None" = None,
              lossy: tuple[str, ...] = (), sink: Tensor | None = None, window: int | None = None,
-             layout: str = "contiguous") -> tuple[Tensor, Tensor]:
+             layout: str = "contiguous", mask: "str | masks.Mask | None" = None,
+             mask_parts: "masked.Parts | None" = None) -> tuple[Tensor, Tensor]:
     """Run the ring engine with ``plan``; shared by the ring-shaped variants.
 
     ``sink`` (``[Hq]``, see ``sinks.py``) joins every row once, after its last merge; its
@@ -452,6 +454,12 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     the global positions of ``layout`` (the variant's: contiguous, zigzag or stripe, by document
     with ``doc_lengths``) instead of the plan: ``window.py``.
 
+    With ``mask`` (``masks.py``: a mask's text such as ``prefix:512``, or a built ``masks.Mask``
+    over the global sequence; batch form only), the steps come from the same positions and the
+    mask (``masked.py``): empty blocks make no kernel call, full ones a plain call, partial ones a
+    call with the block's ``PositionMask``; ``causal`` is then ignored. ``mask_parts`` is for test
+    fixtures only (``masked.ring_steps``' ``parts``).
+
     ``lossy`` is for test fixtures only (``testing.py``), never correct: the accumulators it
     names (``out``, the running output; ``dq``; ``dkv``, the dK/dV travelling the ring) are
     rounded to the input dtype after every update, the low-precision accumulation verify's
@@ -459,22 +467,26 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
 
     Raises:
         ValueError: a kernel the call cannot run with (``kernels.as_kernel``): with
-            ``doc_lengths`` one without a varlen form, with ``window`` one that takes none, the
-            message starting ``[rank r/W]``; a window that is not positive, or without ``causal``.
+            ``doc_lengths`` one without a varlen form, with ``window`` one that takes none, with a
+            mask one that takes no mask, the message starting ``[rank r/W]``; a window that is not
+            positive, or without ``causal``; a mask that is malformed, does not fit the sequence, or
+            comes with a window or documents.
     """
     rank, world_size = emulation.rank_and_size(group)
     prefix = f"[rank {rank}/{world_size}] "
     _window.check_window(window, causal, prefix)
+    mask = masked.as_mask(mask, q.shape[1] * world_size, window=window, docs=doc_lengths is not None, prefix=prefix)
     try:
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
-                           varlen=doc_lengths is not None, window=window is not None)
+                           varlen=doc_lengths is not None, window=window is not None,
+                           mask=masks.label(mask.text) if mask is not None else "")
     except ValueError as exc:
-        if doc_lengths is None and window is None:
+        if doc_lengths is None and window is None and mask is None:
             raise
         raise ValueError(f"{prefix}{exc}") from None
     if steps is None or window is not None or doc_lengths is None:  # a given steps serves varlen only
         steps = steps_for(plan, layout, q.shape[1], rank, world_size, causal, window=window,
-                          doc_lengths=doc_lengths, device=q.device)
+                          doc_lengths=doc_lengths, device=q.device, mask=mask, mask_parts=mask_parts)
     if sink is not None:
         check_sink(sink, q.shape[2], f"[rank {rank}/{world_size}] ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
@@ -482,14 +494,19 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
 
 
 def steps_for(plan: Plan, layout: str, seqlen_local: int, rank: int, world_size: int, causal: bool, *,
-              window: int | None = None, doc_lengths: list[int] | None = None, device="cpu") -> Steps:
+              window: int | None = None, doc_lengths: list[int] | None = None, device="cpu",
+              mask: "masks.Mask | None" = None, mask_parts: "masked.Parts | None" = None) -> Steps:
     """What ``rank`` computes at every ring step: the steps :func:`run_ring` runs, public so that
     ``ringbench predict`` walks the very schedule that runs (issue 24).
 
     Under a ``window``, the window's parts over ``layout`` (with an ``n_steps`` attribute: the
-    forward ring may end early); with ``doc_lengths``, :class:`VarlenSteps` (index tensors on
-    ``device``); else :func:`batch_steps`.
+    forward ring may end early); under a ``mask`` (a ``masks.Mask`` over the global sequence),
+    its parts over ``layout`` the same way (``masked.ring_steps``, kept between calls); with
+    ``doc_lengths``, :class:`VarlenSteps` (index tensors on ``device``); else :func:`batch_steps`.
     """
+    if mask is not None:
+        kw = {} if mask_parts is None else {"parts": mask_parts}
+        return masked.ring_steps(mask, layout, seqlen_local, rank, world_size, torch.device(device), **kw)
     if window is not None:
         return _window_steps(layout, seqlen_local, doc_lengths, rank, world_size, window)
     if doc_lengths is None:
@@ -506,7 +523,12 @@ def _window_steps(layout: str, seqlen_local: int, doc_lengths: list[int] | None,
     else:
         def runs_of(r):
             return bands.document_runs([n * world_size for n in doc_lengths], layout, r, world_size)
-    parts_of = _window.WindowParts(runs_of, rank, world_size, window)
+    return part_steps(_window.WindowParts(runs_of, rank, world_size, window))
+
+
+def part_steps(parts_of: "_window.RingParts") -> Steps:
+    """The steps of a ring cut into parts (a window's, a mask's): each step's parts, q and kv all
+    rows, ``None`` where a step has none; its ``n_steps`` is ``parts_of``'s."""
 
     def steps(step: int, source: int) -> Step | None:
         parts = parts_of(step, source)
@@ -519,7 +541,8 @@ def _window_steps(layout: str, seqlen_local: int, doc_lengths: list[int] | None,
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                    softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                    kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                   sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+                   sink: Tensor | None = None, window: int | None = None,
+                   mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding one contiguous chunk of it.
 
     Args:
@@ -535,6 +558,10 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         window: a causal sliding window of this many keys (query p sees keys p - window + 1 .. p);
             ``None``: none. Steps outside it make no kernel call, and the forward ring stops
             after the last step any rank needs (``window.py``).
+        mask: any mask (``masks.py``: ``prefix:512``, ``chunked:8k``, ``slices:...``) over the global
+            sequence, or ``None``; blocks it leaves empty make no kernel call (and K/V that every
+            remaining step masks are not sent), partial ones go to a kernel that takes a mask, and
+            ``causal`` is ignored (``run_ring``).
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32
@@ -543,9 +570,11 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
 
     Raises:
         ValueError: ``cu_seqlens`` given, a sink that is not ``[Hq]``, shapes the kernel refuses, or a
-            window that is not positive, without ``causal``, or on a kernel that takes none.
+            window that is not positive, without ``causal``, or on a kernel that takes none; a mask
+            that is malformed, does not fit the sequence, comes with a window, or on a kernel that
+            takes none.
     """
     if cu_seqlens is not None:
         raise ValueError("ring is the batch form and takes no cu_seqlens; use ring_varlen")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                    plan=contiguous_plan, sink=sink, window=window, layout="contiguous")
+                    plan=contiguous_plan, sink=sink, window=window, layout="contiguous", mask=mask)

@@ -37,12 +37,14 @@ def stripe_plan(step: int, source: int, rank: int, world_size: int, seqlen_local
 def stripe_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                     sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+                     sink: Tensor | None = None, window: int | None = None,
+                     mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding every W-th token.
 
     Takes and returns what :func:`zigzag.zigzag_attention` does, in the stripe layout: q, k and
     v hold tokens ``rank, rank + W, rank + 2W, ...`` (``layouts.shard(x, "stripe", rank, W)``),
-    so ``S % W == 0``, and out comes back in it.
+    so ``S % W == 0``, and out comes back in it; ``mask`` positions are global token positions, as
+    in :func:`ring.ring_attention`.
 
     Raises:
         ValueError: ``cu_seqlens`` given, or shapes the kernel refuses.
@@ -50,4 +52,4 @@ def stripe_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     if cu_seqlens is not None:
         raise ValueError("stripe is the batch form and takes no cu_seqlens")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                    plan=stripe_plan, sink=sink, window=window, layout="stripe")
+                    plan=stripe_plan, sink=sink, window=window, layout="stripe", mask=mask)

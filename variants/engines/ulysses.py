@@ -42,7 +42,7 @@ from .comm import all_reduce, all_to_all
 from .grid import Grid, process_grid
 from ..kernels.common import accumulation_dtype
 from ..kernels import Kernel, as_kernel
-from . import window as _window
+from . import masked, masks, window as _window
 from .ring import Plan, VarlenSteps, _ring_backward, _ring_forward, _window_steps, batch_steps, contiguous_plan
 from .sinks import check_sink, sink_grad
 from .varlen import prepare
@@ -145,7 +145,7 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
                 group, kernel: Kernel | str, ulysses_degree: int, plan: Plan,
                 cu_seqlens: Tensor | None = None, ring_document_rule=None,
                 sink: Tensor | None = None, window: int | None = None,
-                lossy: tuple[str, ...] = ()) -> tuple[Tensor, Tensor]:
+                lossy: tuple[str, ...] = (), mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Run the Ulysses engine: shared by ``ulysses``, ``ulysses_varlen``, ``usp`` and ``usp_varlen``.
 
     Args:
@@ -164,6 +164,9 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
             contiguous for ulysses, zigzag for usp); ``None``: none.
         lossy: for test fixtures only, never correct: the ring's accumulators to round to the
             input dtype after every update (``ring.run_ring``'s ``lossy``).
+        mask: any mask over the global sequence (``masks.py``), or ``None``: taken by the ring over
+            the ring group as in ``ring.run_ring``, over the ring shards' global positions (for
+            ulysses one kernel call over the whole sequence with its mask); batch form only.
 
     Raises:
         ValueError: (starting ``[rank r/W]``) heads the degree cannot split
@@ -177,20 +180,27 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
     if reason:
         raise ValueError(f"{prefix} {reason}")
     _window.check_window(window, causal, f"{prefix} ")
+    mask = masked.as_mask(mask, q.shape[1] * world_size, window=window, docs=cu_seqlens is not None,
+                          prefix=f"{prefix} ")
     grid = process_grid(group, ulysses_degree)
     ring_len = q.shape[1] * ulysses_degree
     ring_layout = "contiguous" if plan is contiguous_plan else "zigzag"
     try:
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
-                           varlen=cu_seqlens is not None, window=window is not None)
+                           varlen=cu_seqlens is not None, window=window is not None,
+                           mask=masks.label(mask.text) if mask is not None else "")
     except ValueError as exc:
         raise ValueError(f"{prefix} {exc}") from None
     if cu_seqlens is None:
         if plan is not contiguous_plan and grid.ring_degree > 1 and ring_len % 2:
             raise ValueError(f"{prefix} the ring shard of {ring_len} tokens is odd, but {name}'s zigzag ring gives "
                              "each ring rank two equal chunks; make seqlen a multiple of 2 * world_size")
-        steps = (batch_steps(plan, grid.ring_rank, grid.ring_degree, ring_len, causal) if window is None else
-                 _window_steps(ring_layout, ring_len, None, grid.ring_rank, grid.ring_degree, window))
+        if mask is not None:
+            steps = masked.ring_steps(mask, ring_layout, ring_len, grid.ring_rank, grid.ring_degree, q.device)
+        elif window is not None:
+            steps = _window_steps(ring_layout, ring_len, None, grid.ring_rank, grid.ring_degree, window)
+        else:
+            steps = batch_steps(plan, grid.ring_rank, grid.ring_degree, ring_len, causal)
     else:
         if q.shape[0] != 1:
             raise ValueError(f"{prefix} q has batch {q.shape[0]}, but {name} packs documents into one row; "
@@ -216,7 +226,8 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                       softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                       kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                      sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+                      sink: Tensor | None = None, window: int | None = None,
+                      mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by DeepSpeed-Ulysses, each rank holding one contiguous chunk.
 
     Args:
@@ -227,6 +238,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         cu_seqlens: not taken by this batch form; must be ``None``.
         sink: ``[Hq]`` float32 sink logits (``sinks.py``), or ``None``; differentiable.
         window: a causal sliding window of this many keys, or ``None`` (:func:`run_ulysses`).
+        mask: any mask over the global sequence (``masks.py``), or ``None`` (:func:`run_ulysses`).
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32 ``[B, Hq, S/W]``
@@ -239,7 +251,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         raise ValueError("ulysses is the batch form and takes no cu_seqlens; use ulysses_varlen")
     return run_ulysses("ulysses", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
                        ulysses_degree=emulation.rank_and_size(group)[1], plan=contiguous_plan, sink=sink,
-                       window=window)
+                       window=window, mask=mask)
 
 
 def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,

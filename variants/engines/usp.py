@@ -36,7 +36,8 @@ def _degree(ulysses_degree: int | None, q: Tensor, k: Tensor, group) -> int:
 def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softmax_scale: float | None = None,
                   group: dist.ProcessGroup | None = None, kernel: Kernel | str = "auto",
                   cu_seqlens: Tensor | None = None, ulysses_degree: int | None = None,
-                  sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+                  sink: Tensor | None = None, window: int | None = None,
+                  mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by USP: Ulysses of degree U inside, a zigzag ring of W / U outside.
 
     Args:
@@ -53,6 +54,8 @@ def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softm
         sink: ``[Hq]`` float32 sink logits (``sinks.py``), or ``None``; differentiable.
         window: a causal sliding window of this many keys, taken by the zigzag ring
             (``ulysses.run_ulysses``); ``None``: none.
+        mask: any mask over the global sequence (``masks.py``), taken by the zigzag ring over the
+            ring shards' global positions (``ulysses.run_ulysses``); ``None``: none.
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype and layout; ``lse`` float32 ``[B, Hq, S/W]``.
@@ -64,7 +67,7 @@ def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softm
         raise ValueError("usp is the batch form and takes no cu_seqlens; use usp_varlen")
     return run_ulysses("usp", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
                        ulysses_degree=_degree(ulysses_degree, q, k, group), plan=zigzag_plan, sink=sink,
-                       window=window)
+                       window=window, mask=mask)
 
 
 def usp_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,

@@ -1,5 +1,9 @@
 """The sliding window in the ring engine: each step's block as the parts its window leaves.
 
+The parts of a step (:class:`RingParts`, :func:`attend`) serve any mask that cuts blocks into
+kernel calls: the window's band parts (``bands.Part``) and a mask's parts (``masked.MaskPart``),
+each part giving its own kernel keywords (``Part.keywords()``).
+
 With ``window=L`` the ring engine (``ring.run_ring``) no longer asks the variant's plan which
 rows meet: it takes the global positions of this rank's query rows and of the visiting block's
 key rows (``bands``: contiguous, zigzag and stripe, batch or document by document) and keeps
@@ -46,26 +50,26 @@ def check_window(window, causal: bool, prefix: str = "") -> None:
                          "causal=True; pass causal=True or window=None")
 
 
-class WindowParts:
-    """``(step, source) -> parts | None`` of one rank's ring under a window, from the runs of every rank.
+class RingParts:
+    """``(step, source) -> parts | None`` of one rank's ring, from what every rank's blocks hold.
 
     Args:
-        runs_of: ``rank -> list[bands.Run]``, the positions every rank holds (the same on all ranks).
         rank, world_size: this rank and the ring's size.
-        window: keys each query sees, itself included.
+        parts_of: ``(r, source, mine) -> parts``: the parts of rank r's queries against the K/V
+            block of rank ``source``, empty where none; ``mine`` is False for the other ranks, whose
+            parts are only asked whether there are any (so they may be cheaper stand-ins).
 
     Attributes:
         n_steps: ring steps until the last one in which some rank has a part (at least 1).
     """
 
-    def __init__(self, runs_of: Callable[[int], Sequence[bands.Run]], rank: int, world_size: int, window: int):
-        runs = [list(runs_of(r)) for r in range(world_size)]
+    def __init__(self, rank: int, world_size: int, parts_of: Callable[[int, int, bool], Sequence]):
         self.parts = {}
         self.n_steps = 1
         for r in range(world_size):
             for step in range(world_size):
                 source = (r - step) % world_size
-                parts = bands.block_parts(runs[r], runs[source], window)
+                parts = parts_of(r, source, r == rank)
                 if parts:
                     self.n_steps = max(self.n_steps, step + 1)
                     if r == rank:
@@ -75,34 +79,47 @@ class WindowParts:
         return self.parts.get(step)
 
 
+class WindowParts(RingParts):
+    """:class:`RingParts` under a sliding window, from the runs of every rank.
+
+    Args:
+        runs_of: ``rank -> list[bands.Run]``, the positions every rank holds (the same on all ranks).
+        rank, world_size: this rank and the ring's size.
+        window: keys each query sees, itself included.
+    """
+
+    def __init__(self, runs_of: Callable[[int], Sequence[bands.Run]], rank: int, world_size: int, window: int):
+        runs = [list(runs_of(r)) for r in range(world_size)]
+        super().__init__(rank, world_size, lambda r, source, mine: bands.block_parts(runs[r], runs[source], window))
+
+
 def _whole(parts, q: Tensor, k: Tensor) -> bool:
     return len(parts) == 1 and parts[0].q == (0, q.shape[1]) and parts[0].kv == (0, k.shape[1])
 
 
 def attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, parts, scale: float) -> tuple[Tensor, Tensor]:
-    """out ``[B, Sq, Hq, Dv]`` and lse ``[B, Hq, Sq]`` of one windowed step over all of q's rows: the
+    """out ``[B, Sq, Hq, Dv]`` and lse ``[B, Hq, Sq]`` of one step cut into parts over all of q's rows: the
     parts' kernel calls merged (float32, or float64 for float64 inputs; a single part that covers
     the block is the kernel's own result); rows no part covers get out 0 and lse ``-inf``."""
     if _whole(parts, q, k):
-        p = parts[0]
-        return kernel.forward(q, k, v, False, scale, window=p.window)
+        return kernel.forward(q, k, v, False, scale, **parts[0].keywords())
     acc = accumulation_dtype(q.dtype)
     B, S, H = q.shape[:3]
     out = torch.zeros(B, S, H, v.shape[3], dtype=acc, device=q.device)  # v's head dim (head_dim_v)
     lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
     for p in parts:
         rows, keys = slice(*p.q), slice(*p.kv)
-        o, l = kernel.forward(q[:, rows], k[:, keys], v[:, keys], False, scale, window=p.window)
+        o, l = kernel.forward(q[:, rows], k[:, keys], v[:, keys], False, scale, **p.keywords())
         merge_(out[:, rows], lse[:, :, rows], o, l)
     return out, lse
 
 
 def attend_backward(kernel: Kernel, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                     parts, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of one windowed step (``out`` and ``lse`` the final ones of q's rows): the
+    """dq, dk, dv of one step cut into parts (``out`` and ``lse`` the final ones of q's rows): the
     parts' gradients summed (float32, or the kernel's own for a single part that covers the block)."""
     if _whole(parts, q, k):
-        return kernel.backward(dout, q, k, v, out, lse, False, scale, window=parts[0].window)
+        return kernel.backward(dout, q, k, v, out, lse, False, scale, **parts[0].keywords())
     acc = accumulation_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
@@ -110,7 +127,7 @@ def attend_backward(kernel: Kernel, dout: Tensor, q: Tensor, k: Tensor, v: Tenso
     for p in parts:
         rows, keys = slice(*p.q), slice(*p.kv)
         g = kernel.backward(dout[:, rows], q[:, rows], k[:, keys], v[:, keys], out[:, rows], lse[:, :, rows],
-                            False, scale, window=p.window)
+                            False, scale, **p.keywords())
         dq[:, rows] += g[0]
         dk[:, keys] += g[1]
         dv[:, keys] += g[2]

@@ -37,7 +37,8 @@ def zigzag_plan(step: int, source: int, rank: int, world_size: int, seqlen_local
 def zigzag_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                     sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+                     sink: Tensor | None = None, window: int | None = None,
+                     mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding its two zigzag chunks.
 
     Args:
@@ -48,6 +49,7 @@ def zigzag_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         cu_seqlens: not taken by this batch form; must be ``None``.
         sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
         window: a causal sliding window of this many keys, as in :func:`ring.ring_attention`.
+        mask: any mask over the global sequence (``masks.py``), as in :func:`ring.ring_attention`.
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, in the zigzag layout; ``lse`` float32
@@ -62,4 +64,4 @@ def zigzag_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         raise ValueError(f"local seqlen {q.shape[1]} is odd; the zigzag layout gives every rank two "
                          "equal chunks, so seqlen must be a multiple of 2 * world_size")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                    plan=zigzag_plan, sink=sink, window=window, layout="zigzag")
+                    plan=zigzag_plan, sink=sink, window=window, layout="zigzag", mask=mask)

@@ -27,6 +27,13 @@ in the varlen form), query i sees key j iff ``i + (n - m) - left <= j <= i + (n 
 and a window call may be rectangular. ringbench's variants pass ``causal=False`` with both
 sides given. ``window=None`` (the default) is the mask of ``causal`` alone.
 
+A mask (``mask=``, a ``common.PositionMask``, on the kernels with ``Kernel.takes_mask``, batch
+form only) gives every query row's and key row's global position and the predicate that says
+which pairs are seen; the call then passes ``causal=False`` and no window, and may be
+rectangular. A row that sees no key gets out 0 and lse ``-inf``. The math kernel reads the
+mask's dense boolean block; a FlexAttention kernel would make its ``mask_mod`` of the same
+positions and predicate.
+
 This module holds :class:`Kernel`, the registry (:data:`KERNELS`, :data:`AUTO_ORDER`) and the one
 resolution of kernel names (:func:`check_kernel`, :func:`resolve_kernel`, :func:`as_kernel`). The
 backends are in ``kernel_reference.py`` (math, cpu), ``kernel_torch_cuda.py`` (torch-flash, cudnn,
@@ -80,6 +87,8 @@ class Kernel:
         no_varlen: why there is no varlen form, when there is none.
         takes_window: forward and backward (both forms) take ``window=(left, right)`` (module
             docstring); ``no_window`` says why a kernel does not.
+        takes_mask: forward and backward (batch form) take ``mask=``, a ``common.PositionMask``
+            (module docstring); ``no_mask`` says why a kernel does not.
         head_dim_v: whether it takes a value head dim apart from the query/key one (v
             ``[..., Dv]``, out ``[..., Hq, Dv]``: MLA shapes such as 192/128).
         version: a function naming what serves the calls and its version, for the records
@@ -109,6 +118,8 @@ class Kernel:
     notes: Callable[[], list[str]] = field(repr=False, default=lambda: [])
     takes_window: bool = False
     no_window: str = ""
+    takes_mask: bool = False
+    no_mask: str = "it takes the causal mask and windows only"
 
     @property
     def varlen(self) -> bool:
@@ -163,7 +174,7 @@ KERNELS: dict[str, Kernel] = {
     for k in (
         Kernel("flash-attn-4", "cuda", _HALF, 256, 8, _fa4_forward, _fa4_backward, fa4.unavailable,
                _fa4_forward_varlen, _fa4_backward_varlen, nondeterministic_backward=_NONDET_FA4, head_dim_v=True,
-               takes_window=True,
+               takes_window=True, no_mask="its CuTe DSL interface takes a mask_mod, which ringbench does not pass yet",
                version=_fa4_version, notes=fa4.notes),
         Kernel("flash-attn", "cuda", _HALF, 256, 8, _flash_attn_forward, _flash_attn_backward,
                _flash_attn_unavailable, _flash_attn_forward_varlen, _flash_attn_backward_varlen,
@@ -184,10 +195,11 @@ KERNELS: dict[str, Kernel] = {
                no_window="PyTorch's memory-efficient attention op takes no window size"),
         Kernel("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16, torch.float16), None, 1,
                _cpu_forward, _cpu_backward, forward_varlen=_cpu_forward_varlen,
-               backward_varlen=_cpu_backward_varlen, takes_window=True),
+               backward_varlen=_cpu_backward_varlen, takes_window=True,
+               no_mask="ringbench calls PyTorch's CPU flash op with the causal mask and windows only"),
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
                _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
-               backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True),
+               backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True, takes_mask=True),
     )
 }
 
@@ -216,11 +228,12 @@ def kernels_for(device_type: str, kernels: Mapping[str, Kernel] | None = None) -
 
 def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None = None,
                  head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None,
-                 window: bool = False, kernels: Mapping[str, Kernel] | None = None) -> str | None:
+                 window: bool = False, mask: str = "", kernels: Mapping[str, Kernel] | None = None) -> str | None:
     """Why ``kernel`` cannot take a call on ``device_type``, or ``None`` when it can.
 
     The rules, in order: a varlen call (packed documents) needs a kernel with a varlen form;
-    a sliding window (``window``) one that takes a window; the kernel must run on ``device_type``; it must take ``head_dim`` and ``dtype`` (each
+    a sliding window (``window``) one that takes a window; a mask (``mask``, its text, such as
+    ``prefix:512``) one that takes a mask; the kernel must run on ``device_type``; it must take ``head_dim`` and ``dtype`` (each
     checked when given; ``head_dim_v``, the value head dim, with it). Availability on this
     machine is :func:`resolve_kernel`'s last rule.
     The reason is one sentence naming the value, the rule and the fix.
@@ -236,6 +249,10 @@ def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None 
     if window and not kernel.takes_window:
         names = [n for n in kernels_for(device_type, registry) if registry[n].takes_window]
         return (f"the {kernel.name} kernel cannot take a sliding window ({kernel.no_window}); "
+                f"pass --kernel with one of {', '.join(names)} or auto")
+    if mask and not kernel.takes_mask:
+        names = [n for n in kernels_for(device_type, registry) if registry[n].takes_mask]
+        return (f"the {kernel.name} kernel cannot take mask {mask} ({kernel.no_mask}); "
                 f"pass --kernel with one of {', '.join(names)} or auto")
     if kernel.device_type not in (device_type, "any"):
         return (f"kernel {kernel.name!r} runs on {kernel.device_type}, not {device_type}; "
@@ -258,7 +275,7 @@ def _unavailable(kernel: Kernel) -> str | None:
 
 def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = None, head_dim: int | None = None,
                    varlen: bool = False, among: tuple[str, ...] = (), head_dim_v: int | None = None,
-                   window: bool = False,
+                   window: bool = False, mask: str = "",
                    kernels: Mapping[str, Kernel] | None = None) -> Kernel:
     """The kernel a call on ``device_type`` runs with: the one named, or for ``auto`` the first of
     ``AUTO_ORDER[device_type]`` that passes every rule of :func:`check_kernel` for ``dtype``,
@@ -274,6 +291,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
         head_dim_v: the value head dim where it differs (``None``: the same as ``head_dim``).
         varlen: the call takes packed documents, so the kernel needs a varlen form.
         window: the call has a sliding window, so the kernel must take one.
+        mask: the call's mask (its text; empty: none), so the kernel must take a mask.
         among: for ``auto``, the only kernels it may pick (a peer's own); empty: any.
         kernels: the registry to resolve in (default :data:`KERNELS`); a test passes stand-ins.
 
@@ -282,7 +300,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
             or no kernel for ``auto``: one sentence with the value, the rule and the fix.
     """
     registry = KERNELS if kernels is None else kernels
-    rules = dict(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, varlen=varlen, window=window,
+    rules = dict(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, varlen=varlen, window=window, mask=mask,
                  kernels=registry)
     if name != "auto":
         if name not in registry:
@@ -305,6 +323,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
             return kern
         refusals.append(reason.split(";")[0])
     wanted = [w for w in ("packed documents" if varlen else "", "a sliding window" if window else "",
+                          f"mask {mask}" if mask else "",
                           f"head_dim {head_dim}" if head_dim is not None else "",
                           f"head_dim_v {head_dim_v}" if head_dim_v not in (None, head_dim) else "",
                           f"dtype {DTYPE_NAMES.get(dtype, dtype)}" if dtype is not None else "") if w]
@@ -315,7 +334,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
 
 def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | None = None, *,
               head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None,
-              window: bool = False) -> Kernel:
+              window: bool = False, mask: str = "") -> Kernel:
     """The kernel object a variant calls: a name (or ``auto``) resolved by :func:`resolve_kernel`
     for the call's device type, dtype, head dim and form; a :class:`Kernel` checked by the same
     rules (:func:`check_kernel`) but for availability, which its caller has settled.
@@ -325,9 +344,9 @@ def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | Non
     """
     if isinstance(kernel, Kernel):
         reason = check_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen,
-                              head_dim_v=head_dim_v, window=window)
+                              head_dim_v=head_dim_v, window=window, mask=mask)
         if reason:
             raise ValueError(reason)
         return kernel
     return resolve_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen, head_dim_v=head_dim_v,
-                          window=window)
+                          window=window, mask=mask)

@@ -1,5 +1,6 @@
 """What the local attention backends share: the shape checks of a call (batch and packed
 documents), the dtype they accumulate in, the sliding window's band (``band_of``, ``band_mask``),
+a call's mask by global positions (:class:`PositionMask`),
 ringbench's ``-inf`` mark of a row that sees no key, the rows of packed documents, and whether a
 CUDA device is visible. The contract itself is in the docstring of :mod:`kernels`.
 """
@@ -86,6 +87,53 @@ def band_mask(sq: int, sk: int, band: Window, device=None, row0: int = 0) -> Ten
     if right is not None:
         seen &= keys <= rows + right
     return seen
+
+
+class PositionMask:
+    """Which keys each query of one kernel call sees, by global position: the mask-taking kernels'
+    ``mask=`` (``Kernel.takes_mask``).
+
+    A call's query row i is at global position ``q_pos[i]`` and its key row j at ``k_pos[j]``;
+    row i sees key j iff ``allows(q_pos[i], k_pos[j])``. That is what a FlexAttention ``mask_mod``
+    is made of (``lambda b, h, i, j: allows(q_pos[i], k_pos[j])``); the math kernel reads
+    :meth:`dense`, built on the first call and kept, so forward and backward (and every call of a
+    schedule that keeps this object) share one.
+
+    Args:
+        q_pos: int64 ``[Sq]``, the queries' global positions, on the call's device.
+        k_pos: int64 ``[Sk]``, the keys'.
+        allows: ``(q, k) -> bool tensor``, elementwise over integer tensors that broadcast
+            (``masks.Mask.allows``).
+        name: the mask's text, for messages.
+    """
+
+    def __init__(self, q_pos: Tensor, k_pos: Tensor, allows, name: str = ""):
+        self.q_pos, self.k_pos, self.allows, self.name = q_pos, k_pos, allows, name
+        self._dense: Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q_pos.numel(), self.k_pos.numel()
+
+    def dense(self) -> Tensor:
+        """bool ``[Sq, Sk]``: True where row i sees key j (built once, then kept)."""
+        if self._dense is None:
+            self._dense = self.allows(self.q_pos[:, None], self.k_pos[None, :])
+        return self._dense
+
+    def __repr__(self) -> str:
+        return f"PositionMask({self.name!r}, {self.shape[0]}x{self.shape[1]})"
+
+
+def check_mask(mask: PositionMask, q: Tensor, k: Tensor, causal: bool, window) -> None:
+    """Refuse a mask call the contract does not take: a mask with ``causal`` or a window, or one whose
+    positions do not match the call's rows."""
+    if causal or window is not None:
+        raise ValueError("a call with a mask takes neither causal=True nor a window: the mask alone says which keys "
+                         "each query sees; pass causal=False and window=None")
+    if mask.shape != (q.shape[1], k.shape[1]):
+        raise ValueError(f"the mask holds {mask.shape[0]} query and {mask.shape[1]} key positions, but the call has "
+                         f"{q.shape[1]} query and {k.shape[1]} key rows; build it from the call's rows")
 
 
 def _cuda_unavailable() -> str | None:

@@ -4,6 +4,8 @@ flash op), each in the batch and the varlen (packed documents) form of the contr
 
 Under a window both work in tiles of query rows (:func:`band_tile`), each against only the keys
 its band reaches (:func:`band_keys`), so a windowed call costs about its band, not its block.
+The math kernel also takes a :class:`~.common.PositionMask` (``mask=``): its dense boolean block,
+applied tile by tile.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import math
 
 import torch
 
-from .common import Window, _check_shapes, _check_varlen, accumulation_dtype, band_mask, band_of, merge_
+from .common import (PositionMask, Window, _check_shapes, _check_varlen, accumulation_dtype, band_mask, band_of,
+                     check_mask, merge_)
 
 Tensor = torch.Tensor
 
@@ -20,16 +23,22 @@ Tensor = torch.Tensor
 # --------------------------------------------------------------------------- math
 
 def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
-                  chunk: int = 1024, *, window=None) -> tuple[Tensor, Tensor]:
+                  chunk: int = 1024, *, window=None, mask: PositionMask | None = None) -> tuple[Tensor, Tensor]:
+    if mask is not None:
+        _check_shapes(q, k, v, False)
+        check_mask(mask, q, k, causal, window)
+        return _math_forward_core(q, k, v, False, softmax_scale, chunk, seen=mask.dense())
     band = band_of(window, causal)
     _check_shapes(q, k, v, causal and band is None)
     return _math_forward_core(q, k, v, causal, softmax_scale, chunk, band=band)
 
 
 def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
-                       chunk: int = 1024, causal_offset: int = 0, band: Window | None = None) -> tuple[Tensor, Tensor]:
+                       chunk: int = 1024, causal_offset: int = 0, band: Window | None = None,
+                       seen: Tensor | None = None) -> tuple[Tensor, Tensor]:
     # causal: query row i sees key j iff j <= i + causal_offset (0: the square mask).
     # band (window): the mask is the band alone, aligned bottom-right (the docstring of kernels.py).
+    # seen: bool [Sq, Sk], the mask alone (a PositionMask's dense block).
     B, Sq, Hq, D = q.shape
     Hkv, Dv = k.shape[2], v.shape[3]
     G = Hq // Hkv
@@ -43,7 +52,7 @@ def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_sc
     Sk = k.shape[1]
     for s, e, j0, j1 in _tiles(Sq, Sk, chunk, causal, causal_offset, band):
         scores = (qg[:, :, :, s:e] @ kf[:, :, :, j0:j1].transpose(-1, -2)) * softmax_scale
-        scores = _masked(scores, s, e, j0, j1, Sq, Sk, causal, causal_offset, band)
+        scores = _masked(scores, s, e, j0, j1, Sq, Sk, causal, causal_offset, band, seen)
         lse_c = torch.logsumexp(scores, dim=-1)  # -inf for a row that sees no key (none at all: j0 == j1)
         p = torch.exp(scores - lse_c.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
         out[:, :, :, s:e] = p @ vf[:, :, :, j0:j1]
@@ -84,9 +93,12 @@ def _tiles(Sq: int, Sk: int, chunk: int, causal: bool, causal_offset: int, band:
 
 
 def _masked(scores: Tensor, s: int, e: int, j0: int, j1: int, Sq: int, Sk: int, causal: bool, causal_offset: int,
-            band: Window | None) -> Tensor:
+            band: Window | None, seen: Tensor | None = None) -> Tensor:
     """A tile's scores (query rows s..e-1 of Sq against keys j0..j1-1 of Sk) under the window
-    ``band`` (aligned bottom-right) or the causal mask shifted by ``causal_offset``."""
+    ``band`` (aligned bottom-right), the causal mask shifted by ``causal_offset``, or the dense
+    mask ``seen`` (bool ``[Sq, Sk]``)."""
+    if seen is not None:
+        return scores.masked_fill(~seen[s:e, j0:j1], -math.inf)
     if band is not None:
         seen = band_mask(e - s, j1 - j0, band, scores.device, row0=s + Sk - Sq - j0)
         return scores.masked_fill(~seen, -math.inf)
@@ -99,7 +111,11 @@ def _masked(scores: Tensor, s: int, e: int, j0: int, j1: int, Sq: int, Sk: int, 
 
 def _math_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                    causal: bool, softmax_scale: float, chunk: int = 1024, *,
-                   window=None) -> tuple[Tensor, Tensor, Tensor]:
+                   window=None, mask: PositionMask | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    if mask is not None:
+        _check_shapes(q, k, v, False)
+        check_mask(mask, q, k, causal, window)
+        return _math_backward_core(dout, q, k, v, out, lse, False, softmax_scale, chunk, seen=mask.dense())
     band = band_of(window, causal)
     _check_shapes(q, k, v, causal and band is None)
     return _math_backward_core(dout, q, k, v, out, lse, causal, softmax_scale, chunk, band=band)
@@ -107,7 +123,8 @@ def _math_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
 
 def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                         causal: bool, softmax_scale: float, chunk: int = 1024,
-                        causal_offset: int = 0, band: Window | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                        causal_offset: int = 0, band: Window | None = None,
+                        seen: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     B, Sq, Hq, D = q.shape
     Hkv, Dv = k.shape[2], v.shape[3]
     G = Hq // Hkv
@@ -128,7 +145,7 @@ def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     for s, e, j0, j1 in _tiles(Sq, Sk, chunk, causal, causal_offset, band):
         kn, vn = kf[:, :, :, j0:j1], vf[:, :, :, j0:j1]
         scores = (qg[:, :, :, s:e] @ kn.transpose(-1, -2)) * softmax_scale
-        scores = _masked(scores, s, e, j0, j1, Sq, Sk, causal, causal_offset, band)
+        scores = _masked(scores, s, e, j0, j1, Sq, Sk, causal, causal_offset, band, seen)
         lse_c = lseg[:, :, :, s:e].unsqueeze(-1)
         p = torch.exp(scores - lse_c.clamp_min(torch.finfo(acc).min))
         dp = dog[:, :, :, s:e] @ vn.transpose(-1, -2)

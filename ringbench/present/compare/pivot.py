@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 #: Panels of the plot, and the leading columns of the pivot: one per world size and mode.
 PANEL_FIELDS = ("world_size", "mode")
 
-#: Variant options that change the problem itself (a window changes the mask and the work):
-#: part of the case's shape when rows compete, like seqlen, never one more configuration.
-SHAPE_OPTIONS = ("window",)
+#: Variant options that change the problem itself (a window or a mask changes the work): part
+#: of the case's shape when rows compete, like seqlen, never one more configuration.
+SHAPE_OPTIONS = ("window", "mask")
 
 
 @dataclass
@@ -153,7 +153,7 @@ class Contest:
 def contest(p: Pivot) -> Contest:
     """Compare rows that share every index field but ``variant`` and the variants' own options
     (:data:`ringbench.case.fields.VARIANT_OPTIONS`, less :data:`SHAPE_OPTIONS`: the same panel,
-    kernel, shape and window), column by column, so each variant's best configuration counts.
+    kernel, shape, window and mask), column by column, so each variant's best configuration counts.
 
     Returns:
         A :class:`Contest`; empty when ``variant`` is not a row field.

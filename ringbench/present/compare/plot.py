@@ -185,7 +185,7 @@ def _line_styles(lines: list[str], line_keys: list[tuple], frame: "pandas.DataFr
 
 
 #: How a legend names an optional field left at its default, on a line whose siblings set it.
-_UNSET_WORDS = {"window": "no window", "sink": "no sink", "emulate": "not emulated", "docs": "no docs",
+_UNSET_WORDS = {"window": "no window", "mask": "no mask", "sink": "no sink", "emulate": "not emulated", "docs": "no docs",
                 "doc_pad": "no pad", "profile": "not profiled", "flush_l2": "L2 warm"}
 
 

@@ -1,0 +1,311 @@
+"""Any mask, without a process group: the torch-free slices (``variants/engines/masks.py``) against masks
+written here from each family's definition, the field's and the files' refusals, the work and FLOPs they
+give, the engine's steps, and the math kernel's dense mask against float64 attention written apart."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import ringbench
+from ringbench.case.spec import CaseSpec, default_fields, resolve_mask
+from ringbench.case.work import attention_flops, pairs_per_rank
+from ringbench.errors import SpecError
+from ringbench.variants.engines import bands, masks
+
+DATA = Path(__file__).parent / "data" / "masks"
+FILES = ("magi_varlen_block_causal", "two_sided_window", "image_in_text")
+
+
+def _kind_sees(kind: str, q0: int, q1: int, k0: int, k1: int, q: int, k: int) -> bool:
+    """MagiAttention's slice types, from their definition: row i = q - q0 of m, key j = k - k0 of n."""
+    if not (q0 <= q < q1 and k0 <= k < k1):
+        return False
+    i, j, m, n = q - q0, k - k0, q1 - q0, k1 - k0
+    below = j <= i + (n - m)  # causal: aligned bottom-right
+    above = j >= i  # inverse causal: aligned top-left
+    return {"full": True, "causal": below, "inv-causal": above, "bi-causal": below and above}[kind]
+
+
+def _sees(text: str, S: int, q: int, k: int) -> bool:
+    """Whether query q sees key k under the mask ``text`` over S tokens, written from the families' words."""
+    name, _, params = text.partition(":")
+    if name == "slices":
+        return any(_kind_sees(e[4], *map(int, e[:4]), q, k) for e in (x.split(",") for x in params.split(";")))
+    args = params.split(",")
+    if name == "window":
+        left, right = int(args[0]), int(args[1]) if len(args) > 1 else 0
+        return q - left + 1 <= k <= q + right
+    if name == "prefix":
+        p = int(args[0])
+        return (q < p and k < p) or (q >= p and k <= q)
+    if name == "shared-prefix":
+        p, a = int(args[0]), int(args[1].split("=")[1])
+        n = (S - p) // a
+        if q < p:
+            return k <= q
+        start = p + (q - p) // n * n
+        return k < p or start <= k <= q
+    if name == "chunked":
+        c = int(args[0])
+        return k <= q and k // c == q // c
+    if name == "global":
+        g, w = int(args[0]), int(args[1].split(":")[1])
+        return k <= q and (k < g or q - k < w)
+    raise AssertionError(text)
+
+
+def _dense(text: str, S: int) -> torch.Tensor:
+    return torch.tensor([[_sees(text, S, q, k) for k in range(S)] for q in range(S)])
+
+
+FAMILIES = ["window:5", "window:3,4", "prefix:7", "shared-prefix:5,answers=3", "chunked:6", "global:3,window:4",
+            "slices:0,10,0,10,causal;10,20,0,20,inv-causal;20,24,3,30,bi-causal;24,30,0,5,full;24,30,5,9,bi-causal"]
+
+
+def _positions(run: bands.Run) -> torch.Tensor:
+    return torch.tensor([run.start + run.stride * i for i in range(run.count)], dtype=torch.int64)
+
+
+@pytest.mark.parametrize("text", FAMILIES)
+def test_masks_area_pairs_and_predicate_match_each_familys_definition(text):
+    """The slices hold exactly the pairs the family's words say, none twice; the area and every block's
+    pairs (contiguous, zigzag and stripe runs, and a stripe against every key) are the dense mask's counts."""
+    S = 32
+    mask = masks.build(text, S)
+    want = _dense(masks.parse(text), S)
+    pos = torch.arange(S)
+    assert torch.equal(mask.allows(pos[:, None], pos[None, :]), want)
+    cover = sum(s.allows(pos[:, None], pos[None, :]).long() for s in mask.slices)
+    assert int(cover.max()) == 1 and mask.area() == int(want.sum()) > 0
+    every = bands.Run(0, 0, 1, S)
+    checked = 0
+    for W in (2, 4):
+        for layout in ("contiguous", "zigzag", "stripe"):
+            runs = [bands.layout_runs(layout, S, r, W) for r in range(W)]
+            for mine in runs:
+                for q in mine:
+                    assert mask.pairs(q, every) == int(want[_positions(q)].sum())
+                    for theirs in runs:
+                        for k in theirs:
+                            n = int(want[_positions(q)][:, _positions(k)].sum())
+                            assert mask.pairs(q, k) == n
+                            assert mask.classify(q, k) == ("empty" if n == 0 else "full" if n == q.count * k.count
+                                                           else "partial")
+                            checked += 1
+    assert checked > 50
+
+
+@pytest.mark.parametrize("kind", masks.KINDS)
+@pytest.mark.parametrize("shape", [(5, 9), (9, 5), (7, 7), (1, 4)])
+def test_masks_slice_area_is_its_types_pair_count(kind, shape):
+    """Each of MagiAttention's types over a rectangle of more keys, more queries or as many: bi-causal is the
+    diagonal band of n - m + 1 keys per row (the diagonal alone for a square, nothing for more queries)."""
+    m, n = shape
+    s = masks.Slice.of_kind(3, 3 + m, 10, 10 + n, kind)
+    want = sum(_kind_sees(kind, 3, 3 + m, 10, 10 + n, q, k) for q in range(3, 3 + m) for k in range(10, 10 + n))
+    assert s.area() == want
+    if kind == "bi-causal":
+        assert s.area() == (m * (n - m + 1) if n >= m else 0)
+
+
+def test_masks_parse_writes_one_text_per_mask_and_refuses_in_one_sentence():
+    assert masks.parse("window:64,0") == "window:64"
+    assert masks.parse(" Prefix:1k ") == "prefix:1024"
+    assert masks.parse("global:4,window=1k") == masks.parse("global:4,window:1024") == "global:4,window:1024"
+    assert masks.parse("shared-prefix:2k,answers:4") == "shared-prefix:2048,answers=4"
+    for bad, words in (("bogus:3", "not a mask ringbench knows"), ("prefix:x", "not a whole number"),
+                       ("chunked", "not of the form chunked:C"), ("window:0", "must be 1 or more"),
+                       ("full:3", "takes no parameters"),
+                       ("slices:0,4,0,4,causal;2,6,0,6,full", "share pairs"),
+                       ("slices:0,4,0,4,triangle", "not one of full, causal, inv-causal, bi-causal")):
+        with pytest.raises(ValueError, match=words) as exc:
+            masks.parse(bad)
+        assert bad.split(";")[0].split(",")[0].split(":")[0] in str(exc.value) and "\n" not in str(exc.value)
+    for text, seqlen, words in (("prefix:300", 256, "not shorter than seqlen 256"),
+                                ("shared-prefix:10,answers=4", 256, "pass --seqlen 258"),
+                                ("slices:0,300,0,10,full", 256, "past seqlen 256")):
+        reason = masks.rule(masks.parse(text), seqlen)
+        assert reason is not None and words in reason, reason
+        assert masks.rule(masks.parse(text), 258 if "answers" in text else 301) is None
+
+
+def test_masks_files_read_into_slices_and_the_two_sided_file_is_window_9_4():
+    texts = {name: masks.read_file(DATA / f"{name}.txt") for name in FILES}
+    assert texts["magi_varlen_block_causal"].count(";") == 6 and texts["image_in_text"].count(";") == 4
+    magi = masks.build(texts["magi_varlen_block_causal"], 960)
+    # Three samples of 512, 256 and 192 tokens in blocks of 128: block b sees blocks 0..b of its sample.
+    assert magi.area() == 128 * 128 * (1 + 2 + 3 + 4) + 128 * 128 * (1 + 2) + 192 * 192
+    pos = torch.arange(256)
+    band = masks.build(texts["two_sided_window"], 256)
+    assert torch.equal(band.allows(pos[:, None], pos[None, :]),
+                       masks.build("window:9,4", 256).allows(pos[:, None], pos[None, :]))
+    assert masks.label(texts["image_in_text"]) == "slices(5)"
+
+
+@pytest.mark.parametrize("body, words", [("0 4 0 4 causal\n2 6 0 6 full\n", "share pairs"),
+                                         ("0 4 0\n", "line 1"), ("# only a comment\n", "holds no slice"),
+                                         ("0 4 4 0 full\n", "empty or negative range")])
+def test_masks_file_refusals_name_the_file_and_the_rule(tmp_path, body, words):
+    path = tmp_path / "m.txt"
+    path.write_text(body)
+    with pytest.raises(ValueError, match=words) as exc:
+        masks.read_file(path)
+    assert str(path) in str(exc.value)
+
+
+def _spec(**fields) -> CaseSpec:
+    base = {**default_fields("cpu", 0), "task": "verify", "variant": "ring", "world_size": 4, "seqlen": 256,
+            "heads": 4, "kv_heads": 2, "head_dim": 16}
+    return CaseSpec(**{**base, **fields})
+
+
+def test_masks_plain_ones_are_the_plain_cases_and_the_others_set_causal_false():
+    """``--mask causal``, ``full`` and ``window:L`` are the cases of --causal, --no-causal and --window
+    (one case_id each); any other mask leaves causal false, the mask alone deciding."""
+    plain = _spec()
+    assert resolve_mask(_spec(mask="causal")).case_id() == plain.case_id()
+    assert resolve_mask(_spec(mask="full")).case_id() == _spec(causal=False).case_id()
+    assert resolve_mask(_spec(mask="window:64")).case_id() == _spec(window=64).case_id()
+    named = resolve_mask(_spec(mask="prefix:40"))
+    assert named.mask == "prefix:40" and named.causal is False and named.case_id() != plain.case_id()
+
+
+def test_masks_fields_refuse_contradictions_before_torch_loads():
+    """The field's and the variant's rules answer without torch: a mask beside --window, a mask that does
+    not fit the seqlen, a varlen variant, a bad family."""
+    code = """
+import sys
+from ringbench.case.spec import check_fields
+for given in ({"variant": "ring", "mask": "prefix:40", "window": 8, "seqlen": 256, "world_size": 2},
+              {"variant": "ring", "mask": "prefix:300", "seqlen": 256, "world_size": 2},
+              {"variant": "ring_varlen", "mask": "chunked:8", "seqlen": 256, "world_size": 2},
+              {"mask": "bogus"}):
+    try:
+        check_fields(given)
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+print("torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[-1] == "False", out
+    assert len(out) == 5 and all(line.startswith("SpecError ") for line in out[:4]), out
+    assert "--window L is the short form of --mask window:L" in out[0]
+    assert "not shorter than seqlen 256" in out[1]
+    assert "ring_varlen cannot take mask chunked:8" in out[2]
+    assert "mask 'bogus' is not a mask ringbench knows" in out[3]
+    with pytest.raises(SpecError, match="mask prefix:40 says alone which keys each query sees"):
+        from ringbench.case.options import check_given
+
+        check_given({"variant": ["ring"], "mask": ["prefix:40"], "causal": False})
+
+
+def test_masks_cli_refuses_a_mask_file_it_cannot_read_with_exit_2(tmp_path):
+    """On the command line as a user types it: one sentence on stderr, exit 2, nothing launched."""
+    missing = ringbench("run", "--device", "cpu", "--variant", "zigzag", "--mask-file", str(tmp_path / "none.txt"),
+                        "--out", str(tmp_path), cwd=tmp_path)
+    assert missing.returncode == 2 and "mask-file" in missing.stderr and "cannot be read" in missing.stderr
+    assert not (tmp_path / "runs.jsonl").exists()
+
+
+def test_masks_a_named_kernel_that_takes_no_mask_is_refused_naming_the_mask():
+    from ringbench.case.spec import validate
+
+    with pytest.raises(SpecError, match=r"the cpu kernel cannot take mask prefix:64 \(.*\); pass --kernel with one of "
+                                        r"math or auto"):
+        validate(resolve_mask(_spec(variant="zigzag", mask="prefix:64", kernel="cpu")), visible_gpus=0)
+
+
+def test_masks_verify_refuses_a_dense_reference_past_its_limit():
+    from ringbench.case.spec import validate
+
+    with pytest.raises(SpecError, match=f"above {masks.DENSE_LIMIT} tokens.*pass --seqlen {masks.DENSE_LIMIT}"):
+        validate(resolve_mask(_spec(mask="prefix:40", seqlen=2 * masks.DENSE_LIMIT, kernel="math")), visible_gpus=0)
+
+
+@pytest.mark.parametrize("variant, degree", [("ring", 0), ("zigzag", 0), ("stripe", 0), ("llama3", 0),
+                                             ("ulysses", 0), ("usp", 2)])
+def test_masks_predicted_work_and_flops_count_only_unmasked_pairs(variant, degree):
+    spec = resolve_mask(_spec(variant=variant, mask="shared-prefix:28,answers=3", ulysses_degree=degree, batch=2))
+    area = masks.build(spec.mask, 256).area()
+    pairs = pairs_per_rank(spec)
+    assert sum(pairs) == 2 * area and len(pairs) == 4
+    flops = attention_flops(batch=2, seqlen=256, heads=4, head_dim=16, causal=False, mode="fwd_bwd", mask=spec.mask)
+    assert flops == 3.5 * 4 * 2 * area * 4 * 16
+    if variant == "ring":  # the contiguous ring: the first rank holds the prompt and the least work
+        assert pairs[0] < pairs[-1]
+
+
+def test_masks_ring_steps_skip_empty_blocks_and_end_the_forward_ring_early():
+    """Under chunked:64 at W=4 a rank's queries see its own block only: one forward step, no transfer;
+    under prefix:40 rank 0 sees no later rank. The steps of one argument set are built once."""
+    from ringbench.variants.engines import masked
+
+    dev = torch.device("cpu")
+    steps = masked.ring_steps(masks.build("chunked:64", 256), "contiguous", 64, 3, 4, dev)
+    assert steps.n_steps == 1 and steps(0, 3) is not None and all(steps(s, (3 - s) % 4) is None for s in (1, 2, 3))
+    assert masked.ring_steps(masks.build("chunked:64", 256), "contiguous", 64, 3, 4, dev) is steps
+    prefix = masks.build("prefix:40", 256)
+    first = masked.ring_steps(prefix, "contiguous", 64, 0, 4, dev)
+    assert [first(s, (0 - s) % 4) is not None for s in range(4)] == [True, False, False, False]
+    last = masked.ring_steps(prefix, "contiguous", 64, 3, 4, dev)
+    assert all(last(s, (3 - s) % 4) is not None for s in range(4)) and last.n_steps == 4
+    # Block (rank 3, source 0): keys 0..63 all precede the queries 192..255, so one full part, no mask.
+    (part,) = last(3, 0).parts
+    assert part.mask is None and part.q == (0, 64) and part.kv == (0, 64)
+    (diag,) = last(0, 3).parts
+    assert diag.mask is not None and diag.mask.dense() is diag.mask.dense()  # built once, kept
+
+
+def _attention_fp64(q, k, v, seen, scale):
+    groups = q.shape[2] // k.shape[2]
+    k, v = (t.double().repeat_interleave(groups, dim=2) for t in (k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), k) * scale
+    scores = scores.masked_fill(~seen, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", torch.exp(scores - lse[..., None].clamp_min(-1e300)), v), lse
+
+
+def test_masks_math_kernel_takes_a_position_mask_rectangular_and_with_rows_that_see_nothing():
+    from ringbench.variants.kernels import KERNELS
+    from ringbench.variants.kernels.common import PositionMask
+
+    mask = masks.build("chunked:8", 64)
+    qp, kp = torch.arange(20, 44), torch.arange(8, 40)  # 24 queries, 32 keys: rows 40..43 see none of 8..39
+    pm = PositionMask(qp, kp, mask.allows, mask.text)
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 24, 4, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 32, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 32, 2, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    math_kernel = KERNELS["math"]
+    out, lse = math_kernel.forward(q, k, v, False, 0.3, mask=pm)
+    lse = lse.detach()
+    ref_out, ref_lse = _attention_fp64(q, k, v, pm.dense(), 0.3)
+    ref_lse = ref_lse.detach()
+    seen = torch.isfinite(ref_lse)
+    assert not bool(seen[..., -4:].any())  # the rows past the last chunk's keys
+    assert torch.equal(torch.isfinite(lse), seen) and float((lse - ref_lse)[seen].abs().max()) < 1e-12
+    assert float((out - ref_out).detach().abs().max()) < 1e-12 and bool((out[:, -4:] == 0).all())
+    dout = torch.randn_like(out)
+    with torch.no_grad():
+        grads = math_kernel.backward(dout, q, k, v, out, lse, False, 0.3, mask=pm)
+    ref_out.backward(dout)
+    for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+        assert float((got - want).abs().max()) < 1e-12
+    with pytest.raises(ValueError, match="takes neither causal=True nor a window"):
+        math_kernel.forward(q, k, v, True, 0.3, mask=pm)
+
+
+def test_masks_only_the_math_kernel_takes_one_and_auto_finds_it():
+    from ringbench.variants.kernels import KERNELS, as_kernel, resolve_kernel
+
+    assert [n for n, k in KERNELS.items() if k.takes_mask] == ["math"]
+    assert resolve_kernel("auto", "cpu", dtype=torch.bfloat16, head_dim=16, mask="prefix:40").name == "math"
+    with pytest.raises(ValueError, match=r"the cpu kernel cannot take mask prefix:40 \(.*\); pass --kernel with one of "
+                                         r"math or auto"):
+        as_kernel("cpu", "cpu", torch.float32, head_dim=16, mask="prefix:40")

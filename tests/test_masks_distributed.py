@@ -1,0 +1,179 @@
+"""Any mask under real torchrun (gloo, CPU), through the harness's own ``ringbench.rank.check.verify_case``:
+every named family beyond the plain ones (window:L,R, prefix, shared-prefix, chunked, global) and the three
+slices files of ``tests/data/masks/`` on ring, zigzag, stripe, llama3, ulysses and usp, against the float64
+math kernel under the dense mask of the same slices (the max rule, the block-decomposition check and the
+cp-active check, null with its reason where no rank needs another's K/V), one launch per world size
+(``tests/dist/verify_cases.py``).
+
+Every (mask, variant) pair runs at every world size, in bf16 at some and fp32 at the others, so each pair
+meets both dtypes over the four launches. The hidden ``mask_local_only`` variant (its mask cuts only the
+blocks of its own K/V) joins each launch of two ranks or more and must fail there. World size 2 keeps a few
+cases in the quick subset; the rest, and 1, 4 and 8, are slow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import read_jsonl, ringbench, slow_when, torchrun_cases
+from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
+from ringbench.variants.engines import masks
+
+CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
+DATA = Path(__file__).parent / "data" / "masks"
+LAUNCH_TIMEOUT_S = {1: 240, 2: 300, 4: 420, 8: 540}
+
+VARIANTS = ("ring", "zigzag", "stripe", "llama3", "ulysses", "usp")
+#: (name, mask, seqlen): chosen against the blocks of S = 256 (a rank's block 256 / W, a zigzag chunk half
+#: that): a prompt and chunks that end inside a block, answers that straddle ranks, a band two-sided.
+MASKS = (
+    ("window_two_sided", "window:9,4", 256),
+    ("prefix", "prefix:40", 256),
+    ("shared_prefix", "shared-prefix:28,answers=3", 256),
+    ("chunked", "chunked:24", 256),
+    ("global", "global:4,window:24", 256),
+    ("file_magi", masks.read_file(DATA / "magi_varlen_block_causal.txt"), 960),
+    ("file_window", masks.read_file(DATA / "two_sided_window.txt"), 256),
+    ("file_image", masks.read_file(DATA / "image_in_text.txt"), 256),
+)
+#: The cases of world size 2 that stay in the quick subset: every mask of 256 tokens once, each on another
+#: variant (ulysses and usp need 8 heads, for world size 8).
+QUICK = {f"{name}_{VARIANTS[i % len(VARIANTS)]}" for i, (name, _, seqlen) in enumerate(MASKS) if seqlen == 256}
+WORLD_SIZES = (1, 2, 4, 8)
+
+
+def _spec(variant: str, world_size: int, mask: str, seqlen: int, dtype: str) -> dict:
+    base = {**default_fields("cpu", 0), "task": "verify", "variant": variant, "kernel": "math",
+            "world_size": world_size, "heads": 8 if variant in ("ulysses", "usp") else 4, "kv_heads": 2,
+            "head_dim": 16, "dtype": dtype, "seed": 5,
+            "seqlen": seqlen, "mask": mask}
+    if variant == "usp":  # a ring of two Ulysses groups wherever there are two ranks or more
+        base["ulysses_degree"] = max(1, world_size // 2)
+    case = resolve_options(canonical(resolve_mask(CaseSpec(**base))))
+    validate(case, visible_gpus=0)
+    return case.to_dict()
+
+
+def _cases(world_size: int, *, quick: bool) -> list[dict]:
+    at = WORLD_SIZES.index(world_size)
+    out = []
+    for m, (name, mask, seqlen) in enumerate(MASKS):
+        for v, variant in enumerate(VARIANTS):
+            case = f"{name}_{variant}"
+            if world_size == 2 and (case in QUICK) != quick:
+                continue
+            dtype = ("bf16", "fp32")[(at + m + v) % 2]  # each pair: both dtypes over the four world sizes
+            out.append({"name": case, "spec": _spec(variant, world_size, mask, seqlen, dtype)})
+        if world_size > 1 and (world_size != 2 or not quick) and m in (1, 3):  # prefix, chunked
+            out.append({"name": f"{name}_mask_local_only",
+                        "spec": _spec("mask_local_only", world_size, mask, seqlen, "bf16")})
+    if world_size > 1 and not quick:  # chunks of 32 inside the ring's blocks of 256 / W: no rank needs another's K/V
+        out.append({"name": "chunked_inside_blocks_ring", "spec": _spec("ring", world_size, "chunked:32", 256, "fp32")})
+    return out
+
+
+def _launch(world_size: int, quick: bool, folder) -> dict:
+    cases = _cases(world_size, quick=quick)
+    stem = f"masks_w{world_size}{'_quick' if quick else ''}"
+    got = torchrun_cases(CASES_SCRIPT, cases, world_size, folder.mktemp(stem), stem, LAUNCH_TIMEOUT_S[world_size])
+    got["world_size"], got["cases"] = world_size, {c["name"]: c["spec"] for c in cases}
+    return got
+
+
+LAUNCHES = [slow_when((1, False), True), (2, True), slow_when((2, False), True), slow_when((4, False), True),
+            slow_when((8, False), True)]
+
+
+@pytest.fixture(scope="module", params=LAUNCHES, ids=lambda p: f"w{p[0]}{'-quick' if p[1] else ''}")
+def launch(request, tmp_path_factory) -> dict:
+    return _launch(*request.param, tmp_path_factory)
+
+
+@pytest.mark.dist
+def test_masks_verify_passes_every_family_and_file_on_every_variant(launch):
+    """Every mask case passes verify at this world size (both rules on every tensor), with context
+    parallelism proven active wherever a rank's queries see another rank's keys, and cp_active null with
+    the reason where none does; the locally-masked fixture fails every launch of two ranks or more."""
+    records = launch["records"]
+    assert not launch["timed_out"] and set(records) == set(launch["expected"]), launch["log_tail"]
+    assert len(records) >= len(QUICK)  # never vacuous
+    broken = {n for n in records if n.endswith("_mask_local_only")}
+    failed = {n: (r.get("error") or r.get("reason")) for n, r in records.items()
+              if n not in broken and (r["status"] != "ok" or r.get("verdict") != "ok")}
+    assert not failed, failed
+    for name, rec in records.items():
+        if name in broken:
+            continue
+        assert all(c["passed"] and c["shadow_passed"] for c in rec["checks"]), name
+        if launch["world_size"] == 1:
+            assert rec["cp_active"] is None and rec["cp_active_reason"].startswith("world size 1"), name
+        elif name == "chunked_inside_blocks_ring":
+            assert rec["cp_active"] is None, name
+            assert rec["cp_active_reason"] == ("under mask chunked:32 no query sees a key of another rank, so no "
+                                               "rank needs another's K/V")
+        else:
+            assert rec["cp_active"] is True, (name, rec["cp_active_reason"])
+    for name in broken:
+        rec = records[name]
+        assert rec["status"] == "ok" and rec["verdict"] == "fail", (name, rec.get("error"))
+        assert {"out", "lse"} <= {c["tensor"] for c in rec["checks"] if not c["passed"]}, name
+    assert launch["returncode"] == 0, launch["log_tail"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow  # one launch of two ranks through the CLI, about 10 s on two cores
+def test_masks_cli_verify_reads_a_mask_file_and_fails_the_local_only_mask(tmp_path):
+    """``--mask-file`` through the command line as a user runs it: the slices reach the records as the
+    ``mask`` field (case_id from the slices), zigzag passes and the locally-masked fixture fails (exit 1)."""
+    done = ringbench("verify", "--device", "cpu", "--variant", "zigzag", "--variant", "mask_local_only",
+                     "--mask-file", str(DATA / "image_in_text.txt"), "--seqlen", "256", "--world-size", "2",
+                     "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--dtype", "bf16", "--out", str(tmp_path),
+                     cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    by_variant = {r["spec"]["variant"]: r for r in read_jsonl(tmp_path / "verify.jsonl")}
+    assert by_variant["zigzag"]["status"] == "ok" and by_variant["mask_local_only"]["status"] == "fail"
+    assert by_variant["zigzag"]["spec"]["mask"] == masks.read_file(DATA / "image_in_text.txt")
+    assert by_variant["zigzag"]["spec"]["causal"] is False
+    area = masks.build(by_variant["zigzag"]["spec"]["mask"], 256).area()
+    assert sum(by_variant["zigzag"]["predicted_pairs_per_rank"]) == area
+
+
+#: Two forward-only run cases of one launch: ring at W=4 over blocks of 64 tokens, full and chunked:128.
+EARLY_STOP = """
+[defaults]
+variant = "ring"
+device = "cpu"
+kernel = "math"
+world_size = 4
+seqlen = 256
+heads = 2
+kv_heads = 1
+head_dim = 16
+mode = "fwd"
+iters = 2
+warmup = 1
+[sweep]
+mask = ["full", "chunked:128"]
+"""
+
+
+@pytest.mark.dist
+@pytest.mark.slow  # one launch of four ranks through the CLI
+def test_masks_ring_sends_only_the_kv_some_rank_needs_and_counts_only_unmasked_flops(tmp_path):
+    """chunked:128 over ring blocks of 64: odd ranks need their left neighbour's K/V, no rank needs more,
+    so the forward ring stops after one step (one K/V block sent per rank instead of three); FLOPs and
+    the predicted work count only the chunks' causal pairs."""
+    (tmp_path / "early.toml").write_text(EARLY_STOP)
+    done = ringbench("run", "--scenario", str(tmp_path / "early.toml"), "--json", "--out", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    full, chunked = sorted((json.loads(line) for line in done.stdout.splitlines()), key=lambda r: r["spec"]["mask"])
+    assert full["status"] == chunked["status"] == "ok"
+    assert full["spec"]["mask"] == "" and full["spec"]["causal"] is False  # --mask full is --no-causal
+    kv_block = 2 * 64 * 1 * 16 * 4  # K and V, 64 tokens, 1 head, dim 16, fp32
+    assert (full["bytes_sent"], chunked["bytes_sent"]) == (3 * kv_block, kv_block)
+    area = 2 * 128 * 129 // 2
+    assert chunked["flops_per_gpu"] == pytest.approx(4 * area * 2 * 16 / 4)
+    assert chunked["predicted_pairs_per_rank"] == [64 * 65 // 2, 64 * 64 + 64 * 65 // 2] * 2

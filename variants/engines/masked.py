@@ -1,0 +1,163 @@
+"""Any mask (``masks.py``) in the engines: every block cut into the kernel calls its mask leaves.
+
+A block is a rank's query rows against a visiting (ring) or gathered (llama3) set of key rows.
+Its global positions come from the layout, as runs (``bands.layout_runs``: one contiguous run,
+zigzag's two chunks, a stripe of stride W), and the mask classifies each (query run, key run)
+pair of the block from the runs alone (``masks.Mask.classify``, no torch):
+
+- empty: no kernel call;
+- full: a plain kernel call (``causal=False``, no mask), which any kernel takes;
+- partial: a kernel call with a :class:`~..kernels.common.PositionMask` (the rows' global
+  positions and the mask's predicate restricted to the slices that meet the block), which only
+  the mask-taking kernels take (``Kernel.takes_mask``: math, whose dense block is built on the
+  first call and kept).
+
+In the ring engine each step's parts go through ``window.attend`` as a window's do, and the
+forward ring ends after the last step some rank needs (``window.RingParts.n_steps``), so K/V
+that every remaining step would mask are neither sent nor waited on. The steps of a case are
+built once per (mask, layout, shard length, rank, world size, device) and kept
+(:func:`ring_steps`), so the timed iterations build nothing and forward and backward share one
+dense block per part.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple, Sequence
+
+import torch
+
+from . import bands, masks
+from ..kernels.common import PositionMask
+from .window import RingParts
+
+Tensor = torch.Tensor
+
+
+def as_mask(mask: "str | masks.Mask | None", seqlen: int, *, window: int | None = None, docs: bool = False,
+            prefix: str = "") -> "masks.Mask | None":
+    """A variant's ``mask`` keyword as the ``masks.Mask`` over ``seqlen`` global tokens (text is
+    built, and kept, by ``masks.build``), or ``None`` for none.
+
+    Raises:
+        ValueError: (starting with ``prefix``) a malformed mask, one for another seqlen or one the
+            seqlen cannot take, a mask with a window (``--window`` is the short form of
+            ``window:L``) or with packed documents.
+    """
+    if mask is None or mask == "":
+        return None
+    try:
+        mask = masks.build(mask, seqlen) if isinstance(mask, str) else mask
+    except ValueError as exc:
+        raise ValueError(f"{prefix}{exc}") from None
+    if mask.seqlen != seqlen:
+        raise ValueError(f"{prefix}mask {mask.text} was built over {mask.seqlen} tokens, but the sequence has "
+                         f"{seqlen}; build it over the global sequence")
+    if window is not None:
+        raise ValueError(f"{prefix}a mask and a window do not go together (window={window} is the mask "
+                         f"window:{window}); pass one of them")
+    if docs:
+        raise ValueError(f"{prefix}mask {mask.text} does not go with packed documents yet; use a batch variant")
+    return mask
+
+
+class MaskPart(NamedTuple):
+    """One kernel call of a masked block: local query rows ``q`` and key rows ``kv`` (``(first, end)``),
+    and its mask (``None``: every pair of the part is seen)."""
+
+    q: tuple[int, int]
+    kv: tuple[int, int]
+    mask: PositionMask | None
+
+    def keywords(self) -> dict:
+        """The kernel keywords of its call: its mask, where it has one."""
+        return {} if self.mask is None else {"mask": self.mask}
+
+
+def positions(run: bands.Run, device=None) -> Tensor:
+    """The global positions of ``run``, int64 ``[count]``."""
+    return run.start + run.stride * torch.arange(run.count, dtype=torch.int64, device=device)
+
+
+def _last(run: bands.Run) -> int:
+    return run.start + run.stride * (run.count - 1)
+
+
+def position_mask(mask: masks.Mask, q: bands.Run, k: bands.Run, device=None) -> PositionMask:
+    """The :class:`PositionMask` of query run ``q`` against key run ``k``: their positions and the
+    mask's predicate over only the slices that meet them."""
+    near = mask.within(q.start, _last(q) + 1, k.start, _last(k) + 1)
+    return PositionMask(positions(q, device), positions(k, device), near.allows, mask.text)
+
+
+def block_parts(mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[bands.Run], device=None, *,
+                build: bool = True, classify: Callable | None = None) -> tuple:
+    """The parts of queries ``q_runs`` against keys ``k_runs`` under ``mask``: one per (query run, key
+    run) pair with a pair left, full or with its :class:`PositionMask`; ``build`` False gives each
+    part's class alone (``masks.FULL`` or ``masks.PARTIAL``), for another rank's steps.
+    ``classify`` (default ``mask.classify``) is the fixtures' hook (``fixtures/broken.py``)."""
+    found = []
+    for q in q_runs:
+        for k in k_runs:
+            kind = (classify or mask.classify)(q, k)
+            if kind == masks.EMPTY:
+                continue
+            if not build:
+                found.append(kind)
+                continue
+            part_mask = None if kind == masks.FULL else position_mask(mask, q, k, device)
+            found.append(MaskPart((q.local, q.local + q.count), (k.local, k.local + k.count), part_mask))
+    return tuple(found)
+
+
+#: ``(mask, q_runs, k_runs, device, build, rank, source) -> parts``: how a block becomes parts
+#: (:func:`block_parts` in every correct engine; the fixtures pass another).
+Parts = Callable[..., tuple]
+
+
+def _correct(mask, q_runs, k_runs, device, build, rank, source) -> tuple:
+    return block_parts(mask, q_runs, k_runs, device, build=build)
+
+
+@functools.lru_cache(maxsize=32)
+def ring_steps(mask: masks.Mask, layout: str, seqlen_local: int, rank: int, world_size: int, device,
+               parts: Parts = _correct):
+    """The ring engine's steps of ``rank`` under ``mask`` (``ring.Step`` with its parts, ``None``
+    where the block is empty), over ``layout``'s positions, with an ``n_steps`` attribute: the
+    forward ring's length. Built once per argument set and kept.
+
+    Raises:
+        ValueError: a layout that cannot cut ``seqlen_local * world_size`` tokens.
+    """
+    from .ring import part_steps
+
+    runs = [bands.layout_runs(layout, seqlen_local * world_size, r, world_size) for r in range(world_size)]
+    return part_steps(RingParts(rank, world_size, lambda r, source, mine: parts(mask, runs[r], runs[source], device,
+                                                                                 mine, r, source)))
+
+
+def gathered_blocks(mask: masks.Mask, chunks: list[tuple[slice, int, int]], chunk: int, seqlen: int,
+                    device=None) -> list[tuple[slice, slice, bool, dict]]:
+    """The kernel calls of an all-gather engine (llama3) under ``mask``: for every local query chunk
+    (``(local rows, first global position, length)``) against the gathered keys in global order,
+    cut in key chunks of ``chunk`` tokens, each run of neighbouring non-empty chunks one call
+    ``(local rows, key range, causal=False, kernel keywords)``, with the run's mask where some chunk
+    of it is partial; empty chunks none. Few calls, as llama3 wants: each row's result is merged
+    from fewer blocks."""
+    calls = []
+    for rows, start, length in chunks:
+        q = bands.Run(rows.start, start, 1, length)
+        runs: list[list] = []  # [first key, end, every chunk full]
+        for k0 in range(0, seqlen, chunk):
+            k = bands.Run(k0, k0, 1, min(chunk, seqlen - k0))
+            kind = mask.classify(q, k)
+            if kind == masks.EMPTY:
+                continue
+            if runs and runs[-1][1] == k0:
+                runs[-1][1], runs[-1][2] = k0 + k.count, runs[-1][2] and kind == masks.FULL
+            else:
+                runs.append([k0, k0 + k.count, kind == masks.FULL])
+        for k0, k1, full in runs:
+            kw = {} if full else {"mask": position_mask(mask, q, bands.Run(k0, k0, 1, k1 - k0), device)}
+            calls.append((rows, slice(k0, k1), False, kw))
+    return calls

@@ -1,0 +1,446 @@
+"""Attention masks as one canonical form: a list of slices over global positions. Pure Python.
+
+A *slice* is a rectangle of query positions ``[q0, q1)`` against key positions ``[k0, k1)`` cut
+by a band of diagonals: the pairs it holds are those with ``lo <= k - q <= hi`` (``None``: that
+side unbounded). MagiAttention's four slice types are the band's four cases:
+
+- ``full``: no band, every pair of the rectangle;
+- ``causal``: aligned bottom-right, ``k - k0 <= (q - q0) + (k1 - k0) - (q1 - q0)``, so ``hi = k1 - q1``;
+- ``inv-causal``: aligned top-left, ``k - k0 >= q - q0``, so ``lo = k0 - q0``;
+- ``bi-causal``: both (for ``q1 - q0 == k1 - k0`` the diagonal alone, empty for more queries than keys).
+
+A mask is a list of slices that share no pair; a pair in no slice is masked, and a query in no
+slice sees no key (out 0, lse ``-inf``). Every family of ``--mask`` is written as slices over
+the sequence of S tokens (:func:`build`), and a ``--mask-file`` is read into the same form
+(:func:`read_file`), so one module answers, for any of them and without torch:
+
+- the unmasked area (:meth:`Mask.area`, the pairs FLOPs count), and the pairs of any block of
+  query rows against key rows given as runs of positions (:meth:`Mask.pairs`; a run is
+  ``bands.Run``, an arithmetic progression: a contiguous chunk, or a stripe of stride W), so
+  the predicted work per rank and the block classification (:meth:`Mask.classify`: empty, full
+  or partial) come from the same arithmetic;
+- which key each query sees, as a vectorised predicate over global position tensors
+  (:meth:`Mask.allows`), from which the torch side builds a block's dense boolean mask.
+
+The families (``P``, ``C``, ``G``, ``L``, ``R`` token counts; sizes such as ``4k`` are read):
+
+- ``causal`` and ``full``;
+- ``window:L`` (query p sees keys ``p - L + 1 .. p``, as ``--window L``) and ``window:L,R`` (two-sided,
+  non-causal: keys ``p - L + 1 .. p + R``; TransformerEngine's window ``(512, 512)`` is ``window:513,512``);
+- ``prefix:P``: a bidirectional prompt of P tokens (prefix-LM), causal after it;
+- ``shared-prefix:P,answers=A``: a causal prompt of P tokens and A answers of ``(S - P) / A`` tokens
+  packed after it, each answer seeing the prompt and itself causally, never another answer
+  (RLHF and GRPO batches);
+- ``chunked:C``: causal inside chunks of C tokens, nothing across them (Llama 4's chunked attention);
+- ``global:G,window:L``: causal, each query sees the first G tokens and its last L keys
+  (global tokens beside a sliding window, as attention-sink models train);
+- ``slices:q0,q1,k0,k1,type;...``: the slices themselves, the form a ``--mask-file`` is read into.
+
+Source: the slice representation is MagiAttention's (Tao et al., arXiv 2505.13211; its
+``AttnSlice`` and mask types, docs/blog/magi_attn.md); the band algebra, the arithmetic over
+runs and the families' slices are ringbench's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+from .bands import Run
+
+#: MagiAttention's slice types, in its order (0 full, 1 causal, 2 inverse causal, 3 bidirectional causal).
+KINDS = ("full", "causal", "inv-causal", "bi-causal")
+#: The names ``--mask`` takes (``slices`` is the form a ``--mask-file`` is read into).
+FAMILIES = ("causal", "full", "window", "prefix", "shared-prefix", "chunked", "global", "slices")
+#: The most slices a mask may hold (their pairwise overlap check is quadratic).
+MAX_SLICES = 4096
+#: The longest sequence whose mask verify builds dense: a bool ``[S, S]`` of 1 GiB.
+DENSE_LIMIT = 32768
+#: Every named family, with an example, for refusals.
+EXAMPLES = ("causal, full, window:L, window:L,R, prefix:P, shared-prefix:P,answers=A, chunked:C, global:G,window:L "
+            "or slices:q0,q1,k0,k1,type;... (such as prefix:512 or chunked:8k)")
+
+EMPTY, FULL, PARTIAL = "empty", "full", "partial"
+
+_SIZE = re.compile(r"(\d+)([kKmM]?)")
+_UNITS = {"": 1, "k": 1024, "m": 1024 ** 2}
+
+
+class Slice(NamedTuple):
+    """Query positions ``[q0, q1)`` against keys ``[k0, k1)``, the pairs with ``lo <= k - q <= hi``
+    (``None``: unbounded on that side)."""
+
+    q0: int
+    q1: int
+    k0: int
+    k1: int
+    lo: int | None = None
+    hi: int | None = None
+
+    @classmethod
+    def of_kind(cls, q0: int, q1: int, k0: int, k1: int, kind: str) -> "Slice":
+        """The slice of MagiAttention's ``kind`` (:data:`KINDS`) over that rectangle."""
+        causal, inverse = kind in ("causal", "bi-causal"), kind in ("inv-causal", "bi-causal")
+        return cls(q0, q1, k0, k1, k0 - q0 if inverse else None, k1 - q1 if causal else None)
+
+    def area(self) -> int:
+        """How many (query, key) pairs the slice holds."""
+        return _band_area(self.q0, self.q1, self.k0, self.k1, self.lo, self.hi)
+
+    def meet(self, other: "Slice") -> "Slice":
+        """The pairs both slices hold, as a slice (perhaps empty)."""
+        return Slice(max(self.q0, other.q0), min(self.q1, other.q1), max(self.k0, other.k0), min(self.k1, other.k1),
+                     _max(self.lo, other.lo), _min(self.hi, other.hi))
+
+    def allows(self, q, k):
+        """Whether query position ``q`` sees key position ``k`` through this slice: ints, or
+        integer tensors that broadcast (``q[:, None]`` against ``k[None, :]``), elementwise."""
+        seen = (q >= self.q0) & (q < self.q1) & (k >= self.k0) & (k < self.k1)
+        if self.lo is not None:
+            seen = seen & (k - q >= self.lo)
+        if self.hi is not None:
+            seen = seen & (k - q <= self.hi)
+        return seen
+
+
+def _max(a, b):
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _min(a, b):
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _band_area(i0: int, i1: int, j0: int, j1: int, d0: int | None, d1: int | None) -> int:
+    """``#{(i, j): i0 <= i < i1, j0 <= j < j1, d0 <= j - i <= d1}``, in closed form.
+
+    Summed over the diagonals d = j - i that meet the rectangle: the rows on diagonal d number
+    ``min(i1, j1 - d) - max(i0, j0 - d)``, a function of d that is linear between the two points
+    where the min and the max switch sides, so each piece is an arithmetic series.
+    """
+    if i0 >= i1 or j0 >= j1:
+        return 0
+    lo, hi = j0 - (i1 - 1), (j1 - 1) - i0  # the diagonals that meet the rectangle, each at one row or more
+    lo, hi = _max(lo, d0), _min(hi, d1)
+    if lo > hi:
+        return 0
+
+    def rows(d: int) -> int:
+        return min(i1, j1 - d) - max(i0, j0 - d)
+
+    starts = sorted({lo, *(c for c in (j1 - i1 + 1, j0 - i0 + 1) if lo < c <= hi)})
+    total = 0
+    for a, b in zip(starts, [*starts[1:], hi + 1]):
+        total += (rows(a) + rows(b - 1)) * (b - a) // 2  # linear on [a, b - 1]: exact
+    return total
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -((-a) // b)
+
+
+def _residues(run: Run, stride: int) -> list[Run]:
+    """A run of stride 1 cut into the ``stride`` runs of stride ``stride`` its positions fall into."""
+    return [Run(run.local + r, run.start + r, stride, _ceil_div(run.count - r, stride), run.doc)
+            for r in range(min(stride, run.count))]
+
+
+def run_pairs(q: Run, k: Run, s: Slice) -> int:
+    """The pairs of slice ``s`` between the query positions of run ``q`` and the key positions of
+    run ``k`` (arithmetic progressions, ``bands.Run``).
+
+    Raises:
+        ValueError: two runs of different strides, neither of stride 1 nor of one position.
+    """
+    if q.count <= 0 or k.count <= 0:
+        return 0
+    if q.count == 1:
+        q = q._replace(stride=k.stride)
+    elif k.count == 1:
+        k = k._replace(stride=q.stride)
+    if q.stride != k.stride:
+        if k.stride == 1:
+            return sum(run_pairs(q, part, s) for part in _residues(k, q.stride))
+        if q.stride == 1:
+            return sum(run_pairs(part, k, s) for part in _residues(q, k.stride))
+        raise ValueError(f"a query run of stride {q.stride} and a key run of stride {k.stride} have no pair count here")
+    t = q.stride
+    i0, i1 = max(0, _ceil_div(s.q0 - q.start, t)), min(q.count, _ceil_div(s.q1 - q.start, t))
+    j0, j1 = max(0, _ceil_div(s.k0 - k.start, t)), min(k.count, _ceil_div(s.k1 - k.start, t))
+    gap = k.start - q.start  # k - q = gap + t * (j - i)
+    d0 = None if s.lo is None else _ceil_div(s.lo - gap, t)
+    d1 = None if s.hi is None else (s.hi - gap) // t
+    return _band_area(i0, i1, j0, j1, d0, d1)
+
+
+class Mask(NamedTuple):
+    """A mask over a sequence of ``seqlen`` tokens: slices that share no pair, and its text."""
+
+    text: str
+    seqlen: int
+    slices: tuple[Slice, ...]
+
+    def pairs(self, q: Run, k: Run) -> int:
+        """The unmasked (query, key) pairs between the positions of runs ``q`` and ``k``."""
+        return sum(run_pairs(q, k, s) for s in self.slices)
+
+    def area(self) -> int:
+        """The unmasked pairs of the whole sequence: what FLOPs count."""
+        return sum(s.area() for s in self.slices)
+
+    def classify(self, q: Run, k: Run) -> str:
+        """:data:`EMPTY` (no pair of the block is unmasked), :data:`FULL` (every pair) or :data:`PARTIAL`."""
+        n = self.pairs(q, k)
+        return EMPTY if n == 0 else FULL if n == q.count * k.count else PARTIAL
+
+    def allows(self, q, k):
+        """Whether query position ``q`` sees key position ``k``: ints, or integer tensors that
+        broadcast, elementwise (the predicate a dense block mask or a flex ``mask_mod`` is made of)."""
+        seen = (q < 0) & (k < 0)  # no pair: positions are never negative
+        for s in self.slices:
+            seen = seen | s.allows(q, k)
+        return seen
+
+    def within(self, q_lo: int, q_hi: int, k_lo: int, k_hi: int) -> "Mask":
+        """The same mask with only the slices that meet queries ``[q_lo, q_hi)`` and keys
+        ``[k_lo, k_hi)``, for a block's predicate to test fewer of them."""
+        box = Slice(q_lo, q_hi, k_lo, k_hi)
+        return self._replace(slices=tuple(s for s in self.slices if s.meet(box).area()))
+
+
+# --------------------------------------------------------------------------- text
+
+def _size(text: str, what: str, mask: str, *, least: int = 1) -> int:
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"mask {mask!r}: {what} {text.strip()!r} is not a whole number of tokens; use "
+                         f"{EXAMPLES}")
+    value = int(match.group(1)) * _UNITS[match.group(2).lower()]
+    if value < least:
+        raise ValueError(f"mask {mask!r}: {what} {value} must be {least} or more; use {EXAMPLES}")
+    return value
+
+
+def _slice_text(s: tuple[int, int, int, int, str]) -> str:
+    return ",".join(map(str, s))
+
+
+def _parse_slice(text: str, mask: str, where: str) -> tuple[int, int, int, int, str]:
+    parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
+    if len(parts) != 5:
+        raise ValueError(f"{where} {text.strip()!r} is not q_start, q_end, k_start, k_end and a type; write five "
+                         f"fields such as 0,128,0,128,causal, the type one of {', '.join(KINDS)}")
+    kind = parts[4].lower()
+    if kind not in KINDS:
+        raise ValueError(f"{where} {text.strip()!r} has type {parts[4]!r}, not one of {', '.join(KINDS)} "
+                         "(MagiAttention's slice types); fix its type")
+    try:
+        q0, q1, k0, k1 = (int(p) for p in parts[:4])
+    except ValueError:
+        raise ValueError(f"{where} {text.strip()!r} has a position that is not a whole number; write its "
+                         "ranges as integers, such as 0,128,0,128,causal") from None
+    if not (0 <= q0 < q1 and 0 <= k0 < k1):
+        raise ValueError(f"{where} {text.strip()!r} has an empty or negative range: it needs 0 <= q_start < q_end "
+                         "and 0 <= k_start < k_end; fix its ranges")
+    return q0, q1, k0, k1, kind
+
+
+def _slices_text(entries: Sequence[tuple[int, int, int, int, str]], mask: str) -> str:
+    if not entries:
+        raise ValueError(f"mask {mask!r} holds no slice; give at least one q_start,q_end,k_start,k_end,type")
+    if len(entries) > MAX_SLICES:
+        raise ValueError(f"mask {mask!r} holds {len(entries)} slices, above the limit of {MAX_SLICES}; merge "
+                         "slices (a causal, inv-causal or bi-causal slice covers a band in one)")
+    slices = [Slice.of_kind(*e) for e in entries]
+    for i, a in enumerate(slices):
+        for j in range(i + 1, len(slices)):
+            if a.meet(slices[j]).area():
+                raise ValueError(f"mask {mask!r}: slices {i + 1} ({_slice_text(entries[i])}) and {j + 1} "
+                                 f"({_slice_text(entries[j])}) share pairs, but each (query, key) pair may be in one "
+                                 "slice only; cut one of them")
+    return "slices:" + ";".join(_slice_text(e) for e in entries)
+
+
+def parse(text: str) -> str:
+    """The canonical text of a mask (``window:64,0`` is ``window:64``; sizes as plain integers).
+
+    Syntax only: rules that need the sequence length are :func:`rule`'s.
+
+    Raises:
+        ValueError: an unknown family or a malformed parameter, one sentence naming the value,
+            the rule and the families.
+    """
+    raw = str(text).strip()
+    name, _, params = raw.partition(":")
+    name = name.strip().lower()
+    if name not in FAMILIES:
+        raise ValueError(f"mask {raw!r} is not a mask ringbench knows; use {EXAMPLES}, or --mask-file FILE")
+    args = [a.strip() for a in params.split(",")] if params.strip() else []
+    if name in ("causal", "full"):
+        if args:
+            raise ValueError(f"mask {raw!r}: {name} takes no parameters; pass --mask {name}")
+        return name
+    if name == "slices":
+        entries = [_parse_slice(e, raw, f"mask {raw!r}: slice {i + 1}")
+                   for i, e in enumerate(e for e in params.split(";") if e.strip())]
+        return _slices_text(entries, raw)
+    keyed = {}
+    plain = []
+    for a in args:
+        key, eq, value = _keyed(a)
+        if eq:
+            keyed[key.strip().lower()] = value
+        else:
+            plain.append(a)
+    if name == "window":
+        if keyed or len(plain) not in (1, 2):
+            raise ValueError(f"mask {raw!r}: window takes L (keys up to the query, itself included) and perhaps R "
+                             "(keys after it); pass window:4096 or window:513,512")
+        left = _size(plain[0], "L", raw)
+        right = _size(plain[1], "R", raw, least=0) if len(plain) == 2 else 0
+        return f"window:{left}" if right == 0 else f"window:{left},{right}"
+    if name == "prefix" and len(plain) == 1 and not keyed:
+        return f"prefix:{_size(plain[0], 'P', raw)}"
+    if name == "chunked" and len(plain) == 1 and not keyed:
+        return f"chunked:{_size(plain[0], 'C', raw)}"
+    if name == "shared-prefix" and len(plain) == 1 and set(keyed) == {"answers"}:
+        return f"shared-prefix:{_size(plain[0], 'P', raw)},answers={_size(keyed['answers'], 'answers', raw)}"
+    if name == "global" and len(plain) == 1 and set(keyed) == {"window"}:
+        return f"global:{_size(plain[0], 'G', raw)},window:{_size(keyed['window'], 'window', raw)}"
+    forms = {"prefix": "prefix:P, such as prefix:512", "chunked": "chunked:C, such as chunked:8k",
+             "shared-prefix": "shared-prefix:P,answers=A, such as shared-prefix:1k,answers=4",
+             "global": "global:G,window:L, such as global:4,window:1k"}
+    raise ValueError(f"mask {raw!r} is not of the form {forms[name]}")
+
+
+def _keyed(arg: str) -> tuple[str, str, str]:
+    """``answers=4`` or ``window:1k`` as (key, separator, value); a plain value has no separator."""
+    at = min((i for i in (arg.find("="), arg.find(":")) if i >= 0), default=-1)
+    return (arg[:at], arg[at], arg[at + 1:]) if at >= 0 else (arg, "", "")
+
+
+def _params(text: str) -> tuple[str, list[int], dict[str, int]]:
+    name, _, params = text.partition(":")
+    plain, keyed = [], {}
+    for a in params.split(",") if params else []:
+        key, eq, value = _keyed(a)
+        if eq:
+            keyed[key] = int(value)
+        else:
+            plain.append(int(a))
+    return name, plain, keyed
+
+
+def _entries(text: str) -> list[tuple[int, int, int, int, str]]:
+    """The slices of a canonical ``slices:`` text, as ``(q0, q1, k0, k1, type)``."""
+    return [_parse_slice(e, text, "slice") for e in text[len("slices:"):].split(";")]
+
+
+def rule(text: str, seqlen: int) -> str | None:
+    """Why mask ``text`` (canonical) cannot apply to a sequence of ``seqlen`` tokens, in one
+    sentence with the fix, or ``None``."""
+    if text.startswith("slices:"):
+        end = max(max(e[1], e[3]) for e in _entries(text))
+        if end > seqlen:
+            return (f"mask slices reach position {end}, past seqlen {seqlen}; pass --seqlen {end} or more, or "
+                    "slices within the sequence")
+        return None
+    name, plain, keyed = _params(text)
+    if name == "prefix" and plain[0] >= seqlen:
+        return (f"mask {text} has a prompt of {plain[0]} tokens, not shorter than seqlen {seqlen}; a prompt of the "
+                "whole sequence is --mask full, so pass a P below the seqlen")
+    if name == "shared-prefix":
+        p, a = plain[0], keyed["answers"]
+        rest = seqlen - p
+        if rest < a or rest % a:
+            fit = p + (max(rest, 0) // a + 1) * a
+            return (f"mask {text} needs the {max(rest, 0)} tokens after the prompt to split into {a} answers of "
+                    f"equal length, which seqlen {seqlen} does not give; pass --seqlen {fit} or another P or A")
+    if name == "global" and plain[0] >= seqlen:
+        return (f"mask {text} has {plain[0]} global tokens, not fewer than seqlen {seqlen}; pass a G below the "
+                "seqlen")
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def build(text: str, seqlen: int) -> Mask:
+    """The mask ``text`` (any spelling :func:`parse` takes) over ``seqlen`` tokens, as slices.
+
+    Raises:
+        ValueError: a malformed mask (:func:`parse`), or one the seqlen cannot take (:func:`rule`).
+    """
+    text = parse(text)
+    reason = rule(text, seqlen)
+    if reason:
+        raise ValueError(reason)
+    S = seqlen
+    if text.startswith("slices:"):
+        return Mask(text, S, tuple(Slice.of_kind(*e) for e in _entries(text)))
+    name, plain, keyed = _params(text)
+    if name == "causal":
+        out = [Slice(0, S, 0, S, None, 0)]
+    elif name == "full":
+        out = [Slice(0, S, 0, S)]
+    elif name == "window":
+        out = [Slice(0, S, 0, S, -(plain[0] - 1), plain[1] if len(plain) == 2 else 0)]
+    elif name == "prefix":
+        p = plain[0]
+        out = [Slice(0, p, 0, p), Slice(p, S, 0, S, None, 0)]
+    elif name == "shared-prefix":
+        p, a = plain[0], keyed["answers"]
+        n = (S - p) // a
+        out = [Slice(0, p, 0, p, None, 0)]
+        for i in range(a):
+            s, e = p + i * n, p + (i + 1) * n
+            out += [Slice(s, e, 0, p), Slice(s, e, s, e, None, 0)]
+    elif name == "chunked":
+        c = plain[0]
+        out = [Slice(s, min(s + c, S), s, min(s + c, S), None, 0) for s in range(0, S, c)]
+    elif name == "global":
+        g, w = plain[0], keyed["window"]
+        out = [Slice(0, S, 0, g, None, 0), Slice(g, S, g, S, -(w - 1), 0)]
+    return Mask(text, S, tuple(out))
+
+
+def plain_fields(text: str) -> dict | None:
+    """The fields a mask the plain path runs is written as (``causal`` is ``causal: True``,
+    ``full`` is ``causal: False``, ``window:L`` is ``window: L`` under the causal mask), or
+    ``None`` for a mask only the mask path runs."""
+    text = parse(text)
+    if text in ("causal", "full"):
+        return {"causal": text == "causal"}
+    if text.startswith("slices:"):
+        return None
+    name, plain, _ = _params(text)
+    if name == "window" and len(plain) == 1:
+        return {"causal": True, "window": plain[0]}
+    return None
+
+
+def label(text: str) -> str:
+    """A mask as a table names it: its text, or ``slices(N)`` for slices."""
+    return f"slices({text.count(';') + 1})" if text.startswith("slices:") else text
+
+
+def read_file(path: str | Path) -> str:
+    """The canonical text of a ``--mask-file``: one slice a line, ``q_start q_end k_start k_end type``
+    (commas or spaces between them, ``#`` to the end of a line a comment, blank lines skipped),
+    the type one of :data:`KINDS`.
+
+    Raises:
+        ValueError: the file cannot be read, or a line or the slices break a rule (:func:`parse`).
+    """
+    name = str(path)
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ValueError(f"mask-file {name!r} cannot be read ({why}); pass a text file of slices") from None
+    entries = []
+    for n, line in enumerate(lines, 1):
+        body = line.split("#", 1)[0]
+        if body.strip():
+            entries.append(_parse_slice(body, name, f"mask-file {name!r} line {n}"))
+    return _slices_text(entries, name)
