@@ -43,6 +43,45 @@ def ringbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
+class _PastCommandTimeout(Exception):
+    """Raised in the test's thread when an in-process command passes ``COMMAND_TIMEOUT_S``."""
+
+
+def ringbench_here(*args: str, cwd: Path, launcher=None) -> subprocess.CompletedProcess:
+    """``ringbench ARGS`` in this process, in ``cwd`` on an 80-column terminal: what
+    :func:`ringbench` returns, without a new interpreter importing torch first.
+
+    The same command line code runs (typer's CliRunner); a launch is still real torchrun, its
+    workers real processes. ``launcher`` stands in for ``ringbench.sweep.launch`` (typer's context
+    object) where a test counts the launches. For a test of what a separate process sees (signals
+    to the CLI, live processes, two nodes, a user's shell) use :func:`ringbench`. Past
+    ``COMMAND_TIMEOUT_S`` the command is interrupted (its launch stops its job) and the test fails.
+    """
+    from typer.testing import CliRunner
+
+    from ringbench.cli import app
+
+    def past_limit(signum, frame):
+        raise _PastCommandTimeout
+
+    previous = signal.signal(signal.SIGALRM, past_limit)
+    signal.setitimer(signal.ITIMER_REAL, COMMAND_TIMEOUT_S)
+    here = os.getcwd()
+    try:
+        os.chdir(cwd)
+        result = CliRunner(env=CLI_ENV).invoke(app, list(args), obj=launcher)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.chdir(here)
+    if isinstance(result.exception, _PastCommandTimeout):
+        pytest.fail(f"ringbench {' '.join(args)} ran past {COMMAND_TIMEOUT_S} s\n{result.stdout}\n{result.stderr}")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception  # a crash shows its own traceback, as the subprocess's stderr would
+    print(result.stdout[-6000:], result.stderr[-3000:], sep="\n")  # shown when an assert below fails
+    return subprocess.CompletedProcess(["ringbench", *args], result.exit_code, result.stdout, result.stderr)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """The records of a JSON-lines file, in order."""
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -116,6 +155,38 @@ def attention_fp64(q, k, v, *, scale: float, causal: bool = False, window: tuple
     # A row that sees no key has lse -inf: clamped, its weights are exp(-inf) = 0, not NaN.
     p = torch.exp(scores - lse[..., None].clamp_min(-1e300))
     return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+def command_cases(task: str, given: dict, *, model: str | None = None) -> list:
+    """The cases ``ringbench TASK`` builds from these options (``given``: field -> value, or a list
+    for ``variant`` and ``world_size``), as the command line builds them (``sweep.build.cases_for``)."""
+    from ringbench.sweep import build
+
+    cases, skipped = build.cases_for(task, dict(given), model=model)
+    assert not skipped, skipped
+    return cases
+
+
+def scenario_of(cases: list, description: str) -> str:
+    """A scenario file of exactly these cases (each one's fields that differ from the CPU
+    defaults), so the cases of several commands run as one command: one launch per world size,
+    each rank importing torch once. ``--scenario`` of it builds the same ``case_id`` in the same order."""
+    from ringbench.case.spec import default_fields
+
+    defaults = default_fields("cpu", 0)
+    lines = [f"description = {json.dumps(description)}"]
+    for case in cases:
+        lines.append("[[case]]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in case.to_dict().items()
+                  if key != "task" and value != defaults.get(key)]
+    return "\n".join(lines) + "\n"
+
+
+def scenario_cases(task: str, path: Path) -> list:
+    """The cases ``ringbench TASK --scenario PATH`` builds."""
+    from ringbench.sweep import build
+
+    return build.cases_for(task, {}, scenario=str(path))[0]
 
 
 def slow_when(value, condition: bool):

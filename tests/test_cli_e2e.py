@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from helpers import SLOW_SWEEP, COMMAND_TIMEOUT_S, read_jsonl, ringbench
+from helpers import SLOW_SWEEP, COMMAND_TIMEOUT_S, command_cases, read_jsonl, ringbench
 from helpers import live_cmdlines_with as _live_cmdlines_with
 from ringbench.variants import list_variants
 
@@ -59,13 +59,22 @@ def test_cli_e2e_verify_smoke_passes_every_case(tmp_path):
 
 @pytest.mark.dist
 def test_cli_e2e_verify_broken_variant_fails(tmp_path):
-    result = ringbench("verify", "--variant", "broken_merge", "--world-size", "2",
+    """broken_merge drops a block, so its errors pass the tolerance; fault_silent computes on each
+    rank alone, so its numbers can pass but changing one rank's K/V leaves the others' output as it
+    was: both fail, each for its own reason, in one launch."""
+    result = ringbench("verify", "--variant", "broken_merge", "--variant", "fault_silent", "--world-size", "2",
                        "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 1
     records = read_jsonl(tmp_path / "verify.jsonl")
     assert len(records) > 0 and {r["status"] for r in records} == {"fail"}
     assert "FAIL" in result.stdout and "PASS" not in result.stdout
     assert f"{len(records)} cases: 0 passed, {len(records)} failed, 0 errors" in result.stdout
+    broken = [r for r in records if r["spec"]["variant"] == "broken_merge"]
+    assert broken and all("over the tolerance or malformed" in r["reason"] for r in broken)
+    silent = [r for r in records if r["spec"]["variant"] == "fault_silent"]
+    checked = [r for r in silent if r["cp_active"] is not None]
+    assert checked and all(r["cp_active"] is False for r in checked)
+    assert all("context parallelism was not active at world size 2" in r["reason"] for r in checked)
 
 
 @pytest.mark.dist
@@ -101,6 +110,33 @@ def test_cli_e2e_refused_case_starts_nothing(tmp_path, args, message):
     assert not out.exists()
 
 
+
+
+@pytest.mark.dist
+def test_cli_e2e_resume_launches_only_the_cases_without_an_ok_record(tmp_path):
+    """The quick subset's --resume under torchrun: ring already has an ok record (written by the
+    record builder the workers use), so --resume launches zigzag alone and keeps the file's line."""
+    from ringbench.records import build as records, store
+
+    small = ["--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
+             "--head-dim", "16", "--iters", "2", "--warmup", "1"]
+    ring, zigzag = command_cases("run", {"variant": ["ring", "zigzag"], "device": "cpu", "world_size": [2],
+                                         "seqlen": 256, "heads": 2, "kv_heads": 1, "head_dim": 16, "iters": 2,
+                                         "warmup": 1})
+    out = tmp_path / "out"
+    out.mkdir()
+    store.append_record(out / "runs.jsonl", records.build(ring, run_id="earlier", status="ok"))
+    before = read_jsonl(out / "runs.jsonl")
+    result = ringbench("run", "--variant", "ring", "--variant", "zigzag", *small, "--out", str(out), "--resume",
+                       cwd=tmp_path)
+    assert result.returncode == 0
+    assert "--resume: 1 of 2 cases already has an ok record" in result.stderr
+    after = read_jsonl(out / "runs.jsonl")
+    assert after[:1] == before  # the earlier record kept as it was
+    assert [(r["case_id"], r["status"]) for r in after[1:]] == [(zigzag.case_id(), "ok")]  # zigzag alone ran
+    assert after[1]["bytes_sent"] > 0 and after[1]["run_id"] != "earlier"
+    (launch,) = out.glob("logs/*/*/cases.json")  # one launch, of zigzag
+    assert [c["variant"] for c in json.loads(launch.read_text())["cases"]] == ["zigzag"]
 
 
 @pytest.mark.dist
@@ -147,26 +183,34 @@ def test_cli_e2e_sweep_killed_then_resumed_keeps_one_ok_record_per_case(tmp_path
     assert resumed == ids - ok_first
 
 
+def _worker_pids(needle: str, rank: int) -> list[int]:
+    """Live worker processes whose command line holds ``needle`` and whose RANK is ``rank``."""
+    return [int(line.split(":")[0]) for line in _live_cmdlines_with(needle)
+            if "ringbench.rank.worker" in line and _env_of(int(line.split(":")[0])).get("RANK") == str(rank)]
+
+
 @pytest.mark.dist
 @pytest.mark.slow
 def test_cli_e2e_a_killed_rank_shows_its_root_cause_not_torchruns_dump(tmp_path):
-    """A rank killed by SIGKILL (as the out-of-memory killer does) leaves no traceback; the terminal and
-    the record give one line naming it, and torchrun's report stays in the launch log."""
+    """A rank killed by SIGKILL (as the out-of-memory killer does) leaves no traceback: the case's
+    record and the terminal give one line naming it, torchrun's report stays in the launch log,
+    the command exits 3, and the case after it runs in a fresh launch. fault_hang keeps rank 1
+    asleep in its case; the test kills that process."""
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "ringbench.cli", "run", "--variant", "ring", "--device", "cpu", "--seqlen", "6k",
-            "--iters", "20", "--warmup", "1", "--out", str(out)]
+    args = [sys.executable, "-m", "ringbench.cli", "run", "--variant", "ring", "--variant", "fault_hang", "--variant",
+            "zigzag", "--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
+            "--head-dim", "16", "--iters", "2", "--warmup", "1", "--timeout", "120", "--out", str(out)]
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}, start_new_session=True)
     try:
         deadline = time.monotonic() + COMMAND_TIMEOUT_S
-        while True:  # rank 1 inside its case
+        while True:  # rank 1 inside fault_hang
             marks = list(out.glob("logs/*/*/progress/rank1.txt"))
-            if marks and " start " in marks[0].read_text():
+            if marks and "start fault_hang" in marks[0].read_text():
                 break
-            assert proc.poll() is None and time.monotonic() < deadline, "the case never started"
+            assert proc.poll() is None and time.monotonic() < deadline, "rank 1 never reached fault_hang"
             time.sleep(0.05)
-        (rank1,) = [int(line.split(":")[0]) for line in _live_cmdlines_with(str(out / "logs"))
-                    if "ringbench.rank.worker" in line and _env_of(int(line.split(":")[0])).get("RANK") == "1"]
+        (rank1,) = _worker_pids(str(out / "logs"), rank=1)
         os.kill(rank1, signal.SIGKILL)
         _, stderr = proc.communicate(timeout=COMMAND_TIMEOUT_S)
     finally:
@@ -174,15 +218,18 @@ def test_cli_e2e_a_killed_rank_shows_its_root_cause_not_torchruns_dump(tmp_path)
             os.killpg(proc.pid, signal.SIGKILL)
     print(stderr[-3000:])
     assert proc.returncode == 3
-    (record,) = read_jsonl(out / "runs.jsonl")
-    assert record["status"] == "error"
-    assert re.match(rf"rank 1/2 was killed by SIGKILL \(signal 9, pid {rank1}\) and left no error file", record["reason"])
-    assert "\n" not in record["reason"]
-    assert f"launch at world_size 2 on cpu failed: {record['reason']}" in stderr
+    records = {r["spec"]["variant"]: r for r in read_jsonl(out / "runs.jsonl")}
+    assert {v: r["status"] for v, r in records.items()} == {"ring": "ok", "fault_hang": "error", "zigzag": "ok"}
+    reason = records["fault_hang"]["reason"]
+    assert re.match(rf"rank 1/2 was killed by SIGKILL \(signal 9, pid {rank1}\) and left no error file", reason)
+    assert "\n" not in reason
+    assert f"launch at world_size 2 on cpu failed: {reason}" in stderr
+    assert "the case after it goes to a fresh launch" in stderr
     for raw in ("Root Cause", "ringbench.rank.worker FAILED", "=====", "error_file", "traceback :"):
         assert raw not in stderr  # torchrun's dump
-    (log,) = out.glob("logs/*/*/torchrun.stderr.log")
+    (log,) = out.glob("logs/*/000-w2/torchrun.stderr.log")  # the launch whose rank was killed
     assert "Root Cause (first observed failure)" in log.read_text()
+    assert _live_cmdlines_with(str(out / "logs")) == []
 
 
 def _env_of(pid: int) -> dict[str, str]:

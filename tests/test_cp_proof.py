@@ -16,7 +16,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from helpers import read_jsonl, ringbench
+from helpers import read_jsonl, ringbench_here
 from ringbench.rank import check
 from ringbench.present import report
 from ringbench.case.spec import CaseSpec, default_fields, resolve
@@ -120,7 +120,7 @@ def test_cli_verify_records_why_cp_active_cannot_be_checked(tmp_path):
     scenario.write_text('[defaults]\ndevice = "cpu"\nworld_size = 2\nseqlen = 256\nheads = 2\nkv_heads = 1\n'
                         'head_dim = 16\n\n[[case]]\nvariant = "uncounted_peer"\n\n'
                         '[[case]]\nvariant = "llama3_varlen"\ndocs = "128,128"\n')
-    result = ringbench("verify", "--scenario", str(scenario), "--out", str(tmp_path), cwd=tmp_path)
+    result = ringbench_here("verify", "--scenario", str(scenario), "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     peer, kept = read_jsonl(tmp_path / "verify.jsonl")
     assert peer["status"] == "ok" and peer["cp_active"] is True and peer["cp_active_reason"] is None
@@ -133,9 +133,9 @@ def test_cli_verify_records_why_cp_active_cannot_be_checked(tmp_path):
 @pytest.mark.slow
 @pytest.mark.dist
 def test_cli_run_says_not_counted_for_uncounted_peer(tmp_path):
-    result = ringbench("run", "--variant", "uncounted_peer", "--variant", "ring", "--device", "cpu",
-                       "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
-                       "--head-dim", "16", "--iters", "3", "--warmup", "1", "--out", str(tmp_path), cwd=tmp_path)
+    result = ringbench_here("run", "--variant", "uncounted_peer", "--variant", "ring", "--device", "cpu",
+                            "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
+                            "--head-dim", "16", "--iters", "3", "--warmup", "1", "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     peer, ring = read_jsonl(tmp_path / "runs.jsonl")
     assert peer["status"] == "ok" and peer["bytes_counted"] is False

@@ -20,7 +20,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from helpers import read_jsonl, ringbench
+from helpers import read_jsonl, ringbench_here
 from ringbench.rank import check
 from ringbench.case import fields
 from ringbench.present import report
@@ -111,7 +111,7 @@ def test_repeat_rows_are_verify_options_outside_case_id():
 
 
 def test_repeat_zero_is_refused_before_anything_starts(tmp_path):
-    result = ringbench("verify", "--variant", "ring", "--repeat", "0", "--out", str(tmp_path), cwd=tmp_path)
+    result = ringbench_here("verify", "--variant", "ring", "--repeat", "0", "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 2 and "repeat 0 must be positive" in result.stderr
     assert not (tmp_path / "verify.jsonl").exists()
 
@@ -210,8 +210,8 @@ def test_verify_table_says_a_model_check_ran_once():
 @pytest.mark.slow
 @pytest.mark.dist
 def test_cli_verify_repeat_llama3_varlen_is_deterministic(tmp_path):
-    result = ringbench("verify", "--repeat", "2", "--variant", "llama3_varlen", "--world-size", "4",
-                       "--seqlen", "704", "--docs", "698,6", "--out", str(tmp_path), cwd=tmp_path)
+    result = ringbench_here("verify", "--repeat", "2", "--variant", "llama3_varlen", "--world-size", "4",
+                            "--seqlen", "704", "--docs", "698,6", "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     (record,) = read_jsonl(tmp_path / "verify.jsonl")
     assert record["status"] == "ok" and record["spec"]["repeat"] == 2
@@ -230,7 +230,7 @@ def test_cli_verify_fails_the_nondeterministic_variant(tmp_path):
     scenario.write_text('[defaults]\ndevice = "cpu"\nvariant = "jitter_ring"\nworld_size = 2\nseqlen = 256\n'
                         'heads = 2\nkv_heads = 1\nhead_dim = 16\n\n'
                         '[[case]]\nrepeat = 2\n\n[[case]]\nrequire_deterministic = true\nseqlen = 128\n')
-    result = ringbench("verify", "--scenario", str(scenario), "--out", str(tmp_path), cwd=tmp_path)
+    result = ringbench_here("verify", "--scenario", str(scenario), "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     records = read_jsonl(tmp_path / "verify.jsonl")
     assert [(r["spec"]["repeat"], r["spec"]["require_deterministic"]) for r in records] == [(2, False), (1, True)]

@@ -9,7 +9,8 @@ once three or more partial results meet, so from world size 4 on (at world size 
 key meets more than two, so it computes what the correct ring computes).
 
 Unit tests need no process group or a world-size-1 one; the distributed ones run
-``tests/dist/verify_cases.py`` under real torchrun (gloo, CPU), one launch per batch, cached.
+``tests/dist/verify_cases.py`` under real torchrun (gloo, CPU), one launch per batch and world
+size, cached (the quick batch's world size 4 joins the full one's when the slow tests run too).
 """
 
 from __future__ import annotations
@@ -114,19 +115,36 @@ BY_NAME = {(c["batch"], c["name"]): c for c in CASES}
 assert len(BY_NAME) == len(CASES), "case names must be unique within a batch"
 
 
-def _launch(batch: str, world_size: int, folder: Path) -> dict:
-    """Run every case of (batch, world_size) in one torchrun launch; return its records and log."""
-    cases = [{"name": c["name"], "spec": c["spec"]} for c in CASES
-             if c["batch"] == batch and c["world_size"] == world_size]
-    return torchrun_cases(CASES_SCRIPT, cases, world_size, folder, f"{batch}_w{world_size}",
-                          LAUNCH_TIMEOUT_S[world_size])
+def _launch(names: list, world_size: int, folder: Path, stem: str) -> dict:
+    """Run the named cases in one torchrun launch of ``world_size`` ranks; return its records and log."""
+    by_name = {c["name"]: c for c in CASES if c["world_size"] == world_size}
+    cases = [{"name": name, "spec": by_name[name]["spec"]} for name in names]
+    return torchrun_cases(CASES_SCRIPT, cases, world_size, folder, stem, LAUNCH_TIMEOUT_S[world_size])
 
 
 @pytest.fixture(scope="module")
-def launches(tmp_path_factory):
-    """One torchrun launch per (batch, world size), run lazily and cached for the module."""
+def launches(request, tmp_path_factory):
+    """One torchrun launch per (batch, world size), run lazily and cached for the module.
+
+    When this session runs the module's slow tests too, the quick batch's cases join the full
+    batch's launch at world size 4 (a case both batches hold runs once): one launch, not two.
+    """
     folder = tmp_path_factory.mktemp("drift_cases")
-    return cached(lambda batch, world_size: _launch(batch, world_size, folder))
+    together = any(item.get_closest_marker("slow") for item in request.session.items if item.module is request.module)
+
+    def names(batch: str, world_size: int) -> list:
+        return list(dict.fromkeys(c["name"] for c in CASES if c["world_size"] == world_size and c["batch"] == batch))
+
+    def make(batch: str, world_size: int) -> dict:
+        if together and world_size == 4 and batch == "quick":
+            return get("full", 4)
+        wanted = names(batch, world_size)
+        if together and world_size == 4:
+            wanted += [n for n in names("quick", 4) if n not in wanted]
+        return _launch(wanted, world_size, folder, f"{batch}_w{world_size}")
+
+    get = cached(make)
+    return get
 
 
 def _record(launches, batch: str, name: str) -> dict:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers import attention_fp64, read_jsonl, ringbench
+from helpers import attention_fp64, read_jsonl, ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields, validate
 from ringbench.variants import get_variant, instruments
 from ringbench.variants.engines import layouts
@@ -354,7 +354,7 @@ docs = "256,512,256"
 @pytest.mark.slow  # one launch of seven emulated cases of 8 ranks
 def test_emulated_run_of_every_collective_engine_at_world_size_8_on_cpu(tmp_path):
     (tmp_path / "e.toml").write_text(EMULATED_SCENARIO)
-    proc = ringbench("run", "--scenario", str(tmp_path / "e.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    proc = ringbench_here("run", "--scenario", str(tmp_path / "e.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     records = read_jsonl(tmp_path / "out" / "runs.jsonl")
     assert [(r["spec"]["variant"], r["spec"]["ulysses_degree"]) for r in records] == [

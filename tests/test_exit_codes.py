@@ -4,7 +4,8 @@
 input; 3 a launch failed or timed out before a case reported (a killed rank: its case's record
 says ``error``, and the command exits 3); 130 Ctrl-C; 143 SIGTERM. The CLI gets a stand-in
 launcher (typer's context object) that writes the records the workers would; the killed rank
-is also run for real, under torchrun.
+is also run for real, under torchrun, in ``test_cli_e2e.py`` (its exit code 3, its record and
+the fresh launch of the case after it).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers import CLI_ENV, COMMAND_TIMEOUT_S, live_cmdlines_with, read_jsonl
+from helpers import read_jsonl
 from ringbench.cli import app
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
@@ -146,57 +145,3 @@ def test_exit_143_sigterm_keeps_the_records_written(tmp_path):
     assert statuses(tmp_path) == {"ring": "ok"}
     assert "interrupted: 1 of 3 cases has a record" in result.stderr
     assert signal.getsignal(signal.SIGTERM) == previous  # the sweep put the handler back
-
-
-# --------------------------------------------------------------------------- a real killed rank
-
-def _worker_pids(needle: str, rank: int) -> list[int]:
-    """Live worker processes whose command line holds ``needle`` and whose RANK is ``rank``."""
-    pids = []
-    for line in live_cmdlines_with(needle):
-        pid, cmd = line.split(": ", 1)
-        if "ringbench.rank.worker" not in cmd:
-            continue
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in environ:
-            pids.append(int(pid))
-    return pids
-
-
-@pytest.mark.dist
-@pytest.mark.slow
-def test_exit_3_a_rank_killed_under_torchrun(tmp_path):
-    """fault_hang keeps rank 1 asleep in its case; the test kills that process with SIGKILL."""
-    out = tmp_path / "out"
-    args = ["run", "--variant", "ring", "--variant", "fault_hang", "--variant", "zigzag", "--device", "cpu",
-            "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
-            "--iters", "2", "--warmup", "1", "--timeout", "120", "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "ringbench.cli", *args], cwd=tmp_path,
-                            env={**os.environ, **CLI_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + COMMAND_TIMEOUT_S
-        killed = []
-        while not killed and time.monotonic() < deadline and proc.poll() is None:
-            marks = list(out.glob("logs/*/*/progress/rank1.txt"))
-            if marks and "start fault_hang" in marks[0].read_text():
-                for pid in _worker_pids(str(out), rank=1):
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-            time.sleep(0.2)
-        stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    print(stdout[-3000:], stderr[-3000:], sep="\n")
-    assert killed, "rank 1 never reached fault_hang"
-    assert proc.returncode == 3
-    records = {r["spec"]["variant"]: r for r in read_jsonl(out / "runs.jsonl")}
-    assert {v: r["status"] for v, r in records.items()} == {"ring": "ok", "fault_hang": "error", "zigzag": "ok"}
-    assert "the case after it goes to a fresh launch" in stderr
-    assert live_cmdlines_with(str(out / "logs")) == []
-    assert records["fault_hang"]["reason"]  # the launch's failure, in launch.py's words

@@ -1,9 +1,11 @@
 """A bad night, provoked on CPU: hangs, crashes, out of memory, refused results and two nodes.
 
-Each sweep runs a good case before the faulty one and, where the launch survives or is
-relaunched, one after it; every test checks the faulty case's status, its reason, and that
-the good records are intact. The faults come from the hidden ``fault_*`` test variants.
-About a minute in all on two CPU cores, most of it the hang test's 20 s watchdog.
+Each sweep runs a good case before the faulty ones and, where the launch survives or is
+relaunched, one after them; every test checks the faulty case's status, its reason, and that
+the good records are intact. The hang and the raise share one sweep (a module fixture), whose
+time is mostly the hang's 20 s watchdog. The faults come from the hidden ``fault_*`` test
+variants; verify's refusal of the one that never communicates is in ``test_cli_e2e.py``, beside
+verify's other failing variant.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import COMMAND_TIMEOUT_S, read_jsonl, ringbench
+from helpers import COMMAND_TIMEOUT_S, read_jsonl, ringbench, ringbench_here
 from helpers import live_cmdlines_with as _live_cmdlines_with
 
 SMALL = ["--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
@@ -59,45 +61,52 @@ def assert_good(records: dict[str, dict], *variants: str) -> None:
         assert record["bytes_sent"] > 0 and record["bytes_received"] > 0 and record["bus_gib_s"] > 0
 
 
+@pytest.fixture(scope="module")
+def hang_and_raise(tmp_path_factory):
+    """One sweep of ring, fault_hang, fault_raise and zigzag: the hang times out its launch, the raise
+    fails the next one, and zigzag runs in a third (the two faults share the sweep and its
+    command, which each had to themselves)."""
+    tmp_path = tmp_path_factory.mktemp("hang_and_raise")
+    out = tmp_path / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RINGBENCH_FAULT_WAIT_S", "2")  # the faulted rank's wait for the others, in every rank
+        result = ringbench("run", "--scenario", str(sweep(tmp_path, ["ring", "fault_hang", "fault_raise", "zigzag"])),
+                           "--out", str(out), "--timeout", "20", cwd=tmp_path)
+    return {"result": result, "out": out, "records": read_jsonl(out / "runs.jsonl"),
+            "left": _live_cmdlines_with(str(out / "logs"))}
+
+
 @pytest.mark.dist
 @pytest.mark.slow
-def test_faults_hang_times_out_names_each_rank_step_and_the_sweep_goes_on(tmp_path):
-    out = tmp_path / "out"
-    result = ringbench("run", "--scenario", str(sweep(tmp_path, ["ring", "fault_hang", "zigzag"])),
-                       "--out", str(out), "--timeout", "20", cwd=tmp_path)
+def test_faults_hang_times_out_names_each_rank_step_and_the_sweep_goes_on(hang_and_raise):
+    result, records = hang_and_raise["result"], hang_and_raise["records"]
     assert result.returncode == 3  # a launch timed out
-    records = read_jsonl(out / "runs.jsonl")
-    assert [r["spec"]["variant"] for r in records] == ["ring", "fault_hang", "zigzag"]
+    assert [r["spec"]["variant"] for r in records] == ["ring", "fault_hang", "fault_raise", "zigzag"]
     hung = records[1]
     assert hung["status"] == "timeout"
     # The case's own clock: it ran its 20 s limit, however long the case before it took.
-    assert re.match(r"case 2/3 timed out: it ran 2[01] s, past its limit of 20 s \(the launch ran \d+ s\); "
+    assert re.match(r"case 2/4 timed out: it ran 2[01] s, past its limit of 20 s \(the launch ran \d+ s\); "
                     "last progress mark of each rank:", hung["reason"]), hung["reason"]
     for rank in (0, 1):  # both stopped inside the hanging case
-        assert re.search(rf"rank {rank}: \S+ case 2/3 start fault_hang S=256", hung["reason"]), hung["reason"]
-    assert_good(by_variant(out / "runs.jsonl"), "ring", "zigzag")
+        assert re.search(rf"rank {rank}: \S+ case 2/4 start fault_hang S=256", hung["reason"]), hung["reason"]
+    assert_good(by_variant(hang_and_raise["out"] / "runs.jsonl"), "ring", "zigzag")
     assert "timed out" in result.stderr and "the case after it goes to a fresh launch" in result.stderr
-    assert _live_cmdlines_with(str(out / "logs")) == []  # every rank ended, none orphaned
+    assert hang_and_raise["left"] == []  # every rank ended, none orphaned
 
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_faults_raise_on_one_rank_records_its_rank_and_traceback(tmp_path, monkeypatch):
-    out = tmp_path / "out"
-    monkeypatch.setenv("RINGBENCH_FAULT_WAIT_S", "2")  # the faulted rank's wait for the others, in every rank
-    result = ringbench("run", "--scenario", str(sweep(tmp_path, ["ring", "fault_raise", "zigzag"])),
-                       "--out", str(out), "--timeout", "120", cwd=tmp_path)
-    assert result.returncode == 3  # the launch failed
-    records = by_variant(out / "runs.jsonl")
-    assert len(records) == 3
+def test_faults_raise_on_one_rank_records_its_rank_and_traceback(hang_and_raise):
+    records = by_variant(hang_and_raise["out"] / "runs.jsonl")
+    assert len(records) == 4
     crashed = records["fault_raise"]
     assert crashed["status"] == "error"
     # The root cause from rank 1's torchelastic error file: its rank, the exception, its traceback.
     assert crashed["reason"].startswith("rank 1/2 failed"), crashed["reason"]
     assert "RuntimeError: [rank 1/2] injected fault" in crashed["reason"]
     assert re.search(r'File ".*fixtures/broken\.py", line \d+, in fault_raise_attention', crashed["reason"])
-    assert_good(records, "ring", "zigzag")
-    assert _live_cmdlines_with(str(out / "logs")) == []
+    assert_good(records, "ring", "zigzag")  # zigzag in a fresh launch after the failed one
+    assert hang_and_raise["left"] == []
 
 
 @pytest.mark.dist
@@ -125,28 +134,16 @@ def test_faults_oom_silent_and_unavailable_variants_are_recorded_and_the_sweep_g
     assert_good(records, "ring", "zigzag")
 
 
-@pytest.mark.dist
-@pytest.mark.slow  # 6-9 s on two cores: the quick subset keeps one fault, one run and one verify
-def test_faults_verify_fails_a_variant_that_never_communicates(tmp_path):
-    result = ringbench("verify", "--variant", "fault_silent", "--world-size", "2", "--out", str(tmp_path),
-                       cwd=tmp_path)
-    assert result.returncode == 1
-    records = read_jsonl(tmp_path / "verify.jsonl")
-    checked = [r for r in records if r["cp_active"] is not None]
-    assert checked and all(r["cp_active"] is False and r["status"] == "fail" for r in checked)
-    assert all("context parallelism was not active at world size 2" in r["reason"] for r in checked)
-
-
 def test_faults_without_the_test_variable_a_fault_variant_is_unknown(tmp_path, monkeypatch):
     """The test-only variants are no user's: without RINGBENCH_TEST_VARIANTS=1 (conftest.py sets it)
     run refuses fault_hang as unknown, listing only user variants, and ringbench variants never lists one."""
     monkeypatch.delenv("RINGBENCH_TEST_VARIANTS")
-    result = ringbench("run", "--variant", "fault_hang", *SMALL, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    result = ringbench_here("run", "--variant", "fault_hang", *SMALL, "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert result.returncode != 0
     assert "variant 'fault_hang' is unknown; choose one of ring, zigzag" in result.stderr
     assert "fault_" not in result.stderr.replace("'fault_hang'", "")
     assert not (tmp_path / "out" / "runs.jsonl").exists()
-    listing = ringbench("variants", cwd=tmp_path)
+    listing = ringbench_here("variants", cwd=tmp_path)
     assert "ring" in listing.stdout and "fault_" not in listing.stdout and "broken_merge" not in listing.stdout
 
 

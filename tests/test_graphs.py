@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from helpers import ringbench
+from helpers import ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields
 from ringbench.rank import bench, graphs
 
@@ -101,8 +101,8 @@ def test_graphs_choice_where_no_graph_runs():
 
 
 def test_graphs_on_is_refused_off_cuda_before_anything_runs(tmp_path):
-    got = ringbench("run", "--device", "cpu", "--variant", "ring", "--cuda-graph", "on", "--out", str(tmp_path),
-                    cwd=tmp_path)
+    got = ringbench_here("run", "--device", "cpu", "--variant", "ring", "--cuda-graph", "on", "--out", str(tmp_path),
+                         cwd=tmp_path)
     assert got.returncode == 2, got.stderr
     assert "cuda_graph 'on' needs --device cuda, and this case runs on cpu; pass --cuda-graph auto or off" in got.stderr
     assert not (tmp_path / "runs.jsonl").exists()
@@ -140,8 +140,8 @@ def test_graphs_replay_of_an_emulated_zigzag_is_bitwise_eager(mode):
 def test_graphs_run_records_say_whether_the_loop_replayed(tmp_path):
     import json
 
-    got = ringbench("run", "--device", "cuda", "--world-size", "1", "--variant", "ring", "--kernel", "torch-flash",
-                    "--seqlen", "4k", "--cuda-graph", "on", "--out", str(tmp_path), "--json", cwd=tmp_path)
+    got = ringbench_here("run", "--device", "cuda", "--world-size", "1", "--variant", "ring", "--kernel", "torch-flash",
+                         "--seqlen", "4k", "--cuda-graph", "on", "--out", str(tmp_path), "--json", cwd=tmp_path)
     assert got.returncode == 0, got.stderr
     (record,) = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert record["cuda_graph"] is True and record["cuda_graph_note"].startswith(("bitwise", "within 8x eager's own spread"))

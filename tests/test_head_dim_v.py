@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import read_jsonl, ringbench, slow_when
+from helpers import read_jsonl, ringbench_here, slow_when
 
 from ringbench.errors import SpecError
 from ringbench.case.spec import CaseSpec, validate
@@ -35,8 +35,8 @@ def _scenario(world_size: int) -> str:
 @pytest.mark.parametrize("world_size", [slow_when(2, True), slow_when(4, True)])  # 6 s and more on two cores
 def test_every_variant_passes_verify_with_a_value_head_dim_of_its_own(tmp_path, world_size):
     (tmp_path / "mla.toml").write_text(_scenario(world_size))
-    proc = ringbench("verify", "--scenario", str(tmp_path / "mla.toml"), "--out", str(tmp_path / "out"),
-                     cwd=tmp_path)
+    proc = ringbench_here("verify", "--scenario", str(tmp_path / "mla.toml"), "--out", str(tmp_path / "out"),
+                          cwd=tmp_path)
     print(proc.stdout[-3000:], proc.stderr[-2000:])
     assert proc.returncode == 0
     records = read_jsonl(tmp_path / "out" / "verify.jsonl")
@@ -48,8 +48,8 @@ def test_every_variant_passes_verify_with_a_value_head_dim_of_its_own(tmp_path, 
 
 
 def test_a_kernel_that_takes_one_head_dim_refuses_head_dim_v_before_any_process_starts(tmp_path):
-    proc = ringbench("verify", "--variant", "ring", "--kernel", "cpu", "--world-size", "2", "--seqlen", "256",
-                     "--head-dim", "48", "--head-dim-v", "32", "--device", "cpu", cwd=tmp_path)
+    proc = ringbench_here("verify", "--variant", "ring", "--kernel", "cpu", "--world-size", "2", "--seqlen", "256",
+                          "--head-dim", "48", "--head-dim-v", "32", "--device", "cpu", cwd=tmp_path)
     assert proc.returncode == 2
     assert " ".join(proc.stderr.split()) == (
         "head_dim_v 32 differs from head_dim 48, which the cpu kernel cannot take (it needs one head dim for q, k "

@@ -101,9 +101,11 @@ def _run(tmp_path, worker_env, cases, *, timeout_s, **kw):
 
 
 @pytest.mark.dist
-def test_launch_success_writes_records_and_logs(tmp_path, worker_env):
+def test_launch_success_writes_records_and_logs_and_on_poll_sees_them_while_the_job_runs(tmp_path, worker_env):
     cases = [{"action": "record", "world_size": 2, "device": "cpu"} for _ in range(3)]
-    res = _run(tmp_path, worker_env, cases, timeout_s=60, log_dir=None)
+    seen: list[int] = []
+    res = _run(tmp_path, worker_env, cases, timeout_s=60, log_dir=None,
+               on_poll=lambda: seen.append(len(results.read_records(tmp_path / "out.jsonl"))))
     assert (res.returncode, res.timed_out, res.failure) == (0, False, None)
     recs = results.read_records(tmp_path / "out.jsonl")
     assert [(r["run_id"], r["case_id"]) for r in recs] == [("t1", 0), ("t1", 1), ("t1", 2)]
@@ -113,6 +115,8 @@ def test_launch_success_writes_records_and_logs(tmp_path, worker_env):
     assert (res.log_dir / "cases.json").exists()
     assert len(list((res.log_dir / "torchrun").glob("*/attempt_0/1/stderr.log"))) == 1
     assert launch_mod.last_progress(res.log_dir, 2) == {0: "case 2 done", 1: "case 2 done"}
+    assert len(seen) >= 2 and seen[-1] == 3  # polled while running, and once after the end
+    assert seen == sorted(seen)
 
 
 @pytest.mark.dist
@@ -176,17 +180,6 @@ def test_launch_mismatched_case_world_size_raises(tmp_path):
         launch([{"world_size": 2}, {"world_size": 4}], world_size=2, device="cpu",
                results_path=tmp_path / "r.jsonl", run_id="x", timeout_s=5)
     assert not (tmp_path / "logs").exists()  # refused before anything was written
-
-
-@pytest.mark.dist
-def test_launch_on_poll_sees_records_while_the_job_runs(tmp_path, worker_env):
-    seen: list[int] = []
-    cases = [{"action": "record"} for _ in range(3)]
-    res = _run(tmp_path, worker_env, cases, timeout_s=60,
-               on_poll=lambda: seen.append(len(results.read_records(tmp_path / "out.jsonl"))))
-    assert res.returncode == 0
-    assert len(seen) >= 2 and seen[-1] == 3  # polled while running, and once after the end
-    assert seen == sorted(seen)
 
 
 @pytest.mark.dist
@@ -296,21 +289,16 @@ def test_launch_watched_case_is_the_slowest_ranks():
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_launch_late_case_does_not_inherit_the_launchs_time(tmp_path, worker_env):
-    # Case 2 starts after the start-up and case 1's 4 s, past its own 6 s limit had that counted.
-    cases = [{"action": "sleep", "seconds": 4}, {"action": "sleep", "seconds": 3}]
+def test_launch_each_case_has_its_own_limit_from_its_own_start(tmp_path, worker_env):
+    """One launch, two properties. Case 2 starts after the start-up and case 1's 4 s, past its own
+    6 s limit had that counted, and passes; case 3 passes its own 3 s limit, times out, and the
+    failure says how long it ran."""
+    cases = [{"action": "sleep", "seconds": 4}, {"action": "sleep", "seconds": 3},
+             {"action": "sleep", "seconds": 600}]
     start = time.monotonic()
-    res = _run(tmp_path, worker_env, cases, timeout_s=[30, 6])
-    assert time.monotonic() - start > 6
-    assert not res.timed_out and res.returncode == 0, res.failure
-
-
-@pytest.mark.dist
-@pytest.mark.slow
-def test_launch_case_past_its_own_limit_times_out_and_says_how_long_it_ran(tmp_path, worker_env):
-    cases = [{"action": "sleep", "seconds": 1}, {"action": "sleep", "seconds": 600}]
-    res = _run(tmp_path, worker_env, cases, timeout_s=[30, 3])
-    assert res.timed_out and res.timed_out_case == 1
-    assert re.match(r"case 2/2 timed out: it ran [34] s, past its limit of 3 s \(the launch ran \d+ s\); "
+    res = _run(tmp_path, worker_env, cases, timeout_s=[30, 6, 3])
+    assert time.monotonic() - start > 4 + 3 + 3
+    assert res.timed_out and res.timed_out_case == 2, res.failure  # not case 2 (index 1), whose 6 s were its own
+    assert re.match(r"case 3/3 timed out: it ran [34] s, past its limit of 3 s \(the launch ran \d+ s\); "
                     r"last progress mark of each rank:", res.failure), res.failure
     assert _live_cmdlines_with(str(res.log_dir / "cases.json")) == []

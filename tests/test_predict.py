@@ -13,7 +13,7 @@ from dataclasses import replace as dc_replace
 
 import pytest
 
-from helpers import flat_calibration, ringbench
+from helpers import flat_calibration, ringbench, ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields
 from ringbench.model import calibration as C
 from ringbench.model import schedule
@@ -233,7 +233,7 @@ def _write(path, text):
 ], ids=["unknown-key", "bad-toml", "unknown-link", "wrong-class", "zero-gpus", "no-source", "bad-class"])
 def test_predict_refuses_a_bad_cluster_file_in_one_sentence(tmp_path, body, words):
     path = _write(tmp_path / "cluster.toml", body)
-    res = ringbench("predict", "--variant", "zigzag", "--gpu", "H100", "--cluster", str(path), cwd=tmp_path)
+    res = ringbench_here("predict", "--variant", "zigzag", "--gpu", "H100", "--cluster", str(path), cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     message = " ".join(res.stderr.split())
     assert words in message and "cluster file" in message, message
@@ -247,9 +247,9 @@ def test_predict_json_records_are_marked_predicted(tmp_path):
     cal = _write(tmp_path / "cal.json", json.dumps(_flat_calibration()))
     cluster = _write(tmp_path / "cluster.toml", "gpus_per_node = 2\nintra = \"mine\"\n[fabric.mine]\n"
                      "class = \"intra-node\"\ngb_s = 1000000.0\nlatency_us = 0.0\nsource = \"test\"\n")
-    res = ringbench("predict", "--variant", "ring", "--world-size", "2", "--seqlen", "512", "--heads", "2",
-                    "--kv-heads", "1", "--head-dim", "16", "--dtype", "fp32", "--mode", "fwd", "--calibration",
-                    str(cal), "--cluster", str(cluster), "--json", cwd=tmp_path)
+    res = ringbench_here("predict", "--variant", "ring", "--world-size", "2", "--seqlen", "512", "--heads", "2",
+                         "--kv-heads", "1", "--head-dim", "16", "--dtype", "fp32", "--mode", "fwd", "--calibration",
+                         str(cal), "--cluster", str(cluster), "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     (rec,) = [json.loads(line) for line in res.stdout.splitlines()]
     assert rec["predicted"] is True and rec["status"] == "ok" and rec["task"] == "run"
@@ -264,8 +264,8 @@ def test_advise_lists_refused_ulysses_degrees_with_the_reason(tmp_path):
     """12 query heads over 4 K/V heads at W=8: Ulysses over 8 ranks and usp at U=8 cannot split the
     heads, and advise says so; the degrees that can are ranked, each with its commands."""
     cal = _write(tmp_path / "cal.json", json.dumps(_flat_calibration()))
-    res = ringbench("advise", "--heads", "12", "--kv-heads", "4", "--head-dim", "16", "--dtype", "fp32",
-                    "--seqlen", "2k", "--calibration", str(cal), "--gpus-per-node", "8", "--json", cwd=tmp_path)
+    res = ringbench_here("advise", "--heads", "12", "--kv-heads", "4", "--head-dim", "16", "--dtype", "fp32",
+                         "--seqlen", "2k", "--calibration", str(cal), "--gpus-per-node", "8", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     entries = [json.loads(line) for line in res.stdout.splitlines()]
     refused = {e["candidate"]: e["refused"] for e in entries if e["refused"]}

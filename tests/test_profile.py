@@ -245,11 +245,11 @@ def test_emulate_case_applies_an_off_by_one_sink(solo_group, monkeypatch):
 @pytest.mark.dist
 @pytest.mark.slow  # 6-9 s on two cores: the quick subset keeps one fault, one run and one verify
 def test_emulated_run_with_an_off_by_one_sink_on_cpu(tmp_path):
-    from helpers import read_jsonl, ringbench
+    from helpers import read_jsonl, ringbench_here
 
-    proc = ringbench("run", "--emulate", "--variant", "zigzag", "--world-size", "4", "--sink", "off-by-one",
-                     "--device", "cpu", "--seqlen", "512", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
-                     "--iters", "2", "--warmup", "1", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    proc = ringbench_here("run", "--emulate", "--variant", "zigzag", "--world-size", "4", "--sink", "off-by-one",
+                          "--device", "cpu", "--seqlen", "512", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
+                          "--iters", "2", "--warmup", "1", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     (record,) = read_jsonl(tmp_path / "out" / "runs.jsonl")
     assert record["status"] == "ok" and record["emulated"] is True and record["spec"]["sink"] == "off-by-one"
@@ -290,10 +290,10 @@ variant = "ulysses"
 @pytest.mark.dist
 @pytest.mark.slow
 def test_profile_gloo_breakdown_per_rank_adds_up(tmp_path):
-    from helpers import read_jsonl, ringbench
+    from helpers import read_jsonl, ringbench_here
 
     (tmp_path / "p.toml").write_text(PROFILE_SCENARIO)
-    proc = ringbench("run", "--scenario", str(tmp_path / "p.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    proc = ringbench_here("run", "--scenario", str(tmp_path / "p.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     by = {(r["spec"]["variant"], r["emulated"]): r for r in read_jsonl(tmp_path / "out" / "runs.jsonl")}
     real, emulated = by["zigzag", False], by["zigzag", True]

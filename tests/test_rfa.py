@@ -4,8 +4,10 @@ package's flash-attn calls through ``variants/peers/rfa_standin.py``, scoped to 
 The unit tests check the stand-in against what ring-flash-attn 0.1.8 reads (signatures, return
 tuples, lse layouts, buffers written in place), that no ``flash_attn`` module is visible to any
 other code, and that where flash-attn is installed (a fake package here, since no build exists
-for this machine) the real one is chosen. The torchrun tests run the CLI as a user does; each
-takes 10 to 80 s on two CPU cores, so all are marked slow.
+for this machine) the real one is chosen. The torchrun tests run the CLI as a user does: the
+cases of their verify commands in one ``verify --scenario`` of exactly those cases, and the
+cases of their run commands in one ``run --scenario`` (one launch per world size each, where a
+command each took eight CLI processes and ten launches); all are marked slow.
 
 What the package gets wrong, recorded as ``fail`` and asserted here so a fixed release shows up:
 rfa_ring's backward returns dq as bfloat16 whatever the input dtype (``ring_flash_attn.py``:
@@ -25,7 +27,7 @@ import sys
 import pytest
 import torch
 
-from helpers import read_jsonl, ringbench
+from helpers import command_cases, read_jsonl, ringbench, scenario_cases, scenario_of
 from ringbench.variants import VARIANTS, get_variant
 from ringbench.variants.peers import rfa, rfa_standin
 from ringbench.variants.kernels import KERNELS
@@ -278,59 +280,91 @@ def test_rfa_model_check_is_refused_with_the_package_adapter_reason_in_one_sente
 
 # --------------------------------------------------------------------------- under torchrun
 
-def _records(tmp_path, *args, expect_rc):
-    result = ringbench(*args, "--out", str(tmp_path), cwd=tmp_path)
-    assert result.returncode == expect_rc, result.stderr
-    return result, read_jsonl(tmp_path / ("verify.jsonl" if args[0] == "verify" else "runs.jsonl"))
-
-
 def _ratios(record) -> dict[str, float]:
     return {c["tensor"]: round(c["ratio"], 2) for c in record["checks"]}
 
 
-BATCH_CASE = ("--variant", "rfa_zigzag", "--variant", "rfa_ring", "--variant", "rfa_stripe", "--seqlen", "1024",
-              "--heads", "4", "--head-dim", "32", "--device", "cpu")
+BATCH_CASE = {"variant": ["rfa_zigzag", "rfa_ring", "rfa_stripe"], "seqlen": 1024, "heads": 4, "head_dim": 32,
+              "device": "cpu"}
+#: The verify commands the tests below check, by name: the case options each passes.
+VERIFY = {
+    "bf16": {**BATCH_CASE, "world_size": [2, 4, 8], "dtype": "bf16"},
+    "fp32": {**BATCH_CASE, "world_size": [2, 4]},
+    "fp16": {"variant": ["rfa_ring", "rfa_zigzag"], "world_size": [2], "seqlen": 512, "dtype": "fp16", "device": "cpu"},
+    "varlen": {"variant": ["rfa_llama3_varlen"], "docs": "100,900,3096", "world_size": [4, 8], "seqlen": 4096,
+               "device": "cpu"},
+}
+#: The run commands, likewise.
+RUN = {
+    "zigzag": {"variant": ["rfa_zigzag"], "world_size": [2], "device": "cpu", "seqlen": 2048, "iters": 3, "warmup": 1},
+    "varlen": {"variant": ["rfa_llama3_varlen"], "docs": "200,312", "world_size": [2], "seqlen": 512,
+               "device": "cpu", "iters": 2, "warmup": 1},
+}
+
+
+def _as_one_command(task: str, commands: dict, folder) -> dict:
+    """Every command's cases in one ``ringbench TASK --scenario`` (one launch per world size, where
+    the commands took one each): ``{"result", name: [that command's records, in its case order]}``."""
+    wanted = {name: command_cases(task, given) for name, given in commands.items()}
+    scenario = folder / f"{task}.toml"
+    scenario.write_text(scenario_of([c for cases in wanted.values() for c in cases], f"test_rfa's {task} commands"))
+    assert [c.case_id() for c in scenario_cases(task, scenario)] == [c.case_id() for v in wanted.values() for c in v]
+    result = ringbench(task, "--scenario", str(scenario), "--out", str(folder), cwd=folder)
+    records = {r["case_id"]: r for r in read_jsonl(folder / ("verify.jsonl" if task == "verify" else "runs.jsonl"))}
+    return {"result": result, **{name: [records.get(c.case_id()) for c in cases] for name, cases in wanted.items()}}
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory):
+    return _as_one_command("verify", VERIFY, tmp_path_factory.mktemp("rfa_verify"))
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    return _as_one_command("run", RUN, tmp_path_factory.mktemp("rfa_run"))
 
 
 @pytest.mark.slow
 @pytest.mark.dist
-@pytest.mark.parametrize("world_sizes", [("2", "4"), ("8",)], ids=["W2-4", "W8"])
-def test_rfa_rings_pass_verify_in_bf16_served_by_the_cpu_kernel(tmp_path, world_sizes):
+def test_rfa_verify_exits_1_for_the_failing_cases_and_notes_what_served_them(verified):
+    assert verified["result"].returncode == 1, verified["result"].stderr  # the fp32 and fp16 cases fail
+    assert f"note: {SERVED_BY_CPU}" in verified["result"].stdout
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_rfa_rings_pass_verify_in_bf16_served_by_the_cpu_kernel(verified, world_size):
     """bf16 (a dtype flash-attn takes): all three rings pass at W = 2, 4 and 8."""
-    ws = [a for w in world_sizes for a in ("--world-size", w)]
-    result, records = _records(tmp_path, "verify", *BATCH_CASE, *ws, "--dtype", "bf16", expect_rc=0)
-    assert len(records) == 3 * len(world_sizes)
+    records = [r for r in verified["bf16"] if r["spec"]["world_size"] == world_size]
+    assert len(records) == 3
     for r in records:
         print(r["spec"]["variant"], r["spec"]["world_size"], _ratios(r))
         assert r["status"] == "ok" and r["cp_active"] is True and r["kernel"] == "cpu"
         assert r["notes"] == [SERVED_BY_CPU]
-    assert f"note: {SERVED_BY_CPU}" in result.stdout
 
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_rfa_rings_in_fp32_fail_the_gradients_the_package_overwrites(tmp_path):
+def test_rfa_rings_in_fp32_fail_the_gradients_the_package_overwrites(verified):
     """The issue's command as given (fp32, the CPU default): the forward passes, and each ring
     fails dq, whose float32 accumulator the package's next kernel call overwrites (module docstring).
     dK/dV alias the same way and race with their own sends, so they are not asserted."""
-    _, records = _records(tmp_path, "verify", *BATCH_CASE, "--world-size", "2", "--world-size", "4",
-                          expect_rc=1)
+    records = verified["fp32"]
     assert sorted((r["spec"]["variant"], r["spec"]["world_size"]) for r in records) == sorted(
         (v, w) for v in ("rfa_zigzag", "rfa_ring", "rfa_stripe") for w in (2, 4))
     for r in records:
         checks = {c["tensor"]: c["passed"] for c in r["checks"]}
         print(r["spec"]["variant"], r["spec"]["world_size"], _ratios(r), r["reason"])
         assert r["status"] == "fail" and r["kernel"] == "cpu" and r["notes"] == [SERVED_BY_CPU]
-        assert checks["out"] and checks["lse"] and not checks["dq"]
+        assert r["spec"]["dtype"] == "fp32" and checks["out"] and checks["lse"] and not checks["dq"]
         assert r["reason"].startswith("over the tolerance or malformed: ") and "dq" in r["reason"]
 
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_rfa_ring_in_fp16_fails_dq_which_the_package_returns_in_bf16(tmp_path):
-    _, records = _records(tmp_path, "verify", "--variant", "rfa_ring", "--variant", "rfa_zigzag", "--world-size", "2",
-                          "--seqlen", "512", "--dtype", "fp16", "--device", "cpu", expect_rc=1)
-    by_variant = {r["spec"]["variant"]: r for r in records}
+def test_rfa_ring_in_fp16_fails_dq_which_the_package_returns_in_bf16(verified):
+    by_variant = {r["spec"]["variant"]: r for r in verified["fp16"]}
     ring, zigzag = by_variant["rfa_ring"], by_variant["rfa_zigzag"]
     print(_ratios(ring), _ratios(zigzag))
     assert ring["status"] == "fail" and ring["reason"] == "over the tolerance or malformed: dq"
@@ -339,11 +373,9 @@ def test_rfa_ring_in_fp16_fails_dq_which_the_package_returns_in_bf16(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.dist
-@pytest.mark.parametrize("world_size", ["4", "8"])
-def test_rfa_llama3_varlen_passes_verify_with_documents_across_ranks(tmp_path, world_size):
-    result, records = _records(tmp_path, "verify", "--variant", "rfa_llama3_varlen", "--docs", "100,900,3096",
-                               "--world-size", world_size, "--seqlen", "4096", "--device", "cpu", expect_rc=0)
-    (r,) = records
+@pytest.mark.parametrize("world_size", [4, 8])
+def test_rfa_llama3_varlen_passes_verify_with_documents_across_ranks(verified, world_size):
+    (r,) = [r for r in verified["varlen"] if r["spec"]["world_size"] == world_size]
     print(_ratios(r))
     assert r["status"] == "ok" and r["cp_active"] is True and r["kernel"] == "cpu" and r["notes"] == [SERVED_BY_CPU]
     assert r["spec"]["docs"] == "100,900,3096" and r["spec"]["dtype"] == "fp32"
@@ -351,13 +383,12 @@ def test_rfa_llama3_varlen_passes_verify_with_documents_across_ranks(tmp_path, w
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_rfa_zigzag_run_counts_the_package_bytes(tmp_path):
+def test_rfa_zigzag_run_counts_the_package_bytes(ran):
     """W=2, S=2k, 2 fp32 K/V heads of 32: a shard of K is 1024 * 2 * 32 * 4 B = 256 KiB. Per
     iteration the forward sends K and V once, the backward K and V once and its float32 dK and
     dV at each of its 2 steps: 8 shards."""
-    _, records = _records(tmp_path, "run", "--variant", "rfa_zigzag", "--world-size", "2", "--device", "cpu",
-                          "--seqlen", "2k", "--iters", "3", "--warmup", "1", expect_rc=0)
-    (r,) = records
+    assert ran["result"].returncode == 0, ran["result"].stderr
+    (r,) = ran["zigzag"]
     assert r["status"] == "ok" and r["kernel"] == "cpu" and r["notes"] == [SERVED_BY_CPU]
     assert r["bytes_sent"] == r["bytes_received"] == 8 * 1024 * 2 * 32 * 4
     assert r["time_ms"] > 0 and r["bus_gib_s"] > 0
@@ -365,10 +396,9 @@ def test_rfa_zigzag_run_counts_the_package_bytes(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_rfa_llama3_varlen_runs_on_the_plain_cu_seqlens(tmp_path):
+def test_rfa_llama3_varlen_runs_on_the_plain_cu_seqlens(ran):
     """run hands a peer the plain cu_seqlens tensor, not ringbench's prepared schedules (which
     ring-flash-attn cannot read: it raised TypeError on every run)."""
-    _, records = _records(tmp_path, "run", "--variant", "rfa_llama3_varlen", "--docs", "200,312", "--world-size", "2",
-                          "--seqlen", "512", "--device", "cpu", "--iters", "2", "--warmup", "1", expect_rc=0)
-    (r,) = records
+    assert ran["result"].returncode == 0, ran["result"].stderr
+    (r,) = ran["varlen"]
     assert r["status"] == "ok" and r["time_ms"] > 0 and r["merge_path"] is None, r["reason"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import read_jsonl, ringbench, run_torchrun
+from helpers import read_jsonl, ringbench_here, run_torchrun
 from ringbench.case.spec import CaseSpec, default_fields
 from ringbench.rank.bench import quantiles, time_iterations
 
@@ -62,9 +62,9 @@ def test_timing_budget_gives_every_rank_the_same_count(tmp_path):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_timing_run_records_the_spread_and_the_counts_at_world_sizes_1_and_2(tmp_path):
-    result = ringbench("run", "--variant", "zigzag", "--world-size", "1", "--world-size", "2", "--seqlen", "256",
-                       "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--iters", "3", "--warmup", "1",
-                       "--min-time-ms", "40", "--out", str(tmp_path), "--json", cwd=tmp_path)
+    result = ringbench_here("run", "--variant", "zigzag", "--world-size", "1", "--world-size", "2", "--seqlen", "256",
+                            "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--iters", "3", "--warmup", "1",
+                            "--min-time-ms", "40", "--out", str(tmp_path), "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     records = read_jsonl(tmp_path / "runs.jsonl")
     assert sorted(r["spec"]["world_size"] for r in records) == [1, 2]
@@ -90,7 +90,7 @@ def test_timing_run_records_the_spread_and_the_counts_at_world_sizes_1_and_2(tmp
 ])
 def test_timing_bad_options_are_refused_before_anything_starts(tmp_path, args, message):
     out = tmp_path / "results"
-    result = ringbench("run", "--device", "cpu", "--variant", "zigzag", *args, "--out", str(out), cwd=tmp_path)
+    result = ringbench_here("run", "--device", "cpu", "--variant", "zigzag", *args, "--out", str(out), cwd=tmp_path)
     assert result.returncode == 2, result.stdout
     assert result.stderr.strip() == message
     assert not out.exists()

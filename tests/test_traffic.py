@@ -4,10 +4,10 @@ and what ``run`` records of it.
 - The counting helpers and the patch of ``torch.distributed`` (``instruments.open(count_dist=True)``)
   at world size 1 (what is patched, and put back) and 2 (the byte counts, with real transfers
   between two gloo processes).
-- Under real torchrun: a peer-like variant whose bytes go through plain ``torch.distributed``
-  calls is counted and not refused; a variant declared ``traffic_counted=False`` records
-  ``bytes_sent: null``; a variant that never communicates is still refused (``fault_silent``,
-  in test_faults.py).
+- Under real torchrun (the cases of four run commands in one launch): a peer-like variant whose
+  bytes go through plain ``torch.distributed`` calls is counted and not refused; a variant
+  declared ``traffic_counted=False`` records ``bytes_sent: null``; llama3's gathers are counted;
+  a variant that never communicates is still refused (``fault_silent``, in test_faults.py).
 """
 
 from __future__ import annotations
@@ -21,16 +21,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers import read_jsonl, ringbench
+from helpers import command_cases, read_jsonl, ringbench_here, scenario_of
 from ringbench.rank.bench import refusal
 from ringbench.variants import instruments
 from ringbench.variants.engines import comm
 from ringbench.variants.engines.comm import RingComm
 from ringbench.variants.instruments.traffic import RULES
 
-SMALL = ["--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
-         "--head-dim", "16", "--iters", "3", "--warmup", "1"]
-#: One rank's K (or V) shard of SMALL in fp32: 128 tokens x 1 head x 16 channels x 4 bytes.
+#: One rank's K (or V) shard of the run commands' shape (``ran``) in fp32: 128 tokens x 1 head x
+#: 16 channels x 4 bytes.
 SHARD = 128 * 1 * 16 * 4
 
 
@@ -170,44 +169,60 @@ def test_counts_at_world_size_two_follow_the_rules_and_count_each_byte_once(tmp_
 
 # --------------------------------------------------------------------------- the records of run, under torchrun
 
-def _run(tmp_path: Path, variant: str, *extra: str) -> dict:
-    out = tmp_path / "-".join((variant, *extra))
-    result = ringbench("run", "--variant", variant, *SMALL, *extra, "--out", str(out), cwd=tmp_path)
-    records = read_jsonl(out / "runs.jsonl")
-    assert len(records) == 1, result.stderr
-    return records[0]
+#: The run commands the tests below check, by name: the variant and its options beside the shared shape.
+RUNS = {"plain_dist_peer": ("plain_dist_peer", {}), "plain_dist_peer fwd": ("plain_dist_peer", {"mode": "fwd"}),
+        "uncounted_peer": ("uncounted_peer", {}), "llama3": ("llama3", {})}
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """The cases of the run commands of :data:`RUNS`, as the command line builds them, run as one
+    ``run --scenario`` (one launch of two ranks, where each command had its own): name -> record."""
+    folder = tmp_path_factory.mktemp("traffic_runs")
+    small = {"device": "cpu", "world_size": [2], "seqlen": 256, "heads": 2, "kv_heads": 1, "head_dim": 16,
+             "iters": 3, "warmup": 1}
+    wanted = {name: command_cases("run", {**small, **extra, "variant": [variant]})
+              for name, (variant, extra) in RUNS.items()}
+    case = wanted["llama3"][0]
+    assert SHARD == case.seqlen // case.world_size * case.kv_heads * case.head_dim * 4
+    scenario = folder / "runs.toml"
+    scenario.write_text(scenario_of([c for cases in wanted.values() for c in cases], "test_traffic's run commands"))
+    result = ringbench_here("run", "--scenario", str(scenario), "--out", str(folder), cwd=folder)
+    records = {r["case_id"]: r for r in read_jsonl(folder / "runs.jsonl")}
+    assert len(records) == len(RUNS), result.stderr
+    return {name: records[cases[0].case_id()] for name, cases in wanted.items()}
 
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_run_counts_a_peer_that_sends_through_its_own_torch_distributed_calls(tmp_path):
+def test_run_counts_a_peer_that_sends_through_its_own_torch_distributed_calls(ran):
     """plain_dist_peer never touches ringbench's communicators (like rfa_*); its session counts it.
 
     Per iteration: forward gathers K and V (one fp32 shard each to the other rank), backward
     reduce-scatters their fp32 gradients (one shard each): 4 shards, counted once each.
     """
-    record = _run(tmp_path, "plain_dist_peer")
+    record = ran["plain_dist_peer"]
     assert record["status"] == "ok", record["reason"]
     assert record["bytes_sent"] == record["bytes_received"] == 4 * SHARD
     assert record["bus_gib_s"] > 0
-    fwd = _run(tmp_path, "plain_dist_peer", "--mode", "fwd")
-    assert fwd["status"] == "ok" and fwd["bytes_sent"] == 2 * SHARD
+    fwd = ran["plain_dist_peer fwd"]
+    assert fwd["status"] == "ok" and fwd["spec"]["mode"] == "fwd" and fwd["bytes_sent"] == 2 * SHARD
 
 
 @pytest.mark.dist
-@pytest.mark.slow  # 6-9 s on two cores: the quick subset keeps one fault, one run and one verify
-def test_run_records_null_bytes_for_a_variant_whose_traffic_cannot_be_seen(tmp_path):
-    record = _run(tmp_path, "uncounted_peer")  # the ring, declared traffic_counted=False
+@pytest.mark.slow
+def test_run_records_null_bytes_for_a_variant_whose_traffic_cannot_be_seen(ran):
+    record = ran["uncounted_peer"]  # the ring, declared traffic_counted=False
     assert record["status"] == "ok", record["reason"]
     assert record["bytes_sent"] is None and record["bytes_received"] is None and record["bus_gib_s"] is None
     assert record["time_ms"] > 0
 
 
 @pytest.mark.dist
-@pytest.mark.slow  # 5 s; the byte rules are unit-tested at world size 1 in the quick run
-def test_run_counts_llama3_by_its_gather_and_reduce_scatter(tmp_path):
+@pytest.mark.slow
+def test_run_counts_llama3_by_its_gather_and_reduce_scatter(ran):
     """Per iteration llama3 gathers the K and V shards to the other rank in forward and
     reduce-scatters their fp32 gradients in backward, through comm's counted helpers."""
-    record = _run(tmp_path, "llama3")
+    record = ran["llama3"]
     assert record["status"] == "ok", record["reason"]
     assert record["bytes_sent"] == record["bytes_received"] == 4 * SHARD

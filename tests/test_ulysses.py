@@ -2,7 +2,8 @@
 
 The distributed tests run ``ringbench verify --scenario`` (real torchrun, gloo, one launch per
 world size) over ulysses, ulysses_varlen, usp and usp_varlen: causal and not, GQA with K/V heads
-split and replicated, batch and packed documents, every factorization U x R of W (auto).
+split and replicated, batch and packed documents, every factorization U x R of W (auto); the
+yunchang peers share the world size 4 launch.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import pytest
 import torch
 
-from helpers import ringbench
+from helpers import cached, ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields, expand_ulysses_degree
 from ringbench.variants import VARIANTS, default_ulysses_degree, factorizations, ulysses_rule
 from ringbench.variants.engines import layouts
@@ -87,7 +88,7 @@ def test_ulysses_degree_auto_expands_to_factorizations():
     (["--variant", "usp", "--ulysses-degree", "two"], "neither a whole number nor auto"),
 ])
 def test_ulysses_refusals_exit_2(tmp_path, args, message):
-    proc = ringbench("verify", "--device", "cpu", "--seqlen", "256", *args, cwd=tmp_path)
+    proc = ringbench_here("verify", "--device", "cpu", "--seqlen", "256", *args, cwd=tmp_path)
     assert proc.returncode == 2
     assert message in proc.stderr + proc.stdout
     assert not (tmp_path / "results").exists()
@@ -137,15 +138,32 @@ def _scenario(world_size: int) -> str:
     return "\n".join(lines)
 
 
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory):
+    """``verify --scenario`` of one world size's cases (at W=4 with yunchang's peers beside them,
+    :data:`YC_SCENARIO`: one launch for both), run lazily and cached for the module: its exit code,
+    stderr and records."""
+    def make(world_size: int) -> dict:
+        folder = tmp_path_factory.mktemp(f"ulysses_w{world_size}")
+        scenario = folder / "ulysses.toml"
+        text = _scenario(world_size)
+        if world_size == 4:
+            text += YC_CASES
+        scenario.write_text(text)
+        proc = ringbench_here("verify", "--scenario", str(scenario), "--out", str(folder), "--json", cwd=folder)
+        records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        return {"returncode": proc.returncode, "stderr": proc.stderr, "records": records}
+
+    return cached(make)
+
+
 @pytest.mark.dist
 @pytest.mark.slow  # 5 s at W=1 to 8 s at W=2 and more beyond, on two cores
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
-def test_ulysses_usp_verify_passes(tmp_path, world_size):
-    scenario = tmp_path / "ulysses.toml"
-    scenario.write_text(_scenario(world_size))
-    proc = ringbench("verify", "--scenario", str(scenario), "--out", str(tmp_path), "--json", cwd=tmp_path)
-    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_ulysses_usp_verify_passes(verified, world_size):
+    got = verified(world_size)
+    assert got["returncode"] == 0, got["stderr"][-2000:]
+    records = [r for r in got["records"] if not r["spec"]["variant"].startswith("yc_")]
     n_degrees = len(factorizations(world_size))
     assert len(records) == 6 + n_degrees + (2 * n_degrees if world_size <= 2 else 2)  # auto: one per factorization
     sinks = [r for r in records if r["spec"]["sink"] == "learnable"]
@@ -166,9 +184,9 @@ def test_ulysses_usp_verify_passes(tmp_path, world_size):
 @pytest.mark.slow
 def test_ulysses_bytes_counted(tmp_path):
     """Forward and backward all-to-all q, k, v, out, lse, dout, dq, dk, dv: (W-1)/W of each, per rank."""
-    proc = ringbench("run", "--variant", "ulysses", "--device", "cpu", "--kernel", "cpu", "--world-size", "2",
-                     "--seqlen", "256", "--heads", "4", "--kv-heads", "4", "--head-dim", "16", "--iters", "1",
-                     "--warmup", "0", "--out", str(tmp_path), "--json", cwd=tmp_path)
+    proc = ringbench_here("run", "--variant", "ulysses", "--device", "cpu", "--kernel", "cpu", "--world-size", "2",
+                          "--seqlen", "256", "--heads", "4", "--kv-heads", "4", "--head-dim", "16", "--iters", "1",
+                          "--warmup", "0", "--out", str(tmp_path), "--json", cwd=tmp_path)
     assert proc.returncode == 0
     rec = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][0])
     local = 128 * 4 * 16 * 4  # one [1, S/W, H, D] fp32 tensor, bytes
@@ -212,38 +230,44 @@ def test_compare_marks_best_factorization(tmp_path):
 
 # --------------------------------------------------------------------------- the yunchang peers
 
-YC_SCENARIO = """
-description = "yunchang's Ulysses, ring and USP under torchrun"
-[defaults]
-device = "cpu"
-kernel = "cpu"
-world_size = 4
-seqlen = 256
+#: yunchang's Ulysses, ring and USP at world size 4, as cases of that world size's scenario (its
+#: defaults give seqlen 256 and the cpu kernel; seed 0 as they had in a scenario of their own).
+YC_CASES = """
+[[case]]
+variant = "yc_ulysses"
 heads = 4
 kv_heads = 2
 head_dim = 32
 dtype = "bf16"
-[[case]]
-variant = "yc_ulysses"
+seed = 0
 [[case]]
 variant = "yc_ring"
+heads = 4
+kv_heads = 2
+head_dim = 32
+dtype = "bf16"
+seed = 0
 causal = false
 [[case]]
 variant = "yc_usp"
+heads = 4
+kv_heads = 2
+head_dim = 32
+dtype = "bf16"
+seed = 0
 ulysses_degree = "auto"
 """
 
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_yunchang_peers_verify_passes(tmp_path):
+def test_yunchang_peers_verify_passes(verified):
     pytest.importorskip("yunchang", reason="yunchang is not installed (the test extra installs it)")
-    scenario = tmp_path / "yc.toml"
-    scenario.write_text(YC_SCENARIO)
-    proc = ringbench("verify", "--scenario", str(scenario), "--out", str(tmp_path), "--json", cwd=tmp_path)
-    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = verified(4)
+    assert got["returncode"] == 0, got["stderr"][-2000:]
+    records = [r for r in got["records"] if r["spec"]["variant"].startswith("yc_")]
     assert sorted((r["spec"]["variant"], r["spec"]["ulysses_degree"]) for r in records) == [
         ("yc_ring", 0), ("yc_ulysses", 0), ("yc_usp", 1), ("yc_usp", 2), ("yc_usp", 4)]
+    assert all(r["spec"]["world_size"] == 4 and r["spec"]["head_dim"] == 32 for r in records)
     assert all(r["status"] == "ok" and all(c["passed"] for c in r["checks"]) for r in records)
     assert all(r["cp_active"] for r in records)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import read_jsonl, ringbench
+from helpers import read_jsonl, ringbench_here
 
 SCENARIO = """
 description = "windows through ulysses and usp"
@@ -44,7 +44,8 @@ dtype = "bf16"
 @pytest.mark.slow
 def test_ulysses_and_usp_take_a_window_at_every_factorization(tmp_path):
     (tmp_path / "w.toml").write_text(SCENARIO)
-    proc = ringbench("verify", "--scenario", str(tmp_path / "w.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    proc = ringbench_here("verify", "--scenario", str(tmp_path / "w.toml"), "--out", str(tmp_path / "out"),
+                          cwd=tmp_path)
     print(proc.stdout[-3000:], proc.stderr[-2000:])
     assert proc.returncode == 0
     records = read_jsonl(tmp_path / "out" / "verify.jsonl")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import read_jsonl, ringbench, slow_when, torchrun_cases
+from helpers import read_jsonl, ringbench_here, slow_when, torchrun_cases
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
@@ -139,7 +139,8 @@ def test_window_ring_stops_early_in_forward(tmp_path):
     neighbour: its forward sends one block of K/V per rank instead of three, and the FLOPs count
     only the pairs inside the window."""
     (tmp_path / "early.toml").write_text(EARLY_STOP)
-    done = ringbench("run", "--scenario", str(tmp_path / "early.toml"), "--json", "--out", str(tmp_path), cwd=tmp_path)
+    done = ringbench_here("run", "--scenario", str(tmp_path / "early.toml"), "--json", "--out", str(tmp_path),
+                          cwd=tmp_path)
     assert done.returncode == 0
     full, windowed = sorted((json.loads(line) for line in done.stdout.splitlines()), key=lambda r: r["spec"]["window"])
     assert full["status"] == windowed["status"] == "ok"
@@ -171,7 +172,7 @@ window = [2, 40]
 @pytest.mark.slow  # 6-9 s on two cores: the quick subset keeps one fault, one run and one verify
 def test_window_verify_fails_the_one_row_band_part_bug_at_window_2(tmp_path):
     (tmp_path / "band.toml").write_text(BAND_ONE_ROW)
-    result = ringbench("verify", "--scenario", str(tmp_path / "band.toml"), "--out", str(tmp_path), cwd=tmp_path)
+    result = ringbench_here("verify", "--scenario", str(tmp_path / "band.toml"), "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "2 cases: 1 passed, 1 failed, 0 errors" in result.stdout
     by_window = {r["spec"]["window"]: r for r in read_jsonl(tmp_path / "verify.jsonl")}
