@@ -256,7 +256,7 @@ def test_predict_json_records_are_marked_predicted(tmp_path):
     assert rec["spec"]["world_size"] == 2 and rec["kernel"] == "cpu"
     m = 256
     assert rec["time_ms"] == pytest.approx(_ms(m * (m + 1) / 2) + _ms(m * m), rel=1e-4)
-    assert rec["prediction"]["validated_error"].startswith("not yet validated")
+    assert rec["prediction"]["validated_error"].startswith("not yet within its bounds")
 
 
 @pytest.mark.slow
