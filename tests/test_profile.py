@@ -328,7 +328,8 @@ def test_profile_cuda_events_of_an_emulated_zigzag(solo_group):
     assert fields["profile"]["clock"] == "cuda events"
     for p in fields["profile"]["per_rank"]:
         print(p["rank"], {k: round(p[f"{k}_ms"], 4) for k in ("wall", *profile.PARTS)})
-        assert p["kernel_ms"] > 0 and p["comm_ms"] > 0 and p["other_ms"] >= -1e-3
+        # The ring's copies run on a side stream (emulation.py): comm is the exposed wait, maybe none.
+        assert p["kernel_ms"] > 0 and p["comm_ms"] >= 0 and p["other_ms"] >= -1e-3
         assert p["kernel_ms"] + p["merge_ms"] + p["comm_ms"] <= p["wall_ms"] * (1 + 1e-6)
     assert 0 < fields["efficiency_bound"] <= 1.2 and fields["peak_allocated_gib"] > 0
 

@@ -159,7 +159,8 @@ class RingComm:
     current stream after the transfers; it never synchronises the device, so compute issued
     between commit and wait overlaps the transfer. The bytes are counted when the batch is
     committed (:func:`batch_isend_irecv`). While an emulation is held (``emulation.py``), the
-    transfers are device copies made at commit, counted the same way, and wait has nothing to do.
+    transfers are device copies issued at commit (on CUDA on a side stream, which wait joins, so
+    they overlap the compute between as real transfers do), counted the same way.
 
     Raises:
         RuntimeError: on misuse (commit with nothing queued, commit while a batch is in

@@ -17,11 +17,19 @@ Source: issue 15 (fused merge and cast).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 Tensor = torch.Tensor
+
+#: Overrides the launch tile, as ``"LANES,WARPS"``: elements per program (``BLOCK_M`` (row, head)
+#: pairs times the head dim padded to a power of two) and warps per program; for measuring other
+#: tiles (``results/reference/2026-12-02-h200-strong/merge_bench.py``) without editing the code.
+TILE_ENV = "RINGBENCH_MERGE_TILE"
+LANES, WARPS = 4096, 4
 
 
 @triton.jit
@@ -152,10 +160,14 @@ def _work(rows, n_rows: int, n_block: int, in_place: bool, inv: Tensor | None, d
     return n_rows, None, inv if inv is not None else _inverse(rows, n_rows), 0, 0
 
 
-def _tile(D: int) -> tuple[int, int]:
-    """``(BLOCK_M, BLOCK_D)``: the whole head dim and as many (row, head) pairs as fill 4096 lanes."""
+def _tile(D: int) -> tuple[int, int, int]:
+    """``(BLOCK_M, BLOCK_D, num_warps)``: the whole head dim and as many (row, head) pairs as fill
+    :data:`LANES` elements, on :data:`WARPS` warps (or ``$RINGBENCH_MERGE_TILE``'s)."""
+    lanes, warps = LANES, WARPS
+    if os.environ.get(TILE_ENV):
+        lanes, warps = (int(x) for x in os.environ[TILE_ENV].split(","))
     block_d = triton.next_power_of_2(D)
-    return max(1, min(128, 4096 // block_d)), block_d
+    return max(1, min(128, lanes // block_d)), block_d, warps
 
 
 def _dummy(device) -> Tensor:
@@ -173,7 +185,7 @@ def merge_step(out: Tensor, lse: Tensor, rows, block_out: Tensor, block_lse: Ten
     n_work, acc_map, blk_map, acc_off, blk_off = _work(rows, S, n_block, in_place, inv, out.device)
     if n_work == 0:
         return res
-    block_m, block_d = _tile(D)
+    block_m, block_d, warps = _tile(D)
     grid = (triton.cdiv(n_work * H, block_m), B)
     dummy = _dummy(out.device)
     _merge_kernel[grid](
@@ -183,7 +195,8 @@ def merge_step(out: Tensor, lse: Tensor, rows, block_out: Tensor, block_lse: Ten
         lse.stride(0), lse.stride(1), lse.stride(2), block_lse.stride(0), block_lse.stride(1), block_lse.stride(2),
         acc_map if acc_map is not None else dummy, blk_map if blk_map is not None else dummy,
         acc_off, blk_off, n_block, n_work, H, D,
-        HAS_ACC_MAP=acc_map is not None, HAS_BLK_MAP=blk_map is not None, BLOCK_M=block_m, BLOCK_D=block_d)
+        HAS_ACC_MAP=acc_map is not None, HAS_BLK_MAP=blk_map is not None, BLOCK_M=block_m, BLOCK_D=block_d,
+        num_warps=warps)
     return res
 
 
@@ -242,12 +255,12 @@ def add_steps(jobs) -> list[Tensor]:
     if any(p[2][0] != B for p in launched):
         raise ValueError("the adds of one launch must share the batch size")
     # The widest job sets the tile; each job masks its own head dim and rows.
-    block_m, block_d = _tile(max(p[2][2] for p in launched))
+    block_m, block_d, warps = _tile(max(p[2][2] for p in launched))
     programs = max(triton.cdiv(p[2][3] * p[2][1], block_m) for p in launched)
     # Unused job slots repeat the last job's arguments: program_id(2) never reaches them.
     slots = (launched + [launched[-1]] * 3)[:3]
     args = [a for p in slots for a in p[0]]
     flags = {f"{name}{i}": flag for i, p in enumerate(slots)
              for name, flag in zip(("ACC", "GRAD", "AMAP", "BMAP"), p[1])}
-    _adds_kernel[(programs, B, len(launched))](*args, **flags, BLOCK_M=block_m, BLOCK_D=block_d)
+    _adds_kernel[(programs, B, len(launched))](*args, **flags, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=warps)
     return results

@@ -44,7 +44,10 @@ across ranks (dK/dV, d sink) are not the real run's: an emulated run measures co
 never checked.
 
 Bytes are counted as a real run counts them (``traffic.py``'s rules, with the emulated group's
-size), and each emulated transfer is one ``comm`` span in ``--profile``.
+size), and each emulated transfer is one ``comm`` span in ``--profile``. On CUDA the ring's copies run
+on a side stream and overlap the compute issued before the communicator waits, as NCCL's transfers
+do (:meth:`Emulation.transfer`), so its ``comm`` spans are the exposed waits; the collectives' copies
+are made in line and each is the span of its copies.
 
 Source: issue 15, item 8 (the ring); issue 25, item 3 (the collectives, every engine).
 """
@@ -82,6 +85,21 @@ class Done:
         return True
 
     def is_completed(self) -> bool:
+        return True
+
+
+class _Copied:
+    """The handle of emulated ring transfers copied on the emulation's side stream: ``wait`` makes
+    the current stream wait for them, as a real NCCL request's does. It holds the transfers'
+    tensors until then, so the caching allocator cannot hand their memory out while the copies
+    may still read or write it."""
+
+    def __init__(self, done, tensors: list[Tensor]):
+        self.done, self.tensors = done, tensors
+
+    def wait(self, timeout=None) -> bool:
+        torch.cuda.current_stream().wait_event(self.done)
+        self.tensors = []
         return True
 
 
@@ -170,6 +188,7 @@ class Emulation:
         self.rank, self.world_size = rank, world_size
         self.shards = [tuple(s) for s in shards]
         self._splits: dict[tuple, dict[int, Group]] = {}
+        self._streams: dict[torch.device, object] = {}  # per CUDA device: the side stream of the ring's copies
         self.world = self.group([range(world_size)], rank)
         # storage data pointer -> [(weakref to a base tensor, its version, family, holder)]
         self._held: dict[int, list[tuple[weakref.ref, int, _Family, int]]] = {}
@@ -250,15 +269,33 @@ class Emulation:
     def transfer(self, pairs: Sequence[tuple[Tensor, Tensor]], offset: int, group=None) -> list:
         """Fill every receive buffer of ``pairs`` ``(send, recv)`` as the ring would (module docstring).
 
+        On CUDA the copies run on a side stream of this emulation, after the work queued so far
+        on the current stream, and the returned handle's ``wait`` joins them back: compute issued
+        between the communicator's commit and wait overlaps them, as it overlaps NCCL's transfers
+        in a real run (the copies still share the device's memory bandwidth and SMs with it).
+        On CPU they are made at once.
+
         Args:
             pairs: the batch's sends and the buffers their receives fill, matching shapes and dtypes.
             offset: the rank received from, minus this rank, in group ranks (-1 for the forward ring).
             group: the ring's group (``None``: the world).
 
         Returns:
-            ``[]``: nothing is in flight afterwards, so the communicator's wait has nothing to wait for.
+            The handles the communicator waits on: ``[]`` on CPU, one on CUDA.
         """
         ranks = self.members(group).ranks
+        if not pairs or pairs[0][1].device.type != "cuda":
+            self._fill(pairs, offset, ranks)
+            return []
+        side = self._side_stream(pairs[0][1].device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._fill(pairs, offset, ranks)
+            done = torch.cuda.Event()
+            done.record(side)
+        return [_Copied(done, [t for pair in pairs for t in pair])]
+
+    def _fill(self, pairs, offset: int, ranks: tuple[int, ...]) -> None:
         for send, recv in pairs:
             held = self.holding(send)
             if held is None or held[1] not in ranks:
@@ -268,7 +305,12 @@ class Emulation:
             source = ranks[(ranks.index(holder) + offset) % len(ranks)]
             family.fill(source, recv)
             self._remember(recv, family, source)
-        return []
+
+    def _side_stream(self, device: torch.device):
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device=device)
+        return stream
 
     @timeline.timed("comm")
     @torch.no_grad()

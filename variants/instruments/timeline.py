@@ -18,8 +18,9 @@ The kinds:
 - ``comm``: waiting for a transfer (``RingComm.wait``; the all-gather engines: the K/V gather's
   wait and the dK/dV reduce-scatter; Ulysses: each all-to-all). On CUDA that is the time the compute
   stream stalls for the transfer, the exposed communication; on CPU the time the host blocks.
-  Under emulation (``emulation.py``) it is the device copies that stand in for the transfers
-  (each emulated transfer or collective one span).
+  Under emulation (``emulation.py``) it is the device copies that stand in for the transfers:
+  on CUDA the ring's wait for its copies made on a side stream (the exposed part, as for real
+  transfers), and each collective's copies in line.
 
 The host gap (CUDA only): when a span starts, the mark that ended the previous span (or began
 the iteration) is asked, without waiting, whether the device has reached it. If it has, the
