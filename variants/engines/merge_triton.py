@@ -33,12 +33,12 @@ LANES, WARPS = 4096, 4
 
 
 @triton.jit
-def _work_rows(acc_map, blk_map, acc_off, blk_off, blk_len, n_work, H,
+def _work_rows(pid, acc_map, blk_map, acc_off, blk_off, blk_len, n_work, H,
                HAS_ACC_MAP: tl.constexpr, HAS_BLK_MAP: tl.constexpr, BLOCK_M: tl.constexpr):
-    """This program's batch entry and (row, head) pairs: (b, heads, in range, row of the result,
+    """Program ``pid``'s batch entry and (row, head) pairs: (b, heads, in range, row of the result,
     row of the block, whether the block has that row)."""
     b = tl.program_id(1).to(tl.int64)
-    m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask = m < n_work * H
     w = m // H
     h = m % H
@@ -62,8 +62,8 @@ def _merge_kernel(acc, res, blk, lse, blse,
                   acc_map, blk_map, acc_off, blk_off, blk_len, n_work, H, D,
                   HAS_ACC_MAP: tl.constexpr, HAS_BLK_MAP: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    b, h, mask, arow, brow, valid = _work_rows(acc_map, blk_map, acc_off, blk_off, blk_len, n_work, H,
-                                               HAS_ACC_MAP, HAS_BLK_MAP, BLOCK_M)
+    b, h, mask, arow, brow, valid = _work_rows(tl.program_id(0), acc_map, blk_map, acc_off, blk_off, blk_len,
+                                               n_work, H, HAS_ACC_MAP, HAS_BLK_MAP, BLOCK_M)
     la = tl.load(lse + b * lse_sb + h * lse_sh + arow * lse_ss, mask=mask, other=float("-inf"))
     lb = tl.load(blse + b * blse_sb + h * blse_sh + brow * blse_ss, mask=valid, other=float("-inf"))
     diff = lb - la
@@ -89,14 +89,14 @@ def _merge_kernel(acc, res, blk, lse, blse,
 
 
 @triton.jit
-def _add_job(acc, res, g,
+def _add_job(pid, acc, res, g,
              acc_sb, acc_ss, acc_sh, res_sb, res_ss, res_sh, g_sb, g_ss, g_sh,
              acc_map, blk_map, acc_off, blk_off, blk_len, n_work, H, D,
              HAS_ACC: tl.constexpr, HAS_GRAD: tl.constexpr,
              HAS_ACC_MAP: tl.constexpr, HAS_BLK_MAP: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One add job's share of a program: ``res[rows] = acc[rows] + g`` (float32, one rounding)."""
-    b, h, mask, arow, brow, valid = _work_rows(acc_map, blk_map, acc_off, blk_off, blk_len, n_work, H,
+    """Program ``pid`` of one add job: ``res[rows] = acc[rows] + g`` (float32, one rounding)."""
+    b, h, mask, arow, brow, valid = _work_rows(pid, acc_map, blk_map, acc_off, blk_off, blk_len, n_work, H,
                                                HAS_ACC_MAP, HAS_BLK_MAP, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     m2 = mask[:, None] & (d[None, :] < D)
@@ -112,28 +112,30 @@ def _add_job(acc, res, g,
              total.to(res.dtype.element_ty), mask=m2)
 
 
-# One launch runs up to three add jobs (a backward step's dq, dk and dv), the job chosen by
-# program_id(2); a job's arguments are _add_job's twenty runtime values and four flags.
+# One launch runs up to three add jobs (a backward step's dq, dk and dv). The jobs' programs are laid
+# end to end along axis 0 (job 0's first ``P0``, then job 1's ``P1``, then job 2's), so a job with fewer
+# rows (dk and dv have the K/V heads) launches no idle programs; a job's arguments are _add_job's
+# twenty runtime values and four flags.
 @triton.jit
 def _adds_kernel(a0, r0, g0, a0_sb, a0_ss, a0_sh, r0_sb, r0_ss, r0_sh, g0_sb, g0_ss, g0_sh,
                  am0, bm0, ao0, bo0, bl0, nw0, H0, D0,
                  a1, r1, g1, a1_sb, a1_ss, a1_sh, r1_sb, r1_ss, r1_sh, g1_sb, g1_ss, g1_sh,
                  am1, bm1, ao1, bo1, bl1, nw1, H1, D1,
                  a2, r2, g2, a2_sb, a2_ss, a2_sh, r2_sb, r2_ss, r2_sh, g2_sb, g2_ss, g2_sh,
-                 am2, bm2, ao2, bo2, bl2, nw2, H2, D2,
+                 am2, bm2, ao2, bo2, bl2, nw2, H2, D2, P0, P1,
                  ACC0: tl.constexpr, GRAD0: tl.constexpr, AMAP0: tl.constexpr, BMAP0: tl.constexpr,
                  ACC1: tl.constexpr, GRAD1: tl.constexpr, AMAP1: tl.constexpr, BMAP1: tl.constexpr,
                  ACC2: tl.constexpr, GRAD2: tl.constexpr, AMAP2: tl.constexpr, BMAP2: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    job = tl.program_id(2)
-    if job == 0:
-        _add_job(a0, r0, g0, a0_sb, a0_ss, a0_sh, r0_sb, r0_ss, r0_sh, g0_sb, g0_ss, g0_sh,
+    pid = tl.program_id(0)
+    if pid < P0:
+        _add_job(pid, a0, r0, g0, a0_sb, a0_ss, a0_sh, r0_sb, r0_ss, r0_sh, g0_sb, g0_ss, g0_sh,
                  am0, bm0, ao0, bo0, bl0, nw0, H0, D0, ACC0, GRAD0, AMAP0, BMAP0, BLOCK_M, BLOCK_D)
-    elif job == 1:
-        _add_job(a1, r1, g1, a1_sb, a1_ss, a1_sh, r1_sb, r1_ss, r1_sh, g1_sb, g1_ss, g1_sh,
+    elif pid < P0 + P1:
+        _add_job(pid - P0, a1, r1, g1, a1_sb, a1_ss, a1_sh, r1_sb, r1_ss, r1_sh, g1_sb, g1_ss, g1_sh,
                  am1, bm1, ao1, bo1, bl1, nw1, H1, D1, ACC1, GRAD1, AMAP1, BMAP1, BLOCK_M, BLOCK_D)
     else:
-        _add_job(a2, r2, g2, a2_sb, a2_ss, a2_sh, r2_sb, r2_ss, r2_sh, g2_sb, g2_ss, g2_sh,
+        _add_job(pid - P0 - P1, a2, r2, g2, a2_sb, a2_ss, a2_sh, r2_sb, r2_ss, r2_sh, g2_sb, g2_ss, g2_sh,
                  am2, bm2, ao2, bo2, bl2, nw2, H2, D2, ACC2, GRAD2, AMAP2, BMAP2, BLOCK_M, BLOCK_D)
 
 
@@ -256,11 +258,13 @@ def add_steps(jobs) -> list[Tensor]:
         raise ValueError("the adds of one launch must share the batch size")
     # The widest job sets the tile; each job masks its own head dim and rows.
     block_m, block_d, warps = _tile(max(p[2][2] for p in launched))
-    programs = max(triton.cdiv(p[2][3] * p[2][1], block_m) for p in launched)
-    # Unused job slots repeat the last job's arguments: program_id(2) never reaches them.
+    programs = [triton.cdiv(p[2][3] * p[2][1], block_m) for p in launched]
+    # Unused job slots repeat the last job's arguments and get no programs.
     slots = (launched + [launched[-1]] * 3)[:3]
+    counts = (programs + [0, 0])[:3]
     args = [a for p in slots for a in p[0]]
     flags = {f"{name}{i}": flag for i, p in enumerate(slots)
              for name, flag in zip(("ACC", "GRAD", "AMAP", "BMAP"), p[1])}
-    _adds_kernel[(programs, B, len(launched))](*args, **flags, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=warps)
+    _adds_kernel[(sum(counts), B)](*args, counts[0], counts[1], **flags, BLOCK_M=block_m, BLOCK_D=block_d,
+                                   num_warps=warps)
     return results
