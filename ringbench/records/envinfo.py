@@ -56,6 +56,7 @@ def collect(kernel: str | None = None) -> dict:
         "flash_attn": None,
         "kernel": kernel,
         "cpu": platform.processor() or platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the SIMD path of CPU kernels: AVX2, AVX512...
         "torch_threads": torch.get_num_threads(),
         "git_commit": git_commit(),
     }
