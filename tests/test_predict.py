@@ -404,3 +404,28 @@ def test_calibrate_times_the_gpu_free_of_the_host():
                                           device=dev))[5]
     assert point["time_ms"] < 0.5 * one_call
     assert C.from_dict(raw, "gpu").issue_ms("kernel", "torch-flash", "fwd") == kernel["host_ms"]["fwd"]
+
+
+# --------------------------------------------------------------------------- advise and --against output (issue 24)
+
+def test_against_prints_every_time_at_four_significant_digits_and_every_error_at_one_decimal():
+    """A measured 7.1764 ms once printed as 7.1764 beside 101.2 and 29.14: one column, mixed precision.
+    Every time now has four significant digits (as the validation page writes them), every error one decimal."""
+    import re
+
+    from rich.console import Console
+
+    from ringbench.model.against import Bound, summary
+    from ringbench.present.predict import print_against
+
+    pairs = [(7.1764, 7.7982), (101.23, 104.44), (29.144, 30.702), (1.57531, 6.18962), (0.123456, 0.130004)]
+    rows = [{"label": f"case {i}", "measured_ms": m, "predicted_ms": p, "error": p / m - 1}
+            for i, (m, p) in enumerate(pairs)]
+    console = Console(record=True, width=200)
+    print_against(rows, {**summary(rows, Bound(0.08)), "left_out": None}, console)
+    lines = [line.split() for line in console.export_text().splitlines() if re.match(r"case \d ", line)]
+    assert len(lines) == len(pairs)
+    for _, _, measured, predicted, error in lines:
+        for ms in (measured, predicted):
+            assert len(ms.replace(".", "").lstrip("0")) == 4, (ms, lines)
+        assert re.fullmatch(r"[+-]\d+\.\d%", error), (error, lines)
