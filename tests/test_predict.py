@@ -429,3 +429,35 @@ def test_against_prints_every_time_at_four_significant_digits_and_every_error_at
         for ms in (measured, predicted):
             assert len(ms.replace(".", "").lstrip("0")) == 4, (ms, lines)
         assert re.fullmatch(r"[+-]\d+\.\d%", error), (error, lines)
+
+
+def _advise(tmp_path, *args):
+    cal = _write(tmp_path / "cal.json", json.dumps(_flat_calibration()))
+    return ringbench_here("advise", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--dtype", "fp32",
+                          "--seqlen", "1k", "--mode", "fwd", "--calibration", str(cal), *args, cwd=tmp_path)
+
+
+def test_advise_takes_world_size_as_predict_does(tmp_path):
+    """--world-size 4 is one node of four GPUs (the default node holds 8): every candidate and its
+    commands are at world size 4, and usp factorizes 4, not 8."""
+    res = _advise(tmp_path, "--world-size", "4", "--json")
+    assert res.returncode == 0, res.stderr
+    entries = [json.loads(line) for line in res.stdout.splitlines()]
+    ranked = [e for e in entries if e["rank"]]
+    assert {"usp U=2, cpu", "zigzag, cpu"} <= {e["candidate"] for e in ranked}
+    assert not any("U=8" in e["candidate"] for e in entries)
+    for e in ranked:
+        assert e["prediction"]["spec"]["world_size"] == 4
+        assert " --world-size 4 " in e["commands"]["verify"] and " --world-size 4 " in e["commands"]["run"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--world-size", "16", "--nodes", "4"), "world_size 16 disagrees with nodes 4 x gpus_per_node 8 = 32"),
+    (("--world-size", "12", "--gpus-per-node", "8"), "world_size 12 is more than one node of 8 GPUs"),
+    (("--world-size", "0"), "world_size 0 must be positive"),
+], ids=["against-nodes", "not-whole-nodes", "zero"])
+def test_advise_refuses_a_world_size_the_cluster_contradicts_in_one_sentence(tmp_path, args, words):
+    res = _advise(tmp_path, *args)
+    assert res.returncode == 2, res.stderr
+    message = " ".join(res.stderr.split())
+    assert words in message and message.count(". ") == 0 and "Traceback" not in res.stderr, message
