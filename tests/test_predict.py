@@ -461,3 +461,63 @@ def test_advise_refuses_a_world_size_the_cluster_contradicts_in_one_sentence(tmp
     assert res.returncode == 2, res.stderr
     message = " ".join(res.stderr.split())
     assert words in message and message.count(". ") == 0 and "Traceback" not in res.stderr, message
+
+
+def _candidate(variant: str, ms: float, spread: float = 0.05, efficiency: float = 0.9):
+    """A fitting candidate predicted at ``ms`` (interval ``ms`` -/+ ``spread``), compute-bound."""
+    from ringbench.model.advise import Candidate
+
+    record = {"time_ms": ms, "tflops_per_gpu": 500.0, "efficiency": efficiency, "peak_allocated_gib": 1.0,
+              "prediction": {"interval": {"time_ms": [ms * (1 - spread), ms * (1 + spread)]},
+                             "critical_path_ms": {"compute": ms, "overhead": 0.0, "comm": 0.0, "wait": 0.0},
+                             "busy_max_over_mean": 1.0}}
+    return Candidate({"variant": variant, "kernel": "cpu"}, record=record,
+                     commands={"verify": f"ringbench verify --variant {variant}", "run": f"ringbench run --variant {variant}"})
+
+
+def _advice_text(ranked, top=5) -> str:
+    from rich.console import Console
+
+    from ringbench.present.predict import print_advice
+
+    console = Console(record=True, width=300)
+    print_advice(ranked, console, top=top, cluster="test cluster", calibration="test")
+    return console.export_text()
+
+
+def test_advise_calls_candidates_within_the_models_error_tied_and_names_no_winner():
+    """#2 1.1% behind #1 (and #3 3% behind) lie inside each other's intervals: tied with the best in
+    --json and marked in the table; the summary names no single winner and points at the commands
+    that decide. #4, 30% behind, is not tied."""
+    from ringbench.model import advise as adv
+
+    cands = [_candidate("zigzag", 100.0), _candidate("stripe", 101.1), _candidate("llama3", 103.0),
+             _candidate("ring", 130.0)]
+    ranked = adv.rank(cands)
+    entries = [adv.entry(c, i) for i, c in enumerate(ranked, 1)]
+    assert [e["tied_with_best"] for e in entries] == [True, True, True, False]
+    assert all(e["interval_ms"][0] < e["prediction"]["time_ms"] < e["interval_ms"][1] for e in entries)
+    text = _advice_text(ranked)
+    rows = [line.split()[0] for line in text.splitlines() if line.split() and line.split()[0][0].isdigit()]
+    assert rows[:4] == ["1=", "2=", "3=", "4"], text
+    assert "No single winner: #1 to #3 are tied within the model's error" in " ".join(text.split())
+    assert "Fastest" not in text and "fastest beyond" not in text
+    for c in ranked:  # what decides: each one's verify and run commands
+        assert c.commands["verify"] in text and c.commands["run"] in text
+
+
+def test_advise_names_a_winner_only_beyond_the_models_error():
+    from ringbench.model import advise as adv
+
+    ranked = adv.rank([_candidate("zigzag", 100.0, spread=0.0), _candidate("ring", 107.0, spread=0.0)])
+    assert [c.tied for c in ranked] == [False, False]
+    text = " ".join(_advice_text(ranked).split())
+    assert "Fastest: zigzag, cpu, ahead of every other beyond the model's error" in text
+    assert "No single winner" not in text and "1=" not in text
+
+
+def test_advise_prints_each_shown_candidates_verify_command(tmp_path):
+    res = _advise(tmp_path, "--world-size", "4", "--top", "3")
+    assert res.returncode == 0, res.stderr
+    verify = [line for line in res.stdout.splitlines() if line.strip().startswith("ringbench verify ")]
+    assert len(verify) == 3 and len(set(verify)) == 3, res.stdout

@@ -9,7 +9,9 @@ takes the shape. Each is built as ``run`` builds a case (``sweep.build``), so th
 what they refuse (Ulysses degrees the heads cannot split, with the reason), and predicted
 (``predict.predict_case``). :func:`advise` drops what would not fit in the GPU's memory, ranks
 the rest by time and says why each wins or loses: compute-bound, exposed communication, waiting
-for slower ranks (imbalance), per-step overhead, or memory. :func:`scaling` predicts the best
+for slower ranks (imbalance), per-step overhead, or memory. A runner-up whose interval (the
+calibration's spread widened by the model's own error, :data:`predict.MODEL_ERROR`) overlaps the
+leader's is tied with it: the model cannot order them, only a measurement can. :func:`scaling` predicts the best
 candidate of each of the leading variants again at smaller world sizes, for ``advise --plot``:
 the predicted time against world size.
 
@@ -24,7 +26,7 @@ from typing import Any, Callable, Optional
 
 from ringbench.case.fields import format_size
 from ringbench.model import schedule
-from ringbench.model.predict import predict_case
+from ringbench.model.predict import MODEL_ERROR, predict_case
 from ringbench.model.target import Target
 from ringbench.variants import VARIANTS, factorizations
 
@@ -57,6 +59,14 @@ class Candidate:
     fits: bool = True
     reason: str = ""
     commands: dict = field(default_factory=dict)
+    tied: bool = False
+
+    @property
+    def band(self) -> tuple[float, float]:
+        """Its time's interval (ms): the calibration's 10th to 90th percentile calls, widened by the
+        model's own error (:data:`MODEL_ERROR`); what ranking compares."""
+        lo, hi = self.record["prediction"]["interval"]["time_ms"]
+        return lo * (1 - MODEL_ERROR), hi * (1 + MODEL_ERROR)
 
     @property
     def label(self) -> str:
@@ -98,7 +108,9 @@ def candidates(shape: dict, *, world_size: int, nodes: int, kernels: list[str], 
     return out
 
 
-def _reason(rec: dict, best: Optional[dict]) -> str:
+def _reason(rec: dict, best: Optional[dict], *, tied: bool = False, ties: int = 0) -> str:
+    """Why ``rec`` wins or loses; ``tied``: it is a runner-up tied with ``best``; ``ties``: (for the
+    best) how many runners-up are tied with it."""
     p = rec["prediction"]
     total = rec["time_ms"] or 1.0
     parts = p["critical_path_ms"]
@@ -111,9 +123,14 @@ def _reason(rec: dict, best: Optional[dict]) -> str:
         big.append(f"work imbalance (the busiest rank {spread:.2f}x the mean)")
     why = ", ".join(big) if big else f"compute-bound ({100 * parts['compute'] / total:.0f}% in the kernel)"
     if best is None or best is rec:
-        return f"fastest; {why}"
+        if ties:
+            return f"fastest by the median, {ties} more tied with it within the model's error; {why}"
+        return f"fastest beyond the model's error; {why}"
     slower = 100 * (rec["time_ms"] / best["time_ms"] - 1)
-    return f"{slower:.1f}% slower than the best; {why}" if slower < 10 else f"{slower:.0f}% slower; {why}"
+    by = f"{slower:.1f}%" if slower < 10 else f"{slower:.0f}%"
+    if tied:
+        return f"tied with #1 ({by} slower by the median); {why}"
+    return f"{by} slower than the best; {why}" if slower < 10 else f"{by} slower; {why}"
 
 
 def commands(c: Candidate, *, world_size: int, nodes: int) -> dict[str, str]:
@@ -143,6 +160,21 @@ def commands(c: Candidate, *, world_size: int, nodes: int) -> dict[str, str]:
     verify_docs = docs if small == seqlen else []
     verify = ["ringbench", "verify", *args, "--seqlen", format_size(small), *verify_docs, *nodes_args]
     return {"run": shlex.join(run), "verify": shlex.join(verify)}
+
+
+def rank(cands: list[Candidate]) -> list[Candidate]:
+    """The predicted candidates that fit, by time, each with its reason; a runner-up whose
+    :attr:`Candidate.band` overlaps the first's is marked ``tied`` (and the first with it)."""
+    ranked = sorted((c for c in cands if c.record and c.fits), key=lambda c: c.record["time_ms"])
+    best = ranked[0].record if ranked else None
+    for c in ranked[1:]:
+        c.tied = c.band[0] <= ranked[0].band[1]
+    ties = sum(c.tied for c in ranked)
+    if ranked:
+        ranked[0].tied = ties > 0  # the leader belongs to its tied group
+    for c in ranked:
+        c.reason = _reason(c.record, best, tied=c.tied, ties=ties)
+    return ranked
 
 
 def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target, world_size: int,
@@ -178,10 +210,7 @@ def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target,
 
         c.record = build_record(spec, run_id=tgt.run_id, status="ok", fields=fields, env=tgt.env())
         c.fits = memory_gib is None or c.record["peak_allocated_gib"] <= MEMORY_SHARE * memory_gib
-    ranked = sorted((c for c in cands if c.record and c.fits), key=lambda c: c.record["time_ms"])
-    best = ranked[0].record if ranked else None
-    for c in ranked:
-        c.reason = _reason(c.record, best)
+    ranked = rank(cands)
     for c in cands:
         if c.record and not c.fits:
             c.reason = (f"does not fit: needs about {c.record['peak_allocated_gib']:.1f} GiB for attention, above "
@@ -192,10 +221,14 @@ def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target,
 
 
 def entry(c: Candidate, rank: Optional[int]) -> dict[str, Any]:
-    """The JSON object of one candidate (``advise --json``)."""
+    """The JSON object of one candidate (``advise --json``). ``tied_with_best``: a ranked candidate
+    the model cannot tell from the first (the first too, when any is); ``interval_ms``: the interval
+    that decides it (the calibration's, widened by the model's error ``model_error``)."""
+    ranked = rank is not None
     return {"rank": rank, "candidate": c.label, "fields": c.fields, "placement": c.placement,
             "refused": c.refusal, "fits": c.fits if c.record else None, "reason": c.reason or c.refusal,
-            "prediction": c.record, "commands": c.commands or None}
+            "tied_with_best": c.tied if ranked else None, "interval_ms": list(c.band) if ranked else None,
+            "model_error": MODEL_ERROR if ranked else None, "prediction": c.record, "commands": c.commands or None}
 
 
 #: How many variants ``advise --plot`` draws: the best candidate of each, in rank order.
