@@ -516,6 +516,15 @@ def test_advise_names_a_winner_only_beyond_the_models_error():
     assert "No single winner" not in text and "1=" not in text
 
 
+def test_an_efficiency_above_one_is_marked_and_explained():
+    """advise printed 1.03 with no word why: the mark and the footnote say the reference is a
+    causal block and a ring rank runs full ones; below 1 there is neither."""
+    above = _advice_text([_candidate("zigzag", 100.0, efficiency=1.034)])
+    assert "1.034*" in above and "efficiency above 1: the reference is the same kernel" in " ".join(above.split())
+    below = _advice_text([_candidate("zigzag", 100.0, efficiency=0.97)])
+    assert "0.970" in below and "*" not in below and "efficiency above 1" not in below
+
+
 def test_advise_prints_each_shown_candidates_verify_command(tmp_path):
     res = _advise(tmp_path, "--world-size", "4", "--top", "3")
     assert res.returncode == 0, res.stderr

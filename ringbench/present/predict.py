@@ -49,6 +49,17 @@ def _path(record: dict) -> str:
     return "/".join(f"{100 * parts[k] / total:.0f}" for k, _ in _PART_HEADERS)
 
 
+#: The footnote of an efficiency above 1 (docs/methodology.md, Efficiency, says more).
+EFFICIENCY_NOTE = ("* efficiency above 1: the reference is the same kernel on one rank's share of the sequence, run "
+                   "as one causal block, while a ring rank runs mostly full blocks, which the kernel runs at a "
+                   "higher rate; compare TFLOP/s per GPU (docs/methodology.md, Efficiency).")
+
+
+def efficiency_cell(value) -> str:
+    """The efficiency with three decimals, marked ``*`` above 1 (:data:`EFFICIENCY_NOTE`)."""
+    return number(value, ".3f") + ("*" if value is not None and value > 1 else "")
+
+
 def print_predict_table(records: list[dict], console: Console | None = None) -> None:
     """One row per predicted record: the time with its interval under it, forward over backward
     ms, TFLOP/s per GPU, efficiency, estimated peak memory, GiB sent inside a node over GiB sent
@@ -70,7 +81,7 @@ def print_predict_table(records: list[dict], console: Console | None = None) -> 
             f"{variant_cell(r)}\nW={record_field(r, 'world_size')} {text(r.get('kernel'))}",
             f"{milliseconds(r['time_ms'])}\n{milliseconds(lo)}-{milliseconds(hi)}",
             f"{milliseconds(p['fwd_ms'])}\n{milliseconds(p['bwd_ms'])}",
-            rate(r["tflops_per_gpu"]), number(r["efficiency"], ".3f"), number(r["peak_allocated_gib"], ".2f"),
+            rate(r["tflops_per_gpu"]), efficiency_cell(r["efficiency"]), number(r["peak_allocated_gib"], ".2f"),
             f"{_gib(by_class.get('intra-node'))}\n{_gib(by_class.get('inter-node'))}", _path(r))
     console.print(table)
     for line in dict.fromkeys(f"{r['prediction']['cluster']}; calibration: {r['prediction']['calibration']}"
@@ -78,6 +89,8 @@ def print_predict_table(records: list[dict], console: Console | None = None) -> 
         console.print(Text(line, style="dim"))
     for note in dict.fromkeys(n for r in records for n in r["prediction"]["notes"]):
         console.print(Text(f"note: {note}", style="dim"))
+    if any((r["efficiency"] or 0) > 1 for r in records):
+        console.print(Text(EFFICIENCY_NOTE, style="dim"))
     console.print(Text("Predicted, not measured. path %: the slowest rank's time in compute, overhead (merges, "
                        "adds, copies, host launches), exposed communication and waiting for slower peers. Intervals "
                        "from the calibration's spread (10th-90th percentile calls); the model's own error is "
@@ -141,7 +154,7 @@ def print_advice(ranked: list, console: Console | None = None, *, top: int, clus
     for i, c in enumerate(shown, 1):
         r = c.record
         table.add_row(f"{i}=" if c.tied else str(i), c.label, interval_text(r["time_ms"], c.band, milliseconds),
-                      rate(r["tflops_per_gpu"]), number(r["efficiency"], ".3f"),
+                      rate(r["tflops_per_gpu"]), efficiency_cell(r["efficiency"]),
                       number(r["peak_allocated_gib"], ".1f"), c.reason)
     console.print(Text(cluster, style="bold"))
     console.print(table)
@@ -150,6 +163,8 @@ def print_advice(ranked: list, console: Console | None = None, *, top: int, clus
              f"({error}, docs/validation.md)."]
     if any(c.tied for c in shown):
         notes.append("=: tied with #1, its interval overlapping #1's; the model cannot order them.")
+    if any((c.record["efficiency"] or 0) > 1 for c in shown):
+        notes.append(EFFICIENCY_NOTE)
     for note in notes:
         console.print(Text(note, style="dim"))
     if fitting:
