@@ -472,7 +472,8 @@ def _candidate(variant: str, ms: float, spread: float = 0.05, efficiency: float 
                              "critical_path_ms": {"compute": ms, "overhead": 0.0, "comm": 0.0, "wait": 0.0},
                              "busy_max_over_mean": 1.0}}
     return Candidate({"variant": variant, "kernel": "cpu"}, record=record,
-                     commands={"verify": f"ringbench verify --variant {variant}", "run": f"ringbench run --variant {variant}"})
+                     commands={"verify": f"ringbench verify --variant {variant}",
+                               "run": f"ringbench run --variant {variant}"})
 
 
 def _advice_text(ranked, top=5) -> str:
