@@ -531,3 +531,29 @@ def test_advise_prints_each_shown_candidates_verify_command(tmp_path):
     assert res.returncode == 0, res.stderr
     verify = [line for line in res.stdout.splitlines() if line.strip().startswith("ringbench verify ")]
     assert len(verify) == 3 and len(set(verify)) == 3, res.stdout
+
+
+def test_advise_asks_git_once_and_predicts_with_the_collector_paused(tmp_path, monkeypatch):
+    """advise's speed (issue 24: under 10 s for 64 GPUs on a loaded 2-core CPU): git ran twice per
+    record, and the garbage collector's passes over the programs took half the time; neither
+    changes a figure."""
+    import gc
+
+    from ringbench.model import advise as adv
+    from ringbench.records import envinfo
+
+    asked, collecting = [], []
+    monkeypatch.setattr(envinfo, "git_commit", lambda: asked.append(1) or "abc")
+    predict = adv.predict_case
+
+    def watched(*args, **kw):
+        collecting.append(gc.isenabled())
+        return predict(*args, **kw)
+
+    monkeypatch.setattr(adv, "predict_case", watched)
+    res = _advise(tmp_path, "--world-size", "4", "--json")
+    assert res.returncode == 0, res.stderr
+    entries = [json.loads(line) for line in res.stdout.splitlines() if json.loads(line)["prediction"]]
+    assert len(entries) > 2 and {e["prediction"]["env"]["git_commit"] for e in entries} == {"abc"}
+    assert len(asked) == 1
+    assert collecting and not any(collecting) and gc.isenabled()
