@@ -460,6 +460,8 @@ GPU_HELP = ("The GPU to predict for: a name of the peaks table (H100, H200, H800
             "device.")
 GPUS_PER_NODE_HELP = "GPUs per node; consecutive ranks share a node. Default: the --cluster file's, else 8."
 NODES_HELP = "Nodes of the cluster; world size = gpus-per-node x nodes unless --world-size is given. Default: 1."
+WORLD_SIZE_HELP = ("The ranks of the cluster, one per GPU: one node of that many where it fits gpus-per-node, else "
+                   "whole nodes of gpus-per-node. Default: gpus-per-node x nodes.")
 FABRIC_HELP = ("The links: INTRA or INTRA,INTER, rows of the fabric table (nvlink4, h800-nvlink, nvlink5, nvlink3, "
                "pcie5; ib-ndr, ib-hdr, roce-400g; h200-nvlink-measured). Default: the --cluster file's, else the "
                "GPU's usual ones.")
@@ -544,6 +546,10 @@ _GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", help=GPUS_PER_NODE_HELP, 
                               parser=options.whole("gpus-per-node", "--gpus-per-node", 8))
 _NODES = typer.Option(None, "--nodes", help=NODES_HELP, show_default=False, metavar="INT",
                       parser=options.whole("nodes", "--nodes", 1))
+# predict takes --world-size with the case options (repeatable); advise takes this one, read as the
+# case field reads it and settled against --gpus-per-node and --nodes by the same target.world_sizes.
+_WORLD_SIZE = typer.Option(None, "--world-size", help=WORLD_SIZE_HELP, show_default=False,
+                           metavar=options.WORLD_SIZE.name, parser=options.WORLD_SIZE)
 _FABRIC = typer.Option(None, "--fabric", metavar="NAME", help=FABRIC_HELP)
 _CLUSTER = typer.Option(None, "--cluster", metavar="FILE", help=CLUSTER_HELP)
 _CALIBRATION = typer.Option(None, "--calibration", metavar="FILE", help=CALIBRATION_HELP)
@@ -679,6 +685,7 @@ def advise_command(
     gpu: Optional[str] = _GPU,
     gpus_per_node: Optional[int] = _GPUS_PER_NODE,
     nodes: Optional[int] = _NODES,
+    world_size: Optional[int] = _WORLD_SIZE,
     fabric: Optional[str] = _FABRIC,
     cluster: Optional[Path] = _CLUSTER,
     calibration: Optional[List[Path]] = _CALIBRATION,
@@ -722,6 +729,8 @@ def advise_command(
 
         shape = {k: coerce(k, v) for k, v in shape.items()}
         check_fields(shape)
+        if world_size is not None:
+            check_fields({"world_size": world_size})
         options.check_output("--plot", plot, (".png", ".svg", ".pdf"))
         tgt = _prediction_target(shape, gpu=gpu, calibration=calibration, cluster=cluster,
                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
@@ -732,7 +741,7 @@ def advise_command(
         from ringbench.model.target import world_sizes
         from ringbench.sweep import build
 
-        (world_size,) = world_sizes(None, tgt)
+        (world_size,) = world_sizes([world_size] if world_size is not None else None, tgt)
         nodes_n = tgt.cluster(world_size).nodes
         device = tgt.calibration.device_type
 

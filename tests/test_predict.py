@@ -404,3 +404,156 @@ def test_calibrate_times_the_gpu_free_of_the_host():
                                           device=dev))[5]
     assert point["time_ms"] < 0.5 * one_call
     assert C.from_dict(raw, "gpu").issue_ms("kernel", "torch-flash", "fwd") == kernel["host_ms"]["fwd"]
+
+
+# --------------------------------------------------------------------------- advise and --against output (issue 24)
+
+def test_against_prints_every_time_at_four_significant_digits_and_every_error_at_one_decimal():
+    """A measured 7.1764 ms once printed as 7.1764 beside 101.2 and 29.14: one column, mixed precision.
+    Every time now has four significant digits (as the validation page writes them), every error one decimal."""
+    import re
+
+    from rich.console import Console
+
+    from ringbench.model.against import Bound, summary
+    from ringbench.present.predict import print_against
+
+    pairs = [(7.1764, 7.7982), (101.23, 104.44), (29.144, 30.702), (1.57531, 6.18962), (0.123456, 0.130004)]
+    rows = [{"label": f"case {i}", "measured_ms": m, "predicted_ms": p, "error": p / m - 1}
+            for i, (m, p) in enumerate(pairs)]
+    console = Console(record=True, width=200)
+    print_against(rows, {**summary(rows, Bound(0.08)), "left_out": None}, console)
+    lines = [line.split() for line in console.export_text().splitlines() if re.match(r"case \d ", line)]
+    assert len(lines) == len(pairs)
+    for _, _, measured, predicted, error in lines:
+        for ms in (measured, predicted):
+            assert len(ms.replace(".", "").lstrip("0")) == 4, (ms, lines)
+        assert re.fullmatch(r"[+-]\d+\.\d%", error), (error, lines)
+
+
+def _advise(tmp_path, *args):
+    cal = _write(tmp_path / "cal.json", json.dumps(_flat_calibration()))
+    return ringbench_here("advise", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--dtype", "fp32",
+                          "--seqlen", "1k", "--mode", "fwd", "--calibration", str(cal), *args, cwd=tmp_path)
+
+
+def test_advise_takes_world_size_as_predict_does(tmp_path):
+    """--world-size 4 is one node of four GPUs (the default node holds 8): every candidate and its
+    commands are at world size 4, and usp factorizes 4, not 8."""
+    res = _advise(tmp_path, "--world-size", "4", "--json")
+    assert res.returncode == 0, res.stderr
+    entries = [json.loads(line) for line in res.stdout.splitlines()]
+    ranked = [e for e in entries if e["rank"]]
+    assert {"usp U=2, cpu", "zigzag, cpu"} <= {e["candidate"] for e in ranked}
+    assert not any("U=8" in e["candidate"] for e in entries)
+    for e in ranked:
+        assert e["prediction"]["spec"]["world_size"] == 4
+        assert " --world-size 4 " in e["commands"]["verify"] and " --world-size 4 " in e["commands"]["run"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--world-size", "16", "--nodes", "4"), "world_size 16 disagrees with nodes 4 x gpus_per_node 8 = 32"),
+    (("--world-size", "12", "--gpus-per-node", "8"), "world_size 12 is more than one node of 8 GPUs"),
+    (("--world-size", "0"), "world_size 0 must be positive"),
+], ids=["against-nodes", "not-whole-nodes", "zero"])
+def test_advise_refuses_a_world_size_the_cluster_contradicts_in_one_sentence(tmp_path, args, words):
+    res = _advise(tmp_path, *args)
+    assert res.returncode == 2, res.stderr
+    message = " ".join(res.stderr.split())
+    assert words in message and message.count(". ") == 0 and "Traceback" not in res.stderr, message
+
+
+def _candidate(variant: str, ms: float, spread: float = 0.05, efficiency: float = 0.9):
+    """A fitting candidate predicted at ``ms`` (interval ``ms`` -/+ ``spread``), compute-bound."""
+    from ringbench.model.advise import Candidate
+
+    record = {"time_ms": ms, "tflops_per_gpu": 500.0, "efficiency": efficiency, "peak_allocated_gib": 1.0,
+              "prediction": {"interval": {"time_ms": [ms * (1 - spread), ms * (1 + spread)]},
+                             "critical_path_ms": {"compute": ms, "overhead": 0.0, "comm": 0.0, "wait": 0.0},
+                             "busy_max_over_mean": 1.0}}
+    return Candidate({"variant": variant, "kernel": "cpu"}, record=record,
+                     commands={"verify": f"ringbench verify --variant {variant}",
+                               "run": f"ringbench run --variant {variant}"})
+
+
+def _advice_text(ranked, top=5) -> str:
+    from rich.console import Console
+
+    from ringbench.present.predict import print_advice
+
+    console = Console(record=True, width=300)
+    print_advice(ranked, console, top=top, cluster="test cluster", calibration="test")
+    return console.export_text()
+
+
+def test_advise_calls_candidates_within_the_models_error_tied_and_names_no_winner():
+    """#2 1.1% behind #1 (and #3 3% behind) lie inside each other's intervals: tied with the best in
+    --json and marked in the table; the summary names no single winner and points at the commands
+    that decide. #4, 30% behind, is not tied."""
+    from ringbench.model import advise as adv
+
+    cands = [_candidate("zigzag", 100.0), _candidate("stripe", 101.1), _candidate("llama3", 103.0),
+             _candidate("ring", 130.0)]
+    ranked = adv.rank(cands)
+    entries = [adv.entry(c, i) for i, c in enumerate(ranked, 1)]
+    assert [e["tied_with_best"] for e in entries] == [True, True, True, False]
+    assert all(e["interval_ms"][0] < e["prediction"]["time_ms"] < e["interval_ms"][1] for e in entries)
+    text = _advice_text(ranked)
+    rows = [line.split()[0] for line in text.splitlines() if line.split() and line.split()[0][0].isdigit()]
+    assert rows[:4] == ["1=", "2=", "3=", "4"], text
+    assert "No single winner: #1 to #3 are tied within the model's error" in " ".join(text.split())
+    assert "Fastest" not in text and "fastest beyond" not in text
+    for c in ranked:  # what decides: each one's verify and run commands
+        assert c.commands["verify"] in text and c.commands["run"] in text
+
+
+def test_advise_names_a_winner_only_beyond_the_models_error():
+    from ringbench.model import advise as adv
+
+    ranked = adv.rank([_candidate("zigzag", 100.0, spread=0.0), _candidate("ring", 107.0, spread=0.0)])
+    assert [c.tied for c in ranked] == [False, False]
+    text = " ".join(_advice_text(ranked).split())
+    assert "Fastest: zigzag, cpu, ahead of every other beyond the model's error" in text
+    assert "No single winner" not in text and "1=" not in text
+
+
+def test_an_efficiency_above_one_is_marked_and_explained():
+    """advise printed 1.03 with no word why: the mark and the footnote say the reference is a
+    causal block and a ring rank runs full ones; below 1 there is neither."""
+    above = _advice_text([_candidate("zigzag", 100.0, efficiency=1.034)])
+    assert "1.034*" in above and "efficiency above 1: the reference is the same kernel" in " ".join(above.split())
+    below = _advice_text([_candidate("zigzag", 100.0, efficiency=0.97)])
+    assert "0.970" in below and "*" not in below and "efficiency above 1" not in below
+
+
+def test_advise_prints_each_shown_candidates_verify_command(tmp_path):
+    res = _advise(tmp_path, "--world-size", "4", "--top", "3")
+    assert res.returncode == 0, res.stderr
+    verify = [line for line in res.stdout.splitlines() if line.strip().startswith("ringbench verify ")]
+    assert len(verify) == 3 and len(set(verify)) == 3, res.stdout
+
+
+def test_advise_asks_git_once_and_predicts_with_the_collector_paused(tmp_path, monkeypatch):
+    """advise's speed (issue 24: under 10 s for 64 GPUs on a loaded 2-core CPU): git ran twice per
+    record, and the garbage collector's passes over the programs took half the time; neither
+    changes a figure."""
+    import gc
+
+    from ringbench.model import advise as adv
+    from ringbench.records import envinfo
+
+    asked, collecting = [], []
+    monkeypatch.setattr(envinfo, "git_commit", lambda: asked.append(1) or "abc")
+    predict = adv.predict_case
+
+    def watched(*args, **kw):
+        collecting.append(gc.isenabled())
+        return predict(*args, **kw)
+
+    monkeypatch.setattr(adv, "predict_case", watched)
+    res = _advise(tmp_path, "--world-size", "4", "--json")
+    assert res.returncode == 0, res.stderr
+    entries = [json.loads(line) for line in res.stdout.splitlines() if json.loads(line)["prediction"]]
+    assert len(entries) > 2 and {e["prediction"]["env"]["git_commit"] for e in entries} == {"abc"}
+    assert len(asked) == 1
+    assert collecting and not any(collecting) and gc.isenabled()

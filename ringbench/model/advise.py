@@ -9,7 +9,9 @@ takes the shape. Each is built as ``run`` builds a case (``sweep.build``), so th
 what they refuse (Ulysses degrees the heads cannot split, with the reason), and predicted
 (``predict.predict_case``). :func:`advise` drops what would not fit in the GPU's memory, ranks
 the rest by time and says why each wins or loses: compute-bound, exposed communication, waiting
-for slower ranks (imbalance), per-step overhead, or memory. :func:`scaling` predicts the best
+for slower ranks (imbalance), per-step overhead, or memory. A runner-up whose interval (the
+calibration's spread widened by the model's own error, :data:`predict.MODEL_ERROR`) overlaps the
+leader's is tied with it: the model cannot order them, only a measurement can. :func:`scaling` predicts the best
 candidate of each of the leading variants again at smaller world sizes, for ``advise --plot``:
 the predicted time against world size.
 
@@ -18,13 +20,15 @@ Source: issue 24.
 
 from __future__ import annotations
 
+import gc
 import shlex
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ringbench.case.fields import format_size
 from ringbench.model import schedule
-from ringbench.model.predict import predict_case
+from ringbench.model.predict import MODEL_ERROR, predict_case
 from ringbench.model.target import Target
 from ringbench.variants import VARIANTS, factorizations
 
@@ -57,6 +61,14 @@ class Candidate:
     fits: bool = True
     reason: str = ""
     commands: dict = field(default_factory=dict)
+    tied: bool = False
+
+    @property
+    def band(self) -> tuple[float, float]:
+        """Its time's interval (ms): the calibration's 10th to 90th percentile calls, widened by the
+        model's own error (:data:`MODEL_ERROR`); what ranking compares."""
+        lo, hi = self.record["prediction"]["interval"]["time_ms"]
+        return lo * (1 - MODEL_ERROR), hi * (1 + MODEL_ERROR)
 
     @property
     def label(self) -> str:
@@ -98,7 +110,9 @@ def candidates(shape: dict, *, world_size: int, nodes: int, kernels: list[str], 
     return out
 
 
-def _reason(rec: dict, best: Optional[dict]) -> str:
+def _reason(rec: dict, best: Optional[dict], *, tied: bool = False, ties: int = 0) -> str:
+    """Why ``rec`` wins or loses; ``tied``: it is a runner-up tied with ``best``; ``ties``: (for the
+    best) how many runners-up are tied with it."""
     p = rec["prediction"]
     total = rec["time_ms"] or 1.0
     parts = p["critical_path_ms"]
@@ -111,9 +125,14 @@ def _reason(rec: dict, best: Optional[dict]) -> str:
         big.append(f"work imbalance (the busiest rank {spread:.2f}x the mean)")
     why = ", ".join(big) if big else f"compute-bound ({100 * parts['compute'] / total:.0f}% in the kernel)"
     if best is None or best is rec:
-        return f"fastest; {why}"
+        if ties:
+            return f"fastest by the median, {ties} more tied with it within the model's error; {why}"
+        return f"fastest beyond the model's error; {why}"
     slower = 100 * (rec["time_ms"] / best["time_ms"] - 1)
-    return f"{slower:.1f}% slower than the best; {why}" if slower < 10 else f"{slower:.0f}% slower; {why}"
+    by = f"{slower:.1f}%" if slower < 10 else f"{slower:.0f}%"
+    if tied:
+        return f"tied with #1 ({by} slower by the median); {why}"
+    return f"{by} slower than the best; {why}" if slower < 10 else f"{by} slower; {why}"
 
 
 def commands(c: Candidate, *, world_size: int, nodes: int) -> dict[str, str]:
@@ -145,6 +164,35 @@ def commands(c: Candidate, *, world_size: int, nodes: int) -> dict[str, str]:
     return {"run": shlex.join(run), "verify": shlex.join(verify)}
 
 
+def rank(cands: list[Candidate]) -> list[Candidate]:
+    """The predicted candidates that fit, by time, each with its reason; a runner-up whose
+    :attr:`Candidate.band` overlaps the first's is marked ``tied`` (and the first with it)."""
+    ranked = sorted((c for c in cands if c.record and c.fits), key=lambda c: c.record["time_ms"])
+    best = ranked[0].record if ranked else None
+    for c in ranked[1:]:
+        c.tied = c.band[0] <= ranked[0].band[1]
+    ties = sum(c.tied for c in ranked)
+    if ranked:
+        ranked[0].tied = ties > 0  # the leader belongs to its tied group
+    for c in ranked:
+        c.reason = _reason(c.record, best, tied=c.tied, ties=ties)
+    return ranked
+
+
+@contextmanager
+def _collector_paused():
+    """The cyclic garbage collector off while the candidates are predicted: their programs are
+    hundreds of thousands of small acyclic tuples, and its passes over them took half of advise's
+    time and freed nothing."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target, world_size: int,
            memory_gib: Optional[float]) -> list[Candidate]:
     """Build, predict and rank ``cands`` in place; returns them ranked: the fitting ones by time,
@@ -158,30 +206,28 @@ def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target,
     cluster = tgt.cluster(world_size)
     walked: dict[Any, tuple] = {}
     priced: dict = {}  # the programs' segments and prices, shared by the kernels and placements of a case
-    for c in cands:
-        try:
-            spec = build(c.fields)
-        except SpecError as exc:
-            c.refusal = str(exc)
-            continue
-        reason = schedule.refusal(spec)
-        if reason:
-            c.refusal = reason
-            continue
-        spec = spec.replace(kernel=c.fields["kernel"])
-        key = spec.replace(kernel="auto")
-        if key not in walked:  # one walk of the plans serves every kernel and placement of a case
-            walked[key] = schedule.programs(spec)
-        fields = predict_case(spec, calibration=tgt.calibration, kernel=spec.kernel, cluster=cluster,
-                              place=c.placement or "ulysses-inner", programs=walked[key], cache=priced)
-        from ringbench.records.build import build as build_record
+    with _collector_paused():
+        for c in cands:
+            try:
+                spec = build(c.fields)
+            except SpecError as exc:
+                c.refusal = str(exc)
+                continue
+            reason = schedule.refusal(spec)
+            if reason:
+                c.refusal = reason
+                continue
+            spec = spec.replace(kernel=c.fields["kernel"])
+            key = spec.replace(kernel="auto")
+            if key not in walked:  # one walk of the plans serves every kernel and placement of a case
+                walked[key] = schedule.programs(spec)
+            fields = predict_case(spec, calibration=tgt.calibration, kernel=spec.kernel, cluster=cluster,
+                                  place=c.placement or "ulysses-inner", programs=walked[key], cache=priced)
+            from ringbench.records.build import build as build_record
 
-        c.record = build_record(spec, run_id=tgt.run_id, status="ok", fields=fields, env=tgt.env())
-        c.fits = memory_gib is None or c.record["peak_allocated_gib"] <= MEMORY_SHARE * memory_gib
-    ranked = sorted((c for c in cands if c.record and c.fits), key=lambda c: c.record["time_ms"])
-    best = ranked[0].record if ranked else None
-    for c in ranked:
-        c.reason = _reason(c.record, best)
+            c.record = build_record(spec, run_id=tgt.run_id, status="ok", fields=fields, env=tgt.env())
+            c.fits = memory_gib is None or c.record["peak_allocated_gib"] <= MEMORY_SHARE * memory_gib
+    ranked = rank(cands)
     for c in cands:
         if c.record and not c.fits:
             c.reason = (f"does not fit: needs about {c.record['peak_allocated_gib']:.1f} GiB for attention, above "
@@ -192,10 +238,15 @@ def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target,
 
 
 def entry(c: Candidate, rank: Optional[int]) -> dict[str, Any]:
-    """The JSON object of one candidate (``advise --json``)."""
+    """The JSON object of one candidate (``advise --json``). ``tied_with_best``: a ranked candidate
+    the model cannot tell from the first (the first too, when any is); ``interval_ms``: the interval
+    that decides it (the calibration's, widened by the model's error ``model_error``)."""
+    ranked = rank is not None
     return {"rank": rank, "candidate": c.label, "fields": c.fields, "placement": c.placement,
             "refused": c.refusal, "fits": c.fits if c.record else None, "reason": c.reason or c.refusal,
-            "prediction": c.record, "commands": c.commands or None}
+            "tied_with_best": c.tied if ranked else None, "interval_ms": list(c.band) if ranked else None,
+            "model_error": MODEL_ERROR if ranked else None, "prediction": c.record,
+            "commands": c.commands or None}
 
 
 #: How many variants ``advise --plot`` draws: the best candidate of each, in rank order.
@@ -239,22 +290,24 @@ def scaling(cands: list[Candidate], *, build: Callable[[dict, int], Any], tgt: T
     from ringbench.errors import SpecError
 
     out = []
-    for c in cands:
-        points = []
-        for w in world_sizes:
-            try:
-                spec = build(c.fields, w)
-                reason = schedule.refusal(spec)
-                if reason:
-                    raise SpecError(reason)
-                spec = spec.replace(kernel=c.fields["kernel"])
-                fields = predict_case(spec, calibration=tgt.calibration, kernel=spec.kernel, cluster=tgt.cluster(w),
-                                      place=c.placement or "ulysses-inner")
-            except (SpecError, schedule.Unpredictable) as exc:
-                points.append({"world_size": w, "refused": str(exc)})
-                continue
-            fits = memory_gib is None or fields["peak_allocated_gib"] <= MEMORY_SHARE * memory_gib
-            points.append({"world_size": w, "time_ms": fields["time_ms"], "fits": fits})
-        out.append({"label": c.label, "variant": c.fields["variant"], "kernel": c.fields["kernel"], "points": points})
+    with _collector_paused():
+        for c in cands:
+            points = []
+            for w in world_sizes:
+                try:
+                    spec = build(c.fields, w)
+                    reason = schedule.refusal(spec)
+                    if reason:
+                        raise SpecError(reason)
+                    spec = spec.replace(kernel=c.fields["kernel"])
+                    fields = predict_case(spec, calibration=tgt.calibration, kernel=spec.kernel,
+                                          cluster=tgt.cluster(w), place=c.placement or "ulysses-inner")
+                except (SpecError, schedule.Unpredictable) as exc:
+                    points.append({"world_size": w, "refused": str(exc)})
+                    continue
+                fits = memory_gib is None or fields["peak_allocated_gib"] <= MEMORY_SHARE * memory_gib
+                points.append({"world_size": w, "time_ms": fields["time_ms"], "fits": fits})
+            out.append({"label": c.label, "variant": c.fields["variant"], "kernel": c.fields["kernel"],
+                        "points": points})
     return out
 

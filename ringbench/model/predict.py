@@ -29,6 +29,9 @@ from ringbench.model.fabric import Cluster
 from ringbench.model.simulate import PARTS, issue_and_run_ms, play, price, segments
 
 GIB = 1024 ** 3
+#: The model's own error as docs/validation.md holds it (check (a)'s median bound): advise widens each
+#: interval by it before it calls one candidate faster than another.
+MODEL_ERROR = 0.03
 #: What ``prediction.validated_error`` says while docs/validation.md's checks miss their bounds.
 NOT_VALIDATED = ("not yet within its bounds: docs/validation.md checks the model against measured records "
                  "(ringbench predict --against) and it misses them today, so read every figure as an estimate")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
 
@@ -63,12 +64,17 @@ class Target:
         """
         return self.calibration.kernel(name).name
 
-    def env(self) -> dict[str, Any]:
-        """What a predicted record says about where its figures come from (its ``env``)."""
+    @cached_property
+    def _git_commit(self) -> Optional[str]:
+        # Asked once per command: it runs git twice, which advise's dozens of records each paid.
         from ringbench.records.envinfo import git_commit
 
+        return git_commit()
+
+    def env(self) -> dict[str, Any]:
+        """What a predicted record says about where its figures come from (its ``env``)."""
         return {"predicted": True, "gpu_name": self.calibration.device, "calibration": self.calibration.provenance(),
-                "calibration_env": self.calibration.env, "git_commit": git_commit()}
+                "calibration_env": self.calibration.env, "git_commit": self._git_commit}
 
 
 def _fabric_names(text: str) -> tuple[str, Optional[str]]:

@@ -63,10 +63,12 @@ def rate(value: Any) -> str:
 
 
 def milliseconds(value: Any) -> str:
-    """Milliseconds with about four significant digits (0.1234, 12.34, 1234)."""
+    """Milliseconds with four significant digits (0.1234, 1.234, 12.34, 1234), as the validation
+    page writes them, so one column reads at one precision."""
     if not _finite(value):
         return number(value, "g")
-    places = 0 if abs(value) >= 1000 else 1 if abs(value) >= 100 else 2 if abs(value) >= 10 else 4
+    size = abs(value)
+    places = 0 if size >= 1000 else 1 if size >= 100 else 2 if size >= 10 else 3 if size >= 1 else 4
     return f"{value:.{places}f}"
 
 

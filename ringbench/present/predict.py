@@ -49,6 +49,17 @@ def _path(record: dict) -> str:
     return "/".join(f"{100 * parts[k] / total:.0f}" for k, _ in _PART_HEADERS)
 
 
+#: The footnote of an efficiency above 1 (docs/methodology.md, Efficiency, says more).
+EFFICIENCY_NOTE = ("* efficiency above 1: the reference is the same kernel on one rank's share of the sequence, run "
+                   "as one causal block, while a ring rank runs mostly full blocks, which the kernel runs at a "
+                   "higher rate; compare TFLOP/s per GPU (docs/methodology.md, Efficiency).")
+
+
+def efficiency_cell(value) -> str:
+    """The efficiency with three decimals, marked ``*`` above 1 (:data:`EFFICIENCY_NOTE`)."""
+    return number(value, ".3f") + ("*" if value is not None and value > 1 else "")
+
+
 def print_predict_table(records: list[dict], console: Console | None = None) -> None:
     """One row per predicted record: the time with its interval under it, forward over backward
     ms, TFLOP/s per GPU, efficiency, estimated peak memory, GiB sent inside a node over GiB sent
@@ -70,7 +81,7 @@ def print_predict_table(records: list[dict], console: Console | None = None) -> 
             f"{variant_cell(r)}\nW={record_field(r, 'world_size')} {text(r.get('kernel'))}",
             f"{milliseconds(r['time_ms'])}\n{milliseconds(lo)}-{milliseconds(hi)}",
             f"{milliseconds(p['fwd_ms'])}\n{milliseconds(p['bwd_ms'])}",
-            rate(r["tflops_per_gpu"]), number(r["efficiency"], ".3f"), number(r["peak_allocated_gib"], ".2f"),
+            rate(r["tflops_per_gpu"]), efficiency_cell(r["efficiency"]), number(r["peak_allocated_gib"], ".2f"),
             f"{_gib(by_class.get('intra-node'))}\n{_gib(by_class.get('inter-node'))}", _path(r))
     console.print(table)
     for line in dict.fromkeys(f"{r['prediction']['cluster']}; calibration: {r['prediction']['calibration']}"
@@ -78,6 +89,8 @@ def print_predict_table(records: list[dict], console: Console | None = None) -> 
         console.print(Text(line, style="dim"))
     for note in dict.fromkeys(n for r in records for n in r["prediction"]["notes"]):
         console.print(Text(f"note: {note}", style="dim"))
+    if any((r["efficiency"] or 0) > 1 for r in records):
+        console.print(Text(EFFICIENCY_NOTE, style="dim"))
     console.print(Text("Predicted, not measured. path %: the slowest rank's time in compute, overhead (merges, "
                        "adds, copies, host launches), exposed communication and waiting for slower peers. Intervals "
                        "from the calibration's spread (10th-90th percentile calls); the model's own error is "
@@ -124,37 +137,67 @@ def print_against(rows: list[dict], summary: dict, console: Console | None = Non
 
 
 def print_advice(ranked: list, console: Console | None = None, *, top: int, cluster: str, calibration: str) -> None:
-    """``ringbench advise``: the best ``top`` candidates with their figures and why each wins or loses,
-    the commands that check the winner, then what does not fit and what the rules refuse."""
+    """``ringbench advise``: the best ``top`` candidates with their figures and why each wins or loses
+    (``=`` marks those tied with the first within the model's error), what decides between tied ones,
+    each one's commands, then what does not fit and what the rules refuse."""
+    from ringbench.model.predict import MODEL_ERROR
+
     console = console or Console()
     fitting = [c for c in ranked if c.record and c.fits]
+    shown = fitting[:top]
     table = compact_table("ringbench advise")
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("candidate", no_wrap=True)
     for header in ("ms (interval)", "TFLOP/s\n/GPU", "eff.", "peak\nGiB"):
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("why")
-    for i, c in enumerate(fitting[:top], 1):
-        r, p = c.record, c.record["prediction"]
-        table.add_row(str(i), c.label, interval_text(r["time_ms"], p["interval"]["time_ms"], milliseconds),
-                      rate(r["tflops_per_gpu"]), number(r["efficiency"], ".3f"), number(r["peak_allocated_gib"], ".1f"),
-                      c.reason)
+    for i, c in enumerate(shown, 1):
+        r = c.record
+        table.add_row(f"{i}=" if c.tied else str(i), c.label, interval_text(r["time_ms"], c.band, milliseconds),
+                      rate(r["tflops_per_gpu"]), efficiency_cell(r["efficiency"]),
+                      number(r["peak_allocated_gib"], ".1f"), c.reason)
     console.print(Text(cluster, style="bold"))
     console.print(table)
+    error = f"{100 * MODEL_ERROR:g}%"
+    notes = [f"intervals: the calibration's 10th to 90th percentile calls, widened by the model's own error "
+             f"({error}, docs/validation.md)."]
+    if any(c.tied for c in shown):
+        notes.append("=: tied with #1, its interval overlapping #1's; the model cannot order them.")
+    if any((c.record["efficiency"] or 0) > 1 for c in shown):
+        notes.append(EFFICIENCY_NOTE)
+    for note in notes:
+        console.print(Text(note, style="dim"))
     if fitting:
         best = fitting[0]
-        console.print(Text(f"Check the winner ({best.label}) on real GPUs:", style="bold"))
-        console.print(Text(f"  {best.commands['verify']}"))
-        console.print(Text(f"  {best.commands['run']}"))
+        tied = [i for i, c in enumerate(fitting, 1) if c.tied]
+        if tied:
+            seen = [i for i in tied if i <= top]
+            names = (f"#1 to #{seen[-1]}" if seen == list(range(1, len(seen) + 1)) and len(seen) > 2
+                     else ", ".join(f"#{i}" for i in seen))
+            if len(tied) > len(seen):
+                names += f" (and {len(tied) - len(seen)} more below the table: --top {tied[-1]} shows them)"
+            console.print(Text(
+                f"No single winner: {names} are tied within the model's error ({error}), so a measurement "
+                "decides: run each one's commands below on real GPUs, verify to check it is right and run to time "
+                "it, and take the fastest measured.", style="bold"))
+        else:
+            console.print(Text(f"Fastest: {best.label}, ahead of every other beyond the model's error ({error}); "
+                               "check it on real GPUs with its commands below.", style="bold"))
+        for i, c in enumerate(shown, 1):
+            console.print(Text(f"#{i} {c.label}:"))
+            console.print(Text(f"  {c.commands['verify']}"))
+            console.print(Text(f"  {c.commands['run']}"))
         if "NODE_RANK" in best.commands["run"]:
             console.print(Text("  (on every node, NODE_RANK its index and HOST node 0's address)", style="dim"))
     else:
         console.print(Text("No candidate fits in the GPU's memory.", style="red"))
-    for c in (c for c in ranked if c.record and not c.fits):
+    dropped = [c for c in ranked if c.record and not c.fits]
+    for c in dropped:
         console.print(Text(f"dropped: {c.label}: {c.reason}", style="yellow"))
-    for reason in dict.fromkeys(c.refusal for c in ranked if c.refusal):
-        who = ", ".join(dict.fromkeys(c.label.split(",")[0] for c in ranked if c.refusal == reason))
+    refused = [c for c in ranked if c.refusal]
+    for reason in dict.fromkeys(c.refusal for c in refused):
+        who = ", ".join(dict.fromkeys(c.label.split(",")[0] for c in refused if c.refusal == reason))
         console.print(Text(f"refused: {who}: {reason}", style="yellow"))
-    console.print(Text(f"{len(fitting)} ranked of {len(ranked)} candidates; calibration: {calibration}; "
-                       "predicted, not measured (ringbench predict --against measures the model's error).",
-                       style="dim"))
+    console.print(Text(f"{len(fitting)} ranked, {len(dropped)} dropped (memory), {len(refused)} refused of "
+                       f"{plural(len(ranked), 'candidate')}; calibration: {calibration}; predicted, not measured "
+                       "(ringbench predict --against measures the model's error).", style="dim"))
