@@ -497,3 +497,30 @@ def test_cli_the_same_value_twice_is_one_case(harness, tmp_path):
                      "--dtype=bf16", "--causal", "--causal"], harness)
     assert result.exit_code == 0, result.output
     assert [len(g["cases"]) for g in harness.launches] == [1]
+
+
+# --------------------------------------------------------------------------- issue 26: any mask
+
+def test_cli_variants_mask_column_says_any_only_where_mask_is_taken(tmp_path):
+    """The mask column said "both" for the varlen variants, which refuse --mask: it now says "any" exactly
+    where the variant's own check takes --mask prefix:8, else the plain masks it runs."""
+    from helpers import ringbench_here
+    from ringbench.case.spec import check_fields
+    from ringbench.errors import SpecError
+
+    listing = ringbench_here("variants", "--json", cwd=tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    rows = [json.loads(line) for line in listing.stdout.splitlines()]
+    for row in rows:
+        try:
+            check_fields({"variant": row["variant"], "mask": "prefix:8", "seqlen": 256, "world_size": 2})
+            takes = True
+        except SpecError:
+            takes = False
+        assert row["any_mask"] is takes, row["variant"]
+    table = ringbench_here("variants", cwd=tmp_path).stdout
+    assert " both " not in table
+    for row in rows:
+        cells = re.search(rf"^{row['variant']}\s+\S+\s+(batch|varlen)\s+(any|causal, full|causal|full)\s",
+                          table, re.M)
+        assert cells and (cells.group(2) == "any") is row["any_mask"], (row["variant"], table)

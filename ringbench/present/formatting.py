@@ -125,6 +125,15 @@ def cell_text(name: str, value: Any) -> str:
     return axis_text(name, value)
 
 
+def mask_column(plain: list[str], any_mask: bool) -> str:
+    """What ``ringbench variants`` says a variant takes as a mask: ``any`` (every ``--mask``), else
+    the plain ones it runs in ``--mask``'s words (``causal, full``), from ``plain``, its
+    ``causal``/``non-causal`` capabilities. Never ``both``, which read as any mask."""
+    if any_mask:
+        return "any"
+    return ", ".join({"non-causal": "full"}.get(m, m) for m in plain)
+
+
 # --------------------------------------------------------------------------- tables
 
 #: A piece of a word that a line may end after: up to and including a comma, ``/`` or ``:``
