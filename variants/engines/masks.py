@@ -9,8 +9,9 @@ side unbounded). MagiAttention's four slice types are the band's four cases:
 - ``inv-causal``: aligned top-left, ``k - k0 >= q - q0``, so ``lo = k0 - q0``;
 - ``bi-causal``: both (for ``q1 - q0 == k1 - k0`` the diagonal alone, empty for more queries than keys).
 
-A mask is a list of slices that share no pair; a pair in no slice is masked, and a query in no
-slice sees no key (out 0, lse ``-inf``). Every family of ``--mask`` is written as slices over
+A mask is a list of slices that share no pair; a pair in no slice is masked. Over a whole sequence
+every query row sees a key (:func:`rule` refuses blind rows; a block of a rank may still hold rows
+that see none of its keys: out 0, lse ``-inf``). Every family of ``--mask`` is written as slices over
 the sequence of S tokens (:func:`build`), and a ``--mask-file`` is read into the same form
 (:func:`read_file`), so one module answers, for any of them and without torch:
 
@@ -48,6 +49,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
+from ..offers import SeqlenOffer
 from .bands import Run
 
 #: MagiAttention's slice types, in its order (0 full, 1 causal, 2 inverse causal, 3 bidirectional causal).
@@ -340,13 +342,9 @@ def _entries(text: str) -> list[tuple[int, int, int, int, str]]:
 
 def rule(text: str, seqlen: int) -> str | None:
     """Why mask ``text`` (canonical) cannot apply to a sequence of ``seqlen`` tokens, in one
-    sentence with the fix, or ``None``."""
+    sentence with the fix, or ``None``. A fix offering a seqlen is a :class:`SeqlenOffer`."""
     if text.startswith("slices:"):
-        end = max(max(e[1], e[3]) for e in _entries(text))
-        if end > seqlen:
-            return (f"mask slices reach position {end}, past seqlen {seqlen}; pass --seqlen {end} or more, or "
-                    "slices within the sequence")
-        return None
+        return _slices_rule(text, seqlen)
     name, plain, keyed = _params(text)
     if name == "prefix" and plain[0] >= seqlen:
         return (f"mask {text} has a prompt of {plain[0]} tokens, not shorter than seqlen {seqlen}; a prompt of the "
@@ -356,12 +354,78 @@ def rule(text: str, seqlen: int) -> str | None:
         rest = seqlen - p
         if rest < a or rest % a:
             fit = p + (max(rest, 0) // a + 1) * a
-            return (f"mask {text} needs the {max(rest, 0)} tokens after the prompt to split into {a} answers of "
-                    f"equal length, which seqlen {seqlen} does not give; pass --seqlen {fit} or another P or A")
+            return SeqlenOffer(f"mask {text} needs the {max(rest, 0)} tokens after the prompt to split into {a} "
+                               f"answers of equal length, which seqlen {seqlen} does not give",
+                               lambda s: f"pass --seqlen {s} or another P or A", fit, "pass another P or A")
     if name == "global" and plain[0] >= seqlen:
         return (f"mask {text} has {plain[0]} global tokens, not fewer than seqlen {seqlen}; pass a G below the "
                 "seqlen")
+    if name == "chunked" and plain[0] >= seqlen:
+        return (f"mask {text} at --seqlen {seqlen}: the chunk must be shorter than the sequence, or the mask is "
+                f"plain causal; use --causal in its place, or a C below {seqlen}")
+    if name == "window" and len(plain) == 2:
+        return _window_rule(text, plain[0], plain[1], seqlen)
     return None
+
+
+def _window_rule(text: str, left: int, right: int, seqlen: int) -> str | None:
+    """A two-sided window must end inside the sequence on each side: at L >= S every query sees every
+    key before it, at R >= S - 1 every key after it, and the window is no window on that side."""
+    past_left, past_right = left >= seqlen, right >= seqlen - 1
+    if past_left and past_right:
+        return (f"mask {text} at --seqlen {seqlen}: the window must be shorter than the sequence, and this one "
+                "reaches past it on both sides, so every query sees every key; use --no-causal in its place")
+    if past_left:
+        return (f"mask {text} at --seqlen {seqlen}: L must be below the seqlen, or every query sees every key "
+                f"before it and the window has no left edge; pass an L below {seqlen}")
+    if past_right:
+        return (f"mask {text} at --seqlen {seqlen}: R must be below seqlen - 1 = {seqlen - 1}, or every query sees "
+                f"every key after it and the window has no right edge; pass an R below {seqlen - 1}")
+    return None
+
+
+def _seeing_rows(s: Slice) -> tuple[int, int]:
+    """The query rows ``[a, b)`` of slice ``s`` that see at least one of its keys: row q sees keys
+    ``max(k0, q + lo) .. min(k1 - 1, q + hi)``, so ``k0 - hi <= q <= k1 - 1 - lo``."""
+    if s.lo is not None and s.hi is not None and s.lo > s.hi:
+        return s.q0, s.q0
+    a = s.q0 if s.hi is None else max(s.q0, s.k0 - s.hi)
+    b = s.q1 if s.lo is None else min(s.q1, s.k1 - s.lo)
+    return a, max(a, b)
+
+
+def blind_rows(slices: Sequence[Slice], seqlen: int) -> list[tuple[int, int]]:
+    """The runs ``[a, b)`` of query rows below ``seqlen`` that no slice gives a key, in order."""
+    gaps, at = [], 0
+    for a, b in sorted(r for r in map(_seeing_rows, slices) if r[0] < r[1]):
+        if a > at:
+            gaps.append((at, min(a, seqlen)))
+        at = max(at, b)
+    if at < seqlen:
+        gaps.append((at, seqlen))
+    return [(a, b) for a, b in gaps if a < b]
+
+
+def _slices_rule(text: str, seqlen: int) -> str | None:
+    entries = _entries(text)
+    end = max(max(e[1], e[3]) for e in entries)
+    tag = label(text)
+    if end > seqlen:
+        return SeqlenOffer(f"mask {tag} reaches position {end}, past seqlen {seqlen}",
+                           lambda s: f"pass --seqlen {s}, or slices within the sequence", end,
+                           "pass slices within the sequence")
+    gaps = blind_rows([Slice.of_kind(*e) for e in entries], seqlen)
+    if not gaps:
+        return None
+    a, b = gaps[0]
+    rows = f"row {a}" if b - a == 1 else f"rows {a} to {b - 1}"
+    more = " and others after them" if len(gaps) > 1 else ""
+    sentence = (f"mask {tag} at --seqlen {seqlen} gives query {rows}{more} no key, and every query row must see "
+                "one")
+    if len(gaps) == 1 and b == seqlen and a >= end:  # only the tail past the slices: a shorter sequence fits
+        return SeqlenOffer(sentence, lambda s: f"pass --seqlen {s}, or slices that give those rows a key", a,
+                           "pass slices that give those rows a key")
+    return f"{sentence}; pass slices that give those rows a key"
 
 
 @functools.lru_cache(maxsize=64)
