@@ -166,9 +166,9 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
     ``launcher`` is the typer context's object: ``None`` (``ringbench.sweep.launch``, torchrun) unless
     a caller such as a test passes another one (``app(obj=...)``).
     """
-    from ringbench.sweep import build, run as sweep
+    from ringbench.sweep import build, fit, run as sweep
 
-    with _usage_errors():
+    with _usage_errors(), fit.offers_checked(task, case, scenario=scenario, nodes=nodes):
         options.check_given(case)
         nnodes, node_args = options.check_nodes(*nodes)
         if resume and nnodes > 1:

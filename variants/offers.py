@@ -28,6 +28,10 @@ class SeqlenOffer(str):
         self.rule, self.fix, self.seqlen, self.otherwise = rule, fix, seqlen, otherwise
         return self
 
+    def within(self, prefix: str) -> "SeqlenOffer":
+        """The same offer, its sentence after ``prefix`` (such as the scenario case it refuses)."""
+        return SeqlenOffer(prefix + self.rule, self.fix, self.seqlen, self.otherwise)
+
     def offering(self, seqlen: int | None) -> str:
         """The sentence offering ``seqlen`` instead, or, for ``None``, the fix that needs no seqlen."""
         return f"{self.rule}; {self.fix(seqlen) if seqlen is not None else self.otherwise}"
