@@ -113,11 +113,14 @@ def axis_text(name: str, value: Any) -> str:
 def cell_text(name: str, value: Any) -> str:
     """A value of field ``name`` in a table cell or a legend: as :func:`axis_text`, with
     many documents counted (:func:`docs_count`), no window (``window`` 0) as ``none``, never 0, a
-    mask of slices by their count (``slices(7)``), and ``predicted`` as ``predicted`` or ``measured``."""
+    mask of slices by its file's name and their count (``image_in_text(5)``, ``masks.label``), and
+    ``predicted`` as ``predicted`` or ``measured``."""
     if name == "window" and value in (0, None):
         return "none"
     if name == "mask" and isinstance(value, str) and value.startswith("slices:"):
-        return f"slices({value.count(';') + 1})"
+        from ringbench.variants.engines import masks
+
+        return masks.label(value)
     if name == "predicted":  # a record of ringbench predict, or one that was measured
         return "predicted" if value is True or value == "True" else "measured"
     if name == "docs" and isinstance(value, str) and docs_count(value):

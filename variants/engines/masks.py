@@ -35,7 +35,9 @@ The families (``P``, ``C``, ``G``, ``L``, ``R`` token counts; sizes such as ``4k
 - ``chunked:C``: causal inside chunks of C tokens, nothing across them (Llama 4's chunked attention);
 - ``global:G,window:L``: causal, each query sees the first G tokens and its last L keys
   (global tokens beside a sliding window, as attention-sink models train);
-- ``slices:q0,q1,k0,k1,type;...``: the slices themselves, the form a ``--mask-file`` is read into.
+- ``slices:q0,q1,k0,k1,type;...``: the slices themselves, the form a ``--mask-file`` is read into,
+  led by ``name=STEM;`` (the file's stem), which tables show (:func:`label`) and case_id leaves out
+  (:func:`unnamed`).
 
 Source: the slice representation is MagiAttention's (Tao et al., arXiv 2505.13211; its
 ``AttnSlice`` and mask types, docs/blog/magi_attn.md); the band algebra, the arithmetic over
@@ -67,6 +69,8 @@ EXAMPLES = ("causal, full, window:L, window:L,R, prefix:P, shared-prefix:P,answe
 EMPTY, FULL, PARTIAL = "empty", "full", "partial"
 
 _SIZE = re.compile(r"(\d+)([kKmM]?)")
+#: The name a slices text may carry (a file's stem, its other characters written ``_``).
+_NAME, _NAME_CUT = re.compile(r"[\w.-]+"), re.compile(r"[^\w.-]+")
 _UNITS = {"": 1, "k": 1024, "m": 1024 ** 2}
 
 
@@ -249,7 +253,7 @@ def _parse_slice(text: str, mask: str, where: str) -> tuple[int, int, int, int, 
     return q0, q1, k0, k1, kind
 
 
-def _slices_text(entries: Sequence[tuple[int, int, int, int, str]], mask: str) -> str:
+def _slices_text(entries: Sequence[tuple[int, int, int, int, str]], mask: str, name: str = "") -> str:
     if not entries:
         raise ValueError(f"mask {mask!r} holds no slice; give at least one q_start,q_end,k_start,k_end,type")
     if len(entries) > MAX_SLICES:
@@ -262,7 +266,7 @@ def _slices_text(entries: Sequence[tuple[int, int, int, int, str]], mask: str) -
                 raise ValueError(f"mask {mask!r}: slices {i + 1} ({_slice_text(entries[i])}) and {j + 1} "
                                  f"({_slice_text(entries[j])}) share pairs, but each (query, key) pair may be in one "
                                  "slice only; cut one of them")
-    return "slices:" + ";".join(_slice_text(e) for e in entries)
+    return "slices:" + (f"name={name};" if name else "") + ";".join(_slice_text(e) for e in entries)
 
 
 def parse(text: str) -> str:
@@ -285,9 +289,10 @@ def parse(text: str) -> str:
             raise ValueError(f"mask {raw!r}: {name} takes no parameters; pass --mask {name}")
         return name
     if name == "slices":
+        named, rest = _split_name(params, raw)
         entries = [_parse_slice(e, raw, f"mask {raw!r}: slice {i + 1}")
-                   for i, e in enumerate(e for e in params.split(";") if e.strip())]
-        return _slices_text(entries, raw)
+                   for i, e in enumerate(e for e in rest if e.strip())]
+        return _slices_text(entries, raw, named)
     keyed = {}
     plain = []
     for a in args:
@@ -335,9 +340,26 @@ def _params(text: str) -> tuple[str, list[int], dict[str, int]]:
     return name, plain, keyed
 
 
+def _split_name(params: str, mask: str) -> tuple[str, list[str]]:
+    """The ``name=NAME`` a slices text may lead with (the file it was read from), and its slices' texts."""
+    parts = params.split(";")
+    if not parts[0].strip().lower().startswith("name="):
+        return "", parts
+    name = parts[0].strip()[len("name="):]
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"mask {mask!r}: name {name!r} is not letters, digits, '_', '.' or '-'; pass a name such as "
+                         "image_in_text, or none")
+    return name, parts[1:]
+
+
 def _entries(text: str) -> list[tuple[int, int, int, int, str]]:
     """The slices of a canonical ``slices:`` text, as ``(q0, q1, k0, k1, type)``."""
-    return [_parse_slice(e, text, "slice") for e in text[len("slices:"):].split(";")]
+    return [_parse_slice(e, text, "slice") for e in _split_name(text[len("slices:"):], text)[1]]
+
+
+def unnamed(text: str) -> str:
+    """A mask's text without the name of the file its slices came from: what its case_id follows."""
+    return re.sub(r"^slices:name=[^;]*;", "slices:", text)
 
 
 def rule(text: str, seqlen: int) -> str | None:
@@ -484,14 +506,18 @@ def plain_fields(text: str) -> dict | None:
 
 
 def label(text: str) -> str:
-    """A mask as a table names it: its text, or ``slices(N)`` for slices."""
-    return f"slices({text.count(';') + 1})" if text.startswith("slices:") else text
+    """A mask as a table names it: its text, or for slices their count after the name of the file
+    they came from (``image_in_text(5)``), else after ``slices`` (``slices(5)``)."""
+    if not text.startswith("slices:"):
+        return text
+    name, entries = _split_name(text[len("slices:"):], text)
+    return f"{name or 'slices'}({len(entries)})"
 
 
 def read_file(path: str | Path) -> str:
     """The canonical text of a ``--mask-file``: one slice a line, ``q_start q_end k_start k_end type``
     (commas or spaces between them, ``#`` to the end of a line a comment, blank lines skipped),
-    the type one of :data:`KINDS`.
+    the type one of :data:`KINDS`; named by the file's stem, so two files read apart in tables.
 
     Raises:
         ValueError: the file cannot be read, or a line or the slices break a rule (:func:`parse`).
@@ -507,4 +533,4 @@ def read_file(path: str | Path) -> str:
         body = line.split("#", 1)[0]
         if body.strip():
             entries.append(_parse_slice(body, name, f"mask-file {name!r} line {n}"))
-    return _slices_text(entries, name)
+    return _slices_text(entries, name, _NAME_CUT.sub("_", Path(path).stem) or "file")
