@@ -358,7 +358,7 @@ def variants_command(
     table = compact_table(f"ringbench variants (here: {device})")
     # Names and verdicts never wrap; layouts and kernels wrap between names on a narrow terminal, and
     # where that is not enough the table abbreviates known names, with a legend (formatting.FitTable).
-    for header, wrap in (("variant", False), ("layout", True), ("form", False), ("mask", False),
+    for header, wrap in (("variant", False), ("layout", True), ("form", False), ("mask", True),
                          ("kernels", True), ("here", False)):
         table.add_column(header, no_wrap=not wrap)
     reasons: dict[str, int] = {}  # one note per distinct reason
