@@ -347,3 +347,34 @@ def test_masks_blind_rows_are_the_rows_no_slice_gives_a_key():
                              masks.Slice.of_kind(8, 10, 12, 14, "bi-causal")], 14)
     assert rows == [(4, 6), (10, 14)]  # 8..9 see keys 12, 13 on the diagonal; 10.. lie past every slice
     assert masks.blind_rows([masks.Slice.of_kind(0, 4, 0, 2, "bi-causal")], 4) == [(0, 4)]  # more rows than keys
+
+
+def test_masks_cp_active_reason_is_short_in_verify_table_and_whole_in_the_record():
+    """cp-active's reason filled a 9-character note column a dozen lines deep at 80 columns: the table
+    now says ``local`` or ``W=1``, and the record keeps the sentence."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from ringbench.present import report
+    from ringbench.records import cp_reasons
+
+    root = Path(__file__).resolve().parents[1]
+    record = next(r for r in map(json.loads, (root / "results/reference/2026-12-02-cpu-masks/verify.jsonl").open())
+                  if r.get("cp_active") is None and r.get("cp_active_reason"))
+    sentence = cp_reasons.no_key_crossing("mask image_in_text(5)")
+    assert sentence == ("under mask image_in_text(5) no query sees a key of another rank, so no rank needs another's "
+                        "K/V")
+    local = {**record, "cp_active_reason": sentence}
+    console = Console(record=True, width=80, color_system=None, file=io.StringIO())
+    report.print_verify_table([record, local], console)
+    table = console.export_text()
+    lines = table.splitlines()
+    rows = [i for i, line in enumerate(lines) if "cp-active" in line]
+    assert [lines[i].split()[-2:] for i in rows] == [["n/a", "W=1"], ["n/a", "local"]], table
+    assert all(not lines[i + 1].strip() or lines[i + 1].startswith("ring") or lines[i + 1][0].isdigit()
+               for i in rows), table  # not wrapped onto a line of its own
+    assert "another rank" not in table and len(table.splitlines()) <= 18, table
+    assert cp_reasons.short(cp_reasons.no_document_crossing()) == "local"
+    assert local["cp_active_reason"] == sentence  # the record is not rewritten
