@@ -166,9 +166,9 @@ def _sweep(task: str, case: dict[str, Any], launcher: Any, *, scenario: Optional
     ``launcher`` is the typer context's object: ``None`` (``ringbench.sweep.launch``, torchrun) unless
     a caller such as a test passes another one (``app(obj=...)``).
     """
-    from ringbench.sweep import build, run as sweep
+    from ringbench.sweep import build, fit, run as sweep
 
-    with _usage_errors():
+    with _usage_errors(), fit.offers_checked(task, case, scenario=scenario, nodes=nodes):
         options.check_given(case)
         nnodes, node_args = options.check_nodes(*nodes)
         if resume and nnodes > 1:
@@ -337,7 +337,7 @@ def variants_command(
                                   "the table."),
 ) -> None:
     """List the variants: layout, form, mask, the kernels they take, and whether they can run here (why not)."""
-    from ringbench.present.formatting import compact_table
+    from ringbench.present.formatting import compact_table, mask_column
     from ringbench.case.spec import detect_device
     from ringbench.variants import VARIANTS, list_variants
 
@@ -349,6 +349,7 @@ def variants_command(
         rows.append({"variant": name, "peer": v.peer, "layouts": [v.layout, *v.layouts],
                      "form": "varlen" if v.varlen else "batch",
                      "masks": [m for m, ok in (("causal", v.causal), ("non-causal", v.non_causal)) if ok],
+                     "any_mask": "mask" in v.options,
                      "kernels": list(v.kernels) or None, "available": reason is None, "reason": reason,
                      "summary": v.summary})
     if json_out:
@@ -357,7 +358,7 @@ def variants_command(
     table = compact_table(f"ringbench variants (here: {device})")
     # Names and verdicts never wrap; layouts and kernels wrap between names on a narrow terminal, and
     # where that is not enough the table abbreviates known names, with a legend (formatting.FitTable).
-    for header, wrap in (("variant", False), ("layout", True), ("form", False), ("mask", False),
+    for header, wrap in (("variant", False), ("layout", True), ("form", False), ("mask", True),
                          ("kernels", True), ("here", False)):
         table.add_column(header, no_wrap=not wrap)
     reasons: dict[str, int] = {}  # one note per distinct reason
@@ -366,7 +367,7 @@ def variants_command(
             here = Text("yes", style="green")
         else:
             here = Text(f"no [{reasons.setdefault(r['reason'], len(reasons) + 1)}]", style="yellow")
-        table.add_row(r["variant"], ", ".join(r["layouts"]), r["form"], "both" if len(r["masks"]) == 2 else r["masks"][0],
+        table.add_row(r["variant"], ", ".join(r["layouts"]), r["form"], mask_column(r["masks"], r["any_mask"]),
                       ", ".join(r["kernels"] or ["any"]), here)
     console = Console()
     console.print(table)

@@ -497,3 +497,52 @@ def test_cli_the_same_value_twice_is_one_case(harness, tmp_path):
                      "--dtype=bf16", "--causal", "--causal"], harness)
     assert result.exit_code == 0, result.output
     assert [len(g["cases"]) for g in harness.launches] == [1]
+
+
+# --------------------------------------------------------------------------- issue 26: any mask
+
+def test_cli_variants_mask_column_says_any_only_where_mask_is_taken(tmp_path):
+    """The mask column said "both" for the varlen variants, which refuse --mask: it now says "any" exactly
+    where the variant's own check takes --mask prefix:8, else the plain masks it runs."""
+    from helpers import ringbench_here
+    from ringbench.case.spec import check_fields
+    from ringbench.errors import SpecError
+
+    listing = ringbench_here("variants", "--json", cwd=tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    rows = [json.loads(line) for line in listing.stdout.splitlines()]
+    for row in rows:
+        try:
+            check_fields({"variant": row["variant"], "mask": "prefix:8", "seqlen": 256, "world_size": 2})
+            takes = True
+        except SpecError:
+            takes = False
+        assert row["any_mask"] is takes, row["variant"]
+    table = ringbench_here("variants", cwd=tmp_path).stdout
+    assert " both " not in table
+    for row in rows:
+        cells = re.search(rf"^{row['variant']}\s+\S+\s+(batch|varlen)\s+(any|causal, full|causal|full)\s",
+                          table, re.M)
+        assert cells and (cells.group(2) == "any") is row["any_mask"], (row["variant"], table)
+
+
+def test_cli_two_mask_files_of_as_many_slices_read_apart_in_tables(harness, tmp_path):
+    """Two --mask-file of 3 slices both read slices(3): each is now its file's stem and the count, while the
+    record holds the slices and the case_id follows them, not the name."""
+    from ringbench.case.spec import CaseSpec
+    from ringbench.variants.engines import masks
+
+    bodies = {"alpha": "0 32 0 32 causal\n32 64 0 64 causal\n64 96 0 96 causal\n",
+              "beta": "0 48 0 48 causal\n48 64 0 64 causal\n64 96 64 96 full\n"}
+    for name, body in bodies.items():
+        (tmp_path / f"{name}.txt").write_text(body)
+    result = invoke(["run", "--device", "cpu", "--variant", "zigzag", "--seqlen", "96", "--mask-file",
+                     str(tmp_path / "alpha.txt"), "--mask-file", str(tmp_path / "beta.txt")], harness)
+    assert result.exit_code == 0, result.output
+    assert "alpha(3)" in result.stdout and "beta(3)" in result.stdout and "slices(3)" not in result.stdout
+    records = lines(tmp_path / "results" / "runs.jsonl")
+    assert [r["spec"]["mask"].split(";")[0] for r in records] == ["slices:name=alpha", "slices:name=beta"]
+    for record in records:
+        bare = masks.unnamed(record["spec"]["mask"])
+        assert masks.build(bare, 96).slices == masks.build(record["spec"]["mask"], 96).slices
+        assert record["case_id"] == CaseSpec.from_dict({**record["spec"], "mask": bare}).case_id()

@@ -65,7 +65,8 @@ def _dense(text: str, S: int) -> torch.Tensor:
 
 
 FAMILIES = ["window:5", "window:3,4", "prefix:7", "shared-prefix:5,answers=3", "chunked:6", "global:3,window:4",
-            "slices:0,10,0,10,causal;10,20,0,20,inv-causal;20,24,3,30,bi-causal;24,30,0,5,full;24,30,5,9,bi-causal"]
+            "slices:0,10,0,10,causal;10,20,0,20,inv-causal;20,24,3,30,bi-causal;24,30,0,5,full;24,30,5,9,bi-causal;"
+            "30,32,0,32,causal"]
 
 
 def _positions(run: bands.Run) -> torch.Tensor:
@@ -132,12 +133,12 @@ def test_masks_parse_writes_one_text_per_mask_and_refuses_in_one_sentence():
                                 ("slices:0,300,0,10,full", 256, "past seqlen 256")):
         reason = masks.rule(masks.parse(text), seqlen)
         assert reason is not None and words in reason, reason
-        assert masks.rule(masks.parse(text), 258 if "answers" in text else 301) is None
+        assert masks.rule(masks.parse(text), {"prefix:300": 301, "slices:0,300,0,10,full": 300}.get(text, 258)) is None
 
 
 def test_masks_files_read_into_slices_and_the_two_sided_file_is_window_9_4():
     texts = {name: masks.read_file(DATA / f"{name}.txt") for name in FILES}
-    assert texts["magi_varlen_block_causal"].count(";") == 6 and texts["image_in_text"].count(";") == 4
+    assert masks.label(texts["magi_varlen_block_causal"]) == "magi_varlen_block_causal(7)"
     magi = masks.build(texts["magi_varlen_block_causal"], 960)
     # Three samples of 512, 256 and 192 tokens in blocks of 128: block b sees blocks 0..b of its sample.
     assert magi.area() == 128 * 128 * (1 + 2 + 3 + 4) + 128 * 128 * (1 + 2) + 192 * 192
@@ -145,7 +146,8 @@ def test_masks_files_read_into_slices_and_the_two_sided_file_is_window_9_4():
     band = masks.build(texts["two_sided_window"], 256)
     assert torch.equal(band.allows(pos[:, None], pos[None, :]),
                        masks.build("window:9,4", 256).allows(pos[:, None], pos[None, :]))
-    assert masks.label(texts["image_in_text"]) == "slices(5)"
+    assert masks.label(texts["image_in_text"]) == "image_in_text(5)"
+    assert masks.label(masks.unnamed(texts["image_in_text"])) == "slices(5)"
 
 
 @pytest.mark.parametrize("body, words", [("0 4 0 4 causal\n2 6 0 6 full\n", "share pairs"),
@@ -309,3 +311,70 @@ def test_masks_only_the_math_kernel_takes_one_and_auto_finds_it():
     with pytest.raises(ValueError, match=r"the cpu kernel cannot take mask prefix:40 \(.*\); pass --kernel with one of "
                                          r"math or auto"):
         as_kernel("cpu", "cpu", torch.float32, head_dim=16, mask="prefix:40")
+
+
+@pytest.mark.parametrize("args, sentence", [
+    (["--mask", "chunked:4k", "--seqlen", "4k"],
+     "mask chunked:4096 at --seqlen 4096: the chunk must be shorter than the sequence, or the mask is plain causal; "
+     "use --causal in its place, or a C below 4096"),
+    (["--mask", "window:9,4095", "--seqlen", "4k"],
+     "mask window:9,4095 at --seqlen 4096: R must be below seqlen - 1 = 4095, or every query sees every key after it "
+     "and the window has no right edge; pass an R below 4095"),
+    (["--mask", "window:4k,4", "--seqlen", "4k"],
+     "mask window:4096,4 at --seqlen 4096: L must be below the seqlen, or every query sees every key before it and "
+     "the window has no left edge; pass an L below 4096"),
+    (["--mask", "window:8k,8k", "--seqlen", "4k"],
+     "mask window:8192,8192 at --seqlen 4096: the window must be shorter than the sequence, and this one reaches past "
+     "it on both sides, so every query sees every key; use --no-causal in its place"),
+    (["--mask-file", str(DATA / "image_in_text.txt"), "--seqlen", "1k"],
+     "mask image_in_text(5) at --seqlen 1024 gives query rows 256 to 1023 no key, and every query row must see one; "
+     "pass --seqlen 256, or slices that give those rows a key"),
+])
+def test_masks_degenerate_masks_are_refused_in_one_sentence_before_any_launch(tmp_path, args, sentence):
+    """Issue 26: chunked:C at C >= seqlen (plain causal), a two-sided window past the sequence and a slices file
+    of 256 tokens at --seqlen 1k (768 rows seeing no key) ran silently."""
+    from helpers import ringbench_here
+
+    result = ringbench_here("verify", "--device", "cpu", "--variant", "zigzag", *args, "--out", str(tmp_path),
+                            cwd=tmp_path)
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.strip() == sentence
+    assert not list(tmp_path.rglob("*.jsonl"))
+
+
+def test_masks_blind_rows_are_the_rows_no_slice_gives_a_key():
+    rows = masks.blind_rows([masks.Slice.of_kind(0, 4, 0, 4, "causal"), masks.Slice.of_kind(6, 8, 0, 3, "full"),
+                             masks.Slice.of_kind(8, 10, 12, 14, "bi-causal")], 14)
+    assert rows == [(4, 6), (10, 14)]  # 8..9 see keys 12, 13 on the diagonal; 10.. lie past every slice
+    assert masks.blind_rows([masks.Slice.of_kind(0, 4, 0, 2, "bi-causal")], 4) == [(0, 4)]  # more rows than keys
+
+
+def test_masks_cp_active_reason_is_short_in_verify_table_and_whole_in_the_record():
+    """cp-active's reason filled a 9-character note column a dozen lines deep at 80 columns: the table
+    now says ``local`` or ``W=1``, and the record keeps the sentence."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from ringbench.present import report
+    from ringbench.records import cp_reasons
+
+    root = Path(__file__).resolve().parents[1]
+    record = next(r for r in map(json.loads, (root / "results/reference/2026-12-02-cpu-masks/verify.jsonl").open())
+                  if r.get("cp_active") is None and r.get("cp_active_reason"))
+    sentence = cp_reasons.no_key_crossing("mask image_in_text(5)")
+    assert sentence == ("under mask image_in_text(5) no query sees a key of another rank, so no rank needs another's "
+                        "K/V")
+    local = {**record, "cp_active_reason": sentence}
+    console = Console(record=True, width=80, color_system=None, file=io.StringIO())
+    report.print_verify_table([record, local], console)
+    table = console.export_text()
+    lines = table.splitlines()
+    rows = [i for i, line in enumerate(lines) if "cp-active" in line]
+    assert [lines[i].split()[-2:] for i in rows] == [["n/a", "W=1"], ["n/a", "local"]], table
+    assert all(not lines[i + 1].strip() or lines[i + 1].startswith("ring") or lines[i + 1][0].isdigit()
+               for i in rows), table  # not wrapped onto a line of its own
+    assert "another rank" not in table and len(table.splitlines()) <= 18, table
+    assert cp_reasons.short(cp_reasons.no_document_crossing()) == "local"
+    assert local["cp_active_reason"] == sentence  # the record is not rewritten

@@ -5,6 +5,7 @@ lists of variants come from the registry."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -202,22 +203,24 @@ def _invoke(args):
     return CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"}).invoke(app, args)
 
 
-def _check(args) -> str | None:
-    """The sentence the CLI refuses ``run ARGS`` with before any process starts (None: accepted)."""
+def _check(args, task="run") -> str | None:
+    """The sentence the CLI refuses ``TASK ARGS`` with before any process starts (None: accepted)."""
     from ringbench.case import fields, options
 
     by_option = {f.option: f for f in fields.FIELDS}
+    by_option.update({f.file_option: f for f in fields.FIELDS if f.file_option})
     given: dict = {}
     for option, value in zip(args[::2], args[1::2]):
         field = by_option[option]
-        parsed = field.value_type.parse(value) if field.value_type else value
+        parse = field.file_parse if option == field.file_option else field.value_type
+        parsed = parse.parse(value) if parse else value
         if field.repeatable:
             given.setdefault(field.name, []).append(parsed)
         else:
             given[field.name] = parsed
     try:
         options.check_given(given)
-        build.cases_for("run", {"device": "cpu", **given})
+        build.cases_for(task, {"device": "cpu", **given})
     except SpecError as exc:
         return str(exc)
     return None
@@ -296,3 +299,39 @@ def test_the_matrix_refusal_offers_only_what_matrix_takes():
     mx.check_runnable(mx.build_grid(device="cpu", world_sizes=[2], variants=["ulysses"]))  # the fix runs
     assert mx.matrix_fix("x; pass --heads 9") == "x; pass another --world-size or --variant"
     assert mx.matrix_fix("x; run it with --device cuda") == "x; run it with --device cuda"
+
+
+# --------------------------------------------------------------------------- issue 26: an offered seqlen every rule takes
+
+MASKS = Path(__file__).parent / "data" / "masks"
+
+
+@pytest.mark.parametrize("args, offered", [
+    # zigzag's multiple of 4 refused the mask's 1026, and the mask zigzag's 1028.
+    (["--variant", "zigzag", "--mask", "shared-prefix:256,answers=5", "--seqlen", "1k"], 1036),
+    (["--variant", "zigzag", "--mask", "shared-prefix:256,answers=5", "--seqlen", "1k", "--world-size", "2",
+      "--world-size", "4"], 1016),
+    # The mask's 40001 is past verify's dense limit: the nearest below it that the answers split.
+    (["--variant", "zigzag", "--mask", "shared-prefix:256,answers=5", "--seqlen", "40000"], 32756),
+    (["--variant", "stripe", "--mask", "shared-prefix:256,answers=5", "--seqlen", "1k", "--world-size", "8"], 1016),
+    # 256 rows of slices past 1k tokens: 256 is the only seqlen they fit, which zigzag at W=3 cannot cut.
+    (["--variant", "zigzag", "--mask-file", str(MASKS / "image_in_text.txt"), "--seqlen", "1k", "--world-size", "3"],
+     None),
+    (["--variant", "zigzag", "--mask-file", str(MASKS / "image_in_text.txt"), "--seqlen", "1k"], 256),
+])
+def test_a_seqlen_a_refusal_offers_passes_every_rule_of_the_case(args, offered):
+    """`verify --variant zigzag --mask shared-prefix:256,answers=5 --seqlen 1k` offered 1026, which zigzag refused
+    offering 1028, which the answers refused: the offer is now the nearest seqlen that every check takes."""
+    from helpers import ringbench_here
+
+    result = ringbench_here("verify", "--device", "cpu", *args, cwd=Path.cwd())
+    message = result.stderr.strip()
+    assert result.returncode == 2 and "\n" not in message, message
+    found = re.search(r"(?:--seqlen|use) (\d+)", message.rsplit("; ", 1)[-1])
+    assert (int(found.group(1)) if found else None) == offered, message
+    if offered is None:
+        assert message.endswith("; pass slices that give those rows a key"), message
+        return
+    followed = list(args)
+    followed[followed.index("--seqlen") + 1] = str(offered)
+    assert _check(followed, task="verify") is None

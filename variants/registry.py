@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .offers import SeqlenOffer
 from .rules import (HEADS_K_STRIDE, LAYOUT_CHUNKS, MASK, MAX_SEQLEN, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW,
                     Option, document_rule, layouts, listed, nearest_multiple, ulysses_rule)
 
@@ -181,9 +182,12 @@ class Variant:
             rule = f"2 * world_size = {n}" if LAYOUT_CHUNKS.get(layout, 1) == 2 else f"world_size = {n}"
             near = nearest_multiple(seqlen, n)
             which = self.name if layout == self.layout else f"{self.name} over the {layout} layout"
-            fix = (f"use {near}" if near else
-                   f"no seqlen up to the limit of {MAX_SEQLEN} tokens is one, so pass a smaller --world-size")
-            return f"seqlen {seqlen} is not a multiple of {rule}, which {which} needs; {fix}"
+            refused = f"seqlen {seqlen} is not a multiple of {rule}, which {which} needs"
+            if near:
+                return SeqlenOffer(refused, lambda s: f"use {s}", near,
+                                   "no multiple near it passes the case's other rules, so change one of its options")
+            return (f"{refused}; no seqlen up to the limit of {MAX_SEQLEN} tokens is one, so pass a smaller "
+                    "--world-size")
         return None
 
     def check_device(self, device: str) -> str | None:

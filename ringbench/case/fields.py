@@ -633,6 +633,8 @@ class CaseSpec:
         """
         keyed = {k: v for k, v in self.to_dict().items()
                  if k not in NOT_IN_CASE_ID and not (k in OPTIONAL_DEFAULTS and v == OPTIONAL_DEFAULTS[k])}
+        if keyed.get("mask"):  # the slices decide, not the name of the file they were read from
+            keyed["mask"] = masks.unnamed(keyed["mask"])
         blob = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
 

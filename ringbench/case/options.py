@@ -168,6 +168,7 @@ def check_given(given: dict[str, Any]) -> None:
 def _check_seqlen_fits_every_world_size(given: dict[str, Any]) -> None:
     """Refuse a seqlen that some of several world sizes cannot cut, naming one that fits them all."""
     from ringbench.variants import MAX_SEQLEN, get_variant, nearest_multiple
+    from ringbench.variants.offers import SeqlenOffer
 
     sizes = given.get("world_size") or []
     if "seqlen" not in given or len(sizes) < 2:
@@ -180,10 +181,14 @@ def _check_seqlen_fits_every_world_size(given: dict[str, Any]) -> None:
         for seqlen in seqlens:
             if seqlen % need:
                 near = nearest_multiple(seqlen, need)
-                fix = (f"use {near}" if near else f"no seqlen up to the limit of {MAX_SEQLEN} tokens is one, so "
-                       "run these world sizes in separate commands")
-                raise SpecError(f"seqlen {seqlen} is not a multiple of {need}, which {name} needs to cut it at "
-                                f"every world size given ({', '.join(map(str, sizes))}); {fix}")
+                refused = (f"seqlen {seqlen} is not a multiple of {need}, which {name} needs to cut it at every "
+                           f"world size given ({', '.join(map(str, sizes))})")
+                if near:
+                    raise SpecError(SeqlenOffer(refused, lambda s: f"use {s}", near, "no multiple near it passes "
+                                                "the case's other rules, so run these world sizes in separate "
+                                                "commands"))
+                raise SpecError(f"{refused}; no seqlen up to the limit of {MAX_SEQLEN} tokens is one, so run these "
+                                "world sizes in separate commands")
 
 
 _HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")

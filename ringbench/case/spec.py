@@ -22,6 +22,7 @@ from ringbench.errors import SpecError, Unavailable
 from ringbench.variants import (OPTIONS, ROTATE, VARIANTS, factorizations, get_variant, listed, names, plural,
                                 ulysses_rule)
 from ringbench.variants.engines import masks
+from ringbench.variants.offers import SeqlenOffer
 from ringbench.variants.rules import mask_window_rule
 
 
@@ -207,9 +208,11 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
         raise SpecError(f"mask {masks.label(spec.mask)} does not go with hf_model {spec.hf_model}, whose layers fix "
                         "their own masks; drop --mask")
     if spec.mask and spec.task == "verify" and spec.seqlen > masks.DENSE_LIMIT:
-        raise SpecError(f"seqlen {spec.seqlen} is above {masks.DENSE_LIMIT} tokens, the longest sequence whose mask "
-                        f"verify builds as a dense [S, S] boolean reference (1 GiB), and mask "
-                        f"{masks.label(spec.mask)} needs one; pass --seqlen {masks.DENSE_LIMIT} or less")
+        raise SpecError(SeqlenOffer(
+            f"seqlen {spec.seqlen} is above {masks.DENSE_LIMIT} tokens, the longest sequence whose mask verify builds "
+            f"as a dense [S, S] boolean reference (1 GiB), and mask {masks.label(spec.mask)} needs one",
+            lambda s: f"pass --seqlen {s}" + (" or less" if s == masks.DENSE_LIMIT else ""), masks.DENSE_LIMIT,
+            "pass a shorter --seqlen that the mask takes"))
     if spec.hf_model:
         from ringbench.case import models
 

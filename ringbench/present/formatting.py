@@ -115,16 +115,28 @@ def axis_text(name: str, value: Any) -> str:
 def cell_text(name: str, value: Any) -> str:
     """A value of field ``name`` in a table cell or a legend: as :func:`axis_text`, with
     many documents counted (:func:`docs_count`), no window (``window`` 0) as ``none``, never 0, a
-    mask of slices by their count (``slices(7)``), and ``predicted`` as ``predicted`` or ``measured``."""
+    mask of slices by its file's name and their count (``image_in_text(5)``, ``masks.label``), and
+    ``predicted`` as ``predicted`` or ``measured``."""
     if name == "window" and value in (0, None):
         return "none"
     if name == "mask" and isinstance(value, str) and value.startswith("slices:"):
-        return f"slices({value.count(';') + 1})"
+        from ringbench.variants.engines import masks
+
+        return masks.label(value)
     if name == "predicted":  # a record of ringbench predict, or one that was measured
         return "predicted" if value is True or value == "True" else "measured"
     if name == "docs" and isinstance(value, str) and docs_count(value):
         return docs_count(value)
     return axis_text(name, value)
+
+
+def mask_column(plain: list[str], any_mask: bool) -> str:
+    """What ``ringbench variants`` says a variant takes as a mask: ``any`` (every ``--mask``), else
+    the plain ones it runs in ``--mask``'s words (``causal, full``), from ``plain``, its
+    ``causal``/``non-causal`` capabilities. Never ``both``, which read as any mask."""
+    if any_mask:
+        return "any"
+    return ", ".join({"non-causal": "full"}.get(m, m) for m in plain)
 
 
 # --------------------------------------------------------------------------- tables

@@ -18,6 +18,7 @@ from rich.text import Text
 from ringbench.case.fields import BY_NAME, GROWTH_KEY, VARIANT_OPTIONS, format_size
 from ringbench.present.formatting import (MISSING, FitTable, compact_table, docs_count, milliseconds, number, rate,
                                           ratio_text, text)
+from ringbench.records import cp_reasons
 from ringbench.records.access import kernel_ran, record_field
 from ringbench.variants import plural
 
@@ -286,7 +287,8 @@ def _case_verdicts(record: dict) -> list[tuple[str, Text, str]]:
         rows.append(("cp-active", Text("FAIL", style="bold red"),
                      "changing one rank's K/V left another rank's output unchanged"))
     elif record.get("cp_active") is None and record.get("cp_active_reason"):
-        rows.append(("cp-active", Text("n/a", style="yellow"), str(record["cp_active_reason"])))
+        # The short form: the whole sentence filled a narrow note column a dozen lines deep.
+        rows.append(("cp-active", Text("n/a", style="yellow"), cp_reasons.short(str(record["cp_active_reason"]))))
     return rows
 
 

@@ -49,6 +49,7 @@ import torch.distributed as dist
 
 from ringbench.rank import sink_pad as extras
 from ringbench.rank.setup import CaseSetup, Results, case_setup, sink_logits
+from ringbench.records import cp_reasons
 from ringbench.variants import plural
 from ringbench.case.spec import CaseSpec
 from ringbench.variants.engines import layouts, masks
@@ -382,8 +383,7 @@ class Placement:
             others = sorted(set(owner[a:b].tolist()) - {first})
             if others and (self.watch is None or abs(others[-1] - first) > abs(self.watch[1] - self.watch[0])):
                 self.watch = (first, others[-1])
-        self.unwatched = "" if self.watch is not None else (
-            "no document crosses a rank boundary, so no rank needs another's K/V")
+        self.unwatched = "" if self.watch is not None else cp_reasons.no_document_crossing()
 
     def _watch_window(self, seqlen: int, world_size: int, window: int, docs_cu: list[int] | None = None) -> None:
         # Under a sliding window a document's first token is out of reach of its later queries, so
@@ -409,8 +409,7 @@ class Placement:
                     break
             if self.watch is not None:
                 break
-        self.unwatched = "" if self.watch is not None else (
-            f"under window {window} no query sees a key of another rank, so no rank needs another's K/V")
+        self.unwatched = "" if self.watch is not None else cp_reasons.no_key_crossing(f"window {window}")
 
     def _watch_mask(self, mask: masks.Mask, world_size: int) -> None:
         # The pair comes from the positions each rank holds, read from the shard function itself (every
@@ -421,8 +420,8 @@ class Placement:
         self.watch = next(((source, watcher) for watcher in reversed(range(world_size)) for source in range(world_size)
                            if source != watcher and bool(mask.allows(held[watcher][:, None], held[source][None, :]).any())),
                           None)
-        self.unwatched = "" if self.watch is not None else (
-            f"under mask {masks.label(mask.text)} no query sees a key of another rank, so no rank needs another's K/V")
+        self.unwatched = "" if self.watch is not None else cp_reasons.no_key_crossing(
+            f"mask {masks.label(mask.text)}")
 
     def max_seqlen(self) -> int:
         offsets = self.cu_seqlens.tolist()
@@ -640,7 +639,7 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     repeats = max(spec.repeat, 2) if spec.require_deterministic else spec.repeat
     repeated = repeat_variant(variant.attention, placement, inputs, local, repeats, **kwargs)
     if world_size == 1:
-        active, inactive_reason = None, "world size 1: a single rank, so no K/V is exchanged"
+        active, inactive_reason = None, cp_reasons.SINGLE_RANK
     elif placement.watch is None:
         active, inactive_reason = None, placement.unwatched
     else:

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from ringbench.case import fields
 from ringbench.errors import SpecError, Unavailable
+from ringbench.variants.offers import SeqlenOffer
 
 #: Options that, given to verify without a scenario, still check the smoke scenario (they
 #: filter or override its cases); any other case option makes verify check that one shape.
@@ -18,7 +19,8 @@ SMOKE_FILTERS = ("variant", "world_size", "kernel", "device", "repeat", "require
 
 
 def cases_for(task: str, given: dict[str, Any], *, scenario: Optional[str] = None, model: Optional[str] = None,
-              nnodes: int = 1) -> tuple[list, dict[str, str]]:
+              nnodes: int = 1, resolve_kernels: bool = True,
+              machine: Optional[tuple[str, int]] = None) -> tuple[list, dict[str, str]]:
     """The cases a ``run`` or ``verify`` command asks for, validated and resolved.
 
     ``given`` holds the case options the command was given (field -> value, or a list of
@@ -27,6 +29,7 @@ def cases_for(task: str, given: dict[str, Any], *, scenario: Optional[str] = Non
     per variant and world size from the device's defaults; ``verify`` does the same when a
     case option beyond :data:`SMOKE_FILTERS` is given (a shape), and otherwise checks the
     ``smoke`` scenario. With ``model`` (verify only) the model fixes the shape.
+    ``resolve_kernels=False`` and ``machine``: as :func:`build_cases` takes them.
 
     Returns:
         The cases, and ``{case_id: reason}`` of scenario cases that cannot run here (skipped).
@@ -42,7 +45,7 @@ def cases_for(task: str, given: dict[str, Any], *, scenario: Optional[str] = Non
         if task == "verify" and not set(given) - set(SMOKE_FILTERS):
             _check_smoke_takes(given.get("variant", []))
             scenario = "smoke"
-    return build_cases(task, scenario, given, nnodes=nnodes)
+    return build_cases(task, scenario, given, nnodes=nnodes, resolve_kernels=resolve_kernels, machine=machine)
 
 
 def _product(given: dict[str, Any]) -> list[dict[str, Any]]:
@@ -113,8 +116,11 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
         except SpecError as exc:
             if scen is None:
                 raise
-            raise SpecError(f"scenario {scen.source} case {i + 1} of {len(cases)} ({case.variant}, world_size "
-                            f"{case.world_size}, seqlen {case.seqlen}, kernel {case.kernel}): {exc}") from None
+            where = (f"scenario {scen.source} case {i + 1} of {len(cases)} ({case.variant}, world_size "
+                     f"{case.world_size}, seqlen {case.seqlen}, kernel {case.kernel}): ")
+            reason = exc.args[0] if exc.args else ""
+            # An offered seqlen stays one, for sweep.fit to hold to the other rules.
+            raise SpecError(reason.within(where) if isinstance(reason, SeqlenOffer) else where + str(exc)) from None
     seen: dict[str, Any] = {}
     for case in resolved:
         other = seen.setdefault(case.case_id(), case)

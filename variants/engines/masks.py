@@ -9,8 +9,9 @@ side unbounded). MagiAttention's four slice types are the band's four cases:
 - ``inv-causal``: aligned top-left, ``k - k0 >= q - q0``, so ``lo = k0 - q0``;
 - ``bi-causal``: both (for ``q1 - q0 == k1 - k0`` the diagonal alone, empty for more queries than keys).
 
-A mask is a list of slices that share no pair; a pair in no slice is masked, and a query in no
-slice sees no key (out 0, lse ``-inf``). Every family of ``--mask`` is written as slices over
+A mask is a list of slices that share no pair; a pair in no slice is masked. Over a whole sequence
+every query row sees a key (:func:`rule` refuses blind rows; a block of a rank may still hold rows
+that see none of its keys: out 0, lse ``-inf``). Every family of ``--mask`` is written as slices over
 the sequence of S tokens (:func:`build`), and a ``--mask-file`` is read into the same form
 (:func:`read_file`), so one module answers, for any of them and without torch:
 
@@ -34,7 +35,9 @@ The families (``P``, ``C``, ``G``, ``L``, ``R`` token counts; sizes such as ``4k
 - ``chunked:C``: causal inside chunks of C tokens, nothing across them (Llama 4's chunked attention);
 - ``global:G,window:L``: causal, each query sees the first G tokens and its last L keys
   (global tokens beside a sliding window, as attention-sink models train);
-- ``slices:q0,q1,k0,k1,type;...``: the slices themselves, the form a ``--mask-file`` is read into.
+- ``slices:q0,q1,k0,k1,type;...``: the slices themselves, the form a ``--mask-file`` is read into,
+  led by ``name=STEM;`` (the file's stem), which tables show (:func:`label`) and case_id leaves out
+  (:func:`unnamed`).
 
 Source: the slice representation is MagiAttention's (Tao et al., arXiv 2505.13211; its
 ``AttnSlice`` and mask types, docs/blog/magi_attn.md); the band algebra, the arithmetic over
@@ -48,6 +51,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
+from ..offers import SeqlenOffer
 from .bands import Run
 
 #: MagiAttention's slice types, in its order (0 full, 1 causal, 2 inverse causal, 3 bidirectional causal).
@@ -65,6 +69,8 @@ EXAMPLES = ("causal, full, window:L, window:L,R, prefix:P, shared-prefix:P,answe
 EMPTY, FULL, PARTIAL = "empty", "full", "partial"
 
 _SIZE = re.compile(r"(\d+)([kKmM]?)")
+#: The name a slices text may carry (a file's stem, its other characters written ``_``).
+_NAME, _NAME_CUT = re.compile(r"[\w.-]+"), re.compile(r"[^\w.-]+")
 _UNITS = {"": 1, "k": 1024, "m": 1024 ** 2}
 
 
@@ -247,7 +253,7 @@ def _parse_slice(text: str, mask: str, where: str) -> tuple[int, int, int, int, 
     return q0, q1, k0, k1, kind
 
 
-def _slices_text(entries: Sequence[tuple[int, int, int, int, str]], mask: str) -> str:
+def _slices_text(entries: Sequence[tuple[int, int, int, int, str]], mask: str, name: str = "") -> str:
     if not entries:
         raise ValueError(f"mask {mask!r} holds no slice; give at least one q_start,q_end,k_start,k_end,type")
     if len(entries) > MAX_SLICES:
@@ -260,7 +266,7 @@ def _slices_text(entries: Sequence[tuple[int, int, int, int, str]], mask: str) -
                 raise ValueError(f"mask {mask!r}: slices {i + 1} ({_slice_text(entries[i])}) and {j + 1} "
                                  f"({_slice_text(entries[j])}) share pairs, but each (query, key) pair may be in one "
                                  "slice only; cut one of them")
-    return "slices:" + ";".join(_slice_text(e) for e in entries)
+    return "slices:" + (f"name={name};" if name else "") + ";".join(_slice_text(e) for e in entries)
 
 
 def parse(text: str) -> str:
@@ -283,9 +289,10 @@ def parse(text: str) -> str:
             raise ValueError(f"mask {raw!r}: {name} takes no parameters; pass --mask {name}")
         return name
     if name == "slices":
+        named, rest = _split_name(params, raw)
         entries = [_parse_slice(e, raw, f"mask {raw!r}: slice {i + 1}")
-                   for i, e in enumerate(e for e in params.split(";") if e.strip())]
-        return _slices_text(entries, raw)
+                   for i, e in enumerate(e for e in rest if e.strip())]
+        return _slices_text(entries, raw, named)
     keyed = {}
     plain = []
     for a in args:
@@ -333,20 +340,33 @@ def _params(text: str) -> tuple[str, list[int], dict[str, int]]:
     return name, plain, keyed
 
 
+def _split_name(params: str, mask: str) -> tuple[str, list[str]]:
+    """The ``name=NAME`` a slices text may lead with (the file it was read from), and its slices' texts."""
+    parts = params.split(";")
+    if not parts[0].strip().lower().startswith("name="):
+        return "", parts
+    name = parts[0].strip()[len("name="):]
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"mask {mask!r}: name {name!r} is not letters, digits, '_', '.' or '-'; pass a name such as "
+                         "image_in_text, or none")
+    return name, parts[1:]
+
+
 def _entries(text: str) -> list[tuple[int, int, int, int, str]]:
     """The slices of a canonical ``slices:`` text, as ``(q0, q1, k0, k1, type)``."""
-    return [_parse_slice(e, text, "slice") for e in text[len("slices:"):].split(";")]
+    return [_parse_slice(e, text, "slice") for e in _split_name(text[len("slices:"):], text)[1]]
+
+
+def unnamed(text: str) -> str:
+    """A mask's text without the name of the file its slices came from: what its case_id follows."""
+    return re.sub(r"^slices:name=[^;]*;", "slices:", text)
 
 
 def rule(text: str, seqlen: int) -> str | None:
     """Why mask ``text`` (canonical) cannot apply to a sequence of ``seqlen`` tokens, in one
-    sentence with the fix, or ``None``."""
+    sentence with the fix, or ``None``. A fix offering a seqlen is a :class:`SeqlenOffer`."""
     if text.startswith("slices:"):
-        end = max(max(e[1], e[3]) for e in _entries(text))
-        if end > seqlen:
-            return (f"mask slices reach position {end}, past seqlen {seqlen}; pass --seqlen {end} or more, or "
-                    "slices within the sequence")
-        return None
+        return _slices_rule(text, seqlen)
     name, plain, keyed = _params(text)
     if name == "prefix" and plain[0] >= seqlen:
         return (f"mask {text} has a prompt of {plain[0]} tokens, not shorter than seqlen {seqlen}; a prompt of the "
@@ -356,12 +376,78 @@ def rule(text: str, seqlen: int) -> str | None:
         rest = seqlen - p
         if rest < a or rest % a:
             fit = p + (max(rest, 0) // a + 1) * a
-            return (f"mask {text} needs the {max(rest, 0)} tokens after the prompt to split into {a} answers of "
-                    f"equal length, which seqlen {seqlen} does not give; pass --seqlen {fit} or another P or A")
+            return SeqlenOffer(f"mask {text} needs the {max(rest, 0)} tokens after the prompt to split into {a} "
+                               f"answers of equal length, which seqlen {seqlen} does not give",
+                               lambda s: f"pass --seqlen {s} or another P or A", fit, "pass another P or A")
     if name == "global" and plain[0] >= seqlen:
         return (f"mask {text} has {plain[0]} global tokens, not fewer than seqlen {seqlen}; pass a G below the "
                 "seqlen")
+    if name == "chunked" and plain[0] >= seqlen:
+        return (f"mask {text} at --seqlen {seqlen}: the chunk must be shorter than the sequence, or the mask is "
+                f"plain causal; use --causal in its place, or a C below {seqlen}")
+    if name == "window" and len(plain) == 2:
+        return _window_rule(text, plain[0], plain[1], seqlen)
     return None
+
+
+def _window_rule(text: str, left: int, right: int, seqlen: int) -> str | None:
+    """A two-sided window must end inside the sequence on each side: at L >= S every query sees every
+    key before it, at R >= S - 1 every key after it, and the window is no window on that side."""
+    past_left, past_right = left >= seqlen, right >= seqlen - 1
+    if past_left and past_right:
+        return (f"mask {text} at --seqlen {seqlen}: the window must be shorter than the sequence, and this one "
+                "reaches past it on both sides, so every query sees every key; use --no-causal in its place")
+    if past_left:
+        return (f"mask {text} at --seqlen {seqlen}: L must be below the seqlen, or every query sees every key "
+                f"before it and the window has no left edge; pass an L below {seqlen}")
+    if past_right:
+        return (f"mask {text} at --seqlen {seqlen}: R must be below seqlen - 1 = {seqlen - 1}, or every query sees "
+                f"every key after it and the window has no right edge; pass an R below {seqlen - 1}")
+    return None
+
+
+def _seeing_rows(s: Slice) -> tuple[int, int]:
+    """The query rows ``[a, b)`` of slice ``s`` that see at least one of its keys: row q sees keys
+    ``max(k0, q + lo) .. min(k1 - 1, q + hi)``, so ``k0 - hi <= q <= k1 - 1 - lo``."""
+    if s.lo is not None and s.hi is not None and s.lo > s.hi:
+        return s.q0, s.q0
+    a = s.q0 if s.hi is None else max(s.q0, s.k0 - s.hi)
+    b = s.q1 if s.lo is None else min(s.q1, s.k1 - s.lo)
+    return a, max(a, b)
+
+
+def blind_rows(slices: Sequence[Slice], seqlen: int) -> list[tuple[int, int]]:
+    """The runs ``[a, b)`` of query rows below ``seqlen`` that no slice gives a key, in order."""
+    gaps, at = [], 0
+    for a, b in sorted(r for r in map(_seeing_rows, slices) if r[0] < r[1]):
+        if a > at:
+            gaps.append((at, min(a, seqlen)))
+        at = max(at, b)
+    if at < seqlen:
+        gaps.append((at, seqlen))
+    return [(a, b) for a, b in gaps if a < b]
+
+
+def _slices_rule(text: str, seqlen: int) -> str | None:
+    entries = _entries(text)
+    end = max(max(e[1], e[3]) for e in entries)
+    tag = label(text)
+    if end > seqlen:
+        return SeqlenOffer(f"mask {tag} reaches position {end}, past seqlen {seqlen}",
+                           lambda s: f"pass --seqlen {s}, or slices within the sequence", end,
+                           "pass slices within the sequence")
+    gaps = blind_rows([Slice.of_kind(*e) for e in entries], seqlen)
+    if not gaps:
+        return None
+    a, b = gaps[0]
+    rows = f"row {a}" if b - a == 1 else f"rows {a} to {b - 1}"
+    more = " and others after them" if len(gaps) > 1 else ""
+    sentence = (f"mask {tag} at --seqlen {seqlen} gives query {rows}{more} no key, and every query row must see "
+                "one")
+    if len(gaps) == 1 and b == seqlen and a >= end:  # only the tail past the slices: a shorter sequence fits
+        return SeqlenOffer(sentence, lambda s: f"pass --seqlen {s}, or slices that give those rows a key", a,
+                           "pass slices that give those rows a key")
+    return f"{sentence}; pass slices that give those rows a key"
 
 
 @functools.lru_cache(maxsize=64)
@@ -420,14 +506,18 @@ def plain_fields(text: str) -> dict | None:
 
 
 def label(text: str) -> str:
-    """A mask as a table names it: its text, or ``slices(N)`` for slices."""
-    return f"slices({text.count(';') + 1})" if text.startswith("slices:") else text
+    """A mask as a table names it: its text, or for slices their count after the name of the file
+    they came from (``image_in_text(5)``), else after ``slices`` (``slices(5)``)."""
+    if not text.startswith("slices:"):
+        return text
+    name, entries = _split_name(text[len("slices:"):], text)
+    return f"{name or 'slices'}({len(entries)})"
 
 
 def read_file(path: str | Path) -> str:
     """The canonical text of a ``--mask-file``: one slice a line, ``q_start q_end k_start k_end type``
     (commas or spaces between them, ``#`` to the end of a line a comment, blank lines skipped),
-    the type one of :data:`KINDS`.
+    the type one of :data:`KINDS`; named by the file's stem, so two files read apart in tables.
 
     Raises:
         ValueError: the file cannot be read, or a line or the slices break a rule (:func:`parse`).
@@ -443,4 +533,4 @@ def read_file(path: str | Path) -> str:
         body = line.split("#", 1)[0]
         if body.strip():
             entries.append(_parse_slice(body, name, f"mask-file {name!r} line {n}"))
-    return _slices_text(entries, name)
+    return _slices_text(entries, name, _NAME_CUT.sub("_", Path(path).stem) or "file")
