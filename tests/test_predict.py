@@ -510,7 +510,10 @@ def test_advise_calls_candidates_within_the_models_error_tied_and_names_no_winne
 def test_advise_names_a_winner_only_beyond_the_models_error():
     from ringbench.model import advise as adv
 
-    ranked = adv.rank([_candidate("zigzag", 100.0, spread=0.0), _candidate("ring", 107.0, spread=0.0)])
+    from ringbench.model.predict import model_error
+
+    behind = 100.0 * (1 + model_error()) / (1 - model_error()) * 1.01  # just past both widened intervals
+    ranked = adv.rank([_candidate("zigzag", 100.0, spread=0.0), _candidate("ring", behind, spread=0.0)])
     assert [c.tied for c in ranked] == [False, False]
     text = " ".join(_advice_text(ranked).split())
     assert "Fastest: zigzag, cpu, ahead of every other beyond the model's error" in text
@@ -557,3 +560,19 @@ def test_advise_asks_git_once_and_predicts_with_the_collector_paused(tmp_path, m
     assert len(entries) > 2 and {e["prediction"]["env"]["git_commit"] for e in entries} == {"abc"}
     assert len(asked) == 1
     assert collecting and not any(collecting) and gc.isenabled()
+
+
+def test_the_models_error_is_check_a_measured_median_never_below_its_bound(tmp_path, monkeypatch):
+    """advise widens by what validation measured (8% today), not by the 3% it is held to; a missing
+    or smaller measurement falls back to the bound, and predict's note gives the numbers."""
+    from ringbench.model import predict as pr
+
+    monkeypatch.setattr(pr, "VALIDATED", tmp_path / "validated.json")
+    assert pr.model_error() == pr.MEDIAN_BOUND and pr.validated_error().startswith("not validated")
+    (tmp_path / "validated.json").write_text(json.dumps({"median_error": 0.08, "worst_error": 2.9, "records": 42,
+                                                         "median_bound": 0.03, "worst_bound": 0.08, "passed": False}))
+    assert pr.model_error() == 0.08
+    assert "median error of 8.0% and a worst of 290.0% over 42" in pr.validated_error()
+    (tmp_path / "validated.json").write_text(json.dumps({"median_error": 0.01, "worst_error": 0.05, "records": 40,
+                                                         "passed": True}))
+    assert pr.model_error() == pr.MEDIAN_BOUND and pr.validated_error().startswith("within its bounds")

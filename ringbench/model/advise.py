@@ -10,7 +10,7 @@ what they refuse (Ulysses degrees the heads cannot split, with the reason), and 
 (``predict.predict_case``). :func:`advise` drops what would not fit in the GPU's memory, ranks
 the rest by time and says why each wins or loses: compute-bound, exposed communication, waiting
 for slower ranks (imbalance), per-step overhead, or memory. A runner-up whose interval (the
-calibration's spread widened by the model's own error, :data:`predict.MODEL_ERROR`) overlaps the
+calibration's spread widened by the model's own error, :func:`predict.model_error`) overlaps the
 leader's is tied with it: the model cannot order them, only a measurement can. :func:`scaling` predicts the best
 candidate of each of the leading variants again at smaller world sizes, for ``advise --plot``:
 the predicted time against world size.
@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 from ringbench.case.fields import format_size
 from ringbench.model import schedule
-from ringbench.model.predict import MODEL_ERROR, predict_case
+from ringbench.model.predict import model_error, predict_case
 from ringbench.model.target import Target
 from ringbench.variants import VARIANTS, factorizations
 
@@ -66,9 +66,10 @@ class Candidate:
     @property
     def band(self) -> tuple[float, float]:
         """Its time's interval (ms): the calibration's 10th to 90th percentile calls, widened by the
-        model's own error (:data:`MODEL_ERROR`); what ranking compares."""
+        model's own error (:func:`predict.model_error`); what ranking compares."""
         lo, hi = self.record["prediction"]["interval"]["time_ms"]
-        return lo * (1 - MODEL_ERROR), hi * (1 + MODEL_ERROR)
+        error = model_error()
+        return lo * (1 - error), hi * (1 + error)
 
     @property
     def label(self) -> str:
@@ -245,7 +246,7 @@ def entry(c: Candidate, rank: Optional[int]) -> dict[str, Any]:
     return {"rank": rank, "candidate": c.label, "fields": c.fields, "placement": c.placement,
             "refused": c.refusal, "fits": c.fits if c.record else None, "reason": c.reason or c.refusal,
             "tied_with_best": c.tied if ranked else None, "interval_ms": list(c.band) if ranked else None,
-            "model_error": MODEL_ERROR if ranked else None, "prediction": c.record,
+            "model_error": model_error() if ranked else None, "prediction": c.record,
             "commands": c.commands or None}
 
 

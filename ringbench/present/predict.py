@@ -140,7 +140,7 @@ def print_advice(ranked: list, console: Console | None = None, *, top: int, clus
     """``ringbench advise``: the best ``top`` candidates with their figures and why each wins or loses
     (``=`` marks those tied with the first within the model's error), what decides between tied ones,
     each one's commands, then what does not fit and what the rules refuse."""
-    from ringbench.model.predict import MODEL_ERROR
+    from ringbench.model.predict import model_error
 
     console = console or Console()
     fitting = [c for c in ranked if c.record and c.fits]
@@ -158,9 +158,9 @@ def print_advice(ranked: list, console: Console | None = None, *, top: int, clus
                       number(r["peak_allocated_gib"], ".1f"), c.reason)
     console.print(Text(cluster, style="bold"))
     console.print(table)
-    error = f"{100 * MODEL_ERROR:g}%"
+    error = f"{100 * model_error():.1f}%"
     notes = [f"intervals: the calibration's 10th to 90th percentile calls, widened by the model's own error "
-             f"({error}, docs/validation.md)."]
+             f"({error}: the median of docs/validation.md's check (a), or its 3% bound if smaller)."]
     if any(c.tied for c in shown):
         notes.append("=: tied with #1, its interval overlapping #1's; the model cannot order them.")
     if any((c.record["efficiency"] or 0) > 1 for c in shown):
