@@ -212,7 +212,7 @@ def test_matrix_that_no_cell_can_run_says_why_instead_of_case_0_of_0(tmp_path):
     result = runner.invoke(app, ["matrix", "--variant", "torch_cp", "--device", "cpu", "--out", str(tmp_path / "m")])
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == (
-        "nothing to verify: every one of the 30 cells of this matrix is refused on cpu, 20 of them because torch_cp "
+        "nothing to verify: every one of the 40 cells of this matrix is refused on cpu, 20 of them because torch_cp "
         "cannot run on cpu: PyTorch's context parallel dispatches only its CUDA SDPA backends (flash, efficient, "
         "cuDNN); run it on a machine with a CUDA GPU with --device cuda")
     assert "case 0 of 0" not in result.output and not (tmp_path / "m").exists()

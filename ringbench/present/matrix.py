@@ -104,6 +104,7 @@ def cell_text(cell: Optional[Cell], *, short: bool = False) -> str:
 #: What an unsupported cell's refusal is about, by a phrase of its sentence (first match wins).
 _TOPICS = (
     ("sliding window", "window"),
+    ("cannot take mask", "mask"),
     ("attention sink", "sink"),
     ("cannot run on", "device"),
     ("is unavailable here", "library"),

@@ -5,12 +5,14 @@ Modules: ``grid`` (the grid and each cell's fields), ``running`` (the cells thro
 objects, Markdown, the picture).
 
 The grid (:func:`build_grid`): every implementation (ringbench's variants, then every peer)
-against eighteen columns around one base cell, each column changing one thing from it, at each
+against twenty-three columns around one base cell, each column changing one thing from it, at each
 world size. The base: causal, bf16, batch 1, 8 query heads over 2 K/V heads (GQA 4:1), head dim
 128, :func:`base_seqlen` tokens (packed into four documents for a varlen implementation, whose
 base mask is packed documents). The columns (:data:`COLUMNS`):
 
-- mask: causal, full (no mask), sliding window, packed documents;
+- mask: causal, full (no mask), sliding window, packed documents, and the named masks of
+  ``--mask`` (:data:`MASK_COLUMNS`: a two-sided window, prefix-LM, a shared prompt with three
+  answers, chunked, global tokens beside a window), which only the batch engines take;
 - dtype: bf16, fp16, fp32;
 - shape: head dim 64, 128, 256; MLA (query/key head dim 192, value head dim 128); MHA 8/8,
   GQA 8/2, MQA 8/1; an odd length (``S = W * c`` with ``c`` odd, so a contiguous share is an odd

@@ -62,6 +62,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("mask", "full", "full"),
     Column("mask", "window", "sliding window"),
     Column("mask", "packed", "packed docs"),
+    Column("mask", "two_sided", "two-sided window"),
+    Column("mask", "prefix", "prefix-LM"),
+    Column("mask", "shared_prefix", "shared prompt"),
+    Column("mask", "chunked", "chunked"),
+    Column("mask", "global", "global + window"),
     Column("dtype", "bf16", "bf16"),
     Column("dtype", "fp16", "fp16"),
     Column("dtype", "fp32", "fp32"),
@@ -180,6 +185,17 @@ def padded_documents(seqlen: int, world_size: int) -> tuple[list[int], int]:
     return [d - 3 for d in documents(seqlen, world_size)], -(-8 // (2 * world_size)) * 2 * world_size
 
 
+#: The columns of the named masks of ``--mask`` (docs/masks.md), each a ``(seqlen) -> mask`` text.
+MASK_COLUMNS = {
+    "two_sided": lambda s: f"window:{s // 8},{s // 8}",
+    "prefix": lambda s: f"prefix:{s // 4}",
+    # Three answers after the prompt, the prompt taking what three equal answers leave of the row.
+    "shared_prefix": lambda s: f"shared-prefix:{s - (3 * s // 4) // 3 * 3},answers=3",
+    "chunked": lambda s: f"chunked:{s // 4}",
+    "global": lambda s: f"global:{max(4, s // 64)},window:{s // 4}",
+}
+
+
 def base_columns(varlen: bool) -> list[str]:
     """The keys of the columns the base cell fills."""
     return ["packed" if varlen else "causal", BASE["dtype"], f"d{BASE['head_dim']}", "gqa"]
@@ -202,6 +218,8 @@ def cell_fields(variant, column: str, world_size: int, device: str) -> dict[str,
         out["causal"] = column != "full"
         if column == "window":
             out["window"] = seqlen // 4
+    elif column in MASK_COLUMNS:  # the mask alone decides, as records of masked cases say (causal false)
+        out["mask"], out["causal"] = MASK_COLUMNS[column](seqlen), False
     elif column in ("bf16", "fp16", "fp32"):
         out["dtype"] = column
     elif column in ("d64", "d128", "d256"):
