@@ -303,6 +303,60 @@ def test_masks_math_kernel_takes_a_position_mask_rectangular_and_with_rows_that_
         math_kernel.forward(q, k, v, True, 0.3, mask=pm)
 
 
+def _attention_sink_fp64(q, k, v, seen, scale, sink):
+    """Plain float64 attention under the bool ``[S, S]`` mask ``seen``, the sink one more logit column of
+    every row (it takes weight and has no value)."""
+    groups = q.shape[2] // k.shape[2]
+    k, v = (t.repeat_interleave(groups, dim=2) for t in (k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    scores = scores.masked_fill(~seen, -math.inf)
+    every = torch.cat([scores, sink[None, :, None, None].expand(*scores.shape[:-1], 1)], dim=-1)
+    lse = torch.logsumexp(every, dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", torch.exp(every - lse[..., None])[..., :-1], v), lse
+
+
+@pytest.mark.parametrize("text", FAMILIES)
+def test_masks_sink_references_are_masked_attention_with_a_sink_column_written_apart(text):
+    """verify's float64 reference and single-device run of a case with a mask and a learnable sink (and a
+    value head dim apart from the query one) are attention under the family's own dense mask with the sink
+    as one more logit column: out, lse with the sink, dq, dk, dv and d sink, by autograd."""
+    from ringbench.rank import sink_pad
+    from ringbench.variants.kernels import KERNELS
+
+    S, scale, text = 32, 8 ** -0.5, masks.parse(text)
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, dout = (torch.randn(2, S, h, d, generator=gen, dtype=torch.float64)
+                     for h, d in ((4, 8), (2, 8), (2, 6), (4, 6)))
+    sink = torch.randn(4, generator=gen, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, sink)]
+    want_out, want_lse = _attention_sink_fp64(*leaves[:3], _dense(text, S), scale, leaves[3])
+    (want_out * dout).sum().backward()
+    want = (want_out, want_lse, *(leaf.grad for leaf in leaves))
+    ref = sink_pad.reference_fp64((q, k, v, dout), None, True, scale, sink.clone().requires_grad_(True), None,
+                                  mask=text)
+    single = sink_pad.single_row(KERNELS["math"], (q, k, v, dout), None, True, scale,
+                                 sink.clone().requires_grad_(True), None, mask=text)
+    for got in (ref, single):
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w.detach(), rtol=0, atol=1e-11)
+
+
+def test_masks_take_a_sink_and_a_value_head_dim_on_every_batch_engine():
+    """A sink (learnable or off-by-one) and head_dim_v beside any mask pass the spec's rules on the six batch
+    engines; packed documents still refuse the mask, sink or not."""
+    from ringbench.case.spec import validate
+
+    for variant in ("ring", "zigzag", "stripe", "llama3", "ulysses", "usp"):
+        for sink in ("learnable", "off-by-one"):
+            validate(resolve_mask(_spec(variant=variant, mask="shared-prefix:28,answers=3", sink=sink, head_dim_v=8,
+                                        kernel="math")), visible_gpus=0)
+    from ringbench.case.spec import check_fields
+
+    with pytest.raises(SpecError, match="ring_varlen cannot take mask prefix:40"):
+        check_fields({"variant": "ring_varlen", "mask": "prefix:40", "sink": "learnable", "seqlen": 256,
+                      "world_size": 2})
+
+
 def test_masks_only_the_math_kernel_takes_one_and_auto_finds_it():
     from ringbench.variants.kernels import KERNELS, as_kernel, resolve_kernel
 

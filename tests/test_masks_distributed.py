@@ -7,8 +7,9 @@ cp-active check, null with its reason where no rank needs another's K/V), one la
 
 Every (mask, variant) pair runs at every world size, in bf16 at some and fp32 at the others, so each pair
 meets both dtypes over the four launches. The hidden ``mask_local_only`` variant (its mask cuts only the
-blocks of its own K/V) joins each launch of two ranks or more and must fail there. World size 2 keeps a few
-cases in the quick subset; the rest, and 1, 4 and 8, are slow.
+blocks of its own K/V) joins each launch of two ranks or more and must fail there. A few cases of each launch
+add a sink (learnable, checked with d sink, or off-by-one) and a value head dim apart from the query one, on
+variants taken in turn. World size 2 keeps a few cases in the quick subset; the rest, and 1, 4 and 8, are slow.
 """
 
 from __future__ import annotations
@@ -45,11 +46,17 @@ QUICK = {f"{name}_{VARIANTS[i % len(VARIANTS)]}" for i, (name, _, seqlen) in enu
 WORLD_SIZES = (1, 2, 4, 8)
 
 
-def _spec(variant: str, world_size: int, mask: str, seqlen: int, dtype: str) -> dict:
+#: Cases with a sink, a value head dim apart from the query one, or both, beside a mask: (mask index of
+#: MASKS, sink, head_dim_v). Each launch adds them on variants taken in turn, so every engine meets them over
+#: the launches; the quick launch the first two.
+EXTRAS = ((1, "learnable", 0), (3, "off-by-one", 8), (6, "learnable", 24))
+
+
+def _spec(variant: str, world_size: int, mask: str, seqlen: int, dtype: str, **fields) -> dict:
     base = {**default_fields("cpu", 0), "task": "verify", "variant": variant, "kernel": "math",
             "world_size": world_size, "heads": 8 if variant in ("ulysses", "usp") else 4, "kv_heads": 2,
             "head_dim": 16, "dtype": dtype, "seed": 5,
-            "seqlen": seqlen, "mask": mask}
+            "seqlen": seqlen, "mask": mask, **fields}
     if variant == "usp":  # a ring of two Ulysses groups wherever there are two ranks or more
         base["ulysses_degree"] = max(1, world_size // 2)
     case = resolve_options(canonical(resolve_mask(CaseSpec(**base))))
@@ -84,7 +91,19 @@ def _cases(world_size: int, *, quick: bool) -> list[dict]:
                         "spec": _spec("mask_local_only", world_size, mask, seqlen, "bf16")})
     if world_size > 1 and not quick:  # chunks of 32 inside the ring's blocks of 256 / W: no rank needs another's K/V
         out.append({"name": "chunked_inside_blocks_ring", "spec": _spec("ring", world_size, "chunked:32", 256, "fp32")})
+    first = sum(len(_extras(q)) for _, q in LAUNCHES_AT[:LAUNCHES_AT.index((world_size, quick))])
+    for c, (m, sink, dv) in enumerate(_extras(quick), first):  # c counts over the launches: variants in turn
+        name, mask, seqlen = MASKS[m]
+        variant = VARIANTS[c % len(VARIANTS)]
+        out.append({"name": f"{name}_sink_{sink}_dv{dv}_{variant}",
+                    "spec": _spec(variant, world_size, mask, seqlen, ("bf16", "fp32")[c % 2], sink=sink,
+                                  head_dim_v=dv)})
     return out
+
+
+def _extras(quick: bool) -> tuple:
+    """The :data:`EXTRAS` a launch runs: the first two in the quick one."""
+    return EXTRAS[:2] if quick else EXTRAS
 
 
 def _launch(world_size: int, quick: bool, folder) -> dict:
@@ -95,8 +114,9 @@ def _launch(world_size: int, quick: bool, folder) -> dict:
     return got
 
 
-LAUNCHES = [slow_when((1, False), True), (2, True), slow_when((2, False), True), slow_when((4, False), True),
-            slow_when((8, False), True)]
+#: The launches, (world size, quick), in order: the sink cases take their variants by this order.
+LAUNCHES_AT = ((1, False), (2, True), (2, False), (4, False), (8, False))
+LAUNCHES = [p if p == (2, True) else slow_when(p, True) for p in LAUNCHES_AT]
 
 
 @pytest.fixture(scope="module", params=LAUNCHES, ids=lambda p: f"w{p[0]}{'-quick' if p[1] else ''}")
@@ -119,7 +139,10 @@ def test_masks_verify_passes_every_family_and_file_on_every_variant(launch):
     for name, rec in records.items():
         if name in broken:
             continue
-        assert all(c["passed"] and c["shadow_passed"] for c in rec["checks"]), name
+        # d sink has no block decomposition (the engine sums it from out and dout): the max rule alone.
+        assert all(c["passed"] and (c["shadow_passed"] or c["tensor"] == "dsink") for c in rec["checks"]), name
+        spec = launch["cases"][name]
+        assert ("dsink" in {c["tensor"] for c in rec["checks"]}) == (spec["sink"] == "learnable"), name
         if launch["world_size"] == 1:
             assert rec["cp_active"] is None and rec["cp_active_reason"].startswith("world size 1"), name
         elif name == "chunked_inside_blocks_ring":

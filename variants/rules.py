@@ -239,8 +239,9 @@ class Window(Option):
 
 @dataclass(frozen=True)
 class MaskOption(Option):
-    """``mask``: any mask of ``engines/masks.py`` (its canonical text), by the rules that need the
-    case: a seqlen it fits, and none of the options that do not compose with it yet (a sink).
+    """``mask``: any mask of ``engines/masks.py`` (its canonical text), by the rule that needs the
+    case: a seqlen it fits. A sink composes with any mask (it joins each row once, after the
+    row's last merge, whatever the mask left in it), as does ``head_dim_v``.
     ``causal``, ``full`` and ``window:L`` ask nothing beyond the plain fields they are written as
     (the harness's ``resolve_mask``), so every variant takes them. A mask beside a window is
     :func:`mask_window_rule`'s, for every variant."""
@@ -251,9 +252,6 @@ class MaskOption(Option):
     def check(self, variant, value, case):
         if not value:
             return None
-        if case.get("sink") not in (None, "none"):
-            return (f"mask {masks.label(value)} does not take an attention sink yet (sink {case['sink']!r}); pass "
-                    "--sink none")
         seqlen = case.get("seqlen")
         return masks.rule(masks.parse(value), seqlen) if seqlen else None
 

@@ -55,7 +55,7 @@ from ringbench.case.spec import CaseSpec
 from ringbench.variants.engines import layouts, masks
 from ringbench.variants import instruments
 from ringbench.variants.instruments import observe
-from ringbench.variants.kernels.common import PositionMask, accumulation_dtype
+from ringbench.variants.kernels.common import accumulation_dtype
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.kernels.common import merge_
 
@@ -585,10 +585,7 @@ def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float,
     over the whole packed row when the case has documents), under the case's sliding window or
     its mask (``mask``, its text: the dense ``[S, S]`` block of its slices, causal then ignored)."""
     q, k, v, dout = inputs
-    kw = extras.band_keywords(window)
-    if mask:
-        every = torch.arange(q.shape[1], device=q.device)
-        kw, causal = {"mask": PositionMask(every, every, masks.build(mask, q.shape[1]).allows, mask)}, False
+    causal, kw = extras.row_keywords(causal, window, mask, q.shape[1], q.device)
     if placement.cu_seqlens is None:
         out, lse = kernel.forward(q, k, v, causal, scale, **kw)
         return Results(out, lse, *kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw))

@@ -20,6 +20,9 @@ autograd through the math kernel's plain-torch forward and ``L = logaddexp(lse, 
 ``out_f = out * exp(lse - L)``, so its dq, dk, dv and d sink do not rest on the identities the
 engines use (``variants/engines/sinks.py``). The single-device run is the case's kernel over the
 padded row, with the sink and the padding applied as verify applies them to the variant.
+
+A window or a mask (``spec.window``, ``spec.mask``) reaches both references through
+:func:`row_keywords`, as for a case without a sink: the sink joins each row after the mask, once.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from __future__ import annotations
 import torch
 
 from ringbench.rank.setup import CaseSetup, Results
-from ringbench.variants.engines import layouts
+from ringbench.variants.engines import layouts, masks
 from ringbench.variants.kernels import KERNELS
-from ringbench.variants.kernels.common import window_band
+from ringbench.variants.kernels.common import PositionMask, window_band
 from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
 
 Tensor = torch.Tensor
@@ -67,13 +70,35 @@ def band_keywords(window: int | None) -> dict:
     return {"window": window_band(window)} if window else {}
 
 
+def row_keywords(causal: bool, window: int | None, mask: str, seqlen: int, device) -> tuple[bool, dict]:
+    """The ``causal`` flag and kernel keywords of one call over a whole sequence of ``seqlen`` tokens
+    under a case's window or mask: the window's band (:func:`band_keywords`), or the mask's dense
+    ``[seqlen, seqlen]`` block of every position, from the slices of ``masks.build`` (then
+    ``causal`` is False: the mask alone decides). The one place verify's whole-row calls get either.
+
+    Args:
+        causal: the case's causal flag; window: its window in keys (0 or ``None``: none).
+        mask: its mask's canonical text (``""``: none), taken by the mask-taking kernels (math).
+        seqlen: the sequence's tokens; device: where the mask's positions live.
+
+    Raises:
+        ValueError: a mask ``masks.build`` refuses at ``seqlen``.
+    """
+    if not mask:
+        return causal, band_keywords(window)
+    every = torch.arange(seqlen, device=device)
+    return False, {"mask": PositionMask(every, every, masks.build(mask, seqlen).allows, mask)}
+
+
 def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: float, sink: Tensor | None,
-               keep: Tensor | None, window: int = 0) -> Results:
+               keep: Tensor | None, window: int = 0, mask: str = "") -> Results:
     """out, lse, dq, dk, dv and d sink (or ``None``) of ``kernel`` on one device over the whole
-    (padded) row, under the case's sliding window (``window`` keys, 0: none), the sink and
-    padding applied as verify applies them to the variant."""
+    (padded) row, under the case's sliding window (``window`` keys, 0: none) or mask (``mask``,
+    its text: :func:`row_keywords`), the sink and padding applied as verify applies them to the
+    variant. Shapes and dtypes are the inputs'; lse is ``[B, Hq, S]`` float32 (float64 for
+    float64 inputs); d sink ``[Hq]`` in the sink's dtype."""
     q, k, v, dout = inputs
-    kw = band_keywords(window)
+    causal, kw = row_keywords(causal, window, mask, q.shape[1], q.device)
     if cu_seqlens is None:
         out, lse = kernel.forward(q, k, v, causal, scale, **kw)
     else:
@@ -95,7 +120,7 @@ def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: f
 
 
 def reference_fp64(inputs, real_docs: list[int] | None, causal: bool, scale: float, sink: Tensor | None,
-                   keep: Tensor | None, window: int = 0) -> Results:
+                   keep: Tensor | None, window: int = 0, mask: str = "") -> Results:
     """out, lse, dq, dk, dv and d sink (or ``None``) in float64 on the real tokens alone, put
     back at their padded positions (zeros at padding rows; lse 0 there, never compared).
 
@@ -108,14 +133,27 @@ def reference_fp64(inputs, real_docs: list[int] | None, causal: bool, scale: flo
         window: the causal sliding window in keys (0: none), applied within each real document:
             padding sits at a document's end, so a real token's window over the padded document
             holds the same real keys.
+        mask: any mask's canonical text (``masks.py``; ``""``: none), as its dense boolean
+            ``[S, S]`` block over the batch form (then ``causal`` is ignored).
+
+    Returns:
+        :class:`Results` in float64: out ``[B, S, Hq, Dv]``, lse ``[B, Hq, S]`` (with the sink:
+        ``logaddexp(lse, s_h)``), dq, dk, dv as q, k, v, and d sink ``[Hq]`` for a sink that
+        requires grad.
+
+    Raises:
+        ValueError: a mask beside documents (the masks are over one batch row), or one that
+            ``masks.build`` refuses at the sequence's length.
     """
+    if mask and real_docs is not None:
+        raise ValueError(f"mask {masks.label(mask)} has no reference over packed documents; pass real_docs=None")
     math = KERNELS["math"]
     q, k, v, dout = (x.double() for x in inputs)
     if keep is not None:
         q, k, v, dout = (x[:, keep] for x in (q, k, v, dout))
     cu = layouts.cu_seqlens_from_docs(real_docs, device=q.device) if real_docs is not None else None
     n = max(real_docs) if real_docs is not None else 0
-    kw = band_keywords(window)
+    causal, kw = row_keywords(causal, window, mask, q.shape[1], q.device)
 
     def forward(q, k, v):
         if cu is None:
@@ -194,9 +232,9 @@ def references(kernel, inputs, case: CaseSetup, cu_seqlens: Tensor | None, sink:
         - ``"floor"``: the accumulation's error floor, ``eps`` of the sink's dtype times the
           largest over the heads of the sum of its terms' magnitudes.
     """
-    window = case.spec.window
-    single = single_row(kernel, inputs, cu_seqlens, case.causal, case.scale, sink, keep, window)
-    ref = reference_fp64(inputs, case.real_docs, case.causal, case.scale, sink, keep, window)
+    window, mask = case.spec.window, case.spec.mask
+    single = single_row(kernel, inputs, cu_seqlens, case.causal, case.scale, sink, keep, window, mask)
+    ref = reference_fp64(inputs, case.real_docs, case.causal, case.scale, sink, keep, window, mask)
     implied = None
     if ref.dsink is not None:
         rows = slice(None) if keep is None else keep
