@@ -129,3 +129,26 @@ def test_any_mask_any_plan(family, world_size, per_rank, chunk, cut):
     _check_plan(mask, mask_balance.plan(mask, world_size, chunk=chunk), world_size)
     if seqlen % (2 * world_size) == 0:
         _check_plan(mask, mask_balance.plan(mask, world_size), world_size)
+
+
+def _case(**fields):
+    from ringbench.case.spec import CaseSpec, default_fields, resolve_mask
+
+    base = default_fields("cpu", 0) | dict(task="run", variant="zigzag", seqlen=4096, world_size=8)
+    return resolve_mask(CaseSpec(**(base | fields)))
+
+
+def test_record_compares_the_layouts_under_a_mask():
+    """The record of a masked case carries every layout's max/mean beside its own; a case without a mask
+    keeps its fields (``causal`` is the plain case, which has no mask)."""
+    from ringbench.case import work
+
+    fields = work.predicted_fields(_case(mask="shared-prefix:2k,answers=4"))
+    by = fields[work.BY_LAYOUT]
+    assert list(by) == ["contiguous", "zigzag", "stripe", "balanced"]
+    assert by["zigzag"] == pytest.approx(fields["predicted_max_over_mean"])  # zigzag's own layout
+    assert by["zigzag"] > 1.2 and by["contiguous"] > 1.2 and by["balanced"] <= mask_balance.TARGET
+    assert work.BY_LAYOUT not in work.predicted_fields(_case(mask="causal"))
+    assert work.BY_LAYOUT not in work.predicted_fields(_case())
+    odd = work.predicted_fields(_case(mask="prefix:100", seqlen=4104))[work.BY_LAYOUT]  # 4104 = 8 * 513
+    assert odd["zigzag"] is None and odd["balanced"] is None and odd["contiguous"] is not None

@@ -36,7 +36,7 @@ import heapq
 from typing import NamedTuple
 
 from .bands import Run
-from .masks import Mask
+from .masks import Mask, run_pairs
 
 #: The max/mean the default chunk size aims at.
 TARGET = 1.05
@@ -84,7 +84,11 @@ def chunk_areas(mask: Mask, chunk: int) -> list[int]:
     if chunk < 1 or S % chunk:
         raise ValueError(f"chunk {chunk} does not divide seqlen {S}; pass a chunk size that divides it")
     keys = Run(0, 0, 1, S)
-    return [mask.pairs(Run(0, i * chunk, 1, chunk), keys) for i in range(S // chunk)]
+    areas = [0] * (S // chunk)
+    for s in mask.slices:  # only the chunks a slice's rows meet: files hold up to 4096 slices
+        for i in range(s.q0 // chunk, -(-s.q1 // chunk)):
+            areas[i] += run_pairs(Run(0, i * chunk, 1, chunk), keys, s)
+    return areas
 
 
 def assign(areas: list[int], world_size: int) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
