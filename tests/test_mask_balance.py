@@ -96,9 +96,11 @@ def test_refuses_a_chunk_that_cannot_cut_evenly(chunk, words):
         mask_balance.plan(masks.build("causal", 4096), 8, chunk=chunk)
 
 
-def test_refuses_a_seqlen_without_two_chunks_per_rank():
-    with pytest.raises(ValueError, match="seqlen 100 is not a multiple of 2 \\* world_size = 16"):
-        mask_balance.plan(masks.build("causal", 100), 8)
+def test_refuses_a_seqlen_the_ranks_cannot_share_and_takes_one_chunk_each_below_2w():
+    with pytest.raises(ValueError, match="seqlen 100 is not a multiple of world_size 8"):
+        mask_balance.plan(masks.build("prefix:10", 100), 8)
+    plan = mask_balance.plan(masks.build("prefix:10", 104), 8)  # 104 = 8 * 13: one chunk of 13 each
+    assert plan.chunk == 13 and sorted(c for cs in plan.chunks for c in cs) == list(range(8))
 
 
 def test_pure_python():
@@ -151,4 +153,43 @@ def test_record_compares_the_layouts_under_a_mask():
     assert work.BY_LAYOUT not in work.predicted_fields(_case(mask="causal"))
     assert work.BY_LAYOUT not in work.predicted_fields(_case())
     odd = work.predicted_fields(_case(mask="prefix:100", seqlen=4104))[work.BY_LAYOUT]  # 4104 = 8 * 513
-    assert odd["zigzag"] is None and odd["balanced"] is None and odd["contiguous"] is not None
+    assert odd["zigzag"] is None and odd["contiguous"] is not None and odd["balanced"] is not None
+
+
+def test_ring_balanced_predicts_the_plans_work():
+    from ringbench.case import work
+
+    spec = _case(variant="ring", layout="balanced", mask="shared-prefix:2k,answers=4", batch=2)
+    plan = mask_balance.default_plan(masks.build(spec.mask, 4096), 8)
+    assert work.pairs_per_rank(spec) == [2 * w for w in plan.work]
+    assert work.predicted_fields(spec)["predicted_max_over_mean"] == pytest.approx(plan.max_over_mean())
+
+
+def test_balanced_layout_shards_by_the_plan_and_the_ring_steps_follow_it():
+    import torch
+
+    from ringbench.variants.engines import layouts, masked
+
+    mask = masks.build("prefix:96", 256)
+    plan = mask_balance.default_plan(mask, 4)
+    x = torch.arange(256).view(1, 256)
+    shards = [layouts.shard(x, "balanced", r, 4, mask=mask.text) for r in range(4)]
+    for r, part in enumerate(shards):
+        assert part[0].tolist() == [p for a, b in plan.positions(r) for p in range(a, b)]
+    assert torch.equal(layouts.unshard(shards, "balanced", mask=mask), x)
+    runs = masked.layout_runs(mask, "balanced", 256, 4)
+    assert runs == [plan.runs(r) for r in range(4)]
+    with pytest.raises(ValueError, match="follows a mask, and none was given"):
+        layouts.token_index("balanced", 256, 0, 4)  # no mask: the packed documents' balanced
+
+
+@pytest.mark.parametrize("fields,words", [
+    ({"layout": "balanced"}, "layout 'balanced' of ring evens a mask's work, and the case has none; pass --mask"),
+    ({"layout": "balanced", "mask": "causal"}, "layout 'balanced' of ring evens a mask's work"),
+    ({"layout": "zigzag", "mask": "prefix:64"}, "layout 'zigzag' is not one ring takes; choose contiguous or balanced"),
+])
+def test_ring_refuses_balanced_without_a_mask(fields, words):
+    from ringbench.variants import VARIANTS
+
+    reason = VARIANTS["ring"].check(seqlen=256, world_size=4, causal=True, **fields)
+    assert reason is not None and reason.startswith(words), reason

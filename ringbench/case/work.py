@@ -153,7 +153,11 @@ def _masked_pairs(spec, variant, layout: str) -> list | None:
         return [_share(spec.batch * mask.area(), W)] * W
     degree = spec.ulysses_degree if variant.ulysses == "option" and spec.ulysses_degree > 0 else 1
     try:
-        ring = [bands.layout_runs(layout, S, r, W // degree) for r in range(W // degree)]
+        if layout == mask_balance.NAME:  # the mask planner's chunks (ring --layout balanced)
+            found = mask_balance.default_plan(mask, W // degree)
+            ring = [found.runs(r) for r in range(W // degree)]
+        else:
+            ring = [bands.layout_runs(layout, S, r, W // degree) for r in range(W // degree)]
     except ValueError:
         return None
     return [_share(spec.batch * sum(mask.pairs(run, keys) for run in ring[g // degree]), degree) for g in range(W)]

@@ -22,7 +22,8 @@ area where zigzag's fixed pairing cannot.
 ``m`` key chunks may take up to ``m**2`` kernel calls, so the default (:func:`plan` with
 ``chunk=None``) is the *largest* chunk that gives every rank at least two chunks (``m`` = 2, 4,
 8, ... up to :data:`MAX_CHUNKS_PER_RANK`) and reaches max/mean ``<=`` :data:`TARGET`; where none
-does, the most even of them (the larger chunk on a tie). Every chunk size divides S, and the
+does, the most even of them (the larger chunk on a tie); where S is a multiple of W but not of
+2W, one chunk per rank. Every chunk size divides S, and the
 kernels take any block length, so no other multiple is needed.
 
 Source: the idea of MagiAttention's dispatch solver (Tao et al., arXiv 2505.13211: chunks of the
@@ -32,12 +33,16 @@ the default chunk rule are ringbench's own.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from typing import NamedTuple
 
 from .bands import Run
 from .masks import Mask, run_pairs
 
+#: The layout's name, as ``--layout`` takes it for a batch variant under a mask (packed documents
+#: have their own ``balanced``, ``balanced.py``).
+NAME = "balanced"
 #: The max/mean the default chunk size aims at.
 TARGET = 1.05
 #: The most chunks per rank the default tries (a ring step may take up to its square of kernel calls).
@@ -116,12 +121,13 @@ def assign(areas: list[int], world_size: int) -> tuple[tuple[tuple[int, ...], ..
 
 def chunk_sizes(seqlen: int, world_size: int) -> list[int]:
     """The chunk sizes the default tries, largest first: ``S / (m * W)`` for ``m`` = 2, 4, 8, ...
-    up to :data:`MAX_CHUNKS_PER_RANK`, while it is a whole number of tokens."""
+    up to :data:`MAX_CHUNKS_PER_RANK`, while it is a whole number of tokens; where ``S`` is a
+    multiple of W but not of 2W, the one chunk per rank (``S / W``: a permutation of contiguous)."""
     out, m = [], 2
     while m <= MAX_CHUNKS_PER_RANK and seqlen % (m * world_size) == 0:
         out.append(seqlen // (m * world_size))
         m *= 2
-    return out
+    return out or ([seqlen // world_size] if world_size >= 1 and seqlen % world_size == 0 else [])
 
 
 def plan(mask: Mask, world_size: int, chunk: int | None = None) -> Plan:
@@ -133,7 +139,7 @@ def plan(mask: Mask, world_size: int, chunk: int | None = None) -> Plan:
 
     Raises:
         ValueError: a ``chunk`` that does not divide S into a multiple of ``world_size`` chunks, or, with
-            ``chunk=None``, a seqlen that is not a multiple of ``2 * world_size``.
+            ``chunk=None``, a seqlen that is not a multiple of ``world_size``.
     """
     S = mask.seqlen
     if chunk is not None:
@@ -143,8 +149,8 @@ def plan(mask: Mask, world_size: int, chunk: int | None = None) -> Plan:
         return Plan(chunk, *assign(chunk_areas(mask, chunk), world_size))
     sizes = chunk_sizes(S, world_size)
     if not sizes:
-        raise ValueError(f"seqlen {S} is not a multiple of 2 * world_size = {2 * world_size}, which the balanced "
-                         "mask layout needs to give every rank two chunks or more")
+        raise ValueError(f"seqlen {S} is not a multiple of world_size {world_size}, which the balanced layout needs "
+                         "to give every rank the same tokens; pass a multiple of it")
     best = None
     for c in sizes:
         found = Plan(c, *assign(chunk_areas(mask, c), world_size))
@@ -154,3 +160,13 @@ def plan(mask: Mask, world_size: int, chunk: int | None = None) -> Plan:
         if best is None or ratio < best[0]:
             best = (ratio, found)
     return best[1]
+
+
+@functools.lru_cache(maxsize=32)
+def default_plan(mask: Mask, world_size: int) -> Plan:
+    """:func:`plan` at the default chunk, kept: the engines and the harness ask for it per rank and step.
+
+    Raises:
+        ValueError: as :func:`plan`.
+    """
+    return plan(mask, world_size)
