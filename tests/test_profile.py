@@ -345,3 +345,18 @@ def test_contracts_say_only_the_peers_report_no_spans():
     entry = text[text.index("per_rank_busy_ms    spec.profile only"):text.index("busy_imbalance      max / min")]
     assert "the peers" in entry
     assert not [n for n, v in VARIANTS.items() if not v.peer and re.search(rf"\b{n}\b", entry)], entry
+
+
+def test_profile_names_each_layouts_predicted_balance_under_a_mask():
+    from rich.console import Console
+
+    by = {"contiguous": 1.3845, "zigzag": 1.2307, "stripe": 1.0015, "balanced": 1.0}
+    buf = io.StringIO()
+    record = {**_profiled_record(2), "predicted_max_over_mean_by_layout": by}
+    present_profile.print_tables([record], Console(file=buf, width=80, no_color=True))
+    text = " ".join(buf.getvalue().split())
+    assert "by layout: contiguous 1.385, zigzag 1.231, stripe 1.002, balanced 1.000" in text
+    assert max(len(line) for line in buf.getvalue().splitlines()) <= 80
+    buf = io.StringIO()
+    present_profile.print_tables([_profiled_record(2)], Console(file=buf, width=80, no_color=True))
+    assert "by layout" not in buf.getvalue()

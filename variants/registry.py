@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from .offers import SeqlenOffer
 from .rules import (HEADS_K_STRIDE, LAYOUT_CHUNKS, MASK, MAX_SEQLEN, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW,
-                    Option, document_rule, layouts, listed, nearest_multiple, ulysses_rule)
+                    Option, document_rule, layouts, listed, mask_layouts, nearest_multiple, ulysses_rule)
 
 
 def names(which: Callable[["Variant"], bool]) -> str:
@@ -279,7 +279,9 @@ VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("ring", "contiguous", "engines.ring:ring_attention",
-                "basic ring: contiguous chunks, K/V passed around the ring", options=_BATCH, emulates=True),
+                "basic ring: contiguous chunks, K/V passed around the ring; under a mask, --layout balanced "
+                "gives each rank the chunks that even the mask's work",
+                options={**_BATCH, "layout": mask_layouts("contiguous", "balanced")}, emulates=True),
         Variant("zigzag", "zigzag", "engines.zigzag:zigzag_attention",
                 "ring over the zigzag layout, balanced under a causal mask", options=_BATCH, emulates=True),
         Variant("stripe", "stripe", "engines.stripe:stripe_attention",

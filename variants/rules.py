@@ -192,9 +192,28 @@ def _refuse_layout(variant, value, takers) -> str:
     return f"layout {value!r} is not one {variant.name} takes; choose {' or '.join(allowed)}"
 
 
+@dataclass(frozen=True)
+class MaskLayouts(Layouts):
+    """``layout`` of a batch variant that takes ``balanced``: the mask planner's chunks
+    (``engines/mask_balance.py``), so it needs a mask the plain cases do not write away."""
+
+    def check(self, variant, value, case):
+        reason = super().check(variant, value, case)
+        mask = case.get("mask") or ""
+        if reason is None and value == "balanced" and (not mask or masks.plain_fields(mask) is not None):
+            return (f"layout 'balanced' of {variant.name} evens a mask's work, and the case has "
+                    f"{'mask ' + mask if mask else 'none'}; pass --mask (such as prefix:512), or drop --layout")
+        return reason
+
+
 def layouts(*choices: str) -> Layouts:
     """The ``layout`` option of a variant taking ``choices`` (its own first)."""
     return Layouts("layout", _refuse_layout, unset="", choices=choices)
+
+
+def mask_layouts(*choices: str) -> MaskLayouts:
+    """The ``layout`` option of a batch variant taking ``choices``, ``balanced`` among them (its own first)."""
+    return MaskLayouts("layout", _refuse_layout, unset="", choices=choices)
 
 
 @dataclass(frozen=True)

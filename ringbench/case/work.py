@@ -15,18 +15,26 @@ count their real tokens' pairs. ulysses and ulysses_varlen split heads, not rows
 whole group: every rank gets the total over W. Under a mask (``spec.mask``) a rank's pairs are
 the mask's own count over its rows' runs (``variants.engines.masks``), and usp's are its ring
 rank's over the Ulysses degree (every rank of a Ulysses group computes ``heads / U`` of the ring
-shard's rows). Pure Python, no torch.
+shard's rows). A case with a mask also carries :data:`BY_LAYOUT`: max/mean of the work per
+rank at its world size in each layout of :data:`COMPARED`, the mask planner's
+(``variants.engines.mask_balance``) as ``balanced``, to show what a layout that follows the mask
+would gain. Pure Python, no torch.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ringbench.variants import VARIANTS
-from ringbench.variants.engines import balanced, bands, masks
+from ringbench.variants.engines import balanced, bands, mask_balance, masks
 
 #: The record fields this module fills.
 FIELDS = ("predicted_pairs_per_rank", "predicted_max_over_mean")
+#: The record field of a case with a mask: max/mean of each layout's work at the case's world size.
+BY_LAYOUT = "predicted_max_over_mean_by_layout"
+#: The layouts it compares, the mask planner's (``mask_balance``) under ``balanced``.
+COMPARED = ("contiguous", "zigzag", "stripe", "balanced")
 
 
 def _run_pairs(run: bands.Run, length: int, causal: bool, window: int | None) -> int:
@@ -145,7 +153,11 @@ def _masked_pairs(spec, variant, layout: str) -> list | None:
         return [_share(spec.batch * mask.area(), W)] * W
     degree = spec.ulysses_degree if variant.ulysses == "option" and spec.ulysses_degree > 0 else 1
     try:
-        ring = [bands.layout_runs(layout, S, r, W // degree) for r in range(W // degree)]
+        if layout == mask_balance.NAME:  # the mask planner's chunks (ring --layout balanced)
+            found = mask_balance.default_plan(mask, W // degree)
+            ring = [found.runs(r) for r in range(W // degree)]
+        else:
+            ring = [bands.layout_runs(layout, S, r, W // degree) for r in range(W // degree)]
     except ValueError:
         return None
     return [_share(spec.batch * sum(mask.pairs(run, keys) for run in ring[g // degree]), degree) for g in range(W)]
@@ -153,12 +165,48 @@ def _masked_pairs(spec, variant, layout: str) -> list | None:
 
 def predicted_fields(spec) -> dict[str, Any]:
     """The record's ``predicted_pairs_per_rank`` and ``predicted_max_over_mean`` (``None`` both when
-    :func:`pairs_per_rank` has none, and the ratio ``None`` when no rank has work)."""
+    :func:`pairs_per_rank` has none, and the ratio ``None`` when no rank has work); with a mask,
+    :data:`BY_LAYOUT` too (:func:`max_over_mean_by_layout`), absent from the other cases."""
     pairs = pairs_per_rank(spec)
+    extra = {BY_LAYOUT: max_over_mean_by_layout(spec.mask, spec.seqlen, spec.world_size)} \
+        if getattr(spec, "mask", "") else {}
     if pairs is None:
-        return dict.fromkeys(FIELDS)
-    mean = sum(pairs) / len(pairs)
-    return {"predicted_pairs_per_rank": pairs, "predicted_max_over_mean": max(pairs) / mean if mean else None}
+        return {**dict.fromkeys(FIELDS), **extra}
+    return {"predicted_pairs_per_rank": pairs, "predicted_max_over_mean": _ratio(pairs), **extra}
+
+
+def _ratio(work) -> float | None:
+    mean = sum(work) / len(work)
+    return max(work) / mean if mean else None
+
+
+def max_over_mean_by_layout(mask: str, seqlen: int, world_size: int) -> dict[str, float | None]:
+    """For ``mask`` (its text) over ``seqlen`` tokens on ``world_size`` ranks, max/mean of the work per
+    rank (each rank's rows against every key) in each layout of :data:`COMPARED`: ``balanced`` is
+    the mask planner at its default chunk (``mask_balance.plan``); ``None`` for a layout that
+    cannot cut the seqlen (zigzag and balanced need a multiple of 2W), or a mask that cannot be built.
+    The same for every variant: the layouts' own comparison, whatever the case's variant runs."""
+    return dict(zip(COMPARED, _by_layout(mask, seqlen, world_size)))
+
+
+@functools.lru_cache(maxsize=64)  # every record of a sweep's case asks again
+def _by_layout(mask: str, seqlen: int, world_size: int) -> tuple:
+    try:
+        built = masks.build(mask, seqlen)
+    except ValueError:
+        return (None,) * len(COMPARED)
+    keys = bands.Run(0, 0, 1, seqlen)
+    out: dict[str, float | None] = {}
+    for layout in COMPARED:
+        try:
+            if layout == "balanced":
+                out[layout] = mask_balance.plan(built, world_size).max_over_mean()
+            else:
+                rows = [bands.layout_runs(layout, seqlen, r, world_size) for r in range(world_size)]
+                out[layout] = _ratio([sum(built.pairs(run, keys) for run in mine) for mine in rows])
+        except ValueError:
+            out[layout] = None
+    return tuple(out[layout] for layout in COMPARED)
 
 
 def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causal: bool,

@@ -24,7 +24,8 @@ def print_tables(records: list[dict], console=None) -> None:
     Columns: rank, wall, kernel, merge, comm (exposed communication; the device copies of an
     emulated run), host gap (the GPU idle, waiting for the host), other (device work outside
     the spans; on CPU the host's work too), busy (kernel + merge) and the share of the wall
-    time the kernels fill. It fits 80 columns.
+    time the kernels fill. It fits 80 columns. Under a mask, a line of the predicted max/mean of
+    the work per rank in each layout (the record's ``predicted_max_over_mean_by_layout``).
     """
     from rich.console import Console
     from rich.text import Text
@@ -53,6 +54,10 @@ def print_tables(records: list[dict], console=None) -> None:
             wall = max(walls) / min(walls) if min(walls) > 0 else float("nan")
             console.print(Text(f"work imbalance (busy max/min) {r['busy_imbalance']:.3f}; wall max/min of these "
                                f"iterations {wall:.3f}", style="dim"))
+        by_layout = r.get("predicted_max_over_mean_by_layout")
+        if by_layout:  # a masked case: what each layout, the mask planner's included, would give
+            found = ", ".join(f"{k} {number(v, '.3f')}" for k, v in by_layout.items())
+            console.print(Text(f"predicted work max/mean under the mask by layout: {found}", style="dim"))
 
 
 _MODE_WORDS = {"fwd": "forward", "fwd_bwd": "forward + backward"}

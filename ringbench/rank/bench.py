@@ -301,7 +301,7 @@ def reference_mask(case: CaseSetup, device) -> PositionMask:
     of the sequence against itself, the same kernel call the variant's blocks are made of)."""
     spec = case.spec
     held = layouts.token_index(case.layout, spec.seqlen, case.rank, case.world_size, device=device,
-                               ulysses_degree=case.ulysses_degree)
+                               ulysses_degree=case.ulysses_degree, mask=spec.mask)
     return PositionMask(held, held, masks.build(spec.mask, spec.seqlen).allows, spec.mask)
 
 

@@ -350,8 +350,10 @@ class Placement:
         layout, docs, causal, world_size, variant = case.layout, case.docs, case.causal, case.world_size, case.variant
         u = case.ulysses_degree
         if docs is None:
-            self.shard = lambda x, rank, dim=1: layouts.shard(x, layout, rank, world_size, dim=dim, ulysses_degree=u)
-            self.unshard = lambda parts, dim=1: layouts.unshard(parts, layout, dim=dim, ulysses_degree=u)
+            m = case.spec.mask or None  # the balanced layout's chunks follow it
+            self.shard = lambda x, rank, dim=1: layouts.shard(x, layout, rank, world_size, dim=dim, ulysses_degree=u,
+                                                              mask=m)
+            self.unshard = lambda parts, dim=1: layouts.unshard(parts, layout, dim=dim, ulysses_degree=u, mask=m)
             self.cu_seqlens, self.extra = None, {}
             self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
             self.unwatched = ""

@@ -4,6 +4,9 @@
 ``zigzag``: the sequence is cut into 2W equal chunks and rank r holds chunks r and 2W-1-r,
 so every rank has the same amount of causal work (also called head-tail).
 ``stripe``: token t lives on rank t mod W (Brandon et al., "Striped Attention", 2023).
+``balanced`` of one sequence under a mask: the chunks the mask planner gives each rank, so
+every rank's unmasked pairs come out nearly even (``mask_balance.py``; the functions take the
+mask as ``mask=``).
 
 Packed documents (varlen) are sharded one of two ways, given the global int32 ``cu_seqlens``:
 
@@ -38,7 +41,7 @@ from typing import Sequence
 import torch
 
 from ..rules import LAYOUT_CHUNKS, document_rule
-from . import balanced
+from . import balanced, mask_balance, masks
 
 Tensor = torch.Tensor
 
@@ -78,16 +81,28 @@ def _ring_coordinates(rank: int, world_size: int, ulysses_degree: int) -> tuple[
 
 
 def token_index(layout: str, seqlen: int, rank: int, world_size: int, device=None, *,
-                ulysses_degree: int = 1) -> Tensor:
+                ulysses_degree: int = 1, mask: "str | masks.Mask | None" = None) -> Tensor:
     """Return the global positions ``rank`` holds, int64 ``[seqlen / W]``, in local order.
 
     Useful for position ids and labels, which must be permuted as the tokens are. With
-    ``ulysses_degree`` U above 1, the composed layout of the module docstring.
+    ``ulysses_degree`` U above 1, the composed layout of the module docstring. ``balanced``
+    takes the ``mask`` (its text or a ``masks.Mask`` over ``seqlen``) and gives the chunks its
+    planner assigns the rank (``mask_balance.default_plan``), ascending.
 
     Raises:
         ValueError: when ``seqlen`` is not a multiple of ``required_multiple(layout, W)``, or U
-            does not divide W.
+            does not divide W; ``balanced`` without a mask, or with U above 1.
     """
+    if layout == balanced.NAME and not mask:
+        raise ValueError("the balanced layout of one sequence follows a mask, and none was given; pass mask=, or "
+                         "use varlen_token_index for packed documents")
+    if layout == balanced.NAME:
+        if ulysses_degree != 1:
+            raise ValueError(f"the {layout} layout under a mask has no Ulysses form (ulysses_degree "
+                             f"{ulysses_degree}); pass ulysses_degree 1")
+        built = masks.build(mask, seqlen) if isinstance(mask, str) else mask
+        found = mask_balance.default_plan(built, world_size)
+        return torch.cat([torch.arange(a, b, device=device) for a, b in found.positions(rank)])
     if ulysses_degree != 1:
         ring_rank, ring_size = _ring_coordinates(rank, world_size, ulysses_degree)
         idx = token_index(layout, seqlen, ring_rank, ring_size, device=device)
@@ -103,22 +118,27 @@ def token_index(layout: str, seqlen: int, rank: int, world_size: int, device=Non
                       for i in chunk_ids(layout, rank, world_size)])
 
 
-def every_rank_tokens(layout: str, seqlen: int, world_size: int, device=None) -> list[Tensor]:
+def every_rank_tokens(layout: str, seqlen: int, world_size: int, device=None, *,
+                      mask: "str | masks.Mask | None" = None) -> list[Tensor]:
     """:func:`token_index` of every rank, in rank order: the global positions each one holds."""
-    return [token_index(layout, seqlen, rank, world_size, device=device) for rank in range(world_size)]
+    return [token_index(layout, seqlen, rank, world_size, device=device, mask=mask) for rank in range(world_size)]
 
 
-def shard(x: Tensor, layout: str, rank: int, world_size: int, dim: int = 1, *, ulysses_degree: int = 1) -> Tensor:
-    """Take ``rank``'s shard of the global tensor ``x`` along ``dim`` (a new contiguous tensor).
+def shard(x: Tensor, layout: str, rank: int, world_size: int, dim: int = 1, *, ulysses_degree: int = 1,
+          mask: "str | masks.Mask | None" = None) -> Tensor:
+    """Take ``rank``'s shard of the global tensor ``x`` along ``dim`` (a new contiguous tensor);
+    ``mask``: the ``balanced`` layout's (:func:`token_index`).
 
     Raises:
         ValueError: as :func:`token_index`.
     """
-    idx = token_index(layout, x.shape[dim], rank, world_size, device=x.device, ulysses_degree=ulysses_degree)
+    idx = token_index(layout, x.shape[dim], rank, world_size, device=x.device, ulysses_degree=ulysses_degree,
+                      mask=mask)
     return x.index_select(dim, idx)
 
 
-def unshard(shards: list[Tensor], layout: str, dim: int = 1, *, ulysses_degree: int = 1) -> Tensor:
+def unshard(shards: list[Tensor], layout: str, dim: int = 1, *, ulysses_degree: int = 1,
+            mask: "str | masks.Mask | None" = None) -> Tensor:
     """Rebuild the global tensor from every rank's shard, ``shards[r]`` being rank r's."""
     world_size = len(shards)
     local = shards[0].shape[dim]
@@ -126,7 +146,7 @@ def unshard(shards: list[Tensor], layout: str, dim: int = 1, *, ulysses_degree: 
     out = torch.empty_like(torch.cat(shards, dim=dim))
     for rank, s in enumerate(shards):
         out.index_copy_(dim, token_index(layout, seqlen, rank, world_size, device=s.device,
-                                         ulysses_degree=ulysses_degree), s)
+                                         ulysses_degree=ulysses_degree, mask=mask), s)
     return out
 
 

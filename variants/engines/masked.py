@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from . import bands, masks
+from . import bands, mask_balance, masks
 from ..kernels.common import PositionMask
 from .window import RingParts
 
@@ -119,19 +119,32 @@ def _correct(mask, q_runs, k_runs, device, build, rank, source) -> tuple:
     return block_parts(mask, q_runs, k_runs, device, build=build)
 
 
+def layout_runs(mask: masks.Mask, layout: str, seqlen: int, world_size: int) -> list[list[bands.Run]]:
+    """Every rank's rows as runs of global positions: ``layout``'s (``bands.layout_runs``), or for
+    ``balanced`` the chunks the mask planner gives each rank (``mask_balance.default_plan``).
+
+    Raises:
+        ValueError: a layout that cannot cut ``seqlen`` tokens over ``world_size`` ranks.
+    """
+    if layout == mask_balance.NAME:
+        found = mask_balance.default_plan(mask, world_size)
+        return [found.runs(r) for r in range(world_size)]
+    return [bands.layout_runs(layout, seqlen, r, world_size) for r in range(world_size)]
+
+
 @functools.lru_cache(maxsize=32)
 def ring_steps(mask: masks.Mask, layout: str, seqlen_local: int, rank: int, world_size: int, device,
                parts: Parts = _correct):
     """The ring engine's steps of ``rank`` under ``mask`` (``ring.Step`` with its parts, ``None``
-    where the block is empty), over ``layout``'s positions, with an ``n_steps`` attribute: the
-    forward ring's length. Built once per argument set and kept.
+    where the block is empty), over ``layout``'s positions (:func:`layout_runs`), with an
+    ``n_steps`` attribute: the forward ring's length. Built once per argument set and kept.
 
     Raises:
         ValueError: a layout that cannot cut ``seqlen_local * world_size`` tokens.
     """
     from .ring import part_steps
 
-    runs = [bands.layout_runs(layout, seqlen_local * world_size, r, world_size) for r in range(world_size)]
+    runs = layout_runs(mask, layout, seqlen_local * world_size, world_size)
     return part_steps(RingParts(rank, world_size, lambda r, source, mine: parts(mask, runs[r], runs[source], device,
                                                                                  mine, r, source)))
 

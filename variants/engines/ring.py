@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import bands, masked, masks, window as _window
+from . import bands, mask_balance, masked, masks, window as _window
 from .. import instruments
 from ..instruments import emulation, observe, timeline
 from .comm import RingComm
@@ -542,8 +542,9 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                    softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                    kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                    sink: Tensor | None = None, window: int | None = None,
-                   mask: str | None = None) -> tuple[Tensor, Tensor]:
-    """Attention over the whole sequence, each rank holding one contiguous chunk of it.
+                   mask: str | None = None, layout: str = "contiguous") -> tuple[Tensor, Tensor]:
+    """Attention over the whole sequence, each rank holding one contiguous chunk of it, or under a
+    mask, with ``layout="balanced"``, the chunks the mask planner gives it (``mask_balance.py``).
 
     Args:
         q: ``[B, S/W, Hq, D]``, this rank's queries (chunk ``rank`` of the contiguous layout).
@@ -562,6 +563,10 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
             sequence, or ``None``; blocks it leaves empty make no kernel call (and K/V that every
             remaining step masks are not sent), partial ones go to a kernel that takes a mask, and
             ``causal`` is ignored (``run_ring``).
+        layout: ``contiguous`` (default), or ``balanced`` under a mask: q, k and v hold this rank's
+            chunks of ``mask_balance.default_plan(mask, W)``, in ascending position
+            (``layouts.shard(x, "balanced", rank, W, mask=mask)``), every block's global positions
+            taken from that plan.
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32
@@ -572,9 +577,14 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         ValueError: ``cu_seqlens`` given, a sink that is not ``[Hq]``, shapes the kernel refuses, or a
             window that is not positive, without ``causal``, or on a kernel that takes none; a mask
             that is malformed, does not fit the sequence, comes with a window, or on a kernel that
-            takes none.
+            takes none; a layout other than contiguous, or balanced without a mask.
     """
     if cu_seqlens is not None:
         raise ValueError("ring is the batch form and takes no cu_seqlens; use ring_varlen")
+    if layout not in ("contiguous", mask_balance.NAME):
+        raise ValueError(f"layout {layout!r} is not one ring takes; choose contiguous or {mask_balance.NAME}")
+    if layout == mask_balance.NAME and not mask:
+        raise ValueError(f"layout {layout!r} follows a mask, and ring was given none; pass mask=, or layout "
+                         "contiguous")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                    plan=contiguous_plan, sink=sink, window=window, layout="contiguous", mask=mask)
+                    plan=contiguous_plan, sink=sink, window=window, layout=layout, mask=mask)
