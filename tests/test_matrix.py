@@ -4,7 +4,9 @@ The unit tests build the grid (no process starts) and classify hand-made records
 test runs the matrix command in-process with real torchrun and gloo on a small grid (the mask
 axis of ring, broken_merge and the fault variants at world size 2: every class CPU can give,
 20 to 45 s on two shared CPU cores) and then resumes it, which must launch nothing. The slow one
-runs the default grid with the test variants (2 to 5 minutes).
+runs every column of the default grid at world size 4 for ringbench's ring-family variants and the
+test variants (about a minute); the whole default grid, every implementation at world sizes 2 and
+4, is a committed sweep under results/reference/ (``ringbench matrix --out DIR`` regenerates it).
 """
 
 from __future__ import annotations
@@ -301,24 +303,45 @@ def test_cpu_matrix_gives_every_class_writes_its_files_and_resumes_without_launc
         == {k: c["class"] for k, c in cells.items()}
 
 
+#: ringbench's ring-family variants: correct wherever their spec accepts a cell of the default grid.
+OURS = ("ring", "zigzag", "stripe", "llama3", "ring_varlen", "zigzag_varlen", "llama3_varlen")
+
+
 @pytest.mark.dist
 @pytest.mark.slow
 def test_default_cpu_matrix_with_the_test_variants(tmp_path):
-    """The default grid as a user runs it, with the test variants (2 to 5 minutes on two shared CPU cores)."""
+    """Every column of the default grid (all five axes, nothing narrowed) at world size 4, for
+    ringbench's ring-family variants and the test variants, as a user runs it (its own process):
+    ours are never a mismatch or an error, and the test variants and refusals give every class
+    CPU can give. World size 4 is the larger default one (three remote ring steps, zigzag's
+    pairing of two chunks a rank); world size 2 of the same variants is checked, column by column
+    of the dtype and mask axes, by tests/test_drift.py, and the default world sizes (2 and 4) by
+    the unit tests above. The peers' rows add no assertion here; the whole grid, peers and both
+    world sizes, is the committed sweep of results/reference/*-cpu-matrix (about 5 minutes)."""
     import os
 
-    env = {**os.environ, **CLI_ENV, "RINGBENCH_TEST_VARIANTS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "ringbench.cli", "matrix", "--test-variants", "--out",
-                           str(tmp_path), "--json"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
+    env = {**os.environ, **CLI_ENV, "RINGBENCH_TEST_VARIANTS": "1",
+           "RINGBENCH_FAULT_WAIT_S": "3"}  # fault_raise's rank gives up sooner; the cell is an error all the same
+    rows = [a for name in (*OURS, "broken_merge", "fault_oom", "fault_raise") for a in ("--variant", name)]
+    proc = subprocess.run([sys.executable, "-m", "ringbench.cli", "matrix", "--test-variants", *rows,
+                           "--world-size", "4", "--out", str(tmp_path), "--json"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cells = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert {c["world_size"] for c in cells} == {2, 4}
+    assert {c["world_size"] for c in cells} == {4}
+    # Every column of the default grid, for every row asked (the faults: their base cell).
+    for name in OURS + ("broken_merge",):
+        assert sorted(k for c in cells if c["implementation"] == name for k in c["columns"]) == \
+            sorted(c.key for c in mx.COLUMNS), name
     by_class = {k: [c for c in cells if c["class"] == k] for k in mx.CLASSES}
     assert all(by_class[k] for k in ("correct", "mismatch", "unsupported", "oom", "error")), \
         {k: len(v) for k, v in by_class.items()}
-    ours = {"ring", "zigzag", "stripe", "llama3", "ring_varlen", "zigzag_varlen", "llama3_varlen"}
-    assert not [c for c in by_class["mismatch"] + by_class["error"] if c["implementation"] in ours]
+    assert not [c for c in by_class["mismatch"] + by_class["error"] if c["implementation"] in OURS]
+    # And correct in every cell its spec accepts (a row refused whole would pass the line above).
+    accepted = mx.build_grid(device="cpu", world_sizes=[4], variants=list(OURS))
+    assert sorted((c["implementation"], k) for c in by_class["correct"] if c["implementation"] in OURS
+                  for k in c["columns"]) == \
+        sorted((c.implementation, k) for c in accepted.cells if c.refusal is None for k in c.columns)
     assert (tmp_path / "matrix.png").exists() and (tmp_path / "matrix.md").exists()
 
 
