@@ -317,7 +317,7 @@ def test_default_cpu_matrix_with_the_test_variants(tmp_path):
     pairing of two chunks a rank); world size 2 of the same variants is checked, column by column
     of the dtype and mask axes, by tests/test_drift.py, and the default world sizes (2 and 4) by
     the unit tests above. The peers' rows add no assertion here; the whole grid, peers and both
-    world sizes, is the committed sweep of results/reference/*-cpu-matrix (about 5 minutes)."""
+    world sizes, is the committed sweep of results/reference/2026-12-05-cpu-matrix (6 minutes)."""
     import os
 
     env = {**os.environ, **CLI_ENV, "RINGBENCH_TEST_VARIANTS": "1",
