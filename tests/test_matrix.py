@@ -266,7 +266,7 @@ def test_cpu_matrix_gives_every_class_writes_its_files_and_resumes_without_launc
     result = runner.invoke(app, args, obj=launcher)
     assert result.exit_code == 0, result.output
     cells = {(c["implementation"], c["columns"][0]): c for c in map(json.loads, result.stdout.splitlines())}
-    assert len(cells) == 10  # ring and broken_merge: 4 mask columns; the faults: their base cell
+    assert len(cells) == 20  # ring and broken_merge: 9 mask columns; the faults: their base cell
     assert {c["class"] for c in cells.values()} == {"correct", "mismatch", "unsupported", "oom", "error"}
     assert cells["ring", "causal"]["class"] == cells["ring", "full"]["class"] == "correct"
     assert cells["ring", "causal"]["worst_ratio"] <= 1 and cells["ring", "causal"]["kernel"] == "cpu"
@@ -285,14 +285,17 @@ def test_cpu_matrix_gives_every_class_writes_its_files_and_resumes_without_launc
     skipped = {r["case_id"] for r in records if r["status"] == "skipped"}
     assert {packed["case_id"], cells["broken_merge", "packed"]["case_id"]} <= skipped
     launched = [v for launch in launcher.launches for v in launch]
-    # ring: causal, full and window; broken_merge: causal and full (it takes no window).
-    assert sorted(launched) == sorted(["ring"] * 3 + ["broken_merge", "broken_merge", "fault_oom", "fault_raise"])
+    # ring: causal, full, window and the five named masks; broken_merge: causal and full (it takes no
+    # window and no mask).
+    assert sorted(launched) == sorted(["ring"] * 8 + ["broken_merge", "broken_merge", "fault_oom", "fault_raise"])
+    assert cells["ring", "prefix"]["class"] == "correct" and cells["ring", "prefix"]["kernel"] == "math"
+    assert "broken_merge cannot take mask prefix:64" in cells["broken_merge", "prefix"]["reason"]
     assert launcher.launches[-1] == ["fault_oom", "fault_raise"]
 
     text = (out / "matrix.md").read_text()
     assert "## W=2" in text and "| ring | correct" in text and "| broken_merge (test) | mismatch" in text
     assert (out / "matrix.png").read_bytes()[:4] == b"\x89PNG"
-    assert len((out / "matrix.jsonl").read_text().splitlines()) == 10
+    assert len((out / "matrix.jsonl").read_text().splitlines()) == 20
 
     again = CountingLauncher()
     resumed = runner.invoke(app, [*args, "--resume"], obj=again)
