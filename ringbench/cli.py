@@ -734,6 +734,9 @@ def advise_command(
         if world_size is not None:
             check_fields({"world_size": world_size})
         options.check_output("--plot", plot, (".png", ".svg", ".pdf"))
+        if top < 1:
+            raise SpecError(f"top {top} must be 1 or more: it is how many ranked candidates the table shows; pass "
+                            "--top 5, say")
         tgt = _prediction_target(shape, gpu=gpu, calibration=calibration, cluster=cluster,
                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
         kernels = list(dict.fromkeys(kernel or tgt.calibration.kernels))
@@ -765,6 +768,10 @@ def advise_command(
 
         print_advice(ranked, Console(), top=top, cluster=tgt.cluster(world_size).describe(),
                      calibration=tgt.calibration.provenance())
+    if ranked and all(c.refusal for c in ranked):
+        _error(f"every one of the {plural(len(ranked), 'candidate')} is refused at this shape and cluster (the first: "
+               f"{ranked[0].refusal}), so nothing was ranked; change what the refusals name")
+        raise typer.Exit(EXIT_USAGE)
     if plot is not None:
         _advise_plot(plot, ranked, shape, tgt, world_size, build_at, memory_gib)
     raise typer.Exit(EXIT_OK)

@@ -576,3 +576,28 @@ def test_the_models_error_is_check_a_measured_median_never_below_its_bound(tmp_p
     (tmp_path / "validated.json").write_text(json.dumps({"median_error": 0.01, "worst_error": 0.05, "records": 40,
                                                          "passed": True}))
     assert pr.model_error() == pr.MEDIAN_BOUND and pr.validated_error().startswith("within its bounds")
+
+
+def test_advise_refuses_a_top_below_one_and_exits_2_when_every_candidate_is_refused(tmp_path):
+    """--top 0 printed an empty table and --top -1 a Python slice, both with exit 0; a seqlen that
+    every candidate refuses ranked nothing and still exited 0."""
+    for top in ("0", "-1"):
+        res = _advise(tmp_path, "--world-size", "4", "--top", top)
+        assert res.returncode == 2, res.stdout
+        assert res.stderr.strip() == (f"top {top} must be 1 or more: it is how many ranked candidates the table "
+                                      "shows; pass --top 5, say")
+    res = _advise(tmp_path, "--world-size", "3")  # 1k tokens: no multiple of 3 (nor of 6) to cut
+    assert res.returncode == 2, res.stdout
+    assert res.stderr.strip().startswith("every one of the ") and "so nothing was ranked" in res.stderr
+
+
+def test_advise_offers_no_layout_that_needs_a_mask_it_cannot_take():
+    """advise takes no --mask, so ring's mask-balancing layout is no candidate (it was listed as refused,
+    with a fix naming --mask, which advise does not take); llama3_varlen's balanced layout of documents stays."""
+    from ringbench.model import advise as adv
+
+    shape = {"heads": 8, "kv_heads": 2, "head_dim": 64, "seqlen": 8192}
+    batch = adv.candidates(shape, world_size=4, nodes=1, kernels=["torch-flash"])
+    assert not [c for c in batch if c.fields.get("layout") == "balanced"]
+    varlen = adv.candidates({**shape, "docs": "4096,4096"}, world_size=4, nodes=1, kernels=["torch-flash"])
+    assert [c for c in varlen if c.fields["variant"] == "llama3_varlen" and c.fields.get("layout") == "balanced"]
