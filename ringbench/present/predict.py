@@ -140,7 +140,7 @@ def print_advice(ranked: list, console: Console | None = None, *, top: int, clus
     """``ringbench advise``: the best ``top`` candidates with their figures and why each wins or loses
     (``=`` marks those tied with the first within the model's error), what decides between tied ones,
     each one's commands, then what does not fit and what the rules refuse."""
-    from ringbench.model.predict import model_error
+    from ringbench.model.predict import model_error, validated_error
 
     console = console or Console()
     fitting = [c for c in ranked if c.record and c.fits]
@@ -160,7 +160,8 @@ def print_advice(ranked: list, console: Console | None = None, *, top: int, clus
     console.print(table)
     error = f"{100 * model_error():.1f}%"
     notes = [f"intervals: the calibration's 10th to 90th percentile calls, widened by the model's own error "
-             f"({error}: the median of docs/validation.md's check (a), or its 3% bound if smaller)."]
+             f"({error}: the median of docs/validation.md's check (a), or its 3% bound if larger); the model is "
+             f"{validated_error()}."]
     if any(c.tied for c in shown):
         notes.append("=: tied with #1, its interval overlapping #1's; the model cannot order them.")
     if any((c.record["efficiency"] or 0) > 1 for c in shown):
