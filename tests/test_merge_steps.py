@@ -128,3 +128,33 @@ def test_merge_path_on_cpu_is_torch_and_the_variable_forces_torch(monkeypatch):
     # Where no Triton imports (this CPU machine), CUDA would take the torch ops too.
     monkeypatch.delenv(merge.MERGE_ENV)
     assert merge_path("cuda") == ("triton" if merge._triton_imports() else "torch")
+
+
+@pytest.mark.parametrize("kinds", [("all", "tail", "idx", "all"), ("idx", "all", "tail")])
+def test_merge_step_keeps_a_float64_running_lse_beside_a_float32_out(kinds):
+    """fp32 inputs: the engines hold the running lse in float64 (``running_lse_dtype``), so a row's lse is
+    the float64 fold's, bit for bit, however many blocks meet; out stays a float32 fold."""
+    shape = (2, 9, 2, 24)
+    B, S, H, _ = shape
+    blocks = _blocks(shape, torch.float32, kinds, torch.Generator().manual_seed(5))
+    want_out = torch.zeros(shape, dtype=torch.float64)
+    want_lse = torch.full((B, H, S), float("-inf"), dtype=torch.float64)
+    for rows, b_out, b_lse in blocks:
+        o, l = want_out[:, rows], want_lse[:, :, rows]  # a copy where rows are indices
+        merge_(o, l, b_out, b_lse)
+        want_out[:, rows], want_lse[:, :, rows] = o, l
+    out, lse = torch.zeros(shape), torch.full((B, H, S), float("-inf"), dtype=torch.float64)
+    for rows, b_out, b_lse in blocks:
+        out = merge_step(out, lse, rows, b_out, b_lse, into=torch.float32)
+    assert out.dtype == torch.float32 and lse.dtype == torch.float64
+    assert torch.equal(lse, want_lse)
+    torch.testing.assert_close(out.double(), want_out, rtol=0, atol=1e-5)
+
+
+def test_a_float64_running_lse_takes_the_torch_ops(monkeypatch):
+    """The fused merge takes no float64: with a float64 lse (fp32 inputs) merge_step takes the torch ops."""
+    monkeypatch.setattr(merge, "merge_path", lambda device: "triton")
+    out, b_out = torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 2, 8)
+    lse32, lse64 = torch.zeros(1, 2, 4), torch.zeros(1, 2, 4, dtype=torch.float64)
+    assert merge._fused(out, lse32, b_out, lse32)
+    assert not merge._fused(out, lse64, b_out, lse32)

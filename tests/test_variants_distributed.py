@@ -46,6 +46,10 @@ def _all_cases() -> list[dict]:
         _case("f_broken_merge_w2_causal", 2, "broken_merge", expect="fail"),
         _case("f_broken_merge_w4_causal", 4, "broken_merge", expect="fail"),
         _case("f_broken_merge_w4_noncausal", 4, "broken_merge", expect="fail", causal=False),
+        # h. fp32 at W=8 on verify's inputs (seed 0, math): a running lse merged seven times in float32
+        # put dq 1.25x over the rule (results/reference/2026-12-02-cpu-masks/NOTES.md); held in float64, it passes.
+        _case("h_zigzag_w8_fp32_running_lse", 8, "zigzag", kernel="math", heads=8, kv_heads=2, head_dim=16,
+              dtype="fp32", seed=0),
     ]
     for variant in ("ring", "zigzag"):
         # b. lse merge overflow: one rank's keys score about 100 above all others.
@@ -125,7 +129,7 @@ def test_distributed_launch_checks_every_case(launches, world_size):
 
 def test_distributed_case_count_is_complete():
     """The batch is what this file promises, so no launch can pass by checking nothing."""
-    assert len(CASES) == 29
+    assert len(CASES) == 30
     assert {c["world_size"] for c in CASES} == set(WORLD_SIZES)
 
 

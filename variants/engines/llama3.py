@@ -24,7 +24,7 @@ from . import layouts, masked, masks
 from . import comm
 from .. import instruments
 from ..instruments import emulation, observe, timeline
-from ..kernels.common import accumulation_dtype, window_band
+from ..kernels.common import accumulation_dtype, running_lse_dtype, window_band
 from ..kernels import Kernel, as_kernel
 from .merge import add_steps, merge_step
 from .sinks import apply_sink, check_sink, sink_grad
@@ -142,7 +142,8 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None,
     G = H // k.shape[2]
     acc = accumulation_dtype(q.dtype)
     out = torch.zeros(B, S_local, H, v.shape[3], dtype=acc, device=q.device)  # v's head dim (head_dim_v)
-    lse = torch.full((B, H, S_local), float("-inf"), dtype=acc, device=q.device)
+    # float64 for float32 inputs, rounded once below: a row's lse may take many merges (running_lse_dtype).
+    lse = torch.full((B, H, S_local), float("-inf"), dtype=running_lse_dtype(q.dtype), device=q.device)
     seen = observe.current()
     saved = []
     timeline.step("fwd", 0)  # a step is a head group: its gather's wait, kernel calls and merges
@@ -158,7 +159,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None,
                 merge_step(out[:, :, qh], lse[:, qh], rows, b_out, b_lse, into=acc)
         saved.append((kg, vg))
         timeline.step("fwd", i + 1)
-    return out, lse, saved
+    return out, lse.to(acc), saved
 
 
 def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, layout, window=None,

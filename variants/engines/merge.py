@@ -10,7 +10,9 @@ directly (no separate cast). On CUDA with Triton importable they run as one Trit
 (``merge_triton.py``, imported only there); elsewhere as torch ops, which are also the
 reference the Triton kernels are tested against (``tests/test_merge_gpu.py``).
 
-Precision: every arithmetic step runs in float32 (float64 for float64 inputs). A running
+Precision: every arithmetic step on out and gradients runs in float32 (float64 for float64
+inputs); the running lse is float64 for float32 inputs too (``running_lse_dtype``), rounded once
+by the engine at the end, so its error does not grow with the number of merges. A running
 result may be held in the input dtype only where it is exact: a single partial result (it
 came from the kernel in that dtype) or the final sum, rounded once. The engine keeps it in
 float32 whenever more terms follow (``ring.py``), so what it computes is what an all-float32
@@ -84,8 +86,8 @@ def merge_step(out: Tensor, lse: Tensor, rows, block_out: Tensor, block_lse: Ten
                into: torch.dtype, inv: Tensor | None = None) -> Tensor:
     """Fold one block's out/lse into the running result at ``rows``; the result in dtype ``into``.
 
-    The arithmetic is :func:`merge_`'s, in float32 (float64 when a float64 tensor is involved),
-    whatever dtype ``out`` and ``into`` have. When ``out`` already has dtype ``into`` it is
+    The arithmetic is :func:`merge_`'s: ``out``'s in float32 (float64 when ``out`` or ``into``
+    is float64), ``lse``'s in ``lse``'s dtype, whatever dtype ``out`` and ``into`` have. When ``out`` already has dtype ``into`` it is
     updated in place (only the block's rows are touched) and returned; otherwise a new tensor
     of dtype ``into`` is returned, every row of ``out`` carried over (cast) and the block's
     rows merged. ``lse`` is always updated in place.
@@ -93,8 +95,9 @@ def merge_step(out: Tensor, lse: Tensor, rows, block_out: Tensor, block_lse: Ten
     Args:
         out: ``[B, S, H, D]``, the running output, in the input dtype (it holds exactly one
             kernel result, or nothing: zeros) or float32.
-        lse: float32 (float64) ``[B, H, S]``, the running log-sum-exp; ``-inf`` where nothing
-            was seen yet.
+        lse: float32 or float64 ``[B, H, S]``, the running log-sum-exp; ``-inf`` where nothing
+            was seen yet. float64 (the engines' running lse for float32 and float64 inputs,
+            ``running_lse_dtype``) takes the torch ops on every device.
         rows: where the block's rows sit in ``out``: a slice of ``S`` (step 1) or int64 indices
             ``[n]`` (block row j is row ``rows[j]``).
         block_out: ``[B, n, H, D]`` in the input dtype, the kernel's output for the block.
@@ -107,7 +110,7 @@ def merge_step(out: Tensor, lse: Tensor, rows, block_out: Tensor, block_lse: Ten
     Returns:
         The running output ``[B, S, H, D]`` in dtype ``into`` (``out`` itself when in place).
     """
-    if _fused(out, block_out):
+    if _fused(out, lse, block_out, block_lse):  # a float64 running lse (fp32 inputs) takes the torch ops
         from . import merge_triton
 
         return merge_triton.merge_step(out, lse, rows, block_out, block_lse, into=into, inv=inv)

@@ -33,7 +33,7 @@ from . import bands, mask_balance, masked, masks, window as _window
 from .. import instruments
 from ..instruments import emulation, observe, timeline
 from .comm import RingComm
-from ..kernels.common import accumulation_dtype
+from ..kernels.common import accumulation_dtype, running_lse_dtype
 from ..kernels import Kernel, as_kernel
 from .merge import add_steps, merge_step
 from .sinks import apply_sink, check_sink, sink_grad
@@ -224,10 +224,10 @@ def _blocks_of(steps: Steps, rank: int, world_size: int, n_steps: int | None = N
 
 
 def _empty_output(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    # Nothing seen yet: out 0 (v's head dim, head_dim_v) and lse -inf.
+    # Nothing seen yet: out 0 (v's head dim, head_dim_v) and lse -inf, in the running lse's dtype.
     B, S, H, _ = q.shape
     out = torch.zeros((B, S, H, v.shape[3]), dtype=q.dtype, device=q.device)
-    return out, torch.full((B, H, S), float("-inf"), dtype=accumulation_dtype(q.dtype), device=q.device)
+    return out, torch.full((B, H, S), float("-inf"), dtype=running_lse_dtype(q.dtype), device=q.device)
 
 
 @timeline.timed("merge")
@@ -236,8 +236,9 @@ def _fold(out, lse, block: Step, b_out: Tensor, b_lse: Tensor, into: torch.dtype
     if out is None:
         if _is_all(block.q):
             # The first block that covers every query is the running output as it is: one term,
-            # exact in the input dtype; the next merge reads it and writes float32.
-            return b_out, b_lse
+            # exact in the input dtype; the next merge reads it and writes float32. Its lse joins
+            # the running lse's dtype (float64 for float32 inputs; no copy for bf16 and fp16).
+            return b_out, b_lse.to(running_lse_dtype(q.dtype))
         out, lse = _empty_output(q, v)
     return merge_step(out, lse, block.q, b_out, b_lse, into=into, inv=block.q_inv), lse
 
@@ -268,7 +269,9 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
     A row's running output stays in the input dtype while it holds one block's result, is
     float32 while more blocks follow, and the last merge writes the input dtype: the sum of
     an all-float32 accumulation, rounded once, without a separate cast. With a ``sink`` the
-    last merge stays in float32, the sink joins, and the result is cast once.
+    last merge stays in float32, the sink joins, and the result is cast once. The running lse
+    is float64 for float32 inputs (``running_lse_dtype``) and is rounded once at the end, to
+    float32 for bf16, fp16 and fp32 inputs (float64 for float64).
     """
     comm = RingComm(group)
     rank, world_size = comm.rank, comm.world_size
@@ -304,6 +307,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
         out, lse = apply_sink(out, lse, sink)
     if out.dtype != q.dtype:  # a sink, or one block that came back in another dtype
         out = out.to(q.dtype)
+    lse = lse.to(acc)  # the running lse rounded once; the backward reads this one, as on one device
     # rank + 1's block, where the backward starts; a window that ended the ring early has none.
     return out, lse, kv if n_steps == world_size else None
 

@@ -19,6 +19,19 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def running_lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an engine holds a row's running lse in while it merges block results over many
+    steps: float64 for float32 and float64 inputs, float32 for bfloat16 and float16.
+
+    A float32 running lse takes one float32 rounding per merge, W - 1 on a ring of W ranks, and the
+    backward's probabilities ``exp(s - lse)`` carry that error into every gradient; held in float64
+    and rounded once at the end (to :func:`accumulation_dtype`), it is as good as one kernel's
+    lse. bf16 and fp16 inputs keep float32: their own rounding dominates, and the fused merge (CUDA)
+    takes no float64.
+    """
+    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+
+
 def expand_kv(x: Tensor, groups: int) -> Tensor:
     """K or V ``[..., Hkv, D]`` with each head repeated ``groups`` times, ``[..., Hkv * groups, D]``,
     for a kernel call that takes no GQA (head j serves query heads j*groups .. j*groups + groups - 1)."""
@@ -179,7 +192,8 @@ def merge_(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor) -> No
 
     Args:
         out: float32 (or float64) ``[B, S, H, D]``, the running output; updated in place.
-        lse: same float dtype, ``[B, H, S]``, the running log-sum-exp; updated in place.
+        lse: float32 or float64 (at least ``out``'s precision), ``[B, H, S]``, the running
+            log-sum-exp; updated in place.
         block_out: ``[B, S, H, D]`` in any float dtype, the block's output.
         block_lse: ``[B, H, S]``, the block's log-sum-exp.
 
@@ -191,5 +205,6 @@ def merge_(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor) -> No
     diff = block_lse - lse
     # Both -inf: nan; neither side has anything, so the block adds nothing.
     weight = torch.sigmoid(diff).nan_to_num_(nan=0.0)
-    out.lerp_(block_out.to(out.dtype), weight.transpose(1, 2).unsqueeze(-1))
+    # lse may be held more precisely than out (a float64 running lse, running_lse_dtype).
+    out.lerp_(block_out.to(out.dtype), weight.transpose(1, 2).unsqueeze(-1).to(out.dtype))
     torch.logaddexp(lse, block_lse, out=lse)
