@@ -293,7 +293,7 @@ def test_the_matrix_refusal_offers_only_what_matrix_takes():
     result = _invoke(["matrix", "--variant", "ulysses", "--world-size", "3", "--out", "/nonexistent/m"])
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == (
-        "nothing to verify: every one of the 15 cells of this matrix is refused on cpu, all of them because "
+        "nothing to verify: every one of the 20 cells of this matrix is refused on cpu, all of them because "
         "world_size 3 does not divide heads 8, and ulysses runs Ulysses over every rank, giving each heads / "
         "world_size query heads; pass a --world-size that divides 8, such as 2")
     mx.check_runnable(mx.build_grid(device="cpu", world_sizes=[2], variants=["ulysses"]))  # the fix runs
