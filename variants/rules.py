@@ -186,6 +186,10 @@ class Layouts(Option):
             return self.refuse(variant, value, [])
         return None
 
+    def needs_mask(self, value: str) -> bool:
+        """Whether layout ``value`` has nothing to follow without a ``--mask`` (none of these does)."""
+        return False
+
 
 def _refuse_layout(variant, value, takers) -> str:
     allowed = variant.options["layout"].choices if "layout" in variant.options else (variant.layout,)
@@ -197,10 +201,13 @@ class MaskLayouts(Layouts):
     """``layout`` of a batch variant that takes ``balanced``: the mask planner's chunks
     (``engines/mask_balance.py``), so it needs a mask the plain cases do not write away."""
 
+    def needs_mask(self, value: str) -> bool:
+        return value == "balanced"
+
     def check(self, variant, value, case):
         reason = super().check(variant, value, case)
         mask = case.get("mask") or ""
-        if reason is None and value == "balanced" and (not mask or masks.plain_fields(mask) is not None):
+        if reason is None and self.needs_mask(value) and (not mask or masks.plain_fields(mask) is not None):
             return (f"layout 'balanced' of {variant.name} evens a mask's work, and the case has "
                     f"{'mask ' + mask if mask else 'none'}; pass --mask (such as prefix:512), or drop --layout")
         return reason

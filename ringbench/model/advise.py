@@ -94,8 +94,9 @@ def candidates(shape: dict, *, world_size: int, nodes: int, kernels: list[str], 
     for name, v in VARIANTS.items():
         if v.peer or v.varlen != varlen or device not in v.devices or (shape.get("causal") is False and not v.non_causal):
             continue
-        # advise takes no mask, so a batch variant's mask-balancing layout has nothing to balance.
-        layouts = [""] + [lay for lay in v.layouts if v.varlen or lay != "balanced" or shape.get("mask")]
+        # advise takes no mask, so a layout that follows one (ring's balanced) has nothing to follow.
+        option = v.options.get("layout")
+        layouts = [""] + [lay for lay in v.layouts if shape.get("mask") or not (option and option.needs_mask(lay))]
         degrees = factorizations(world_size) if "ulysses_degree" in v.options else [0]
         for layout in layouts:
             for degree in degrees:

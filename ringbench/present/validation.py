@@ -267,7 +267,8 @@ def validated(a: dict) -> str:
     ``predict.model_error`` reads (advise widens its intervals by the median)."""
     s = a["summary"]
     return json.dumps({"check": "a", "records": s["count"], "median_error": s["median"], "worst_error": s["worst"],
-                       "median_bound": s["median_bound"], "worst_bound": s["worst_bound"], "passed": a["passed"], "written_by": REGENERATE}, indent=1) + "\n"
+                       "median_bound": s["median_bound"], "worst_bound": s["worst_bound"], "passed": a["passed"],
+                       "written_by": REGENERATE}, indent=1) + "\n"
 
 
 def generate(root: Path = ROOT, results: Optional[tuple] = None) -> str:
