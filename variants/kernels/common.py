@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from ..rules import BIAS_KINDS, BIAS_SHAPES
+
 Tensor = torch.Tensor
 
 
@@ -137,13 +139,6 @@ class PositionMask:
 
     def __repr__(self) -> str:
         return f"PositionMask({self.name!r}, {self.shape[0]}x{self.shape[1]})"
-
-
-#: The learnable bias shapes (TransformerEngine's post-scale bias shapes): b batch, h query heads,
-#: s the sequence; ``111s`` is one row of keys broadcast over every query.
-BIAS_SHAPES = ("1hss", "bhss", "11ss", "111s", "b1ss")
-#: Every ``--bias`` value: ALiBi's fixed per-head slopes, or a learnable tensor of one of :data:`BIAS_SHAPES`.
-BIAS_KINDS = ("alibi", *BIAS_SHAPES)
 
 
 def alibi_slopes(heads: int) -> list[float]:
