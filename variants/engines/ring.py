@@ -100,6 +100,13 @@ class RingBias(NamedTuple):
                             self.heads)
 
 
+def _bias_at(bias: RingBias | None, rank: int, source: int, block: "Step", lossy: frozenset) -> PositionBias | None:
+    # The fixtures' "bias" (never correct): a received K/V block's call takes no bias.
+    if bias is None or ("bias" in lossy and source != rank):
+        return None
+    return bias.at(rank, source, block)
+
+
 def _pick(positions: Tensor, sel) -> Tensor:
     return positions[sel] if isinstance(sel, slice) else positions.index_select(0, sel.to(positions.device))
 
@@ -330,7 +337,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
         if block is not None:
             source = (rank - step) % world_size
             b_out, b_lse = _attend(kernel, _rows(q, block.q), _rows(kv[0], block.kv), _rows(kv[1], block.kv),
-                                   block, scale, bias.at(rank, source, block) if bias is not None else None)
+                                   block, scale, _bias_at(bias, rank, source, block, lossy))
             if seen is not None:
                 seen.forward_block(block.q, _ALL, b_out, b_lse)
             left -= 1
@@ -400,7 +407,7 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
         if block is not None:
             grads = _attend_backward(kernel, _rows(dout, block.q), _rows(q, block.q), _rows(kv[0], block.kv),
                                      _rows(kv[1], block.kv), _rows(out, block.q), _rows(lse, block.q, 2),
-                                     block, scale, bias.at(rank, source, block) if bias is not None else None)
+                                     block, scale, _bias_at(bias, rank, source, block, lossy))
             if seen is not None:
                 seen.dq_block(block.q, _ALL, grads[0])
                 seen.dkv_block(source, block.kv, _ALL, grads[1], grads[2])
@@ -480,7 +487,8 @@ class RingAttention(torch.autograd.Function):
             bias.bias.open_grad(accumulation_dtype(q.dtype))
         dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, kv_last, *ctx.args, bias=bias)
         dsink = sink_grad(dout, out, lse, sink, ctx.args[2]) if ctx.needs_input_grad[3] else None
-        dbias = bias_grad(bias.bias, ctx.args[2]) if learn else None
+        # The fixtures' "dbias" (never correct): this rank's share alone, not summed over the group.
+        dbias = bias_grad(bias.bias, *(() if "dbias" in ctx.args[5] else (ctx.args[2],))) if learn else None
         return dq, dk, dv, dsink, dbias, None, None, None, None, None, None, None
 
 
@@ -530,7 +538,8 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     ``lossy`` is for test fixtures only (``testing.py``), never correct: the accumulators it
     names (``out``, the running output; ``dq``; ``dkv``, the dK/dV travelling the ring) are
     rounded to the input dtype after every update, the low-precision accumulation verify's
-    block-decomposition check must catch.
+    block-decomposition check must catch; ``bias`` drops the bias from every call on a received
+    K/V block, and ``dbias`` leaves d bias unsummed over the group (each rank's share alone).
 
     Raises:
         ValueError: a kernel the call cannot run with (``kernels.as_kernel``): with
