@@ -682,8 +682,9 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
                 c["passed"] = c["passed"] and c["shadow_passed"]
         if sink is not None and sink.requires_grad:
             got = gathered.dsink if gathered.dsink is not None else torch.full_like(sink.detach(), float("nan"))
-            entry = tolerance_check("dsink", got, single.dsink, implied["variant"], sink.dtype, tuple(sink.shape),
-                                    world_size=world_size, floor=implied["floor"], single_ref=implied["single"])
+            held = implied["dsink"]
+            entry = tolerance_check("dsink", got, single.dsink, held["variant"], sink.dtype, tuple(sink.shape),
+                                    world_size=world_size, floor=held["floor"], single_ref=held["single"])
             entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref.dsink).abs().max())
                                                            for t in (got, single.dsink))
             checks.append({**entry, **_no_shadow("d sink is summed by the engine from out and dout, not by a "
@@ -691,8 +692,11 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         if learns_bias:
             values = bias.values.detach()
             got = gathered.dbias if gathered.dbias is not None else torch.full_like(values, float("nan"))
-            entry = tolerance_check("dbias", got, single.dbias, ref.dbias, values.dtype, tuple(values.shape),
-                                    world_size=world_size)
+            held = implied["dbias"]
+            entry = tolerance_check("dbias", got, single.dbias, held["variant"], values.dtype, tuple(values.shape),
+                                    world_size=world_size, floor=held["floor"], single_ref=held["single"])
+            entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref.dbias).abs().max())
+                                                           for t in (got, single.dbias))
             checks.append({**entry, **_no_shadow("d bias is added up from the kernels' calls and reduced over the "
                                                  "ranks by the engine, and the block decomposition does not rebuild "
                                                  "it, so only the max rule applies")})

@@ -237,6 +237,44 @@ def shadow_with_extras(shadow: Results, terms: list[int], sink: Tensor | None,
     return shadow._replace(out=out, lse=lse), terms
 
 
+def _dbias_given(inputs, case: CaseSetup, out: Tensor, lse: Tensor, bias: Bias) -> Tensor:
+    # The math kernel's d bias, in float64, of q, k, v, dout = inputs given out and lse.
+    q, k, v, dout = (x.double() for x in inputs)
+    b = bias.with_values(bias.values.detach().double())
+    causal, kw = row_keywords(case.causal, case.spec.window, case.spec.mask, q.shape[1], q.device)
+    b.open_grad(torch.float64)
+    KERNELS["math"].backward(dout, q, k, v, out.double(), lse.double(), causal, case.scale,
+                             **kw, **bias_keywords(b, q.shape[1], q.device))
+    return b.close_grad()
+
+
+def dbias_terms(inputs, case: CaseSetup, out: Tensor, lse: Tensor, bias: Bias) -> Tensor:
+    """An upper bound, per element of ``d bias``, of the sum of its terms' magnitudes
+    ``|p * (dout . v - dout . out)|`` over the broadcast dimensions, in float64: the kernel's
+    ``d bias`` of ``|dout|, |v|`` with ``out`` 0 (``sum p |dout| . |v|``) minus that of ``|dout|, |out|``
+    with ``v`` 0 (``-sum p |dout| . |out|``), both with the same ``p``."""
+    q, k, v, dout = inputs
+    dout, v = dout.double().abs(), v.double()
+    upper = _dbias_given((q, k, v.abs(), dout), case, torch.zeros_like(out, dtype=torch.float64), lse, bias)
+    lower = _dbias_given((q, k, torch.zeros_like(v), dout), case, out.double().abs(), lse, bias)
+    return upper - lower
+
+
+def implied_dbias(inputs, case: CaseSetup, out: Tensor, lse: Tensor, bias: Bias) -> Tensor:
+    """The ``d bias`` a result's own ``out`` and ``lse`` imply, in float64: the math kernel's backward
+    over every position given them (with a sink, ``out_f`` and ``L``, whose backward is exact as it is
+    for dq, dk, dv), the inputs and the bias taken in float64.
+
+    ``d bias`` sums the scores' gradients ``p * (dout . v - dout . out)`` over the bias's broadcast
+    dimensions (every query row and head for ``111s``): each one carries the rounding of ``out`` to
+    the input dtype, and the variant and the single device round in other orders, so in bf16 the
+    two are independent draws that the single device's does not bound. Each is held to what its
+    own ``out`` and ``lse`` imply, while the out and lse checks hold those to the float64 reference
+    (as ``d sink`` is, :func:`references`).
+    """
+    return _dbias_given(inputs, case, out, lse, bias)
+
+
 def references(kernel, inputs, case: CaseSetup, cu_seqlens: Tensor | None, sink: Tensor | None,
                keep: Tensor | None, gathered: Results, shadow, bias: Bias | None = None):
     """verify's single-device run, float64 reference and block-decomposition reference of a case
@@ -253,7 +291,7 @@ def references(kernel, inputs, case: CaseSetup, cu_seqlens: Tensor | None, sink:
     Returns:
         ``(gathered, single, ref, shadow, implied)``: ``gathered`` with its lse's real rows,
         ``single`` and ``ref`` :class:`Results` (with d sink, or ``None``), ``shadow`` with
-        the sink and padding applied (or ``None``). ``implied`` (``None`` without a learnable sink) is
+        the sink and padding applied (or ``None``). ``implied["dsink"]`` (absent without a learnable sink) is
         what ``d sink`` is judged against, since ``d sink = -sum_rows exp(s_h - L) <dout, out_f>``
         sums S * D roundings of ``out_f`` that the variant and the single device make in
         different orders: against float64 each one's error is an independent draw, which the
@@ -266,11 +304,15 @@ def references(kernel, inputs, case: CaseSetup, cu_seqlens: Tensor | None, sink:
           the single device's out and lse;
         - ``"floor"``: the accumulation's error floor, ``eps`` of the sink's dtype times the
           largest over the heads of the sum of its terms' magnitudes.
+
+        ``implied["dbias"]``, for a learnable bias, holds ``d bias`` the same way
+        (:func:`implied_dbias`), its floor ``eps`` of the bias's dtype times the largest sum of
+        its terms' magnitudes (:func:`dbias_terms`).
     """
     window, mask = case.spec.window, case.spec.mask
     single = single_row(kernel, inputs, cu_seqlens, case.causal, case.scale, sink, keep, window, mask, bias)
     ref = reference_fp64(inputs, case.real_docs, case.causal, case.scale, sink, keep, window, mask, bias)
-    implied = None
+    implied = {}
     if ref.dsink is not None:
         rows = slice(None) if keep is None else keep
         dout, s = inputs[3].double()[:, rows], sink.detach().double()
@@ -279,8 +321,13 @@ def references(kernel, inputs, case: CaseSetup, cu_seqlens: Tensor | None, sink:
             return local_sink_grad(dout, out.double()[:, rows], lse.double()[..., rows], s)
 
         terms = local_sink_grad(dout.abs(), ref.out[:, rows].abs(), ref.lse[..., rows], s).abs()
-        implied = {"variant": grad_of(gathered.out, gathered.lse), "single": grad_of(single.out, single.lse),
-                   "floor": torch.finfo(sink.dtype).eps * float(terms.max())}
+        implied["dsink"] = {"variant": grad_of(gathered.out, gathered.lse), "single": grad_of(single.out, single.lse),
+                            "floor": torch.finfo(sink.dtype).eps * float(terms.max())}
+    if ref.dbias is not None:
+        implied["dbias"] = {"variant": implied_dbias(inputs, case, gathered.out, gathered.lse, bias),
+                            "single": implied_dbias(inputs, case, single.out, single.lse, bias),
+                            "floor": torch.finfo(bias.values.dtype).eps
+                            * float(dbias_terms(inputs, case, ref.out, ref.lse, bias).max())}
     if shadow is not None:
         tensors, terms = shadow_with_extras(shadow.tensors, shadow.terms, sink, keep)
         shadow = shadow._replace(tensors=tensors._replace(lse=real_rows(tensors.lse, keep)), terms=terms)
