@@ -192,10 +192,10 @@ class Bias:
     def __init__(self, kind: str, values: Tensor):
         if kind not in BIAS_KINDS:
             raise ValueError(f"bias {kind!r} is not one ringbench takes; choose one of {', '.join(BIAS_KINDS)}")
-        want = 1 if kind == "alibi" else 4
+        want = 1 if kind == "alibi" else 4  # dimensions
         if not isinstance(values, Tensor) or values.dim() != want or not values.is_floating_point():
-            raise ValueError(f"bias {kind} takes a float tensor of {want} dimension{'s' if want > 1 else ''} "
-                             f"({'[Hq], the slopes' if kind == 'alibi' else '[b|1, h|1, s|1, s]'}), got "
+            raise ValueError(f"bias {kind} takes a float tensor "
+                             f"{'[Hq], the slopes' if kind == 'alibi' else '[b|1, h|1, s|1, s]'}, got "
                              f"{tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__}")
         self.kind, self.values = kind, values
         self.grad: Tensor | None = None
