@@ -4,8 +4,9 @@
 Every batch engine (ring, zigzag, stripe, llama3, ulysses, usp) on the math kernel verifies ALiBi and the
 learnable shapes 1hss, bhss and 111s at world sizes 1, 2 and 4: out, lse, dq, dk, dv against the float64
 reference (max rule and block decomposition) and, for a learnable bias, dbias (the max rule, each result
-held to what its own out and lse imply). Beside them, each launch adds a bias under a mask (prefix:40,
-with a learnable sink and batch 2 in one case, 11ss and b1ss there) and, at two ranks or more, the two broken
+held to what its own out and lse imply). Beside them, each launch but the quick one adds a bias under a
+mask (prefix:40, with a learnable sink and batch 2 in one case, 11ss and b1ss there), a sliding window
+or no causal mask, and at two ranks or more, the two broken
 fixtures, which must fail: ``bias_local_only`` (received K/V blocks take no bias: out and dbias fail) and
 ``dbias_unreduced`` (each rank's dbias share never summed: dbias alone fails).
 
@@ -28,12 +29,14 @@ LAUNCH_TIMEOUT_S = {1: 240, 2: 300, 4: 420}
 VARIANTS = ("ring", "zigzag", "stripe", "llama3", "ulysses", "usp")
 BIASES = ("alibi", "1hss", "bhss", "111s")
 FIXTURES = ("bias_local_only", "dbias_unreduced")
-#: Biases beside a mask, a sink or no causal mask, over 128 tokens: (name, variant, bias, fields).
+#: Biases beside a mask, a sink, a sliding window or no causal mask, over 128 tokens: (name, variant, bias, fields).
 MASKED = (("prefix_1hss_zigzag", "zigzag", "1hss", {"mask": "prefix:40"}),
           ("chunked_alibi_ulysses", "ulysses", "alibi", {"mask": "chunked:24"}),
           ("prefix_b1ss_sink_usp", "usp", "b1ss", {"mask": "prefix:40", "sink": "learnable", "batch": 2}),
           ("full_11ss_llama3", "llama3", "11ss", {"causal": False}),
-          ("full_111s_stripe", "stripe", "111s", {"causal": False}))
+          ("full_111s_stripe", "stripe", "111s", {"causal": False}),
+          ("window_bhss_ring", "ring", "bhss", {"window": 24}),
+          ("window_alibi_usp", "usp", "alibi", {"window": 24}))
 
 
 def _spec(variant: str, world_size: int, bias: str, **fields) -> dict:

@@ -561,7 +561,8 @@ class CaseSpec:
                     "|q_pos - k_pos|, so -slope_h * (q_pos - k_pos) under the causal mask; no gradient) or a "
                     "learnable float tensor of TransformerEngine's post-scale shapes 1hss, bhss, 11ss, b1ss or 111s "
                     "(b batch, h heads, s seqlen; 111s is one row of keys broadcast over the queries), drawn from the "
-                    "seed (normal * 0.5), whose gradient verify checks too (dbias); composes with --mask and --sink; "
+                    "seed (normal * 0.5), whose gradient verify checks too (dbias); composes with --mask, --window and "
+                    "--sink; "
                     "FLOPs unchanged; on the math kernel and the batch variants ring, zigzag, stripe, llama3, "
                     "ulysses and usp", "", "", default_text="none", label="bias={}", optional=True,
                     check=_if_set(_check_bias), repeatable=True, metavar="|".join(BIAS_KINDS))

@@ -216,9 +216,6 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
     if spec.bias and spec.hf_model:
         raise SpecError(f"bias {spec.bias} does not go with hf_model {spec.hf_model}, whose layers fix their own "
                         "scores; drop --bias")
-    if spec.bias and spec.window:
-        raise SpecError(f"bias {spec.bias} does not go with window {spec.window} yet (ringbench verifies a bias under "
-                        "the causal mask, --no-causal and --mask); drop --bias or --window")
     if spec.bias in BIAS_SHAPES and spec.seqlen > masks.DENSE_LIMIT:
         raise SpecError(SeqlenOffer(
             f"seqlen {spec.seqlen} is above {masks.DENSE_LIMIT} tokens, the longest sequence over which a learnable "
