@@ -333,9 +333,9 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
             comm.send_recv(kv[0], nxt[0])
             comm.send_recv(kv[1], nxt[1])
             comm.commit()
-        block = steps(step, (rank - step) % world_size)
+        source = (rank - step) % world_size
+        block = steps(step, source)
         if block is not None:
-            source = (rank - step) % world_size
             b_out, b_lse = _attend(kernel, _rows(q, block.q), _rows(kv[0], block.kv), _rows(kv[1], block.kv),
                                    block, scale, _bias_at(bias, rank, source, block, lossy))
             if seen is not None:
