@@ -294,5 +294,5 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
     if sink is not None:
         check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return GatheredAttention.apply(q, k, v, sink, _forward, _backward, causal, scale, group, kernel, stride,
+    return GatheredAttention.apply(q, k, v, sink, None, None, _forward, _backward, causal, scale, group, kernel, stride,
                                    pieces)
