@@ -1,6 +1,6 @@
 # Sourced by gpu_a.sh and gpu_b.sh: the install and the timed-step helper. Texts go to $OUT/logs.
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 COLUMNS=160
-python3 -c "import flash_attn.cute" 2>/dev/null || bash .fa4b/install-fa4.sh >/dev/null || exit 3
+[ -n "$NO_FA4" ] || python3 -c "import flash_attn.cute" 2>/dev/null || bash .fa4b/install-fa4.sh >/dev/null || exit 3
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 4
 L=$OUT/logs; mkdir -p $L
 START=$(date +%s)
