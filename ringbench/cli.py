@@ -642,6 +642,9 @@ def _against(paths: List[Path], case: dict, *, bound, gpu, calibration, cluster,
     rows = check.compare(measured.records, target_of=lambda rec: check.record_target(
         rec, gpu=gpu, calibrations=calibration or (), cluster_file=cluster, gpus_per_node=gpus_per_node, nodes=nodes,
         fabric=fabric))
+    reason = check.none_predicted(rows, paths)
+    if reason:
+        raise SpecError(reason)
     summary = {**check.summary(rows, bound), "left_out": measured.left_out_text()}
     if json_out:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"summary": summary}) + "\n")

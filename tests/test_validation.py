@@ -155,6 +155,23 @@ def test_against_refuses_files_without_a_record_to_check(tmp_path):
         against.measured_records([path])
 
 
+def test_against_with_nothing_the_model_can_predict_exits_2_in_one_sentence(tmp_path, monkeypatch):
+    """A file whose ok run records are all refused by the model (here a peer's and a CPU record with no GPU)
+    exited 1, as if the model had missed its bound: it is bad input, refused with exit 2, saying why."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "runs.jsonl"
+    path.write_text(json.dumps(_record(_spec(variant="rfa_zigzag", world_size=2, seqlen=512), 1.0)) + "\n"
+                    + json.dumps(_record(_spec(variant="zigzag", world_size=2, seqlen=512), 1.0)) + "\n",
+                    encoding="utf-8")
+    res = _invoke("predict", "--against", str(path))
+    message = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert message.startswith(f"against {str(path)!r}: the model can predict none of its 2 ok run records; the "
+                              "first, "), message
+    assert "rfa_zigzag is a peer" in message and "Traceback" not in res.output
+    assert message.count(". ") == 0 and len(res.output.strip().splitlines()) <= 4, message  # one sentence
+
+
 def test_against_reads_every_committed_results_file():
     """Each .jsonl under results/reference/ is read without a crash: its records are checked, or counted as
     left out, and a file with nothing to check is refused in one sentence."""
