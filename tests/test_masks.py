@@ -436,6 +436,23 @@ def test_masks_causal_or_full_in_disguise_is_refused_naming_the_plain_mask(text,
         assert str(refused.value) == refusal
 
 
+@pytest.mark.parametrize("text, sentence", [
+    ("shared-prefix:4,answers=2,answers=3", "mask 'shared-prefix:4,answers=2,answers=3' gives answers twice "
+     "(answers=2 and answers=3), and each key may be given once; pass answers once"),
+    ("global:4,window:8,window:8", "mask 'global:4,window:8,window:8' gives window twice (window:8 and window:8), and "
+     "each key may be given once; pass window once"),
+])
+def test_masks_a_key_given_twice_is_refused_not_overwritten(text, sentence):
+    """shared-prefix:4,answers=2,answers=3 ran as answers=3, the first value dropped without a word."""
+    from ringbench.case.spec import check_fields
+
+    with pytest.raises(ValueError) as refused:
+        masks.parse(text)
+    assert str(refused.value) == sentence
+    with pytest.raises(SpecError, match="gives .* twice"):
+        check_fields({"mask": text})
+
+
 def test_masks_blind_rows_are_the_rows_no_slice_gives_a_key():
     rows = masks.blind_rows([masks.Slice.of_kind(0, 4, 0, 4, "causal"), masks.Slice.of_kind(6, 8, 0, 3, "full"),
                              masks.Slice.of_kind(8, 10, 12, 14, "bi-causal")], 14)

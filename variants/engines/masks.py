@@ -298,7 +298,11 @@ def parse(text: str) -> str:
     for a in args:
         key, eq, value = _keyed(a)
         if eq:
-            keyed[key.strip().lower()] = value
+            key = key.strip().lower()
+            if key in keyed:
+                raise ValueError(f"mask {raw!r} gives {key} twice ({key}{eq}{keyed[key].strip()} and {a}), and each "
+                                 f"key may be given once; pass {key} once")
+            keyed[key] = value
         else:
             plain.append(a)
     if name == "window":
