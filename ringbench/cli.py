@@ -594,6 +594,13 @@ def predict(
     from ringbench.model.against import Bound
 
     with _usage_errors():
+        if not against:  # before the masks' own rules: no seqlen they offer makes a mask priced
+            from ringbench.model.schedule import mask_refusal
+
+            given = case.get("mask") or []
+            for text in given if isinstance(given, list) else [given]:
+                if mask_refusal(text):
+                    raise SpecError(mask_refusal(text))
         options.check_given(case)
         if against:
             if out is not None:

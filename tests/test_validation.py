@@ -11,6 +11,7 @@ bound. The validation page must be what its command writes today.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -459,3 +460,21 @@ def test_validation_page_is_what_its_command_writes_now():
     for check in ("(a)", "(b)", "(c)"):  # each check states its bound and its verdict
         row = next(line for line in generated.splitlines() if line.startswith(f"| {check}"))
         assert "**pass**" in row or "**fail**" in row, row
+
+
+@pytest.mark.parametrize("mask, seqlen", [
+    (["--mask-file", str(Path(__file__).parent / "data" / "masks" / "image_in_text.txt")], "1k"),  # blind rows at 1k
+    (["--mask", "shared-prefix:40,answers=5"], "1k"),  # 984 tokens do not split into 5 answers
+    (["--mask", "prefix:100"], "1k"),
+])
+def test_predict_says_a_mask_is_not_priced_before_any_seqlen_it_would_offer(tmp_path, monkeypatch, mask, seqlen):
+    """predict with a mask the model cannot price offered a --seqlen first (the mask's own rule), then, at
+    that seqlen, said masks are not priced: the second sentence comes first, since no seqlen helps."""
+    monkeypatch.chdir(tmp_path)
+    res = _invoke("predict", "--variant", "zigzag", "--gpu", "H100", "--world-size", "2", "--seqlen", seqlen, *mask)
+    message = " ".join(res.output.split())
+    assert res.exit_code == 2, message
+    assert re.fullmatch(r"mask \S+ is not priced by the model yet \(its partial blocks run on the math kernel, which "
+                        r"no calibration rates\); predict the causal case, or measure the mask with ringbench run",
+                        message), message
+    assert "--seqlen" not in message
