@@ -532,7 +532,7 @@ def test_cli_two_mask_files_of_as_many_slices_read_apart_in_tables(harness, tmp_
     from ringbench.case.spec import CaseSpec
     from ringbench.variants.engines import masks
 
-    bodies = {"alpha": "0 32 0 32 causal\n32 64 0 64 causal\n64 96 0 96 causal\n",
+    bodies = {"alpha": "0 32 0 32 full\n32 64 0 64 causal\n64 96 0 96 causal\n",  # a prompt of 32, not plain causal
               "beta": "0 48 0 48 causal\n48 64 0 64 causal\n64 96 64 96 full\n"}
     for name, body in bodies.items():
         (tmp_path / f"{name}.txt").write_text(body)
