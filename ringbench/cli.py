@@ -594,6 +594,13 @@ def predict(
     from ringbench.model.against import Bound
 
     with _usage_errors():
+        if not against:  # before the masks' own rules: no seqlen they offer makes a mask priced
+            from ringbench.model.schedule import mask_refusal
+
+            given = case.get("mask") or []
+            for text in given if isinstance(given, list) else [given]:
+                if mask_refusal(text):
+                    raise SpecError(mask_refusal(text))
         options.check_given(case)
         if against:
             if out is not None:
@@ -642,6 +649,9 @@ def _against(paths: List[Path], case: dict, *, bound, gpu, calibration, cluster,
     rows = check.compare(measured.records, target_of=lambda rec: check.record_target(
         rec, gpu=gpu, calibrations=calibration or (), cluster_file=cluster, gpus_per_node=gpus_per_node, nodes=nodes,
         fabric=fabric))
+    reason = check.none_predicted(rows, paths)
+    if reason:
+        raise SpecError(reason)
     summary = {**check.summary(rows, bound), "left_out": measured.left_out_text()}
     if json_out:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"summary": summary}) + "\n")

@@ -78,9 +78,10 @@ def test_cli_e2e_verify_broken_variant_fails(tmp_path):
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # 6-12 s on two cores; the quick subset runs `run` under torchrun in the --resume test
 def test_cli_e2e_run_json_prints_one_record(tmp_path):
-    result = ringbench("run", "--variant", "zigzag", "--seqlen", "4k", "--iters", "3", "--warmup", "1",
-                       "--out", str(tmp_path), "--json", cwd=tmp_path)
+    result = ringbench("run", "--variant", "zigzag", "--seqlen", "4k", "--heads", "2", "--kv-heads", "1", "--head-dim",
+                       "16", "--iters", "3", "--warmup", "1", "--out", str(tmp_path), "--json", cwd=tmp_path)
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert len(lines) == 1, lines

@@ -188,6 +188,11 @@ def test_cli_bad_input_exits_2_with_one_sentence(harness, args, pattern):
     assert harness.launches == [] and not list(Path(".").rglob("*.jsonl"))
 
 
+def slow(args: list[str]):
+    """A parametrize entry of ``args``, marked slow."""
+    return pytest.param(args, marks=pytest.mark.slow)
+
+
 def _follow(args: list[str], fix: str) -> list[str]:
     """``args`` with the options one fix of a refusal names (``pass --docs 104,152 --seqlen 260``)
     set: the value of one given already replaced, the others added."""
@@ -211,14 +216,17 @@ def _follow(args: list[str], fix: str) -> list[str]:
     ["--variant", "zigzag_varlen", "--world-size", "4", "--docs", "100,300,612", "--doc-pad", "7", "--seqlen", "1024"],
     ["--variant", "usp_varlen", "--world-size", "4", "--heads", "4", "--docs", "102,154", "--seqlen", "256"],
     ["--variant", "zigzag_varlen", "--world-size", "2", "--world-size", "4", "--docs", "96,164", "--seqlen", "256"],
-    ["--variant", "ring_varlen", "--world-size", "3", "--world-size", "4", "--docs", "102,154", "--seqlen", "258"],
-    ["--variant", "zigzag_varlen", "--world-size", "4", "--docs", ",".join(["1"] * 64 + ["192"]), "--seqlen", "256"],
+    # The rest are slow (0.6-1.9 s each on two cores; the quick subset keeps one of each refusal's kind above).
+    slow(["--variant", "ring_varlen", "--world-size", "3", "--world-size", "4", "--docs", "102,154", "--seqlen", "258"]),
+    slow(["--variant", "zigzag_varlen", "--world-size", "4", "--docs", ",".join(["1"] * 64 + ["192"]), "--seqlen",
+          "256"]),
     # Under --model, which fixes the seqlen: no fix may need another one (issue 27: --seqlen 704).
     ["--model", "llama-tiny", "--variant", "zigzag_varlen", "--world-size", "4", "--docs",
      ",".join(["1"] * 64 + ["192"])],
-    ["--model", "llama-tiny", "--variant", "zigzag_varlen", "--world-size", "4", "--docs", "1,255"],
-    ["--model", "llama-tiny", "--variant", "zigzag_varlen", "--world-size", "2", "--world-size", "4", "--docs", "1,255"],
-    ["--model", "qwen2-tiny", "--variant", "usp_varlen", "--world-size", "4", "--docs", "100,156"],
+    slow(["--model", "llama-tiny", "--variant", "zigzag_varlen", "--world-size", "4", "--docs", "1,255"]),
+    slow(["--model", "llama-tiny", "--variant", "zigzag_varlen", "--world-size", "2", "--world-size", "4", "--docs",
+          "1,255"]),
+    slow(["--model", "qwen2-tiny", "--variant", "usp_varlen", "--world-size", "4", "--docs", "100,156"]),
 ])
 def test_cli_every_fix_a_document_refusal_offers_is_accepted(harness, args):
     """Each fix the sentence offers (--docs, --doc-pad or another variant, with the --seqlen they
@@ -532,7 +540,7 @@ def test_cli_two_mask_files_of_as_many_slices_read_apart_in_tables(harness, tmp_
     from ringbench.case.spec import CaseSpec
     from ringbench.variants.engines import masks
 
-    bodies = {"alpha": "0 32 0 32 causal\n32 64 0 64 causal\n64 96 0 96 causal\n",
+    bodies = {"alpha": "0 32 0 32 full\n32 64 0 64 causal\n64 96 0 96 causal\n",  # a prompt of 32, not plain causal
               "beta": "0 48 0 48 causal\n48 64 0 64 causal\n64 96 64 96 full\n"}
     for name, body in bodies.items():
         (tmp_path / f"{name}.txt").write_text(body)

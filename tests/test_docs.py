@@ -180,3 +180,19 @@ def test_readme_is_short_and_gives_the_ci_command():
     assert len(command) == 1 and command[0] in readme, command
     assert ("python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e . && "
             ".venv/bin/ringbench run --variant zigzag --seqlen 4k") in readme
+
+
+def test_docs_example_outputs_land_in_the_ignored_results_folder():
+    """The README's compare example wrote compare.png into the checkout's root, where git status shows it:
+    every file an example command of README.md and docs/ writes (--plot, --markdown, --to-parquet, --out)
+    goes under results/, which .gitignore leaves out (or is a placeholder such as FILE.png)."""
+    ignored = (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+    assert "/results/*" in ignored and "!/results/reference/" in ignored
+    written = []
+    for page in markdown_files():
+        for match in re.finditer(r"--(?:plot|markdown|to-parquet|out) ([^\s`]+)", page.read_text(encoding="utf-8")):
+            written.append((page.name, match.group(1)))
+    assert any(path == "results/compare.png" for _, path in written), written  # never vacuous
+    stray = [(page, path) for page, path in written
+             if not path.startswith("results/") and not re.fullmatch(r"FILE(\.\w+)?", path)]
+    assert not stray, f"example outputs outside results/: {stray}"

@@ -10,7 +10,8 @@ key meets more than two, so it computes what the correct ring computes).
 
 Unit tests need no process group or a world-size-1 one; the distributed ones run
 ``tests/dist/verify_cases.py`` under real torchrun (gloo, CPU), one launch per batch and world
-size, cached (the quick batch's world size 4 joins the full one's when the slow tests run too).
+size, cached (the quick batch's world size 4 joins the full one's when the slow tests run too). Every
+launch is slow (the quick batch's four ranks take 16-19 s on two cores).
 """
 
 from __future__ import annotations
@@ -343,6 +344,7 @@ def test_drift_growth_table_shows_the_shadow_statistics_over_world_size():
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # the quick batch's launch of four ranks: 16-19 s on two cores
 @pytest.mark.parametrize("name", _names("quick", variants=DRIFT))
 def test_drift_lossy_accumulation_fails_verify_at_world_size_four(launches, name):
     """Each broken accumulation passes the max rule and fails the block-decomposition check,
@@ -357,6 +359,7 @@ def test_drift_lossy_accumulation_fails_verify_at_world_size_four(launches, name
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # the quick batch's launch of four ranks: 16-19 s on two cores
 def test_drift_correct_ring_passes_within_half_its_allowance(launches):
     rec = _record(launches, "quick", _name("ring", 4, "bf16", True, {}))
     assert rec["verdict"] == "ok"
@@ -419,6 +422,7 @@ def test_drift_at_world_size_two_lossy_rings_compute_what_the_ring_computes(laun
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # the quick batch's launch of four ranks: 16-19 s on two cores
 @pytest.mark.parametrize("name", _names("quick", variants=DRIFT_USP))
 def test_drift_lossy_usp_fails_verify_at_world_size_four(launches, name):
     """USP whose ring rounds its running output (or dq) after every update, U = 1 and a ring of

@@ -258,3 +258,30 @@ def test_estimate_each_launch_measures_the_cpu_rate_again(monkeypatch):
     # With --timeout the limits are the user's, and nothing is measured.
     monkeypatch.setattr(estimate, "_measured_rate", 1e15)
     assert sweep.case_limits_s([case], 60.0) == [60.0] and estimate._measured_rate == 1e15
+
+
+def test_estimate_of_a_masked_case_counts_the_dense_square_the_math_kernel_computes(machine):
+    """verify under a mask ran 2 to 4 times its estimate (chunked:64 at 4k: 34 s against 8 s): the estimate
+    counted the mask's pairs at the cpu kernel's rate, while the math kernel computes each block whole, about
+    twice as slowly, the float64 reference takes the whole square, and each dense mask tests every slice on
+    every pair. A masked case now costs the full case on the math kernel plus the masks' building, which
+    grows with the slices, and the rate's note names the math kernel."""
+    def case(**given):
+        cases, _ = build.cases_for("verify", {"device": "cpu", "variant": ["zigzag"], "world_size": [2],
+                                              "seqlen": [4096], **given}, resolve_kernels=False, machine=("cpu", 0))
+        return cases[0]
+
+    full_math, full_cpu = (estimate.case_seconds(case(causal=False, kernel=k)) for k in ("math", "cpu"))
+    overhead = estimate.CASE_OVERHEAD_S
+    assert full_math - overhead == pytest.approx(estimate.CPU_MATH_SLOWDOWN * (full_cpu - overhead), rel=1e-9)
+    for mask, slices in (("chunked:64", 64), ("prefix:2048", 2), ("window:64,64", 1)):
+        masked = case(mask=[mask])
+        assert masked.mask == mask
+        build_s = 2 * slices * 4096 ** 2 * estimate.MASK_FLOPS_PER_SLICE_PAIR / 400e9
+        assert estimate.case_seconds(masked) == pytest.approx(full_math + build_s, rel=1e-9), mask
+    assert estimate.case_seconds(case(mask=["chunked:64"])) > 2.5 * full_cpu  # it was 1/64 of the causal case
+    masked = case(mask=["chunked:64"])
+    text = estimate.summary([masked], estimate.estimate([masked]))
+    assert ("attention at about 80 GFLOP/s on cpu (the math kernel at about 42, a mask's work counted over the "
+            "whole square and its dense masks built), from a 400 GFLOP/s") in text, text
+    assert "math kernel" not in estimate.summary([case()], estimate.estimate([case()]))

@@ -120,6 +120,7 @@ def test_launch_success_writes_records_and_logs_and_on_poll_sees_them_while_the_
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # 6-14 s on two cores; the quick subset keeps test_faults' oom, silent and unavailable
 def test_launch_rank_failure_names_rank_and_exception(tmp_path, worker_env):
     cases = [{"action": "record"}, {"action": "raise"}]
     start = time.monotonic()
@@ -183,6 +184,7 @@ def test_launch_mismatched_case_world_size_raises(tmp_path):
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # a torchrun launch each, 1.5-2 s on two cores
 def test_launch_on_poll_error_stops_the_job_and_propagates(tmp_path, worker_env, monkeypatch):
     monkeypatch.setattr(launch_mod, "TERM_GRACE_S", 1.5)
     calls: list[float] = []
@@ -199,6 +201,7 @@ def test_launch_on_poll_error_stops_the_job_and_propagates(tmp_path, worker_env,
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # 6-14 s on two cores; the quick subset keeps test_faults' oom, silent and unavailable
 def test_launch_killed_rank_gives_its_root_cause_and_keeps_torchruns_report_in_the_log(tmp_path, worker_env):
     res = _run(tmp_path, worker_env, [{"action": "record"}, {"action": "die"}], timeout_s=60)
     assert res.returncode != 0 and not res.timed_out
@@ -212,6 +215,7 @@ def test_launch_killed_rank_gives_its_root_cause_and_keeps_torchruns_report_in_t
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # a torchrun launch each, 1.5-2 s on two cores
 def test_launch_torchrun_killed_takes_its_ranks_with_it(tmp_path, worker_env):
     """torchrun dies without a word (SIGKILL): its ranks die too (die_with_torchrun) and the
     failure says that torchrun was killed."""

@@ -369,8 +369,8 @@ def test_masks_only_the_math_kernel_takes_one_and_auto_finds_it():
 
 @pytest.mark.parametrize("args, sentence", [
     (["--mask", "chunked:4k", "--seqlen", "4k"],
-     "mask chunked:4096 at --seqlen 4096: the chunk must be shorter than the sequence, or the mask is plain causal; "
-     "use --causal in its place, or a C below 4096"),
+     "mask chunked:4096 at --seqlen 4096 is plain causal attention (every query sees every key up to itself); pass "
+     "--mask causal"),
     (["--mask", "window:9,4095", "--seqlen", "4k"],
      "mask window:9,4095 at --seqlen 4096: R must be below seqlen - 1 = 4095, or every query sees every key after it "
      "and the window has no right edge; pass an R below 4095"),
@@ -394,6 +394,63 @@ def test_masks_degenerate_masks_are_refused_in_one_sentence_before_any_launch(tm
     assert result.returncode == 2, result.stdout
     assert result.stderr.strip() == sentence
     assert not list(tmp_path.rglob("*.jsonl"))
+
+
+CAUSAL = "plain causal attention (every query sees every key up to itself); pass --mask causal"
+FULL = "full attention (every query sees every key); pass --mask full"
+
+
+@pytest.mark.parametrize("text, seqlen, refusal", [
+    ("global:4,window:1020", 1024, f"mask global:4,window:1020 at --seqlen 1024 is {CAUSAL}"),  # L = S - G
+    ("global:4,window:2k", 1024, f"mask global:4,window:2048 at --seqlen 1024 is {CAUSAL}"),
+    ("global:4,window:1019", 1024, None),  # query 1023 misses key 4
+    ("prefix:1", 1024, f"mask prefix:1 at --seqlen 1024 is {CAUSAL}"),  # a prompt of one token sees only itself
+    ("prefix:2", 1024, None),
+    ("shared-prefix:4,answers=1", 1024, f"mask shared-prefix:4,answers=1 at --seqlen 1024 is {CAUSAL}"),
+    ("shared-prefix:4,answers=2", 1024, None),
+    ("window:1024", 1024, f"mask window:1024 at --seqlen 1024 is {CAUSAL}"),
+    ("window:4k", 1024, f"mask window:4096 at --seqlen 1024 is {CAUSAL}"),
+    ("window:1023", 1024, None),
+    ("chunked:2k", 1024, f"mask chunked:2048 at --seqlen 1024 is {CAUSAL}"),
+    ("chunked:1023", 1024, None),
+    ("slices:name=lm;0,1,0,1,full;1,8,0,8,causal", 8, f"mask lm(2) at --seqlen 8 is {CAUSAL}"),
+    ("slices:0,4,0,8,full;4,8,0,8,full", 8, f"mask slices(2) at --seqlen 8 is {FULL}"),
+    ("slices:0,8,0,4,full;0,8,4,8,inv-causal;1,8,4,8,causal", 8, None),  # every key but (q, k > q) for q >= 4
+    ("slices:0,4,0,4,full;4,8,0,8,causal", 8, None),  # prefix:4
+    ("causal", 8, None),
+    ("full", 8, None),
+])
+def test_masks_causal_or_full_in_disguise_is_refused_naming_the_plain_mask(text, seqlen, refusal):
+    """A mask whose slices over the seqlen hold exactly the pairs of causal or full attention ran as a
+    mask: it is refused, naming the plain mask to pass. The rule is exact (areas and the diagonal), so the
+    mask one token short of it is accepted."""
+    from ringbench.case.spec import check_fields
+
+    assert masks.rule(masks.parse(text), seqlen) == refusal
+    given = {"mask": text, "seqlen": seqlen, "world_size": 2, "variant": "rfa_zigzag"}  # a peer: no mask option
+    if refusal is None:
+        assert masks.disguise(masks.parse(text), seqlen) is None
+    else:
+        with pytest.raises(SpecError) as refused:
+            check_fields(given)
+        assert str(refused.value) == refusal
+
+
+@pytest.mark.parametrize("text, sentence", [
+    ("shared-prefix:4,answers=2,answers=3", "mask 'shared-prefix:4,answers=2,answers=3' gives answers twice "
+     "(answers=2 and answers=3), and each key may be given once; pass answers once"),
+    ("global:4,window:8,window:8", "mask 'global:4,window:8,window:8' gives window twice (window:8 and window:8), and "
+     "each key may be given once; pass window once"),
+])
+def test_masks_a_key_given_twice_is_refused_not_overwritten(text, sentence):
+    """shared-prefix:4,answers=2,answers=3 ran as answers=3, the first value dropped without a word."""
+    from ringbench.case.spec import check_fields
+
+    with pytest.raises(ValueError) as refused:
+        masks.parse(text)
+    assert str(refused.value) == sentence
+    with pytest.raises(SpecError, match="gives .* twice"):
+        check_fields({"mask": text})
 
 
 def test_masks_blind_rows_are_the_rows_no_slice_gives_a_key():

@@ -335,3 +335,20 @@ def test_a_seqlen_a_refusal_offers_passes_every_rule_of_the_case(args, offered):
     followed = list(args)
     followed[followed.index("--seqlen") + 1] = str(offered)
     assert _check(followed, task="verify") is None
+
+
+def test_refusal_of_a_mask_onto_a_scenario_window_names_the_scenarios_window():
+    """verify --scenario smoke --mask causal said 'mask causal and window 100 do not go together ...; pass one
+    of them', as if the user had given the window: the scenario set it, so the sentence says so and the fix is
+    the user's own option."""
+    with pytest.raises(SpecError) as got:
+        build.cases_for("verify", {"device": "cpu", "mask": ["causal"]}, scenario="smoke", resolve_kernels=False,
+                        machine=("cpu", 0))
+    message = str(got.value)
+    assert re.fullmatch(r"scenario smoke \(built-in\) case \d+ of \d+ \([^)]*\): the scenario sets window (\d+) on this "
+                        r"case, and a window is itself a mask \(--window L is the short form of --mask window:L\), so "
+                        r"--mask causal cannot join it; drop --mask, or give the mask without --scenario", message), message
+    assert "pass one of them" not in message
+    with pytest.raises(SpecError, match="pass one of them"):  # both given by the user: still theirs to choose
+        build.cases_for("verify", {"device": "cpu", "variant": ["zigzag"], "mask": ["causal"], "window": [64],
+                                   "seqlen": [512], "world_size": [2]}, resolve_kernels=False, machine=("cpu", 0))

@@ -22,6 +22,8 @@ from ringbench.present.compare.plot import colour_of
 from ringbench.records.store import append_record, read_records
 from ringbench.case.spec import CaseSpec
 
+from helpers import slow_when
+
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
 H200X2 = REFERENCE / "2026-11-30-h200x2"
 NARROW, WIDE = 80, 1000
@@ -264,7 +266,7 @@ TABLES = {
 }
 
 
-@pytest.mark.parametrize("width", [30, 40, 60, 80, 120])
+@pytest.mark.parametrize("width", [30, slow_when(40, True), slow_when(60, True), 80, 120])  # 40, 60: 27 cases, 3 s
 @pytest.mark.parametrize("name", list(TABLES))
 def test_table_at_any_width_splits_no_number_or_word(name, width):
     fn, data = TABLES[name]

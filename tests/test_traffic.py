@@ -148,6 +148,7 @@ def _pair(rank: int, store_path: str, out_dir: str) -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # two spawned processes: 15-19 s on two cores
 def test_counts_at_world_size_two_follow_the_rules_and_count_each_byte_once(tmp_path):
     mp.start_processes(_pair, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True,
                        start_method="spawn")

@@ -11,6 +11,7 @@ bound. The validation page must be what its command writes today.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,23 @@ def test_against_refuses_files_without_a_record_to_check(tmp_path):
     with pytest.raises(Exception, match=r"holds no ok run record with a time to check \(left out 2 lines: 1 verify "
                                         r"record, 1 with status skipped\)"):
         against.measured_records([path])
+
+
+def test_against_with_nothing_the_model_can_predict_exits_2_in_one_sentence(tmp_path, monkeypatch):
+    """A file whose ok run records are all refused by the model (here a peer's and a CPU record with no GPU)
+    exited 1, as if the model had missed its bound: it is bad input, refused with exit 2, saying why."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "runs.jsonl"
+    path.write_text(json.dumps(_record(_spec(variant="rfa_zigzag", world_size=2, seqlen=512), 1.0)) + "\n"
+                    + json.dumps(_record(_spec(variant="zigzag", world_size=2, seqlen=512), 1.0)) + "\n",
+                    encoding="utf-8")
+    res = _invoke("predict", "--against", str(path))
+    message = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert message.startswith(f"against {str(path)!r}: the model can predict none of its 2 ok run records; the "
+                              "first, "), message
+    assert "rfa_zigzag is a peer" in message and "Traceback" not in res.output
+    assert message.count(". ") == 0 and len(res.output.strip().splitlines()) <= 4, message  # one sentence
 
 
 def test_against_reads_every_committed_results_file():
@@ -442,3 +460,21 @@ def test_validation_page_is_what_its_command_writes_now():
     for check in ("(a)", "(b)", "(c)"):  # each check states its bound and its verdict
         row = next(line for line in generated.splitlines() if line.startswith(f"| {check}"))
         assert "**pass**" in row or "**fail**" in row, row
+
+
+@pytest.mark.parametrize("mask, seqlen", [
+    (["--mask-file", str(Path(__file__).parent / "data" / "masks" / "image_in_text.txt")], "1k"),  # blind rows at 1k
+    (["--mask", "shared-prefix:40,answers=5"], "1k"),  # 984 tokens do not split into 5 answers
+    (["--mask", "prefix:100"], "1k"),
+])
+def test_predict_says_a_mask_is_not_priced_before_any_seqlen_it_would_offer(tmp_path, monkeypatch, mask, seqlen):
+    """predict with a mask the model cannot price offered a --seqlen first (the mask's own rule), then, at
+    that seqlen, said masks are not priced: the second sentence comes first, since no seqlen helps."""
+    monkeypatch.chdir(tmp_path)
+    res = _invoke("predict", "--variant", "zigzag", "--gpu", "H100", "--world-size", "2", "--seqlen", seqlen, *mask)
+    message = " ".join(res.output.split())
+    assert res.exit_code == 2, message
+    assert re.fullmatch(r"mask \S+ is not priced by the model yet \(its partial blocks run on the math kernel, which "
+                        r"no calibration rates\); predict the causal case, or measure the mask with ringbench run",
+                        message), message
+    assert "--seqlen" not in message

@@ -223,6 +223,7 @@ def test_varlen_one_invalid_rank_stops_all_ranks(w4):
 # --------------------------------------------------------------------------- the real worker
 
 @pytest.mark.dist
+@pytest.mark.slow  # the worker launch: 5-7 s on two cores
 def test_varlen_worker_path_records(worker):
     """``python -m ringbench.rank.worker`` runs varlen verify and run cases and records them ok."""
     assert not worker["timed_out"] and worker["returncode"] == 0, worker["log_tail"]
@@ -238,6 +239,7 @@ def test_varlen_worker_path_records(worker):
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # the worker launch: 5-7 s on two cores
 def test_varlen_worker_drawn_documents_are_recorded(worker):
     """The documents drawn from --doc-dist travel in the spec: multiples of 2W = 4 that fill 2048."""
     rec = worker["records"][0]
@@ -248,6 +250,7 @@ def test_varlen_worker_drawn_documents_are_recorded(worker):
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # the worker launch: 5-7 s on two cores
 def test_varlen_worker_run_counts_document_flops(worker):
     """A run record counts varlen FLOPs: sum over documents of 2 * L^2 * Hq * D * 3.5, per GPU."""
     rec = worker["records"][2]

@@ -103,6 +103,10 @@ def check_fields(given: Mapping[str, Any]) -> None:
     reason = mask_window_rule(given.get("mask") or "", given.get("window") or 0)
     if reason:
         raise SpecError(reason)
+    if given.get("mask") and given.get("seqlen"):  # every variant's, the plain masks' too (window:L at L >= S)
+        reason = masks.rule(masks.parse(given["mask"]), fields.coerce("seqlen", given["seqlen"]))
+        if reason:
+            raise SpecError(reason)
     heads, kv_heads = given.get("heads"), given.get("kv_heads")
     if heads and kv_heads and heads % kv_heads:
         fit = max(d for d in range(1, kv_heads + 1) if heads % d == 0)

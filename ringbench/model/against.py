@@ -200,6 +200,20 @@ def compare(records: list[dict], *, target_of: Callable[[dict], Any] = record_ta
     return rows
 
 
+def none_predicted(rows: list[dict], paths: Sequence[Path]) -> Optional[str]:
+    """Why ``--against`` has nothing to check when the model refuses every record of ``rows`` (the
+    rows of :func:`compare`), in one sentence naming the files, the first record and its reason, or None.
+    It is the input's fault, not the model's error, so the CLI exits 2 on it, not 1."""
+    if not rows or not all(r.get("refused") for r in rows):
+        return None
+    names = " and ".join(repr(str(p)) for p in paths)
+    first = rows[0]
+    reason = first["reason"].rstrip(".").replace("; ", ", ")
+    return (f"against {names}: the model can predict none of its {plural(len(rows), 'ok run record')}; the first, "
+            f"{first['label']}, because {reason}; pass run records of ringbench's own variants on a GPU the model "
+            "prices")
+
+
 def summary(rows: list[dict], bound: Bound) -> dict:
     """``count`` (records predicted), ``refused``, ``median`` and ``worst`` absolute error, ``bound``
     (its text) and its parts (``worst_bound``, ``median_bound``, ``min_records``), ``passed``, and

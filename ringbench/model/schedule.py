@@ -513,6 +513,19 @@ def case_shape(spec) -> Shape:
     return Shape(spec.batch, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim(), spec.dtype)
 
 
+def mask_refusal(mask: str) -> str | None:
+    """Why the model cannot price mask ``mask`` (any text ``--mask`` or ``--mask-file`` gives), in one
+    sentence, or ``None`` for none and for the plain masks (causal, full, window:L), which are the plain
+    cases. Asked before a mask's other rules, since no seqlen or fix of theirs would make it priced."""
+    from ringbench.variants.engines import masks
+
+    if not mask or masks.plain_fields(mask) is not None:
+        return None
+    return (f"mask {masks.label(masks.parse(mask))} is not priced by the model yet (its partial blocks run on the "
+            "math kernel, which no calibration rates); predict the causal case, or measure the mask with ringbench "
+            "run")
+
+
 def refusal(spec) -> str | None:
     """Why the model cannot walk ``spec``'s schedule, in one sentence, or ``None``."""
     variant = VARIANTS.get(spec.variant)
@@ -522,10 +535,9 @@ def refusal(spec) -> str | None:
         return (f"{spec.variant} is a peer, and its schedule is its own library's code, not a ringbench plan the "
                 f"model can walk, so it is not predicted; predict ringbench's {variant.layout} variant of the same "
                 "layout instead")
-    if getattr(spec, "mask", ""):
-        return (f"mask {spec.mask if not spec.mask.startswith('slices:') else 'slices'} is not priced by the model yet "
-                "(its partial blocks run on the math kernel, which no calibration rates); predict the causal case, "
-                "or measure the mask with ringbench run")
+    reason = mask_refusal(getattr(spec, "mask", ""))
+    if reason:
+        return reason
     if getattr(spec, "bias", ""):
         return (f"bias {spec.bias} is not priced by the model yet (only the math kernel takes a bias, and no "
                 "calibration rates it); predict the case without --bias, or measure the bias with ringbench run")

@@ -98,6 +98,8 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
     resolved, skipped = [], {}
     for i, case in enumerate(cases):
         try:
+            if scen is not None:
+                _check_scenario_window(case, given)
             # Before the variant's window rules: a mask the plain fields say, and a window of the whole sequence.
             case = without_full_window(resolve_mask(resolve_docs(case)))
             if case.world_size % nnodes:
@@ -129,6 +131,18 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
                             f"{', '.join(fields.NOT_IN_CASE_ID)}, so their records could not be told apart; "
                             "sweep other fields")
     return resolved, skipped
+
+
+def _check_scenario_window(case, given: dict[str, Any]) -> None:
+    """Refuse a ``--mask`` the command gives onto a scenario case whose window the scenario sets, naming
+    the scenario's window as the other half of the conflict: the user gave only the mask, so
+    ``spec.mask_window_rule``'s "pass one of them" would blame them for both."""
+    from ringbench.variants.engines import masks
+
+    if case.mask and case.window and given.get("mask") and not given.get("window"):
+        raise SpecError(f"the scenario sets window {case.window} on this case, and a window is itself a mask "
+                        f"(--window L is the short form of --mask window:L), so --mask {masks.label(case.mask)} cannot "
+                        "join it; drop --mask, or give the mask without --scenario")
 
 
 def build_model_cases(model: str, scenario: Optional[str], given: dict[str, Any], *, nnodes: int = 1) -> list:

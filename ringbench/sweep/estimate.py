@@ -10,7 +10,10 @@ device's rate, plus a little per case and a start-up per launch:
 - ``verify``: the variant and the context-parallel check (twice the FLOPs, spread over the
   ranks), then rank 0 alone runs the single-device kernel and the float64 reference over the
   whole sequence (three times the FLOPs, float64 counted double) on its share of the cores;
-- a model check (``verify --model``): 30 s plus its three passes at a tenth of the rate.
+- a model check (``verify --model``): 30 s plus its three passes at a tenth of the rate;
+- under a mask (the math kernel), the FLOPs of the whole S x S square, not of the mask's area
+  (:func:`_dense`), plus the building of its dense masks (:func:`mask_seconds`); the math kernel's
+  rate on CPU is the cpu kernel's over :data:`CPU_MATH_SLOWDOWN`.
 
 The rate: on CPU, a float32 matmul measured here under the current load (about 0.2 s; see
 :func:`cpu_matmul_rate`; measured again before each launch) times :data:`CPU_ATTENTION_EFFICIENCY`; on CUDA an assumed
@@ -46,6 +49,18 @@ RANK_BASE_BYTES = 400 * 2 ** 20
 #: softmax, gloo and shared cores take their share. Calibrated on two cores (torch 2.13, a
 #: 422 GFLOP/s matmul): ring and zigzag at 6k-16k ran at 0.11-0.26 of it, depending on the load.
 CPU_ATTENTION_EFFICIENCY = 0.2
+#: How many times slower the math kernel is than the cpu kernel on CPU for the same FLOPs: verify of
+#: zigzag at 8k, full, W=2 on two cores ran 53.7 s on math and 28.9 s on cpu (torch 2.13).
+CPU_MATH_SLOWDOWN = 1.9
+#: The cost of building a dense mask on CPU, per slice and per (query, key) pair of the square, in
+#: FLOPs of the measured float32 matmul's rate: ``Mask.allows`` tests every slice on every pair
+#: (6-9 ns per slice and pair beside a 200 GFLOP/s matmul on two cores).
+MASK_FLOPS_PER_SLICE_PAIR = 1600
+#: How many whole-square dense masks a masked CPU case builds: verify's float64 reference and its
+#: single-device kernel (the ring's blocks test only the slices that meet them, a small share); a
+#: run's reference on one rank's share, about one with the blocks. Verify of zigzag at W=2 on two
+#: cores: chunked:64 at 4k estimated 29 s, ran 26-34 s; prefix:2048 at 8k estimated 52 s, ran 48 s.
+MASK_BUILDS = {"verify": 2, "run": 1}
 #: Assumed per-GPU rate on CUDA, FLOP/s: 16-bit inputs, then the others.
 CUDA_RATE = {"bf16": 150e12, "fp16": 150e12, "fp32": 30e12, "fp64": 20e12}
 #: Seconds a case costs beyond its FLOPs (set-up, the gathers of the figures).
@@ -134,9 +149,13 @@ def available_bytes() -> Optional[int]:
 
 
 def _flops(case) -> float:
+    """The FLOPs a case's kernels compute, which under a mask are not the mask's: see :func:`_dense`."""
     from ringbench.case.work import attention_flops
     from ringbench.case.spec import spec_docs
 
+    if _dense(case):
+        return attention_flops(batch=case.batch, seqlen=case.seqlen, heads=case.heads, head_dim=case.head_dim,
+                               causal=False, mode=case.mode, head_dim_v=case.head_dim_v)
     docs = spec_docs(case) if case.docs else None  # real lengths: padding is not counted
     return attention_flops(batch=case.batch, seqlen=sum(docs) if docs else case.seqlen, heads=case.heads,
                            head_dim=case.head_dim, causal=case.causal, mode=case.mode, docs=docs,
@@ -144,11 +163,39 @@ def _flops(case) -> float:
                            mask=getattr(case, "mask", ""))
 
 
+def _dense(case) -> bool:
+    """Whether the case runs a mask (not one of the plain ones, which ``resolve_mask`` wrote away): its
+    math kernel computes every pair of each block it runs and applies the mask after, and verify's
+    single-device kernel and float64 reference take the whole S x S square under the dense mask, so the
+    work is the square's, not the mask's area (verify of zigzag under prefix:2048 at 8k on two cores was
+    estimated at 18 s from half the square and ran 54 s). The ring skips its empty blocks, so for the
+    variant's share this is an upper bound."""
+    return bool(getattr(case, "mask", ""))
+
+
+def _math(case) -> bool:
+    """Whether the case runs the math kernel: named, or the one a mask resolves to."""
+    return case.kernel == "math" or _dense(case)
+
+
 def rate(case) -> float:
-    """The FLOP/s a case's launch gets: the whole machine on CPU, one GPU on CUDA."""
+    """The FLOP/s a case's launch gets: the whole machine on CPU (the math kernel's share of it, which
+    is :data:`CPU_MATH_SLOWDOWN` times slower than the cpu kernel's), one GPU on CUDA."""
     if case.device == "cuda":
         return CUDA_RATE.get(case.dtype, 30e12)
-    return cpu_matmul_rate() * CPU_ATTENTION_EFFICIENCY
+    return cpu_matmul_rate() * CPU_ATTENTION_EFFICIENCY / (CPU_MATH_SLOWDOWN if _math(case) else 1.0)
+
+
+def mask_seconds(case) -> float:
+    """Seconds a masked CPU case spends building its dense masks (:data:`MASK_BUILDS` squares of
+    S x S, each pair tested against every slice); 0 without a mask or on CUDA."""
+    if case.device == "cuda" or not _dense(case):
+        return 0.0
+    from ringbench.variants.engines import masks
+
+    slices = len(masks.build(case.mask, case.seqlen).slices)
+    builds = MASK_BUILDS.get(case.task, 1)
+    return builds * slices * float(case.seqlen) ** 2 * case.batch * MASK_FLOPS_PER_SLICE_PAIR / cpu_matmul_rate()
 
 
 def _budget_s(case) -> float:
@@ -173,6 +220,7 @@ def case_seconds(case) -> float:
     else:
         share = max(1, usable_cores() // w) / usable_cores()  # rank 0's threads of the machine
         seconds = CASE_OVERHEAD_S + 2 * flops / r + 3 * flops / (r * share)
+    seconds += mask_seconds(case)
     if case.hf_model:
         from ringbench.case.models import estimated_check_flops
 
@@ -276,8 +324,14 @@ def duration(seconds: float) -> str:
 def _rate_text(cases: list) -> str:
     parts = []
     if any(c.device == "cpu" for c in cases):
-        parts.append(f"attention at about {cpu_matmul_rate() * CPU_ATTENTION_EFFICIENCY / 1e9:.0f} GFLOP/s on "
-                     f"cpu, from a {cpu_matmul_rate() / 1e9:.0f} GFLOP/s float32 matmul measured here")
+        cpu = cpu_matmul_rate() * CPU_ATTENTION_EFFICIENCY
+        math = ""
+        if any(c.device == "cpu" and _math(c) for c in cases):
+            dense = (", a mask's work counted over the whole square and its dense masks built" if any(
+                c.device == "cpu" and _dense(c) for c in cases) else "")
+            math = f" (the math kernel at about {cpu / CPU_MATH_SLOWDOWN / 1e9:.0f}{dense})"
+        parts.append(f"attention at about {cpu / 1e9:.0f} GFLOP/s on cpu{math}, from a {cpu_matmul_rate() / 1e9:.0f} "
+                     "GFLOP/s float32 matmul measured here")
     if any(c.device == "cuda" for c in cases):
         parts.append("cuda at an assumed " + ", ".join(f"{CUDA_RATE[d] / 1e12:.0f} TFLOP/s {d}" for d in sorted(
             {c.dtype for c in cases if c.device == "cuda"} & CUDA_RATE.keys())) + " per GPU")

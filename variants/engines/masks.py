@@ -298,7 +298,11 @@ def parse(text: str) -> str:
     for a in args:
         key, eq, value = _keyed(a)
         if eq:
-            keyed[key.strip().lower()] = value
+            key = key.strip().lower()
+            if key in keyed:
+                raise ValueError(f"mask {raw!r} gives {key} twice ({key}{eq}{keyed[key].strip()} and {a}), and each "
+                                 f"key may be given once; pass {key} once")
+            keyed[key] = value
         else:
             plain.append(a)
     if name == "window":
@@ -382,12 +386,47 @@ def rule(text: str, seqlen: int) -> str | None:
     if name == "global" and plain[0] >= seqlen:
         return (f"mask {text} has {plain[0]} global tokens, not fewer than seqlen {seqlen}; pass a G below the "
                 "seqlen")
-    if name == "chunked" and plain[0] >= seqlen:
-        return (f"mask {text} at --seqlen {seqlen}: the chunk must be shorter than the sequence, or the mask is "
-                f"plain causal; use --causal in its place, or a C below {seqlen}")
     if name == "window" and len(plain) == 2:
-        return _window_rule(text, plain[0], plain[1], seqlen)
+        reason = _window_rule(text, plain[0], plain[1], seqlen)
+        if reason:
+            return reason
+    return _disguise_rule(text, seqlen)
+
+
+def disguise(text: str, seqlen: int) -> str | None:
+    """``"causal"`` or ``"full"`` where mask ``text`` (canonical, passing :func:`rule`'s other checks)
+    over ``seqlen`` tokens holds exactly the pairs of that plain mask, else ``None``.
+
+    Exact, from the slices: they share no pair (:func:`parse` refuses overlapping slices, the families'
+    are disjoint by construction), so the mask is full where their area inside the S x S square is S²,
+    and causal where it is S(S + 1) / 2 with no pair above the diagonal. A second chunk of ``chunked:C``
+    (C < S) or a second answer of ``shared-prefix`` never sees the first's keys, so those are neither,
+    answered without building their (perhaps millions of) slices."""
+    if text in ("causal", "full"):
+        return None
+    if not text.startswith("slices:"):
+        name, plain, keyed = _params(text)
+        if (name == "chunked" and plain[0] < seqlen) or (name == "shared-prefix" and keyed["answers"] > 1):
+            return None
+    S = seqlen
+    square, above = Slice(0, S, 0, S), Slice(0, S, 0, S, 1, None)
+    slices = _slices(text, S)
+    area = sum(s.meet(square).area() for s in slices)
+    if area == S * S:
+        return "full"
+    if area == S * (S + 1) // 2 and not any(s.meet(above).area() for s in slices):
+        return "causal"
     return None
+
+
+def _disguise_rule(text: str, seqlen: int) -> str | None:
+    """Why a mask that is plain causal or full attention at this seqlen is refused, naming the one to pass."""
+    plain = disguise(text, seqlen)
+    if plain is None:
+        return None
+    what = ("plain causal attention (every query sees every key up to itself)" if plain == "causal"
+            else "full attention (every query sees every key)")
+    return f"mask {label(text)} at --seqlen {seqlen} is {what}; pass --mask {plain}"
 
 
 def _window_rule(text: str, left: int, right: int, seqlen: int) -> str | None:
@@ -438,7 +477,7 @@ def _slices_rule(text: str, seqlen: int) -> str | None:
                            "pass slices within the sequence")
     gaps = blind_rows([Slice.of_kind(*e) for e in entries], seqlen)
     if not gaps:
-        return None
+        return _disguise_rule(text, seqlen)
     a, b = gaps[0]
     rows = f"row {a}" if b - a == 1 else f"rows {a} to {b - 1}"
     more = " and others after them" if len(gaps) > 1 else ""
@@ -461,9 +500,14 @@ def build(text: str, seqlen: int) -> Mask:
     reason = rule(text, seqlen)
     if reason:
         raise ValueError(reason)
+    return Mask(text, seqlen, _slices(text, seqlen))
+
+
+def _slices(text: str, seqlen: int) -> tuple[Slice, ...]:
+    """The slices of mask ``text`` (canonical) over ``seqlen`` tokens, unchecked."""
     S = seqlen
     if text.startswith("slices:"):
-        return Mask(text, S, tuple(Slice.of_kind(*e) for e in _entries(text)))
+        return tuple(Slice.of_kind(*e) for e in _entries(text))
     name, plain, keyed = _params(text)
     if name == "causal":
         out = [Slice(0, S, 0, S, None, 0)]
@@ -487,7 +531,7 @@ def build(text: str, seqlen: int) -> Mask:
     elif name == "global":
         g, w = plain[0], keyed["window"]
         out = [Slice(0, S, 0, g, None, 0), Slice(g, S, g, S, -(w - 1), 0)]
-    return Mask(text, S, tuple(out))
+    return tuple(out)
 
 
 def plain_fields(text: str) -> dict | None:
