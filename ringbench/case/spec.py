@@ -621,6 +621,10 @@ def _check_docs(spec: CaseSpec, variant) -> None:
     reason = variant.check_docs(docs, spec.world_size)
     if reason:
         raise SpecError(reason)
+    if spec.mask and "mask" in variant.options:  # applied per document: the documents' rule
+        reason = variant.options["mask"].check(variant, spec.mask, {"docs": docs, "layout": spec.layout})
+        if reason:
+            raise SpecError(reason)
 
 
 def launch_world_size(case) -> int:

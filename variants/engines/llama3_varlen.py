@@ -234,7 +234,8 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
                             softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                             kernel: Kernel | str = "auto", cu_seqlens: "Tensor | Documents | None" = None,
                             heads_k_stride: int | None = None, sink: Tensor | None = None,
-                            layout: str = "contiguous", window: int | None = None) -> tuple[Tensor, Tensor]:
+                            layout: str = "contiguous", window: int | None = None,
+                            mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document by gathering K/V, the row cut contiguously.
 
     Args:
@@ -257,6 +258,11 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
             "balanced", rank, W, by_document=False)``), equal causal work per rank.
         window: a causal sliding window of this many keys within each document (query p sees
             keys p - window + 1 .. p), or ``None``.
+        mask: any mask of ``masks.py``, applied inside each document (``masks.documents``), over
+            the contiguous layout only: the row is then the batch ``llama3``'s contiguous row under
+            the mask over the packed row, so its calls are that engine's (``masked.gathered_blocks``:
+            the gathered key chunks the mask leaves, cross-document ones empty); ``causal`` is
+            ignored.
 
     Returns:
         ``out`` ``[1, S/W, Hq, D]`` in q's dtype; ``lse`` float32 ``[1, Hq, S/W]`` (float64 for
@@ -280,6 +286,10 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
         raise ValueError(f"{prefix} layout {layout!r} is not one llama3_varlen takes; choose one of "
                          f"{', '.join(LAYOUTS)}")
     check_window(window, causal, f"{prefix} ")
+    if mask:
+        return _masked(q, k, v, softmax_scale=softmax_scale, group=group, kernel=kernel, cu_seqlens=cu_seqlens,
+                       heads_k_stride=heads_k_stride, sink=sink, layout=layout, window=window, mask=mask,
+                       prefix=prefix)
     stride = head_group_stride(heads_k_stride, k.shape[2], prefix=f"{prefix} ")
     try:
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
@@ -296,3 +306,20 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return GatheredAttention.apply(q, k, v, sink, _forward, _backward, causal, scale, group, kernel, stride,
                                    pieces)
+
+
+def _masked(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, group, kernel, cu_seqlens, heads_k_stride, sink,
+            layout: str, window, mask: str, prefix: str) -> tuple[Tensor, Tensor]:
+    """llama3_varlen under a mask: the contiguous row's local queries against the gathered row, the
+    mask applied per document over the packed row (``masks.documents``), by the batch engine."""
+    from .llama3 import llama3_attention
+    from .masked import as_mask
+
+    if layout != "contiguous":
+        raise ValueError(f"{prefix} layout {layout!r} of llama3_varlen takes no mask yet (its head-tail chunks of "
+                         "every document are not cut by one); pass layout='contiguous', or no mask")
+    documents = prepare(cu_seqlens, q.shape[1], group)
+    built = as_mask(mask, q.shape[1] * emulation.rank_and_size(group)[1], window=window, docs=documents.lengths,
+                    prefix=f"{prefix} ")
+    return llama3_attention(q, k, v, causal=False, softmax_scale=softmax_scale, group=group, kernel=kernel,
+                            heads_k_stride=heads_k_stride, layout="contiguous", sink=sink, mask=built)

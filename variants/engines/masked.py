@@ -34,20 +34,23 @@ from .window import RingParts
 Tensor = torch.Tensor
 
 
-def as_mask(mask: "str | masks.Mask | None", seqlen: int, *, window: int | None = None, docs: bool = False,
-            prefix: str = "") -> "masks.Mask | None":
+def as_mask(mask: "str | masks.Mask | None", seqlen: int, *, window: int | None = None,
+            docs: "Sequence[int] | None" = None, prefix: str = "") -> "masks.Mask | None":
     """A variant's ``mask`` keyword as the ``masks.Mask`` over ``seqlen`` global tokens (text is
-    built, and kept, by ``masks.build``), or ``None`` for none.
+    built, and kept, by ``masks.build``; with packed documents, ``docs`` their global lengths, by
+    ``masks.documents``: per document over the packed row), or ``None`` for none.
 
     Raises:
-        ValueError: (starting with ``prefix``) a malformed mask, one for another seqlen or one the
-            seqlen cannot take, a mask with a window (``--window`` is the short form of
-            ``window:L``) or with packed documents.
+        ValueError: (starting with ``prefix``) a malformed mask, one for another seqlen or other
+            documents, one the seqlen or the documents cannot take, or a mask with a window
+            (``--window`` is the short form of ``window:L``).
     """
     if mask is None or mask == "":
         return None
+    docs = None if docs is None else tuple(int(n) for n in docs)
     try:
-        mask = masks.build(mask, seqlen) if isinstance(mask, str) else mask
+        if isinstance(mask, str):
+            mask = masks.build(mask, seqlen) if docs is None else masks.documents(mask, docs)
     except ValueError as exc:
         raise ValueError(f"{prefix}{exc}") from None
     if mask.seqlen != seqlen:
@@ -56,8 +59,11 @@ def as_mask(mask: "str | masks.Mask | None", seqlen: int, *, window: int | None 
     if window is not None:
         raise ValueError(f"{prefix}a mask and a window do not go together (window={window} is the mask "
                          f"window:{window}); pass one of them")
-    if docs:
-        raise ValueError(f"{prefix}mask {mask.text} does not go with packed documents yet; use a batch variant")
+    if docs is not None and docs != mask.docs:  # a built mask given alone is taken as built
+        given = f"documents {','.join(map(str, docs))}" if docs else "no documents"
+        built = f"documents {','.join(map(str, mask.docs))}" if mask.docs else "one batch row"
+        raise ValueError(f"{prefix}mask {masks.label(mask.text)} was built over {built}, but the call has {given}; "
+                         "pass its text, or build it with masks.documents over the call's documents")
     return mask
 
 
@@ -99,6 +105,8 @@ def block_parts(mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[
     found = []
     for q in q_runs:
         for k in k_runs:
+            if mask.docs and q.doc != k.doc:  # no slice of a mask over documents crosses one
+                continue
             kind = (classify or mask.classify)(q, k)
             if kind == masks.EMPTY:
                 continue
@@ -120,12 +128,20 @@ def _correct(mask, q_runs, k_runs, device, build, rank, source) -> tuple:
 
 
 def layout_runs(mask: masks.Mask, layout: str, seqlen: int, world_size: int) -> list[list[bands.Run]]:
-    """Every rank's rows as runs of global positions: ``layout``'s (``bands.layout_runs``), or for
-    ``balanced`` the chunks the mask planner gives each rank (``mask_balance.default_plan``).
+    """Every rank's rows as runs of global positions: ``layout``'s (``bands.layout_runs``), for
+    ``balanced`` the chunks the mask planner gives each rank (``mask_balance.default_plan``), and
+    for a mask over packed documents (``mask.docs``) every document cut in ``layout`` on its own
+    (``bands.document_runs``), its runs moved to the document's place in the packed row.
 
     Raises:
         ValueError: a layout that cannot cut ``seqlen`` tokens over ``world_size`` ranks.
     """
+    if mask.docs:
+        at = [0]
+        for n in mask.docs:
+            at.append(at[-1] + n)
+        return [[run._replace(start=run.start + at[run.doc])
+                 for run in bands.document_runs(mask.docs, layout, r, world_size)] for r in range(world_size)]
     if layout == mask_balance.NAME:
         found = mask_balance.default_plan(mask, world_size)
         return [found.runs(r) for r in range(world_size)]
