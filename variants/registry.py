@@ -381,6 +381,9 @@ TESTING_VARIANTS: dict[str, Variant] = {
         Variant("mask_local_only", "contiguous", "fixtures.broken:mask_local_only_attention",
                 "test only: a ring whose mask cuts only its own K/V's blocks and takes received blocks as full",
                 options={"mask": MASK}),
+        Variant("mask_not_rebased", "contiguous", "fixtures.broken:mask_not_rebased_attention",
+                "test only: ring_varlen whose mask is laid over the packed row, cut at the documents but not "
+                "re-based to each one's start", varlen=True, shard_by_document=True, options={"mask": MASK}),
         Variant("fault_hang", "contiguous", "fixtures.broken:fault_hang_attention",
                 "test only: rank W-1 sleeps forever inside attention"),
         Variant("fault_raise", "contiguous", "fixtures.broken:fault_raise_attention",
