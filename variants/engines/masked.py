@@ -12,6 +12,11 @@ pair of the block from the runs alone (``masks.Mask.classify``, no torch):
   the mask-taking kernels take (``Kernel.takes_mask``: math, whose dense block is built on the
   first call and kept).
 
+With packed documents the mask is ``masks.documents``' (``Mask.docs`` set, no slice crossing a
+document), and every rank's rows are each document's runs in the layout, moved to the document's
+place in the packed row (:func:`layout_runs`): a block of two documents is empty, skipped before
+it is classified.
+
 In the ring engine each step's parts go through ``window.attend`` as a window's do, and the
 forward ring ends after the last step some rank needs (``window.RingParts.n_steps``), so K/V
 that every remaining step would mask are neither sent nor waited on. The steps of a case are

@@ -39,6 +39,13 @@ The families (``P``, ``C``, ``G``, ``L``, ``R`` token counts; sizes such as ``4k
   led by ``name=STEM;`` (the file's stem), which tables show (:func:`label`) and case_id leaves out
   (:func:`unnamed`).
 
+With packed documents (``--docs``, the varlen variants) a mask applies per document
+(:func:`documents`, issue 26): a family's slices over each document's own length, positions from 0,
+moved to the document's place in the packed row (a document shorter than the mask needs takes the
+mask as it falls inside it; :func:`document_rule` refuses only answers a document cannot split), a
+slices text cut at the document boundaries; either way one :class:`Mask` over the packed row whose
+slices never cross a document, so everything above serves it unchanged.
+
 Source: the slice representation is MagiAttention's (Tao et al., arXiv 2505.13211; its
 ``AttnSlice`` and mask types, docs/blog/magi_attn.md); the band algebra, the arithmetic over
 runs and the families' slices are ringbench's own.
