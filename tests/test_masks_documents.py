@@ -133,13 +133,16 @@ def test_documents_mask_counts_flops_and_work_per_document():
 
 
 def test_documents_mask_spec_refusals():
-    """validate refuses, before launch, answers a document cannot split and llama3_varlen's balanced
-    layout under a mask, each in one sentence naming the value."""
+    """validate refuses, before launch, answers a document cannot split, llama3_varlen's balanced layout
+    under a mask, padding beside a mask and a peer given one, each in one sentence naming the value."""
     with pytest.raises(SpecError, match=r"^mask shared-prefix:16,answers=5 with --docs applies per document"):
         _spec("zigzag_varlen", 2, "shared-prefix:16,answers=5", docs=(64, 32, 160))
     with pytest.raises(SpecError, match=r"^layout 'balanced' of llama3_varlen cuts every document head-tail and "
                                         r"takes no mask yet \(mask prefix:40\)"):
         _spec("llama3_varlen", 2, "prefix:40", layout="balanced")
+    with pytest.raises(SpecError, match=r"^doc_pad 8 needs the causal mask, which keeps every real token from the "
+                                        r"padding at its document's end, and mask prefix:40 decides alone"):
+        _spec("ring_varlen", 2, "prefix:40", docs=(61, 13, 125, 45), doc_pad=8)
     with pytest.raises(SpecError, match=r"^rfa_llama3_varlen cannot take mask prefix:40, since only ringbench's "
                                         r"own engines cut their blocks by a mask"):
         _spec("rfa_llama3_varlen", 2, "prefix:40")
