@@ -174,7 +174,7 @@ LAUNCH_TIMEOUT_S = {1: 240, 2: 300, 4: 420}
 
 def _cases(world_size: int) -> list[dict]:
     """Every (mask, variant) pair at world sizes 2 and 4; at 1 each mask once, on variants in turn; the
-    not-rebased fixture under prefix:40 at each."""
+    not-rebased fixture under prefix:40, empty and one-token documents and a bf16 case at each."""
     out = []
     for m, (name, mask) in enumerate(MASKS):
         for v, variant in enumerate(VARIANTS):
@@ -182,6 +182,13 @@ def _cases(world_size: int) -> list[dict]:
                 continue
             out.append({"name": f"{name}_{variant}", "spec": _spec(variant, world_size, mask).to_dict()})
     out.append({"name": "prefix_mask_not_rebased", "spec": _spec("mask_not_rebased", world_size, "prefix:40").to_dict()})
+    # Empty documents, one-token documents straddling nothing, and bf16.
+    out.append({"name": "empty_docs_chunked_zigzag_varlen",
+                "spec": _spec("zigzag_varlen", world_size, "chunked:24", docs=(0, 64, 0, 192)).to_dict()})
+    out.append({"name": "one_token_docs_prefix_llama3_varlen",
+                "spec": _spec("llama3_varlen", world_size, "prefix:40", docs=(1, 1, 97, 1, 156)).to_dict()})
+    out.append({"name": "bf16_global_ring_varlen",
+                "spec": _spec("ring_varlen", world_size, "global:4,window:16", dtype="bf16").to_dict()})
     return out
 
 
