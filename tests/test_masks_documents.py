@@ -124,8 +124,9 @@ def test_documents_mask_counts_flops_and_work_per_document():
     per-document area, not the batch mask's over the packed row."""
     area = masks.documents("prefix:40", DOCS).area()
     assert area != masks.build("prefix:40", sum(DOCS)).area()
-    for variant in ("ring_varlen", "zigzag_varlen", "llama3_varlen", "ulysses_varlen", "usp_varlen"):
-        pairs = work.pairs_per_rank(_spec(variant, 4, "prefix:40"))
+    for variant, fields in (("ring_varlen", {}), ("zigzag_varlen", {}), ("llama3_varlen", {}),
+                            ("llama3_varlen", {"layout": "balanced"}), ("ulysses_varlen", {}), ("usp_varlen", {})):
+        pairs = work.pairs_per_rank(_spec(variant, 4, "prefix:40", **fields))
         assert pairs is not None and sum(pairs) == area, variant
     flops = work.attention_flops(batch=1, seqlen=sum(DOCS), heads=1, head_dim=1, causal=False, mode="fwd",
                                  docs=list(DOCS), mask="prefix:40")
@@ -133,13 +134,10 @@ def test_documents_mask_counts_flops_and_work_per_document():
 
 
 def test_documents_mask_spec_refusals():
-    """validate refuses, before launch, answers a document cannot split, llama3_varlen's balanced layout
-    under a mask, padding beside a mask and a peer given one, each in one sentence naming the value."""
+    """validate refuses, before launch, answers a document cannot split, padding beside a mask and a peer
+    given one, each in one sentence naming the value."""
     with pytest.raises(SpecError, match=r"^mask shared-prefix:16,answers=5 with --docs applies per document"):
         _spec("zigzag_varlen", 2, "shared-prefix:16,answers=5", docs=(64, 32, 160))
-    with pytest.raises(SpecError, match=r"^layout 'balanced' of llama3_varlen cuts every document head-tail and "
-                                        r"takes no mask yet \(mask prefix:40\)"):
-        _spec("llama3_varlen", 2, "prefix:40", layout="balanced")
     with pytest.raises(SpecError, match=r"^doc_pad 8 needs the causal mask, which keeps every real token from the "
                                         r"padding at its document's end, and mask prefix:40 decides alone"):
         _spec("ring_varlen", 2, "prefix:40", docs=(61, 13, 125, 45), doc_pad=8)
@@ -174,7 +172,8 @@ LAUNCH_TIMEOUT_S = {1: 240, 2: 300, 4: 420}
 
 def _cases(world_size: int) -> list[dict]:
     """Every (mask, variant) pair at world sizes 2 and 4; at 1 each mask once, on variants in turn; the
-    not-rebased fixture under prefix:40, empty and one-token documents and a bf16 case at each."""
+    not-rebased fixture under prefix:40, empty and one-token documents, llama3_varlen's balanced layout
+    (one case a gather of one K/V head at a time) and a bf16 case at each."""
     out = []
     for m, (name, mask) in enumerate(MASKS):
         for v, variant in enumerate(VARIANTS):
@@ -187,6 +186,11 @@ def _cases(world_size: int) -> list[dict]:
                 "spec": _spec("zigzag_varlen", world_size, "chunked:24", docs=(0, 64, 0, 192)).to_dict()})
     out.append({"name": "one_token_docs_prefix_llama3_varlen",
                 "spec": _spec("llama3_varlen", world_size, "prefix:40", docs=(1, 1, 97, 1, 156)).to_dict()})
+    out.append({"name": "balanced_prefix_llama3_varlen",
+                "spec": _spec("llama3_varlen", world_size, "prefix:40", layout="balanced").to_dict()})
+    out.append({"name": "balanced_shared_prefix_llama3_varlen",
+                "spec": _spec("llama3_varlen", world_size, "shared-prefix:16,answers=4", layout="balanced",
+                              heads_k_stride=1).to_dict()})
     out.append({"name": "bf16_global_ring_varlen",
                 "spec": _spec("ring_varlen", world_size, "global:4,window:16", dtype="bf16").to_dict()})
     return out

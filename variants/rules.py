@@ -283,9 +283,6 @@ class MaskOption(Option):
         if variant.varlen:
             # Applied per document: the rule is the documents' (masks.document_rule), which the
             # harness asks once it has them; the seqlen alone refuses nothing.
-            if case.get("layout") == "balanced":
-                return (f"layout 'balanced' of {variant.name} cuts every document head-tail and takes no mask yet "
-                        f"(mask {masks.label(value)}); drop --layout, or the mask")
             docs = case.get("docs")
             return masks.document_rule(masks.parse(value), docs) if docs else None
         seqlen = case.get("seqlen")
