@@ -185,7 +185,9 @@ def _document_masked_pairs(spec, variant, layout: str, docs: list[int]) -> list 
     for n in docs:
         at.append(at[-1] + n)
     keys = bands.Run(0, 0, 1, S)
-    ring = [sum(mask.pairs(run._replace(start=run.start + at[run.doc]), keys) for run in mine) for mine in runs]
+    per_doc = masks.by_document(mask)
+    ring = [sum(per_doc[run.doc].pairs(run._replace(start=run.start + at[run.doc]), keys) for run in mine)
+            for mine in runs]
     return [_share(ring[g // degree], degree) for g in range(W)]
 
 

@@ -108,18 +108,22 @@ def block_parts(mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[
     part's class alone (``masks.FULL`` or ``masks.PARTIAL``), for another rank's steps.
     ``classify`` (default ``mask.classify``) is the fixtures' hook (``fixtures/broken.py``)."""
     found = []
-    for q in q_runs:
+    if mask.docs:  # no slice of a mask over documents crosses one: each query run meets its document's keys
+        per_doc, keys_of = masks.by_document(mask), {}
         for k in k_runs:
-            if mask.docs and q.doc != k.doc:  # no slice of a mask over documents crosses one
-                continue
-            kind = (classify or mask.classify)(q, k)
-            if kind == masks.EMPTY:
-                continue
-            if not build:
-                found.append(kind)
-                continue
-            part_mask = None if kind == masks.FULL else position_mask(mask, q, k, device)
-            found.append(MaskPart((q.local, q.local + q.count), (k.local, k.local + k.count), part_mask))
+            keys_of.setdefault(k.doc, []).append(k)
+        pairs = [(q, k, per_doc[q.doc]) for q in q_runs for k in keys_of.get(q.doc, ())]
+    else:
+        pairs = [(q, k, mask) for q in q_runs for k in k_runs]
+    for q, k, near in pairs:
+        kind = classify(q, k) if classify else near.classify(q, k)
+        if kind == masks.EMPTY:
+            continue
+        if not build:
+            found.append(kind)
+            continue
+        part_mask = None if kind == masks.FULL else position_mask(near, q, k, device)
+        found.append(MaskPart((q.local, q.local + q.count), (k.local, k.local + k.count), part_mask))
     return tuple(found)
 
 

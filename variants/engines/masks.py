@@ -53,6 +53,7 @@ runs and the families' slices are ringbench's own.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from pathlib import Path
@@ -601,6 +602,18 @@ def documents(text: str, docs: tuple[int, ...]) -> Mask:
         if n:
             out += [_shifted(s, a) for s in _family_slices(text, n) if s.area()]
     return Mask(text, sum(docs), tuple(out), docs)
+
+
+@functools.lru_cache(maxsize=16)
+def by_document(mask: Mask) -> tuple[Mask, ...]:
+    """A mask over packed documents (:func:`documents`) as one mask per document, each holding only
+    that document's slices (over the same packed row): a block inside one document is counted and
+    classified against its few slices, not every document's."""
+    at = _offsets(mask.docs)
+    parts: list[list[Slice]] = [[] for _ in mask.docs]
+    for s in mask.slices:
+        parts[bisect.bisect_right(at, s.q0) - 1].append(s)
+    return tuple(mask._replace(slices=tuple(p)) for p in parts)
 
 
 def over(text: str, seqlen: int, docs: "Sequence[int] | None" = None) -> Mask:
