@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from ringbench.rank.setup import CaseSetup, Results
-from ringbench.variants.engines import layouts, masks
+from ringbench.variants.engines import layouts, masked, masks
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.kernels.common import PositionMask, window_band
 from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
@@ -91,7 +91,8 @@ def row_keywords(causal: bool, window: int | None, mask: str, seqlen: int, devic
     if not mask:
         return causal, band_keywords(window)
     every = torch.arange(seqlen, device=device)
-    return False, {"mask": PositionMask(every, every, masks.over(mask, seqlen, docs).allows, mask)}
+    built = masks.over(mask, seqlen, docs)
+    return False, {"mask": PositionMask(every, every, built.allows, mask, dense=masked.dense_mask(built, device))}
 
 
 def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: float, sink: Tensor | None,

@@ -101,6 +101,20 @@ def position_mask(mask: masks.Mask, q: bands.Run, k: bands.Run, device=None) -> 
     return PositionMask(positions(q, device), positions(k, device), near.allows, mask.text)
 
 
+def dense_mask(mask: masks.Mask, device=None) -> Tensor:
+    """bool ``[S, S]``: which key each query of the whole sequence sees, ``mask.allows`` over every
+    position, built slice by slice inside each slice's rectangle (so a mask over many packed
+    documents costs about its documents' squares, not ``S^2`` per slice)."""
+    seen = torch.zeros(mask.seqlen, mask.seqlen, dtype=torch.bool, device=device)
+    for s in mask.slices:
+        if s.q0 >= s.q1 or s.k0 >= s.k1:
+            continue
+        q = torch.arange(s.q0, s.q1, device=device)[:, None]
+        k = torch.arange(s.k0, s.k1, device=device)[None, :]
+        seen[s.q0:s.q1, s.k0:s.k1] |= s.allows(q, k)
+    return seen
+
+
 def block_parts(mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[bands.Run], device=None, *,
                 build: bool = True, classify: Callable | None = None) -> tuple:
     """The parts of queries ``q_runs`` against keys ``k_runs`` under ``mask``: one per (query run, key
