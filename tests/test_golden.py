@@ -61,6 +61,7 @@ ADDED = {
     "cuda_graph": lambda record: False,
     "cuda_graph_note": lambda record: "cpu has no CUDA graphs",
     "spec.mask": lambda record: "",  # issue 26: no mask beyond --causal and --window
+    "spec.bias": lambda record: "",  # issue 26, item 3: no attention bias
 }
 
 

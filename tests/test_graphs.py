@@ -98,6 +98,8 @@ def test_graphs_choice_where_no_graph_runs():
     assert graphs.for_case("auto", step, device=cpu, world_size=1, **kw).reason == "cpu has no CUDA graphs"
     nccl = graphs.for_case("auto", step, device=cuda, world_size=2, **kw)
     assert nccl.replay is None and "NCCL" in nccl.reason
+    held = graphs.for_case("on", step, device=cuda, world_size=1, eager_reason="a learnable bias", **kw)
+    assert held.replay is None and held.reason == "a learnable bias"
 
 
 def test_graphs_on_is_refused_off_cuda_before_anything_runs(tmp_path):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .offers import SeqlenOffer
-from .rules import (HEADS_K_STRIDE, LAYOUT_CHUNKS, MASK, MAX_SEQLEN, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW,
+from .rules import (BIAS, HEADS_K_STRIDE, LAYOUT_CHUNKS, MASK, MAX_SEQLEN, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW,
                     Option, document_rule, layouts, listed, mask_layouts, nearest_multiple, ulysses_rule)
 
 
@@ -38,7 +38,7 @@ class Variant:
             packed row is cut as one sequence and documents may straddle ranks.
         options: the options it takes beyond the common contract, name -> rule
             (``rules.OPTIONS``: ``sink``, ``layout`` with the layouts it takes, ``heads_k_stride``,
-            ``rotate``, ``ulysses_degree``, ``window``, ``mask``); :meth:`check` refuses the others when set,
+            ``rotate``, ``ulysses_degree``, ``window``, ``mask``, ``bias``); :meth:`check` refuses the others when set,
             and ``--help`` and the matrix read it too.
         devices: the device types it runs on; ``devices_reason`` says why not the others.
         kernels: the only kernels it runs with (peers bring their own, or name what serves
@@ -272,10 +272,11 @@ class Variant:
 
 #: What ringbench's own engines take: a sink applied once per row, and a sliding window.
 _OWN: dict[str, Option] = {"sink": SINK, "window": WINDOW}
-#: What their batch forms take besides: any mask (``engines/masks.py``), block by block.
-_BATCH: dict[str, Option] = {**_OWN, "mask": MASK}
-#: And their varlen forms: any mask, applied inside each packed document (``masks.documents``).
-_VARLEN: dict[str, Option] = _BATCH
+#: What their batch forms take besides: any mask (``engines/masks.py``) and an attention bias
+#: (``kernels.common.Bias``), block by block.
+_BATCH: dict[str, Option] = {**_OWN, "mask": MASK, "bias": BIAS}
+#: And their varlen forms: any mask, applied inside each packed document (``masks.documents``); no bias.
+_VARLEN: dict[str, Option] = {**_OWN, "mask": MASK}
 
 VARIANTS: dict[str, Variant] = {
     v.name: v
@@ -384,6 +385,11 @@ TESTING_VARIANTS: dict[str, Variant] = {
         Variant("mask_not_rebased", "contiguous", "fixtures.broken:mask_not_rebased_attention",
                 "test only: ring_varlen whose mask is laid over the packed row, cut at the documents but not "
                 "re-based to each one's start", varlen=True, shard_by_document=True, options={"mask": MASK}),
+        Variant("bias_local_only", "contiguous", "fixtures.broken:bias_local_only_attention",
+                "test only: a ring whose calls on received K/V blocks take no bias", options={"bias": BIAS, "mask": MASK}),
+        Variant("dbias_unreduced", "contiguous", "fixtures.broken:dbias_unreduced_attention",
+                "test only: a ring whose d bias is each rank's share alone, never summed over the ranks",
+                options={"bias": BIAS, "mask": MASK}),
         Variant("fault_hang", "contiguous", "fixtures.broken:fault_hang_attention",
                 "test only: rank W-1 sleeps forever inside attention"),
         Variant("fault_raise", "contiguous", "fixtures.broken:fault_raise_attention",

@@ -1,6 +1,6 @@
 """The torch-free rules that the registry and the engines share: how many chunks each layout cuts
 per rank, which document lengths and Ulysses degrees a variant can take, and the variant options
-(:class:`Option`: window, mask, sink, layout, Ulysses degree...), each with its refusal and its resolver.
+(:class:`Option`: window, mask, sink, bias, layout, Ulysses degree...), each with its refusal and its resolver.
 
 Plain data and arithmetic, so the harness can refuse a bad spec before any process starts.
 """
@@ -298,6 +298,13 @@ def mask_window_rule(mask: str, window: int) -> str | None:
     return None
 
 
+#: The learnable bias shapes (TransformerEngine's post-scale bias shapes): b batch, h query heads,
+#: s the sequence; ``111s`` is one row of keys broadcast over every query.
+BIAS_SHAPES = ("1hss", "bhss", "11ss", "111s", "b1ss")
+#: Every ``--bias`` value: ALiBi's fixed per-head slopes, or a learnable tensor of one of :data:`BIAS_SHAPES`.
+BIAS_KINDS = ("alibi", *BIAS_SHAPES)
+
+
 SINK = Option("sink", lambda v, value, takers: (
     f"{v.name} takes no attention sink (sink {value!r}), since only ringbench's own engines apply one once per "
     "row; pass --sink none or use a ringbench variant such as zigzag"), unset="none", keyword=False)
@@ -314,6 +321,9 @@ MASK = MaskOption("mask", lambda v, value, takers: (
     f"{v.name} cannot take mask {masks.label(value)}, since only ringbench's own engines cut their blocks by a "
     f"mask; use one of {', '.join(takers)}"), unset="")
 
+BIAS = Option("bias", lambda v, value, takers: (
+    f"{v.name} cannot take bias {value}, since only ringbench's batch engines add a bias block by block; use one of "
+    f"{', '.join(takers)}"), unset="", keyword=False)
 #: Every variant option, in the order a case's options are checked.
 OPTIONS: dict[str, Option] = {o.name: o for o in (SINK, layouts(), HEADS_K_STRIDE, ROTATE_RULE, ULYSSES_DEGREE,
-                                                  WINDOW, MASK)}
+                                                  WINDOW, MASK, BIAS)}

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 from ringbench.case.types import ValueType, whole
 from ringbench.errors import SpecError
 from ringbench.variants import MAX_SEQLEN, OPTIONS, ROTATE, VARIANTS, get_variant, listed
+from ringbench.variants.rules import BIAS_KINDS, BIAS_SHAPES
 from ringbench.variants.engines import masks
 
 #: Short dtype names users type, mapped to the ``torch`` attribute they mean.
@@ -252,6 +253,13 @@ def _if_set(check: Callable[[str, Any], Any]) -> Callable[[str, Any], None]:
         if value:
             check(name, value)
     return run
+
+
+def _check_bias(name: str, value: str) -> None:
+    if value not in BIAS_KINDS:
+        raise SpecError(f"{name} {value!r} is not one ringbench takes: alibi, or a learnable tensor of one of "
+                        f"TransformerEngine's post-scale shapes {listed(BIAS_SHAPES, 'or')} (b batch, h heads, s seqlen, "
+                        f"1 broadcast); pass {_flag(name)} with one of them")
 
 
 def _rotations() -> tuple[str, ...]:
@@ -550,6 +558,16 @@ class CaseSpec:
                               "(commas or spaces between them, # starts a comment; type full, causal, inv-causal "
                               "or bi-causal, MagiAttention's slice types, over global positions); the same as "
                               "--mask slices:... with them, which records hold. Repeat for several.")
+    bias: str = row("an attention bias added to the scaled scores before the softmax: alibi (ALiBi's fixed slopes "
+                    "2^(-8h/H) per head h of H, interpolated for H not a power of two; the bias is -slope_h * "
+                    "|q_pos - k_pos|, so -slope_h * (q_pos - k_pos) under the causal mask; no gradient) or a "
+                    "learnable float tensor of TransformerEngine's post-scale shapes 1hss, bhss, 11ss, b1ss or 111s "
+                    "(b batch, h heads, s seqlen; 111s is one row of keys broadcast over the queries), drawn from the "
+                    "seed (normal * 0.5), whose gradient verify checks too (dbias); composes with --mask, --window and "
+                    "--sink; "
+                    "FLOPs unchanged; on the math kernel and the batch variants ring, zigzag, stripe, llama3, "
+                    "ulysses and usp", "", "", default_text="none", label="bias={}", optional=True,
+                    check=_if_set(_check_bias), repeatable=True, metavar="|".join(BIAS_KINDS))
     ulysses_degree: int = row("ranks in each Ulysses group of the Ulysses-ring hybrids, which run a ring of "
                               "world_size / ulysses_degree groups; a divisor of the world size that divides heads "
                               "(and divides kv_heads or is a multiple of it), 0: the largest such divisor, or auto: "

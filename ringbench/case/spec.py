@@ -23,7 +23,7 @@ from ringbench.variants import (OPTIONS, ROTATE, VARIANTS, factorizations, get_v
                                 ulysses_rule)
 from ringbench.variants.engines import masks
 from ringbench.variants.offers import SeqlenOffer
-from ringbench.variants.rules import mask_window_rule
+from ringbench.variants.rules import BIAS_SHAPES, mask_window_rule
 
 
 def field_names() -> tuple[str, ...]:
@@ -213,6 +213,15 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
             f"as a dense [S, S] boolean reference (1 GiB), and mask {masks.label(spec.mask)} needs one",
             lambda s: f"pass --seqlen {s}" + (" or less" if s == masks.DENSE_LIMIT else ""), masks.DENSE_LIMIT,
             "pass a shorter --seqlen that the mask takes"))
+    if spec.bias and spec.hf_model:
+        raise SpecError(f"bias {spec.bias} does not go with hf_model {spec.hf_model}, whose layers fix their own "
+                        "scores; drop --bias")
+    if spec.bias in BIAS_SHAPES and spec.seqlen > masks.DENSE_LIMIT:
+        raise SpecError(SeqlenOffer(
+            f"seqlen {spec.seqlen} is above {masks.DENSE_LIMIT} tokens, the longest sequence over which a learnable "
+            f"bias {spec.bias} is held as a dense [.., S, S] tensor on every rank",
+            lambda s: f"pass --seqlen {s}" + (" or less" if s == masks.DENSE_LIMIT else ""), masks.DENSE_LIMIT,
+            "pass a shorter --seqlen, or --bias alibi"))
     if spec.hf_model:
         from ringbench.case import models
 
@@ -259,7 +268,8 @@ def _check_kernel(spec: CaseSpec, kernel) -> None:
 
     reason = check_kernel(kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]), head_dim=spec.head_dim,
                           head_dim_v=spec.value_head_dim(), varlen=get_variant(spec.variant).varlen,
-                          window=bool(spec.window), mask=masks.label(spec.mask) if spec.mask else "")
+                          window=bool(spec.window), mask=masks.label(spec.mask) if spec.mask else "",
+                          bias=spec.bias)
     if reason:
         raise SpecError(reason)
 
@@ -315,7 +325,7 @@ def resolve(spec: CaseSpec) -> CaseSpec:
         kernel = resolve_kernel(spec.kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]),
                                 head_dim=spec.head_dim, head_dim_v=spec.value_head_dim(), varlen=variant.varlen,
                                 window=bool(spec.window), mask=masks.label(spec.mask) if spec.mask else "",
-                                among=variant.kernels)
+                                bias=spec.bias, among=variant.kernels)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     return spec if kernel.name == spec.kernel else spec.replace(kernel=kernel.name)

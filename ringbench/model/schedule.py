@@ -526,6 +526,9 @@ def refusal(spec) -> str | None:
         return (f"mask {spec.mask if not spec.mask.startswith('slices:') else 'slices'} is not priced by the model yet "
                 "(its partial blocks run on the math kernel, which no calibration rates); predict the causal case, "
                 "or measure the mask with ringbench run")
+    if getattr(spec, "bias", ""):
+        return (f"bias {spec.bias} is not priced by the model yet (only the math kernel takes a bias, and no "
+                "calibration rates it); predict the case without --bias, or measure the bias with ringbench run")
     if spec.sink != "none":
         return None  # the sink joins once per row: no step of its own worth pricing
     return None

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ringbench.case.work import attention_flops
-from ringbench.rank.setup import CaseSetup, case_setup, sink_logits
+from ringbench.rank.setup import CaseSetup, bias_of, case_setup, sink_logits
 from ringbench.rank import graphs
 from ringbench.rank.peaks import Peak, case_peak
 from ringbench.case.spec import CaseSpec, spec_docs
@@ -175,6 +175,8 @@ def iteration(attention: Callable, q, k, v, dout, *, backward: bool, **call) -> 
     """
     sink = call.get("sink")
     learnable = sink is not None and sink.requires_grad
+    bias = call.get("bias")
+    bias_values = bias.values if bias is not None and bias.learnable else None
 
     def step() -> tuple:
         if not backward:
@@ -185,6 +187,8 @@ def iteration(attention: Callable, q, k, v, dout, *, backward: bool, **call) -> 
             t.grad = None
         if learnable:
             sink.grad = None
+        if bias_values is not None:
+            bias_values.grad = None
         out, _ = attention(q, k, v, **call)
         out.backward(dout)
         return (out, q.grad, k.grad, v.grad, *((sink.grad,) if learnable else ()))
@@ -275,6 +279,12 @@ def rank_calls(case: CaseSetup, inputs: tuple[torch.Tensor, ...], *, device: tor
     sink = sink_logits(spec, case.dtype, device)
     if sink is not None:
         options = {**options, "sink": sink}
+    bias = bias_of(spec, case.dtype, device)
+    if bias is not None:
+        options = {**options, "bias": bias}
+        # The one-rank reference adds the bias too, over its first S/W positions (batch form only).
+        share = torch.arange(q.shape[1], device=device)
+        ref_kw = {**ref_kw, "bias": bias.at(share, share)}
 
     step = iteration(attention, q, k, v, dout, backward=backward, causal=causal, softmax_scale=scale, group=group,
                      kernel=kernel, **options)
@@ -380,8 +390,12 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
     with instruments.open(traffic=True) as inst:
         step()
     sent, received = inst.traffic.bytes_sent, inst.traffic.bytes_received
+    # A learnable bias's dbias is summed over the ranks from Python in the backward; a replay would not redo it.
+    learnable_bias = bool(spec.bias) and spec.bias != "alibi"
     graph = graphs.for_case(spec.cuda_graph, step, device=device, world_size=spec.world_size,
                             emulated=spec.emulate, group=group,
+                            eager_reason="a learnable bias's gradient is summed over the ranks from Python, which a "
+                                         "replay would skip" if learnable_bias else None,
                             median_ms=lambda fn: quantiles(time_iterations(fn, iters=5, warmup=0, device=device,
                                                                            group=group))[1])
     # Allocated before the peak counters are reset, so it is in every figure of the window,

@@ -22,6 +22,10 @@ variant runs, its engine reports every kernel call (``variants/instruments/obser
 variant is one rounding away from it; a check passes only when both rules do. Variants whose
 engine reports nothing (peers) keep the max rule alone, their shadow fields null.
 
+A case with an attention bias (``spec.bias``) takes both references from ``sink_pad``'s
+(``sink_pad.references``): the bias over every position, a learnable one's gradient checked as
+one more entry, ``dbias``, by the max rule.
+
 A case with a mask (``spec.mask``, ``engines/masks.py``) takes both references from the kernel
 called with the dense ``[S, S]`` boolean mask of the same slices over the whole sequence (a
 ``PositionMask`` of every position), and finds its cp-active pair of ranks from the mask's own
@@ -48,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 from ringbench.rank import sink_pad as extras
-from ringbench.rank.setup import CaseSetup, Results, case_setup, sink_logits
+from ringbench.rank.setup import CaseSetup, Results, bias_of, case_setup, sink_logits
 from ringbench.records import cp_reasons
 from ringbench.variants import plural
 from ringbench.case.spec import CaseSpec
@@ -457,6 +461,8 @@ def _run_variant(attention, placement, inputs, *, rank, world_size, causal, scal
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     if placement.extra.get("sink") is not None:
         placement.extra["sink"].grad = None  # its d sink is read after each run
+    if placement.extra.get("bias") is not None:
+        placement.extra["bias"].values.grad = None  # its d bias too
     out, lse = attention(q, k, v, causal=causal, softmax_scale=scale, group=group, kernel=kernel,
                          **options, **placement.extra)
     if placement.keep is not None:
@@ -625,18 +631,23 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     sink, placement.keep = sink_logits(spec, dtype, device), extras.keep_mask(case, device)
     if sink is not None:
         placement.extra["sink"] = sink
+    bias = bias_of(spec, dtype, device)
+    if bias is not None:
+        placement.extra["bias"] = bias
     kwargs = dict(rank=rank, world_size=world_size, causal=causal, scale=scale, group=group, kernel=kernel,
                   options=case.options)
     with instruments.open(observe=True) as inst:
         local = _run_variant(variant.attention, placement, inputs, **kwargs)
     seen = inst.observation
     dsink = None if sink is None or sink.grad is None else sink.grad.clone()
+    learns_bias = bias is not None and bias.learnable
+    dbias = bias.values.grad.clone() if learns_bias and bias.values.grad is not None else None
     dims = (1, 2, 1, 1, 1)  # the sequence dimension of out, lse, dq, dk, dv
 
     def gather(tensors: Results) -> Results:
         return Results(*(_gather(t, placement, d, group) for t, d in zip(tensors, dims)))
 
-    gathered = gather(local)._replace(dsink=dsink)
+    gathered = gather(local)._replace(dsink=dsink, dbias=dbias)
     shadow = _shadow(seen, local.out.shape, local.dq.shape, local.dk.shape, local.dv.shape, device, group)
     del seen
     if shadow is not None:
@@ -651,9 +662,9 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         active, inactive_reason = cp_active(variant.attention, placement, inputs, **kwargs), None
 
     checks = None
-    if rank == 0 and (sink is not None or placement.keep is not None):
+    if rank == 0 and (sink is not None or placement.keep is not None or bias is not None):
         gathered, single, ref, shadow, implied = extras.references(kernel, inputs, case, placement.cu_seqlens,
-                                                                   sink, placement.keep, gathered, shadow)
+                                                                   sink, placement.keep, gathered, shadow, bias)
     elif rank == 0:
         single = _whole_row(kernel, inputs, placement, causal, scale, spec.window, spec.mask)
         ref = _whole_row(KERNELS["math"], [x.double() for x in inputs], placement, causal, scale, spec.window,
@@ -677,12 +688,24 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
                 c["passed"] = c["passed"] and c["shadow_passed"]
         if sink is not None and sink.requires_grad:
             got = gathered.dsink if gathered.dsink is not None else torch.full_like(sink.detach(), float("nan"))
-            entry = tolerance_check("dsink", got, single.dsink, implied["variant"], sink.dtype, tuple(sink.shape),
-                                    world_size=world_size, floor=implied["floor"], single_ref=implied["single"])
+            held = implied["dsink"]
+            entry = tolerance_check("dsink", got, single.dsink, held["variant"], sink.dtype, tuple(sink.shape),
+                                    world_size=world_size, floor=held["floor"], single_ref=held["single"])
             entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref.dsink).abs().max())
                                                            for t in (got, single.dsink))
             checks.append({**entry, **_no_shadow("d sink is summed by the engine from out and dout, not by a "
                                                  "kernel call, so only the max rule applies")})
+        if learns_bias:
+            values = bias.values.detach()
+            got = gathered.dbias if gathered.dbias is not None else torch.full_like(values, float("nan"))
+            held = implied["dbias"]
+            entry = tolerance_check("dbias", got, single.dbias, held["variant"], values.dtype, tuple(values.shape),
+                                    world_size=world_size, floor=held["floor"], single_ref=held["single"])
+            entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref.dbias).abs().max())
+                                                           for t in (got, single.dbias))
+            checks.append({**entry, **_no_shadow("d bias is added up from the kernels' calls and reduced over the "
+                                                 "ranks by the engine, and the block decomposition does not rebuild "
+                                                 "it, so only the max rule applies")})
     box = [checks]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0,
                                group=group)

@@ -222,7 +222,8 @@ def issue_and_run_ms(step: Step, device: torch.device) -> tuple[float, float]:
 
 
 def for_case(choice: str, step: Step, *, device: torch.device, world_size: int, emulated: bool,
-             median_ms: Callable[[Callable[[], object]], float], group=None) -> Capture:
+             median_ms: Callable[[Callable[[], object]], float], group=None,
+             eager_reason: str | None = None) -> Capture:
     """Whether a case's timed loop replays a graph, and the graph (``spec.cuda_graph``).
 
     Args:
@@ -236,6 +237,7 @@ def for_case(choice: str, step: Step, *, device: torch.device, world_size: int, 
             the eager step with the replay by it).
         group: the process group, so that every rank of a real run agrees (any rank's failure
             leaves them all eager).
+        eager_reason: set when the case's iteration cannot be replayed: it runs eagerly with this reason.
 
     Returns:
         A :class:`Capture`. With ``auto``, nothing is captured where the host issues an iteration
@@ -245,6 +247,8 @@ def for_case(choice: str, step: Step, *, device: torch.device, world_size: int, 
     """
     if choice == "off":
         return Capture(None, "--cuda-graph off")
+    if eager_reason:
+        return Capture(None, eager_reason)
     if device.type != "cuda":
         return Capture(None, f"{device.type} has no CUDA graphs")
     if choice == "auto" and world_size > 1 and not emulated:

@@ -12,7 +12,7 @@ from ringbench.case.spec import CaseSpec, layout_of, padded_docs, spec_docs
 from ringbench.variants import Variant, get_variant
 from ringbench.variants.instruments import emulation
 from ringbench.variants.kernels import Kernel, get_kernel
-from ringbench.variants.kernels.common import Window, window_band
+from ringbench.variants.kernels.common import Bias, Window, alibi_slopes, bias_tensor_shape, window_band
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,27 @@ def sink_logits(spec: CaseSpec, dtype: torch.dtype, device: torch.device) -> tor
     return torch.randn(spec.heads, generator=gen, dtype=torch.float32).to(acc).to(device).requires_grad_(True)
 
 
+def bias_of(spec: CaseSpec, dtype: torch.dtype, device: torch.device) -> Bias | None:
+    """The case's attention bias (``spec.bias``), the same on every rank, or ``None`` (none).
+
+    ``alibi``: ALiBi's slopes ``[heads]`` (``kernels.common.alibi_slopes``), fixed. A learnable
+    shape (``1hss``, ``bhss``, ``11ss``, ``111s``, ``b1ss``): ``[b|1, h|1, s|1, s]`` drawn from the
+    case's seed (standard normal times 0.5, a stream apart from the inputs' and the sink's), a leaf
+    that requires its gradient. float32, or float64 for float64 inputs.
+    """
+    if not spec.bias:
+        return None
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if spec.bias == "alibi":
+        return Bias("alibi", torch.tensor(alibi_slopes(spec.heads), dtype=acc, device=device))
+    shape = bias_tensor_shape(spec.bias, spec.batch, spec.heads, spec.seqlen)
+    gen = torch.Generator().manual_seed((spec.seed * 1_000_003 + 29) % 2 ** 63)
+    values = torch.randn(shape, generator=gen, dtype=torch.float32) * 0.5
+    return Bias(spec.bias, values.to(acc).to(device).requires_grad_(True))
+
 
 class Results(NamedTuple):
-    """What verify compares: a case's out, lse, dq, dk and dv, and its d sink.
+    """What verify compares: a case's out, lse, dq, dk and dv, and its d sink and d bias.
 
     The same tensors come from the variant (one rank's shards, or gathered into global
     tensors), the single-device run, the float64 reference and the block-decomposition
@@ -94,6 +112,7 @@ class Results(NamedTuple):
         lse: ``[B, Hq, S]``, float32 (float64 for float64 inputs and the references).
         dq: q's shape, ``[B, S, Hq, D]``; dk: k's, ``[B, S, Hkv, D]``; dv: v's, ``[B, S, Hkv, Dv]``.
         dsink: ``[Hq]``, the sink's dtype, where the case learns a sink; else ``None``.
+        dbias: the learnable bias's shape and dtype, where the case learns a bias; else ``None``.
 
     S is the global length, or ``S / W`` for one rank's shards.
     """
@@ -104,3 +123,4 @@ class Results(NamedTuple):
     dk: torch.Tensor
     dv: torch.Tensor
     dsink: torch.Tensor | None = None
+    dbias: torch.Tensor | None = None

@@ -25,9 +25,10 @@ from . import layouts, masked, masks
 from . import comm
 from .. import instruments
 from ..instruments import emulation, observe, timeline
-from ..kernels.common import accumulation_dtype, running_lse_dtype, window_band
+from ..kernels.common import Bias, accumulation_dtype, running_lse_dtype, window_band
 from ..kernels import Kernel, as_kernel
 from .merge import add_steps, merge_step
+from .ring import RingBias, bias_grad, check_bias_of, ring_bias
 from .sinks import apply_sink, check_sink, sink_grad
 from .window import check_window
 
@@ -160,7 +161,16 @@ def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local:
     return out
 
 
-def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None, mask=None):
+def _bias_kw(bias: RingBias | None, rank: int, rows: slice, keys: slice, qh: slice, kw: dict) -> dict:
+    # A call's kernel keywords with its bias block: this rank's rows against the gathered keys (global order).
+    if bias is None:
+        return kw
+    every = bias.positions[rank]
+    k_pos = torch.arange(keys.start, keys.stop, device=every.device)
+    return {**kw, "bias": bias.bias.at(every[rows], k_pos, qh)}
+
+
+def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None, mask=None, bias=None):
     rank, world_size = emulation.rank_and_size(group)
     B, S_local, H = q.shape[:3]
     G = H // k.shape[2]
@@ -176,7 +186,8 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None,
         for rows, keys, c, kw in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1], window, mask,
                                          q.device):
             with timeline.span("kernel"):
-                b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale, **kw)
+                b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale,
+                                              **_bias_kw(bias, rank, rows, keys, qh, kw))
             if seen is not None:
                 seen.forward_block(rows, qh, b_out, b_lse)
             with timeline.span("merge"):  # in place: out is already float32
@@ -187,7 +198,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None,
 
 
 def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, layout, window=None,
-              mask=None):
+              mask=None, bias=None):
     rank, world_size = emulation.rank_and_size(group)
     S_local, G = q.shape[1], q.shape[2] // k.shape[2]
     acc = accumulation_dtype(q.dtype)
@@ -204,7 +215,8 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
                                          q.device):
             with timeline.span("kernel"):
                 g = kernel.backward(dout[:, rows, qh], q[:, rows, qh], kg[:, keys], vg[:, keys],
-                                    out[:, rows, qh], lse[:, qh, rows], c, scale, **kw)
+                                    out[:, rows, qh], lse[:, qh, rows], c, scale,
+                                    **_bias_kw(bias, rank, rows, keys, qh, kw))
             if seen is not None:
                 seen.dq_block(rows, qh, g[0])
                 tokens = list(layout.tokens) if isinstance(layout, Rows) else \
@@ -227,10 +239,12 @@ class GatheredAttention(torch.autograd.Function):
     K/V are kept from forward to backward instead of being gathered again. ``args`` start with
     ``(causal, scale, group)``. ``forward_fn``'s out may be in the accumulation dtype: it is cast
     to q's dtype here, after the ``sink`` (``[Hq]`` or ``None``, ``sinks.py``) joins each row once.
+    ``bias`` (a ``ring.RingBias`` that ``args`` pass the functions too, or ``None``): a learnable
+    bias's ``values`` (``bias_values``) get the gradient its kernel calls add, summed over the group.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, forward_fn, backward_fn, *args):
+    def forward(ctx, q, k, v, sink, bias_values, bias, forward_fn, backward_fn, *args):
         instruments.carry(ctx)  # the backward reports to these, on whichever thread autograd runs it
         out, lse, saved = forward_fn(q, k, v, *args)
         if sink is not None:
@@ -238,7 +252,7 @@ class GatheredAttention(torch.autograd.Function):
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, sink)
         ctx.saved_kv = saved
-        ctx.backward_fn, ctx.args = backward_fn, args
+        ctx.backward_fn, ctx.args, ctx.bias = backward_fn, args, bias
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -247,10 +261,14 @@ class GatheredAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, sink = ctx.saved_tensors
         dout = dout.contiguous()
+        learn = ctx.bias is not None and ctx.needs_input_grad[4]
+        if learn:
+            ctx.bias.bias.open_grad(accumulation_dtype(q.dtype))
         grads = ctx.backward_fn(dout, q, k, v, out, lse, ctx.saved_kv, *ctx.args)
         ctx.saved_kv = None
         dsink = sink_grad(dout, out, lse, sink, ctx.args[2]) if ctx.needs_input_grad[3] else None
-        return (*grads, dsink, None, None, *(None for _ in ctx.args))
+        dbias = bias_grad(ctx.bias.bias, ctx.args[2]) if learn else None
+        return (*grads, dsink, dbias, None, None, None, *(None for _ in ctx.args))
 
 
 def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
@@ -258,7 +276,7 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                      heads_k_stride: int | None = None, layout: str = "zigzag",
                      sink: Tensor | None = None, window: int | None = None,
-                     mask: str | None = None) -> tuple[Tensor, Tensor]:
+                     mask: str | None = None, bias: Bias | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by gathering K/V, each rank holding its shard.
 
     Args:
@@ -277,6 +295,9 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         mask: any mask over the global sequence (``masks.py``: ``prefix:512``, ``slices:...``), or
             ``None``; each local chunk attends the gathered key chunks the mask leaves, partial
             ones on a kernel that takes a mask, and ``causal`` is ignored.
+        bias: an attention bias over the global sequence (``kernels.common.Bias``), or ``None``:
+            every call takes its block at its rows' and the gathered keys' global positions, on a
+            kernel that takes a bias; a learnable bias's gradient is summed over the group.
 
     Returns:
         ``out`` ``[B, S/W, Hq, Dv]`` in q's dtype; ``lse`` float32 ``[B, Hq, S/W]``.
@@ -298,12 +319,19 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                          "equal chunks, so seqlen must be a multiple of 2 * world_size")
     stride = head_group_stride(heads_k_stride, k.shape[2])
     kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
-                       window=window is not None, mask=masks.label(mask.text) if mask is not None else "")
+                       window=window is not None, mask=masks.label(mask.text) if mask is not None else "",
+                       bias=bias.kind if bias is not None else "")
     if sink is not None:
         check_sink(sink, q.shape[2])
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return GatheredAttention.apply(q, k, v, sink, _forward, _backward, causal, scale, group, kernel, stride,
-                                   layout, window, mask)
+    world_size = emulation.rank_and_size(group)[1]
+    ring = None
+    if bias is not None:
+        check_bias_of(bias, q, world_size, False)
+        ring = ring_bias(bias, layout, q.shape[1] * world_size, world_size, q.device)
+    values = bias.values if bias is not None and bias.learnable else None
+    return GatheredAttention.apply(q, k, v, sink, values, ring, _forward, _backward, causal, scale, group, kernel,
+                                   stride, layout, window, mask, ring)
 
 
 def schedule(layout: str, causal: bool, rank: int, world_size: int, seqlen_local: int, kv_heads: int,

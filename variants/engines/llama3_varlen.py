@@ -303,7 +303,7 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
     if sink is not None:
         check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return GatheredAttention.apply(q, k, v, sink, _forward, _backward, causal, scale, group, kernel, stride,
+    return GatheredAttention.apply(q, k, v, sink, None, None, _forward, _backward, causal, scale, group, kernel, stride,
                                    pieces)
 
 
@@ -334,8 +334,8 @@ def _masked(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, group, kernel, cu
     if sink is not None:
         check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return GatheredAttention.apply(q, k, v, sink, llama3._forward, llama3._backward, False, scale, group, kernel,
-                                   stride, rows, None, built)
+    return GatheredAttention.apply(q, k, v, sink, None, None, llama3._forward, llama3._backward, False, scale, group,
+                                   kernel, stride, rows, None, built)
 
 
 def balanced_rows(offsets: list[int], rank: int, world_size: int, mask, device=None):

@@ -150,7 +150,7 @@ def _correct(mask, q_runs, k_runs, device, build, rank, source) -> tuple:
     return block_parts(mask, q_runs, k_runs, device, build=build)
 
 
-def layout_runs(mask: masks.Mask, layout: str, seqlen: int, world_size: int) -> list[list[bands.Run]]:
+def layout_runs(mask: "masks.Mask | None", layout: str, seqlen: int, world_size: int) -> list[list[bands.Run]]:
     """Every rank's rows as runs of global positions: ``layout``'s (``bands.layout_runs``), for
     ``balanced`` the chunks the mask planner gives each rank (``mask_balance.default_plan``), and
     for a mask over packed documents (``mask.docs``) every document cut in ``layout`` on its own
@@ -159,7 +159,7 @@ def layout_runs(mask: masks.Mask, layout: str, seqlen: int, world_size: int) -> 
     Raises:
         ValueError: a layout that cannot cut ``seqlen`` tokens over ``world_size`` ranks.
     """
-    if mask.docs:
+    if mask is not None and mask.docs:
         at = [0]
         for n in mask.docs:
             at.append(at[-1] + n)

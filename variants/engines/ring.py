@@ -32,8 +32,8 @@ import torch.distributed as dist
 from . import bands, mask_balance, masked, masks, window as _window
 from .. import instruments
 from ..instruments import emulation, observe, timeline
-from .comm import RingComm
-from ..kernels.common import accumulation_dtype, running_lse_dtype
+from .comm import RingComm, all_reduce as comm_all_reduce
+from ..kernels.common import Bias, PositionBias, accumulation_dtype, running_lse_dtype
 from ..kernels import Kernel, as_kernel
 from .merge import add_steps, merge_step
 from .sinks import apply_sink, check_sink, sink_grad
@@ -83,6 +83,46 @@ class Step(NamedTuple):
 
 #: ``steps(step, source_rank) -> Step | None``: what this rank computes at each ring step.
 Steps = Callable[[int, int], "Step | None"]
+
+
+class RingBias(NamedTuple):
+    """An attention bias in the ring engine: the whole-sequence :class:`~..kernels.common.Bias`, the
+    global positions of every ring rank's local rows (int64 ``[S/W]`` each, on the device), and
+    the bias's query heads this rank's heads are (``None``: all; the Ulysses engine's share)."""
+
+    bias: Bias
+    positions: list
+    heads: slice | None = None
+
+    def at(self, rank: int, source: int, block: "Step") -> PositionBias:
+        """The bias block of ``block``: this rank's query rows against the rows of ``source``'s K/V."""
+        return self.bias.at(_pick(self.positions[rank], block.q), _pick(self.positions[source], block.kv),
+                            self.heads)
+
+
+def _bias_at(bias: RingBias | None, rank: int, source: int, block: "Step", lossy: frozenset) -> PositionBias | None:
+    # The fixtures' "bias" (never correct): a received K/V block's call takes no bias.
+    if bias is None or ("bias" in lossy and source != rank):
+        return None
+    return bias.at(rank, source, block)
+
+
+def _pick(positions: Tensor, sel) -> Tensor:
+    return positions[sel] if isinstance(sel, slice) else positions.index_select(0, sel.to(positions.device))
+
+
+def ring_bias(bias: Bias | None, layout: str, seqlen: int, world_size: int, device, *,
+              mask: "masks.Mask | None" = None, heads: slice | None = None) -> RingBias | None:
+    """The :class:`RingBias` of ``bias`` over ``layout``'s positions (``masked.layout_runs``: the
+    balanced layout's from the mask's plan), or ``None`` without a bias."""
+    if bias is None:
+        return None
+    runs = masked.layout_runs(mask, layout, seqlen, world_size)
+    positions = []
+    for rank_runs in runs:
+        ordered = sorted(rank_runs, key=lambda r: r.local)
+        positions.append(torch.cat([masked.positions(r, device) for r in ordered]))
+    return RingBias(bias, positions, heads)
 
 
 def batch_steps(plan: Plan, rank: int, world_size: int, seqlen_local: int, causal: bool) -> Steps:
@@ -190,20 +230,22 @@ def _rows(x: Tensor, sel, dim: int = 1) -> Tensor:
 
 
 @timeline.timed("kernel")
-def _attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, st: Step, scale: float) -> tuple[Tensor, Tensor]:
+def _attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, st: Step, scale: float,
+            bias: PositionBias | None = None) -> tuple[Tensor, Tensor]:
     if st.parts:
-        return _window.attend(kernel, q, k, v, st.parts, scale)
+        return _window.attend(kernel, q, k, v, st.parts, scale, bias)
     if st.cu_q is None:
-        return kernel.forward(q, k, v, st.causal, scale)
+        return kernel.forward(q, k, v, st.causal, scale, **({} if bias is None else {"bias": bias}))
     return kernel.forward_varlen(q, k, v, st.cu_q, st.cu_k, st.max_q, st.max_k, st.causal, scale)
 
 
 @timeline.timed("kernel")
-def _attend_backward(kernel: Kernel, dout, q, k, v, out, lse, st: Step, scale: float):
+def _attend_backward(kernel: Kernel, dout, q, k, v, out, lse, st: Step, scale: float,
+                     bias: PositionBias | None = None):
     if st.parts:
-        return _window.attend_backward(kernel, dout, q, k, v, out, lse, st.parts, scale)
+        return _window.attend_backward(kernel, dout, q, k, v, out, lse, st.parts, scale, bias)
     if st.cu_q is None:
-        return kernel.backward(dout, q, k, v, out, lse, st.causal, scale)
+        return kernel.backward(dout, q, k, v, out, lse, st.causal, scale, **({} if bias is None else {"bias": bias}))
     return kernel.backward_varlen(dout, q, k, v, out, lse, st.cu_q, st.cu_k, st.max_q, st.max_k, st.causal,
                                   scale)
 
@@ -263,13 +305,15 @@ def _accumulate(*jobs) -> list:
 
 def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
                   group, kernel: Kernel, steps: Steps, lossy: frozenset = frozenset(),
-                  sink: Tensor | None = None) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
+                  sink: Tensor | None = None,
+                  bias: RingBias | None = None) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
     """The forward ring: returns out (q's dtype), lse and the K/V block this rank used last.
 
     A row's running output stays in the input dtype while it holds one block's result, is
     float32 while more blocks follow, and the last merge writes the input dtype: the sum of
     an all-float32 accumulation, rounded once, without a separate cast. With a ``sink`` the
-    last merge stays in float32, the sink joins, and the result is cast once. The running lse
+    last merge stays in float32, the sink joins, and the result is cast once. A ``bias`` gives
+    each kernel call its block (:meth:`RingBias.at`). The running lse
     is float64 for float32 inputs (``running_lse_dtype``) and is rounded once at the end, to
     float32 for bf16, fp16 and fp32 inputs (float64 for float64).
     """
@@ -289,10 +333,11 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
             comm.send_recv(kv[0], nxt[0])
             comm.send_recv(kv[1], nxt[1])
             comm.commit()
-        block = steps(step, (rank - step) % world_size)
+        source = (rank - step) % world_size
+        block = steps(step, source)
         if block is not None:
             b_out, b_lse = _attend(kernel, _rows(q, block.q), _rows(kv[0], block.kv), _rows(kv[1], block.kv),
-                                   block, scale)
+                                   block, scale, _bias_at(bias, rank, source, block, lossy))
             if seen is not None:
                 seen.forward_block(block.q, _ALL, b_out, b_lse)
             left -= 1
@@ -315,7 +360,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
 def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                    kv_last: tuple[Tensor, Tensor], causal: bool, scale: float, group, kernel: Kernel,
                    steps: Steps, lossy: frozenset = frozenset(),
-                   dkv_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                   dkv_dtype: torch.dtype | None = None, bias: RingBias | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The backward ring, in reverse ring order, so no dK/dV transfer is left exposed.
 
     It starts from ``kv_last``, the K/V block of rank + 1 that the forward used last, and
@@ -326,6 +371,8 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     step i: the first hop travels in the input dtype (one term, exact), later ones in float32;
     the owner adds its own block's term and writes the input dtype, or ``dkv_dtype`` where
     given (the Ulysses engine's K/V replicas, summed after the ring before one rounding).
+    A ``bias`` gives each kernel call its block, whose backward adds its ``d bias`` into the
+    bias's open gradient (this rank's share; the caller reduces it over the ranks).
     """
     kv_comm, dkv_comm = RingComm(group, reverse=True), RingComm(group, reverse=True)
     rank, world_size = kv_comm.rank, kv_comm.world_size
@@ -360,7 +407,7 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
         if block is not None:
             grads = _attend_backward(kernel, _rows(dout, block.q), _rows(q, block.q), _rows(kv[0], block.kv),
                                      _rows(kv[1], block.kv), _rows(out, block.q), _rows(lse, block.q, 2),
-                                     block, scale)
+                                     block, scale, _bias_at(bias, rank, source, block, lossy))
             if seen is not None:
                 seen.dq_block(block.q, _ALL, grads[0])
                 seen.dkv_block(source, block.kv, _ALL, grads[1], grads[2])
@@ -415,15 +462,16 @@ class RingAttention(torch.autograd.Function):
     """Autograd wrapper around the ring engine; see :func:`ring_attention`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, causal, scale, group, kernel, steps, lossy):
+    def forward(ctx, q, k, v, sink, bias_values, causal, scale, group, kernel, steps, lossy, bias=None):
         instruments.carry(ctx)  # the backward reports to these, on whichever thread autograd runs it
-        out, lse, kv_last = _ring_forward(q, k, v, causal, scale, group, kernel, steps, lossy, sink)
+        out, lse, kv_last = _ring_forward(q, k, v, causal, scale, group, kernel, steps, lossy, sink, bias)
         # With a sink these are (out_f, L), with which the kernels' backward gives exact dq, dk, dv.
         ctx.save_for_backward(q, k, v, out, lse, sink)
         # The backward starts from the K/V block the forward used last (rank + 1's): kept, not
         # sent again. It costs one K/V shard of memory per call until the backward.
         ctx.kv_last = kv_last if kv_last is not None and kv_last[0] is not k else None
         ctx.args = (causal, scale, group, kernel, steps, lossy)
+        ctx.bias = bias
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -433,9 +481,27 @@ class RingAttention(torch.autograd.Function):
         q, k, v, out, lse, sink = ctx.saved_tensors
         dout = dout.contiguous()
         kv_last, ctx.kv_last = ctx.kv_last, None
-        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, kv_last, *ctx.args)
+        bias = ctx.bias
+        learn = bias is not None and ctx.needs_input_grad[4]
+        if learn:
+            bias.bias.open_grad(accumulation_dtype(q.dtype))
+        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, kv_last, *ctx.args, bias=bias)
         dsink = sink_grad(dout, out, lse, sink, ctx.args[2]) if ctx.needs_input_grad[3] else None
-        return dq, dk, dv, dsink, None, None, None, None, None, None
+        # The fixtures' "dbias" (never correct): this rank's share alone, not summed over the group.
+        dbias = bias_grad(bias.bias, *(() if "dbias" in ctx.args[5] else (ctx.args[2],))) if learn else None
+        return dq, dk, dv, dsink, dbias, None, None, None, None, None, None, None
+
+
+def bias_grad(bias: Bias, *groups) -> Tensor:
+    """``d bias``: this rank's share that the kernels added into the bias's open gradient, closed and
+    summed over ``groups`` in turn (the ring's group; the Ulysses engine's ring and Ulysses groups),
+    the same on every rank, in the bias values' dtype."""
+    grad = bias.close_grad()
+    for group in groups:
+        if emulation.rank_and_size(group)[1] > 1:
+            with timeline.span("comm"):  # a blocking all-reduce: exposed communication in --profile
+                comm_all_reduce(grad, group=group)
+    return grad.to(bias.values.dtype)
 
 
 def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: float | None,
@@ -443,7 +509,7 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
              doc_lengths: list[int] | None = None, steps: "VarlenSteps | None" = None,
              lossy: tuple[str, ...] = (), sink: Tensor | None = None, window: int | None = None,
              layout: str = "contiguous", mask: "str | masks.Mask | None" = None,
-             mask_parts: "masked.Parts | None" = None) -> tuple[Tensor, Tensor]:
+             mask_parts: "masked.Parts | None" = None, bias: Bias | None = None) -> tuple[Tensor, Tensor]:
     """Run the ring engine with ``plan``; shared by the ring-shaped variants.
 
     ``sink`` (``[Hq]``, see ``sinks.py``) joins every row once, after its last merge; its
@@ -465,10 +531,16 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     call, partial ones a call with the block's ``PositionMask``; ``causal`` is then ignored. ``mask_parts`` is for test
     fixtures only (``masked.ring_steps``' ``parts``).
 
+    With ``bias`` (a ``kernels.common.Bias`` over the global sequence; batch form only), every
+    kernel call takes the bias's block of its rows' and keys' global positions in ``layout``
+    (:class:`RingBias`), on a kernel that takes a bias; a learnable bias's gradient is summed
+    over the group (:func:`bias_grad`).
+
     ``lossy`` is for test fixtures only (``testing.py``), never correct: the accumulators it
     names (``out``, the running output; ``dq``; ``dkv``, the dK/dV travelling the ring) are
     rounded to the input dtype after every update, the low-precision accumulation verify's
-    block-decomposition check must catch.
+    block-decomposition check must catch; ``bias`` drops the bias from every call on a received
+    K/V block, and ``dbias`` leaves d bias unsummed over the group (each rank's share alone).
 
     Raises:
         ValueError: a kernel the call cannot run with (``kernels.as_kernel``): with
@@ -485,9 +557,10 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     try:
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
                            varlen=doc_lengths is not None, window=window is not None,
-                           mask=masks.label(mask.text) if mask is not None else "")
+                           mask=masks.label(mask.text) if mask is not None else "",
+                           bias=bias.kind if bias is not None else "")
     except ValueError as exc:
-        if doc_lengths is None and window is None and mask is None:
+        if doc_lengths is None and window is None and mask is None and bias is None:
             raise
         raise ValueError(f"{prefix}{exc}") from None
     if steps is None or window is not None or doc_lengths is None:  # a given steps serves varlen only
@@ -496,7 +569,34 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     if sink is not None:
         check_sink(sink, q.shape[2], f"[rank {rank}/{world_size}] ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return RingAttention.apply(q, k, v, sink, causal, scale, group, kernel, steps, frozenset(lossy))
+    ring = None
+    if bias is not None:
+        check_bias_of(bias, q, world_size, doc_lengths is not None, prefix)
+        ring = ring_bias(bias, layout, q.shape[1] * world_size, world_size, q.device, mask=mask)
+    values = bias.values if bias is not None and bias.learnable else None
+    return RingAttention.apply(q, k, v, sink, values, causal, scale, group, kernel, steps, frozenset(lossy), ring)
+
+
+def check_bias_of(bias: Bias, q: Tensor, world_size: int, docs: bool, prefix: str = "") -> None:
+    """Refuse a bias a batch engine cannot take: with packed documents, over another sequence length,
+    or per head for another number of heads.
+
+    Raises:
+        ValueError: one sentence starting with ``prefix``.
+    """
+    if not isinstance(bias, Bias):
+        raise ValueError(f"{prefix}bias {bias!r} must be a kernels.common.Bias (ALiBi's slopes or a learnable "
+                         "tensor); build one with Bias(kind, values)")
+    if docs:
+        raise ValueError(f"{prefix}bias {bias.kind} does not go with packed documents yet; use a batch variant")
+    seqlen = q.shape[1] * world_size
+    if bias.seqlen is not None and bias.seqlen != seqlen:
+        raise ValueError(f"{prefix}bias {bias.kind} is over {bias.seqlen} tokens, but the sequence has {seqlen}; "
+                         "build it over the global sequence")
+    heads = bias.heads()
+    if heads is not None and heads != q.shape[2]:
+        raise ValueError(f"{prefix}bias {bias.kind} holds {heads} query heads, but q has {q.shape[2]}; build it "
+                         "for the query heads")
 
 
 def steps_for(plan: Plan, layout: str, seqlen_local: int, rank: int, world_size: int, causal: bool, *,
@@ -548,7 +648,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                    softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                    kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                    sink: Tensor | None = None, window: int | None = None,
-                   mask: str | None = None, layout: str = "contiguous") -> tuple[Tensor, Tensor]:
+                   mask: str | None = None, layout: str = "contiguous",
+                   bias: Bias | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding one contiguous chunk of it, or under a
     mask, with ``layout="balanced"``, the chunks the mask planner gives it (``mask_balance.py``).
 
@@ -569,6 +670,9 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
             sequence, or ``None``; blocks it leaves empty make no kernel call (and K/V that every
             remaining step masks are not sent), partial ones go to a kernel that takes a mask, and
             ``causal`` is ignored (``run_ring``).
+        bias: an attention bias over the global sequence (``kernels.common.Bias``: ALiBi, or a
+            learnable tensor whose ``values`` get their gradient, summed over the group), added to
+            every kernel call's scaled scores at its rows' global positions; ``None``: none.
         layout: ``contiguous`` (default), or ``balanced`` under a mask: q, k and v hold this rank's
             chunks of ``mask_balance.default_plan(mask, W)``, in ascending position
             (``layouts.shard(x, "balanced", rank, W, mask=mask)``), every block's global positions
@@ -593,4 +697,4 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         raise ValueError(f"layout {layout!r} follows a mask, and ring was given none; pass mask=, or layout "
                          "contiguous")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                    plan=contiguous_plan, sink=sink, window=window, layout=layout, mask=mask)
+                    plan=contiguous_plan, sink=sink, window=window, layout=layout, mask=mask, bias=bias)

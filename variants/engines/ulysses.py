@@ -43,7 +43,9 @@ from .grid import Grid, process_grid
 from ..kernels.common import accumulation_dtype
 from ..kernels import Kernel, as_kernel
 from . import masked, masks, window as _window
-from .ring import Plan, VarlenSteps, _ring_backward, _ring_forward, _window_steps, batch_steps, contiguous_plan
+from ..kernels.common import Bias
+from .ring import (Plan, VarlenSteps, _ring_backward, _ring_forward, _window_steps, batch_steps, bias_grad, check_bias_of,
+                   contiguous_plan, ring_bias)
 from .sinks import check_sink, sink_grad
 from .varlen import prepare
 
@@ -86,7 +88,7 @@ class UlyssesRing(torch.autograd.Function):
     """All-to-all, the ring engine over the ring group, all-to-all back; see :func:`run_ulysses`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, causal, scale, grid: Grid, kernel, steps, lossy):
+    def forward(ctx, q, k, v, sink, bias_values, causal, scale, grid: Grid, kernel, steps, lossy, bias=None):
         instruments.carry(ctx)  # the backward reports to these, on whichever thread autograd runs it
         heads = q.shape[2] // grid.ulysses_degree
         mine = slice(grid.ulysses_rank * heads, (grid.ulysses_rank + 1) * heads)  # this rank's heads after the a2a
@@ -102,11 +104,12 @@ class UlyssesRing(torch.autograd.Function):
                       q_heads=mine, kv_heads=kv_mine)
         with observe.regrid(**regrid):
             out_h, lse_h, kv_last = _ring_forward(qh, kh, vh, causal, scale, grid.ring, kernel, steps, lossy,
-                                                  sink=sink_h)
+                                                  sink=sink_h, bias=bias)
         ctx.save_for_backward(qh, kh, vh, out_h, lse_h, sink)
         # Where the ring engine's backward starts (ring.RingAttention keeps the same).
         ctx.kv_last = kv_last if kv_last is not None and kv_last[0] is not kh else None
         ctx.args = (causal, scale, grid, kernel, steps, lossy, replicas, mine, regrid)
+        ctx.bias = bias
         out = heads_to_seq(out_h, grid.ulysses, grid.ulysses_degree)
         lse = lse_heads_to_seq(lse_h, grid.ulysses, grid.ulysses_degree)
         ctx.mark_non_differentiable(lse)
@@ -123,9 +126,14 @@ class UlyssesRing(torch.autograd.Function):
         # the all-to-all), so their sum is rounded once, not each replica's and then the sum.
         acc = accumulation_dtype(kh.dtype)
         dkv_dtype = acc if replicas > 1 and grid.ring_degree > 1 else None
+        learn = ctx.bias is not None and ctx.needs_input_grad[4]
+        if learn:
+            ctx.bias.bias.open_grad(acc)
         with observe.regrid(**regrid):
             dqh, dkh, dvh = _ring_backward(dout_h, qh, kh, vh, out_h, lse_h, kv_last, causal, scale, grid.ring,
-                                           kernel, steps, lossy, dkv_dtype)
+                                           kernel, steps, lossy, dkv_dtype, bias=ctx.bias)
+        # This rank's heads and ring rows: summed over the ring group, then over the Ulysses group.
+        dbias = bias_grad(ctx.bias.bias, grid.ring, grid.ulysses) if learn else None
         dq, dk, dv = (heads_to_seq(t, grid.ulysses, grid.ulysses_degree) for t in (dqh, dkh, dvh))
         if replicas > 1:  # the replicas' gradients summed in float32 (float64), then rounded once
             dk, dv = (t.unflatten(2, (-1, replicas)).to(acc).sum(3).to(kh.dtype) for t in (dk, dv))
@@ -138,14 +146,15 @@ class UlyssesRing(torch.autograd.Function):
             if grid.ulysses_degree > 1:
                 all_reduce(full, group=grid.ulysses)
             dsink = full.to(sink.dtype)
-        return dq, dk, dv, dsink, None, None, None, None, None, None, None
+        return dq, dk, dv, dsink, dbias, None, None, None, None, None, None, None
 
 
 def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: float | None,
                 group, kernel: Kernel | str, ulysses_degree: int, plan: Plan,
                 cu_seqlens: Tensor | None = None, ring_document_rule=None,
                 sink: Tensor | None = None, window: int | None = None,
-                lossy: tuple[str, ...] = (), mask: str | None = None) -> tuple[Tensor, Tensor]:
+                lossy: tuple[str, ...] = (), mask: str | None = None,
+                bias: Bias | None = None) -> tuple[Tensor, Tensor]:
     """Run the Ulysses engine: shared by ``ulysses``, ``ulysses_varlen``, ``usp`` and ``usp_varlen``.
 
     Args:
@@ -169,6 +178,10 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
             ulysses one kernel call over the whole sequence with its mask); with ``cu_seqlens``,
             applied inside each document over the packed row (``masks.documents``), the ring's
             blocks cut per document, cross-document ones empty.
+        bias: an attention bias over the global sequence (``kernels.common.Bias``), or ``None``:
+            every ring call takes its block at the ring shards' global positions, for this rank's
+            query heads (the bias's heads sliced as the all-to-all slices q's); a learnable bias's
+            gradient is summed over the ring group, then over the Ulysses group; batch form only.
 
     Raises:
         ValueError: (starting ``[rank r/W]``) heads the degree cannot split
@@ -196,9 +209,16 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
     try:
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
                            varlen=cu_seqlens is not None, window=window is not None,
-                           mask=masks.label(mask.text) if mask is not None else "")
+                           mask=masks.label(mask.text) if mask is not None else "",
+                           bias=bias.kind if bias is not None else "")
     except ValueError as exc:
         raise ValueError(f"{prefix} {exc}") from None
+    ring = None
+    if bias is not None:
+        check_bias_of(bias, q, world_size, cu_seqlens is not None, f"{prefix} ")
+        heads = q.shape[2] // grid.ulysses_degree
+        ring = ring_bias(bias, ring_layout, ring_len * grid.ring_degree, grid.ring_degree, q.device,
+                         heads=slice(grid.ulysses_rank * heads, (grid.ulysses_rank + 1) * heads))
     if cu_seqlens is None:
         if plan is not contiguous_plan and grid.ring_degree > 1 and ring_len % 2:
             raise ValueError(f"{prefix} the ring shard of {ring_len} tokens is odd, but {name}'s zigzag ring gives "
@@ -227,14 +247,15 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
     if sink is not None:
         check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return UlyssesRing.apply(q, k, v, sink, causal, scale, grid, kernel, steps, frozenset(lossy))
+    values = bias.values if bias is not None and bias.learnable else None
+    return UlyssesRing.apply(q, k, v, sink, values, causal, scale, grid, kernel, steps, frozenset(lossy), ring)
 
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                       softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                       kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                       sink: Tensor | None = None, window: int | None = None,
-                      mask: str | None = None) -> tuple[Tensor, Tensor]:
+                      mask: str | None = None, bias: Bias | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by DeepSpeed-Ulysses, each rank holding one contiguous chunk.
 
     Args:
@@ -246,6 +267,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         sink: ``[Hq]`` float32 sink logits (``sinks.py``), or ``None``; differentiable.
         window: a causal sliding window of this many keys, or ``None`` (:func:`run_ulysses`).
         mask: any mask over the global sequence (``masks.py``), or ``None`` (:func:`run_ulysses`).
+        bias: an attention bias (``kernels.common.Bias``), or ``None`` (:func:`run_ulysses`).
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32 ``[B, Hq, S/W]``
@@ -258,7 +280,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         raise ValueError("ulysses is the batch form and takes no cu_seqlens; use ulysses_varlen")
     return run_ulysses("ulysses", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
                        ulysses_degree=emulation.rank_and_size(group)[1], plan=contiguous_plan, sink=sink,
-                       window=window, mask=mask)
+                       window=window, mask=mask, bias=bias)
 
 
 def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,

@@ -97,29 +97,40 @@ def _whole(parts, q: Tensor, k: Tensor) -> bool:
     return len(parts) == 1 and parts[0].q == (0, q.shape[1]) and parts[0].kv == (0, k.shape[1])
 
 
-def attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, parts, scale: float) -> tuple[Tensor, Tensor]:
+def _with_bias(part, bias) -> dict:
+    # A part's kernel keywords, with its block of the step's bias (a PositionBias over the step's rows).
+    kw = part.keywords()
+    if bias is not None:
+        kw["bias"] = bias.sub(slice(*part.q), slice(*part.kv))
+    return kw
+
+
+def attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, parts, scale: float,
+           bias=None) -> tuple[Tensor, Tensor]:
     """out ``[B, Sq, Hq, Dv]`` and lse ``[B, Hq, Sq]`` of one step cut into parts over all of q's rows: the
     parts' kernel calls merged (float32, or float64 for float64 inputs; a single part that covers
-    the block is the kernel's own result); rows no part covers get out 0 and lse ``-inf``."""
+    the block is the kernel's own result); rows no part covers get out 0 and lse ``-inf``. ``bias``
+    (a ``PositionBias`` of the step's rows and keys, or ``None``): each part takes its block of it."""
     if _whole(parts, q, k):
-        return kernel.forward(q, k, v, False, scale, **parts[0].keywords())
+        return kernel.forward(q, k, v, False, scale, **_with_bias(parts[0], bias))
     acc = accumulation_dtype(q.dtype)
     B, S, H = q.shape[:3]
     out = torch.zeros(B, S, H, v.shape[3], dtype=acc, device=q.device)  # v's head dim (head_dim_v)
     lse = torch.full((B, H, S), float("-inf"), dtype=acc, device=q.device)
     for p in parts:
         rows, keys = slice(*p.q), slice(*p.kv)
-        o, l = kernel.forward(q[:, rows], k[:, keys], v[:, keys], False, scale, **p.keywords())
+        o, l = kernel.forward(q[:, rows], k[:, keys], v[:, keys], False, scale, **_with_bias(p, bias))
         merge_(out[:, rows], lse[:, :, rows], o, l)
     return out, lse
 
 
 def attend_backward(kernel: Kernel, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                    parts, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+                    parts, scale: float, bias=None) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of one step cut into parts (``out`` and ``lse`` the final ones of q's rows): the
-    parts' gradients summed (float32, or the kernel's own for a single part that covers the block)."""
+    parts' gradients summed (float32, or the kernel's own for a single part that covers the block);
+    ``bias`` as in :func:`attend`."""
     if _whole(parts, q, k):
-        return kernel.backward(dout, q, k, v, out, lse, False, scale, **parts[0].keywords())
+        return kernel.backward(dout, q, k, v, out, lse, False, scale, **_with_bias(parts[0], bias))
     acc = accumulation_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
@@ -127,7 +138,7 @@ def attend_backward(kernel: Kernel, dout: Tensor, q: Tensor, k: Tensor, v: Tenso
     for p in parts:
         rows, keys = slice(*p.q), slice(*p.kv)
         g = kernel.backward(dout[:, rows], q[:, rows], k[:, keys], v[:, keys], out[:, rows], lse[:, :, rows],
-                            False, scale, **p.keywords())
+                            False, scale, **_with_bias(p, bias))
         dq[:, rows] += g[0]
         dk[:, keys] += g[1]
         dv[:, keys] += g[2]

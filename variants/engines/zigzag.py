@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..kernels import Kernel
+from ..kernels.common import Bias
 from .ring import Block, run_ring
 
 Tensor = torch.Tensor
@@ -38,7 +39,7 @@ def zigzag_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                      sink: Tensor | None = None, window: int | None = None,
-                     mask: str | None = None) -> tuple[Tensor, Tensor]:
+                     mask: str | None = None, bias: Bias | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding its two zigzag chunks.
 
     Args:
@@ -50,6 +51,7 @@ def zigzag_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
         window: a causal sliding window of this many keys, as in :func:`ring.ring_attention`.
         mask: any mask over the global sequence (``masks.py``), as in :func:`ring.ring_attention`.
+        bias: an attention bias (``kernels.common.Bias``), or ``None``, as in :func:`ring.ring_attention`.
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, in the zigzag layout; ``lse`` float32
@@ -64,4 +66,5 @@ def zigzag_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         raise ValueError(f"local seqlen {q.shape[1]} is odd; the zigzag layout gives every rank two "
                          "equal chunks, so seqlen must be a multiple of 2 * world_size")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                    plan=zigzag_plan, sink=sink, window=window, layout="zigzag", mask=mask)
+                    plan=zigzag_plan, sink=sink, window=window, layout="zigzag", mask=mask,
+                    bias=bias)

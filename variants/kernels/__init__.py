@@ -34,6 +34,14 @@ rectangular. A row that sees no key gets out 0 and lse ``-inf``. The math kernel
 mask's dense boolean block; a FlexAttention kernel would make its ``mask_mod`` of the same
 positions and predicate.
 
+A bias (``bias=``, a ``common.PositionBias``, on the kernels with ``Kernel.takes_bias``, batch
+form only: math) gives the global positions of the call's rows and keys and the whole-sequence
+``common.Bias`` (ALiBi's slopes, or a learnable tensor of TransformerEngine's post-scale shapes
+``1hss``, ``bhss``, ``11ss``, ``111s``, ``b1ss``); its block is added to the scaled scores before
+the softmax, with causal, a window or a mask alike. Backward adds the call's ``d bias`` (the
+gradient of the scores, summed over the bias's broadcast dimensions) into the bias's open gradient
+(``Bias.open_grad``), which the engine reduces over its ranks.
+
 This module holds :class:`Kernel`, the registry (:data:`KERNELS`, :data:`AUTO_ORDER`) and the one
 resolution of kernel names (:func:`check_kernel`, :func:`resolve_kernel`, :func:`as_kernel`). The
 backends are in ``kernel_reference.py`` (math, cpu), ``kernel_torch_cuda.py`` (torch-flash, cudnn,
@@ -89,6 +97,8 @@ class Kernel:
             docstring); ``no_window`` says why a kernel does not.
         takes_mask: forward and backward (batch form) take ``mask=``, a ``common.PositionMask``
             (module docstring); ``no_mask`` says why a kernel does not.
+        takes_bias: forward and backward (batch form) take ``bias=``, a ``common.PositionBias``
+            (module docstring); ``no_bias`` says why a kernel does not.
         head_dim_v: whether it takes a value head dim apart from the query/key one (v
             ``[..., Dv]``, out ``[..., Hq, Dv]``: MLA shapes such as 192/128).
         version: a function naming what serves the calls and its version, for the records
@@ -120,6 +130,8 @@ class Kernel:
     no_window: str = ""
     takes_mask: bool = False
     no_mask: str = "it takes the causal mask and windows only"
+    takes_bias: bool = False
+    no_bias: str = "ringbench calls it without an additive score bias"
 
     @property
     def varlen(self) -> bool:
@@ -199,7 +211,8 @@ KERNELS: dict[str, Kernel] = {
                no_mask="ringbench calls PyTorch's CPU flash op with the causal mask and windows only"),
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
                _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
-               backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True, takes_mask=True),
+               backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True, takes_mask=True,
+               takes_bias=True),
     )
 }
 
@@ -228,12 +241,14 @@ def kernels_for(device_type: str, kernels: Mapping[str, Kernel] | None = None) -
 
 def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None = None,
                  head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None,
-                 window: bool = False, mask: str = "", kernels: Mapping[str, Kernel] | None = None) -> str | None:
+                 window: bool = False, mask: str = "", bias: str = "",
+                 kernels: Mapping[str, Kernel] | None = None) -> str | None:
     """Why ``kernel`` cannot take a call on ``device_type``, or ``None`` when it can.
 
     The rules, in order: a varlen call (packed documents) needs a kernel with a varlen form;
     a sliding window (``window``) one that takes a window; a mask (``mask``, its text, such as
-    ``prefix:512``) one that takes a mask; the kernel must run on ``device_type``; it must take ``head_dim`` and ``dtype`` (each
+    ``prefix:512``) one that takes a mask; a bias (``bias``, its text, such as ``alibi`` or
+    ``1hss``) one that takes a bias; the kernel must run on ``device_type``; it must take ``head_dim`` and ``dtype`` (each
     checked when given; ``head_dim_v``, the value head dim, with it). Availability on this
     machine is :func:`resolve_kernel`'s last rule.
     The reason is one sentence naming the value, the rule and the fix.
@@ -253,6 +268,10 @@ def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None 
     if mask and not kernel.takes_mask:
         names = [n for n in kernels_for(device_type, registry) if registry[n].takes_mask]
         return (f"the {kernel.name} kernel cannot take mask {mask} ({kernel.no_mask}); "
+                f"pass --kernel with one of {', '.join(names)} or auto")
+    if bias and not kernel.takes_bias:
+        names = [n for n in kernels_for(device_type, registry) if registry[n].takes_bias]
+        return (f"the {kernel.name} kernel cannot take bias {bias} ({kernel.no_bias}); "
                 f"pass --kernel with one of {', '.join(names)} or auto")
     if kernel.device_type not in (device_type, "any"):
         return (f"kernel {kernel.name!r} runs on {kernel.device_type}, not {device_type}; "
@@ -275,7 +294,7 @@ def _unavailable(kernel: Kernel) -> str | None:
 
 def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = None, head_dim: int | None = None,
                    varlen: bool = False, among: tuple[str, ...] = (), head_dim_v: int | None = None,
-                   window: bool = False, mask: str = "",
+                   window: bool = False, mask: str = "", bias: str = "",
                    kernels: Mapping[str, Kernel] | None = None) -> Kernel:
     """The kernel a call on ``device_type`` runs with: the one named, or for ``auto`` the first of
     ``AUTO_ORDER[device_type]`` that passes every rule of :func:`check_kernel` for ``dtype``,
@@ -292,6 +311,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
         varlen: the call takes packed documents, so the kernel needs a varlen form.
         window: the call has a sliding window, so the kernel must take one.
         mask: the call's mask (its text; empty: none), so the kernel must take a mask.
+        bias: the call's bias (its text, ``alibi`` or a shape; empty: none), so the kernel must take one.
         among: for ``auto``, the only kernels it may pick (a peer's own); empty: any.
         kernels: the registry to resolve in (default :data:`KERNELS`); a test passes stand-ins.
 
@@ -301,7 +321,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
     """
     registry = KERNELS if kernels is None else kernels
     rules = dict(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, varlen=varlen, window=window, mask=mask,
-                 kernels=registry)
+                 bias=bias, kernels=registry)
     if name != "auto":
         if name not in registry:
             raise ValueError(f"kernel {name!r} is unknown; choose one of {', '.join(registry)} or auto")
@@ -323,7 +343,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
             return kern
         refusals.append(reason.split(";")[0])
     wanted = [w for w in ("packed documents" if varlen else "", "a sliding window" if window else "",
-                          f"mask {mask}" if mask else "",
+                          f"mask {mask}" if mask else "", f"bias {bias}" if bias else "",
                           f"head_dim {head_dim}" if head_dim is not None else "",
                           f"head_dim_v {head_dim_v}" if head_dim_v not in (None, head_dim) else "",
                           f"dtype {DTYPE_NAMES.get(dtype, dtype)}" if dtype is not None else "") if w]
@@ -334,7 +354,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
 
 def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | None = None, *,
               head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None,
-              window: bool = False, mask: str = "") -> Kernel:
+              window: bool = False, mask: str = "", bias: str = "") -> Kernel:
     """The kernel object a variant calls: a name (or ``auto``) resolved by :func:`resolve_kernel`
     for the call's device type, dtype, head dim and form; a :class:`Kernel` checked by the same
     rules (:func:`check_kernel`) but for availability, which its caller has settled.
@@ -344,9 +364,9 @@ def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | Non
     """
     if isinstance(kernel, Kernel):
         reason = check_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen,
-                              head_dim_v=head_dim_v, window=window, mask=mask)
+                              head_dim_v=head_dim_v, window=window, mask=mask, bias=bias)
         if reason:
             raise ValueError(reason)
         return kernel
     return resolve_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen, head_dim_v=head_dim_v,
-                          window=window, mask=mask)
+                          window=window, mask=mask, bias=bias)

@@ -1,6 +1,7 @@
 """What the local attention backends share: the shape checks of a call (batch and packed
 documents), the dtype they accumulate in, the sliding window's band (``band_of``, ``band_mask``),
-a call's mask by global positions (:class:`PositionMask`),
+a call's mask by global positions (:class:`PositionMask`), an attention bias and a call's block of it
+(:class:`Bias`, :class:`PositionBias`),
 ringbench's ``-inf`` mark of a row that sees no key, the rows of packed documents, and whether a
 CUDA device is visible. The contract itself is in the docstring of :mod:`kernels`.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from ..rules import BIAS_KINDS, BIAS_SHAPES
 
 Tensor = torch.Tensor
 
@@ -141,6 +144,175 @@ class PositionMask:
 
     def __repr__(self) -> str:
         return f"PositionMask({self.name!r}, {self.shape[0]}x{self.shape[1]})"
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """ALiBi's per-head slopes: ``2 ** (-8 (h + 1) / H)`` for head h of H when H is a power of two;
+    otherwise the slopes of the largest power of two n below H, then every other slope of 2n
+    for the remaining H - n heads (the paper's interpolation).
+
+    Source: Press, Smith and Lewis, "Train Short, Test Long: Attention with Linear Biases Enables
+    Input Length Extrapolation" (ICLR 2022, arXiv 2108.12409), section 3.
+    """
+    def geometric(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+    if heads < 1:
+        raise ValueError(f"heads {heads} must be positive for ALiBi's slopes")
+    n = 1 << (heads.bit_length() - 1)
+    return geometric(n) if n == heads else geometric(n) + geometric(2 * n)[0::2][:heads - n]
+
+
+def bias_tensor_shape(kind: str, batch: int, heads: int, seqlen: int) -> tuple[int, int, int, int]:
+    """The ``[b, h, s_q, s_k]`` shape of a learnable bias of ``kind`` (one of :data:`BIAS_SHAPES`),
+    a broadcast dimension 1.
+
+    Raises:
+        ValueError: a kind that is not a learnable shape.
+    """
+    if kind not in BIAS_SHAPES:
+        raise ValueError(f"bias {kind!r} is not a learnable shape; choose one of {', '.join(BIAS_SHAPES)}")
+    sizes = {"b": batch, "h": heads, "s": seqlen, "1": 1}
+    return tuple(sizes[c] for c in kind)  # type: ignore[return-value]
+
+
+class Bias:
+    """An attention bias over the whole sequence, added to the scaled scores before the softmax.
+
+    ``alibi``: ``-slope_h * |q_pos - k_pos|`` (the distance taken both ways, so a non-causal or
+    bidirectional mask gets a bias too; under a causal mask it is the paper's
+    ``-slope_h * (q_pos - k_pos)``), fixed. A learnable shape (:data:`BIAS_SHAPES`): ``values``
+    of :func:`bias_tensor_shape`, indexed by the global positions; its gradient is the gradient
+    of the scores, summed over the broadcast dimensions.
+
+    An engine hands a kernel call a :class:`PositionBias` (:meth:`at`) of the call's rows; the
+    kernels' backward adds each call's ``d bias`` into :attr:`grad` while an engine has opened one
+    (:meth:`open_grad`), and the engine reduces it over its ranks.
+
+    Args:
+        kind: ``alibi`` or a shape of :data:`BIAS_SHAPES`.
+        values: ALiBi's slopes ``[Hq]``; or the learnable tensor ``[b|1, h|1, s|1, s]`` (float).
+    """
+
+    def __init__(self, kind: str, values: Tensor):
+        if kind not in BIAS_KINDS:
+            raise ValueError(f"bias {kind!r} is not one ringbench takes; choose one of {', '.join(BIAS_KINDS)}")
+        want = 1 if kind == "alibi" else 4  # dimensions
+        if not isinstance(values, Tensor) or values.dim() != want or not values.is_floating_point():
+            raise ValueError(f"bias {kind} takes a float tensor "
+                             f"{'[Hq], the slopes' if kind == 'alibi' else '[b|1, h|1, s|1, s]'}, got "
+                             f"{tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__}")
+        self.kind, self.values = kind, values
+        self.grad: Tensor | None = None
+
+    @property
+    def learnable(self) -> bool:
+        return self.kind != "alibi"
+
+    @property
+    def seqlen(self) -> int | None:
+        """The sequence length the learnable tensor is over (``None`` for ALiBi, which takes any)."""
+        return None if self.kind == "alibi" else self.values.shape[-1]
+
+    def heads(self) -> int | None:
+        """Query heads the bias is per (``None``: broadcast over the heads)."""
+        if self.kind == "alibi":
+            return self.values.shape[0]
+        return self.values.shape[1] if self.kind[1] == "h" else None
+
+    def with_values(self, values: Tensor) -> "Bias":
+        """The same bias over other values (the references' float64 copy)."""
+        return Bias(self.kind, values)
+
+    def open_grad(self, dtype: torch.dtype) -> Tensor:
+        """Start :attr:`grad`: zeros of ``values``' shape in ``dtype`` (learnable shapes only)."""
+        self.grad = torch.zeros(self.values.shape, dtype=dtype, device=self.values.device)
+        return self.grad
+
+    def close_grad(self) -> Tensor | None:
+        grad, self.grad = self.grad, None
+        return grad
+
+    def at(self, q_pos: Tensor, k_pos: Tensor, heads: slice | None = None) -> "PositionBias":
+        """The :class:`PositionBias` of a call whose rows sit at ``q_pos`` and keys at ``k_pos``
+        (int64), over query heads ``heads`` of the bias (``None``: all)."""
+        return PositionBias(self, q_pos, k_pos, heads)
+
+    def __repr__(self) -> str:
+        return f"Bias({self.kind!r}, {tuple(self.values.shape)})"
+
+
+class PositionBias:
+    """A call's block of a :class:`Bias`, by global positions: the bias-taking kernels' ``bias=``
+    (``Kernel.takes_bias``).
+
+    Args:
+        bias: the whole-sequence :class:`Bias`.
+        q_pos: int64 ``[Sq]``, the call's query rows' global positions.
+        k_pos: int64 ``[Sk]``, its keys'.
+        heads: the bias's query heads this call's heads are (a slice; ``None``: all of them).
+    """
+
+    def __init__(self, bias: Bias, q_pos: Tensor, k_pos: Tensor, heads: slice | None = None):
+        self.bias, self.q_pos, self.k_pos, self.heads = bias, q_pos, k_pos, heads
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q_pos.numel(), self.k_pos.numel()
+
+    def sub(self, rows: slice, keys: slice) -> "PositionBias":
+        """The block of a part of the call: query rows ``rows`` and keys ``keys`` of it."""
+        return PositionBias(self.bias, self.q_pos[rows], self.k_pos[keys], self.heads)
+
+    def dense(self, dtype: torch.dtype) -> Tensor:
+        """The block ``[Bb, Hb, Sq or 1, Sk]`` in ``dtype``: ``Bb`` 1 or the batch, ``Hb`` 1 or the
+        call's heads, one row where the bias has one (``111s``); differentiable in ``values``."""
+        b = self.bias
+        values = b.values
+        if b.kind == "alibi":
+            slopes = values if self.heads is None else values[self.heads]
+            dist = (self.q_pos[:, None] - self.k_pos[None, :]).abs().to(dtype)
+            return -slopes.to(dtype)[None, :, None, None] * dist[None, None]
+        if values.shape[1] > 1 and self.heads is not None:
+            values = values[:, self.heads]
+        k_pos = self.k_pos.to(values.device)
+        if values.shape[2] > 1:
+            values = values.index_select(2, self.q_pos.to(values.device))
+        return values.index_select(3, k_pos).to(dtype)
+
+    def add_grad(self, grad: Tensor) -> None:
+        """Add a call's ``d bias`` (``dense``'s shape) into the bias's open :attr:`Bias.grad` at the
+        call's positions; nothing for a fixed bias or while no gradient is open."""
+        b = self.bias
+        if not b.learnable or b.grad is None:
+            return
+        target = b.grad if b.grad.shape[1] == 1 or self.heads is None else b.grad[:, self.heads]
+        s = target.shape[-1]
+        rows = self.q_pos if target.shape[2] > 1 else torch.zeros(1, dtype=torch.int64, device=target.device)
+        flat = (rows.to(target.device)[:, None] * s + self.k_pos.to(target.device)[None, :]).reshape(-1)
+        view = target.reshape(*target.shape[:2], -1) if target.is_contiguous() else None
+        if view is not None:
+            view.index_add_(2, flat, grad.reshape(*grad.shape[:2], -1).to(target.dtype))
+        else:  # a head slice of the gradient: add through a copy, then put it back
+            whole = target.reshape(*target.shape[:2], -1).clone()
+            whole.index_add_(2, flat, grad.reshape(*grad.shape[:2], -1).to(target.dtype))
+            target.copy_(whole.view(target.shape))
+
+    def __repr__(self) -> str:
+        return f"PositionBias({self.bias.kind!r}, {self.shape[0]}x{self.shape[1]}, heads={self.heads})"
+
+
+def check_bias(bias: PositionBias, q: Tensor, k: Tensor) -> None:
+    """Refuse a bias call the contract does not take: positions that do not match the call's rows,
+    or per-head values for another number of heads."""
+    if bias.shape != (q.shape[1], k.shape[1]):
+        raise ValueError(f"the bias holds {bias.shape[0]} query and {bias.shape[1]} key positions, but the call has "
+                         f"{q.shape[1]} query and {k.shape[1]} key rows; build it from the call's rows")
+    heads = bias.bias.heads()
+    if heads is not None:
+        n = len(range(heads)[bias.heads]) if bias.heads is not None else heads
+        if n != q.shape[2]:
+            raise ValueError(f"the bias holds {n} query heads, but the call has {q.shape[2]}; pass the call's heads")
 
 
 def check_mask(mask: PositionMask, q: Tensor, k: Tensor, causal: bool, window) -> None:

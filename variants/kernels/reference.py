@@ -5,7 +5,9 @@ flash op), each in the batch and the varlen (packed documents) form of the contr
 Under a window both work in tiles of query rows (:func:`band_tile`), each against only the keys
 its band reaches (:func:`band_keys`), so a windowed call costs about its band, not its block.
 The math kernel also takes a :class:`~.common.PositionMask` (``mask=``): its dense boolean block,
-applied tile by tile.
+applied tile by tile; and a :class:`~.common.PositionBias` (``bias=``): its dense block added to
+the scaled scores tile by tile, its backward adding the gradient of the scores, summed over the
+bias's broadcast dimensions, into the bias's open gradient (``Bias.open_grad``).
 """
 
 from __future__ import annotations
@@ -14,31 +16,49 @@ import math
 
 import torch
 
-from .common import (PositionMask, Window, _check_shapes, _check_varlen, accumulation_dtype, band_mask, band_of,
-                     check_mask, merge_)
+from .common import (PositionBias, PositionMask, Window, _check_shapes, _check_varlen, accumulation_dtype, band_mask,
+                     band_of, check_bias, check_mask, merge_)
 
 Tensor = torch.Tensor
 
 
 # --------------------------------------------------------------------------- math
 
+def _bias_block(bias: PositionBias | None, q: Tensor, k: Tensor) -> Tensor | None:
+    # [Bb, Hkv or 1, G or 1, Sq or 1, Sk] in the accumulation dtype: the grouped heads' layout of the scores.
+    if bias is None:
+        return None
+    check_bias(bias, q, k)
+    block = bias.dense(accumulation_dtype(q.dtype)).to(q.device)
+    if block.shape[0] not in (1, q.shape[0]):
+        raise ValueError(f"the bias has batch {block.shape[0]}, but the call has {q.shape[0]}; pass a bias of "
+                         "batch 1 or the call's")
+    Hkv = k.shape[2]
+    if block.shape[1] == 1:
+        return block.unsqueeze(2)
+    return block.unflatten(1, (Hkv, q.shape[2] // Hkv))
+
+
 def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
-                  chunk: int = 1024, *, window=None, mask: PositionMask | None = None) -> tuple[Tensor, Tensor]:
+                  chunk: int = 1024, *, window=None, mask: PositionMask | None = None,
+                  bias: PositionBias | None = None) -> tuple[Tensor, Tensor]:
+    added = _bias_block(bias, q, k)
     if mask is not None:
         _check_shapes(q, k, v, False)
         check_mask(mask, q, k, causal, window)
-        return _math_forward_core(q, k, v, False, softmax_scale, chunk, seen=mask.dense())
+        return _math_forward_core(q, k, v, False, softmax_scale, chunk, seen=mask.dense(), added=added)
     band = band_of(window, causal)
     _check_shapes(q, k, v, causal and band is None)
-    return _math_forward_core(q, k, v, causal, softmax_scale, chunk, band=band)
+    return _math_forward_core(q, k, v, causal, softmax_scale, chunk, band=band, added=added)
 
 
 def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
                        chunk: int = 1024, causal_offset: int = 0, band: Window | None = None,
-                       seen: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                       seen: Tensor | None = None, added: Tensor | None = None) -> tuple[Tensor, Tensor]:
     # causal: query row i sees key j iff j <= i + causal_offset (0: the square mask).
     # band (window): the mask is the band alone, aligned bottom-right (the docstring of kernels.py).
     # seen: bool [Sq, Sk], the mask alone (a PositionMask's dense block).
+    # added: [Bb, Hkv|1, G|1, Sq|1, Sk], a bias added to the scaled scores (_bias_block).
     B, Sq, Hq, D = q.shape
     Hkv, Dv = k.shape[2], v.shape[3]
     G = Hq // Hkv
@@ -52,6 +72,8 @@ def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_sc
     Sk = k.shape[1]
     for s, e, j0, j1 in _tiles(Sq, Sk, chunk, causal, causal_offset, band):
         scores = (qg[:, :, :, s:e] @ kf[:, :, :, j0:j1].transpose(-1, -2)) * softmax_scale
+        if added is not None:
+            scores = scores + _bias_tile(added, s, e, j0, j1)
         scores = _masked(scores, s, e, j0, j1, Sq, Sk, causal, causal_offset, band, seen)
         lse_c = torch.logsumexp(scores, dim=-1)  # -inf for a row that sees no key (none at all: j0 == j1)
         p = torch.exp(scores - lse_c.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
@@ -92,6 +114,11 @@ def _tiles(Sq: int, Sk: int, chunk: int, causal: bool, causal_offset: int, band:
             yield s, e, 0, Sk
 
 
+def _bias_tile(added: Tensor, s: int, e: int, j0: int, j1: int) -> Tensor:
+    # The bias of query rows s..e-1 against keys j0..j1-1 (its one row, broadcast, for a 111s bias).
+    return added[..., j0:j1] if added.shape[-2] == 1 else added[..., s:e, j0:j1]
+
+
 def _masked(scores: Tensor, s: int, e: int, j0: int, j1: int, Sq: int, Sk: int, causal: bool, causal_offset: int,
             band: Window | None, seen: Tensor | None = None) -> Tensor:
     """A tile's scores (query rows s..e-1 of Sq against keys j0..j1-1 of Sk) under the window
@@ -111,20 +138,31 @@ def _masked(scores: Tensor, s: int, e: int, j0: int, j1: int, Sq: int, Sk: int, 
 
 def _math_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                    causal: bool, softmax_scale: float, chunk: int = 1024, *,
-                   window=None, mask: PositionMask | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                   window=None, mask: PositionMask | None = None,
+                   bias: PositionBias | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    added = _bias_block(bias, q, k)
     if mask is not None:
         _check_shapes(q, k, v, False)
         check_mask(mask, q, k, causal, window)
-        return _math_backward_core(dout, q, k, v, out, lse, False, softmax_scale, chunk, seen=mask.dense())
-    band = band_of(window, causal)
-    _check_shapes(q, k, v, causal and band is None)
-    return _math_backward_core(dout, q, k, v, out, lse, causal, softmax_scale, chunk, band=band)
+        grads = _math_backward_core(dout, q, k, v, out, lse, False, softmax_scale, chunk, seen=mask.dense(),
+                                    added=added, learn=bias is not None and bias.bias.grad is not None)
+    else:
+        band = band_of(window, causal)
+        _check_shapes(q, k, v, causal and band is None)
+        grads = _math_backward_core(dout, q, k, v, out, lse, causal, softmax_scale, chunk, band=band, added=added,
+                                    learn=bias is not None and bias.bias.grad is not None)
+    if len(grads) == 4:  # d bias of this call, in the bias's own [Bb, Hb, Sq|1, Sk]
+        dbias = grads[3]
+        bias.add_grad(dbias.flatten(1, 2) if dbias.shape[1] * dbias.shape[2] > 1 else dbias.squeeze(2))
+    return grads[:3]
 
 
 def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                         causal: bool, softmax_scale: float, chunk: int = 1024,
                         causal_offset: int = 0, band: Window | None = None,
-                        seen: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                        seen: Tensor | None = None, added: Tensor | None = None, learn: bool = False) -> tuple:
+    # added: the bias block (_math_forward_core); learn: also return its gradient, the scores'
+    # gradient summed over the bias's broadcast dimensions, as a fourth tensor of added's shape.
     B, Sq, Hq, D = q.shape
     Hkv, Dv = k.shape[2], v.shape[3]
     G = Hq // Hkv
@@ -142,19 +180,32 @@ def _math_backward_core(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     dk = torch.zeros(B, Hkv, k.shape[1], D, dtype=acc, device=q.device)
     dv = torch.zeros(B, Hkv, k.shape[1], Dv, dtype=acc, device=q.device)
     Sk = k.shape[1]
+    dadded = torch.zeros(added.shape, dtype=acc, device=q.device) if learn and added is not None else None
     for s, e, j0, j1 in _tiles(Sq, Sk, chunk, causal, causal_offset, band):
         kn, vn = kf[:, :, :, j0:j1], vf[:, :, :, j0:j1]
         scores = (qg[:, :, :, s:e] @ kn.transpose(-1, -2)) * softmax_scale
+        if added is not None:
+            scores = scores + _bias_tile(added, s, e, j0, j1)
         scores = _masked(scores, s, e, j0, j1, Sq, Sk, causal, causal_offset, band, seen)
         lse_c = lseg[:, :, :, s:e].unsqueeze(-1)
         p = torch.exp(scores - lse_c.clamp_min(torch.finfo(acc).min))
         dp = dog[:, :, :, s:e] @ vn.transpose(-1, -2)
-        ds = p * (dp - delta[:, :, :, s:e].unsqueeze(-1)) * softmax_scale
+        dscores = p * (dp - delta[:, :, :, s:e].unsqueeze(-1))  # the gradient of the biased scaled scores
+        if dadded is not None:
+            # Summed over the dimensions the bias broadcasts (batch, heads, query rows for 111s).
+            dims = tuple(d for d in range(3) if dadded.shape[d] == 1 and dscores.shape[d] > 1)
+            tile = dscores.sum(dims, keepdim=True) if dims else dscores
+            if dadded.shape[-2] == 1:
+                dadded[..., j0:j1] += tile.sum(-2, keepdim=True)
+            else:
+                dadded[..., s:e, j0:j1] += tile
+        ds = dscores * softmax_scale
         dq[:, :, :, s:e] = ds @ kn
         dk[:, :, j0:j1] += (ds.transpose(-1, -2) @ qg[:, :, :, s:e]).sum(2)
         dv[:, :, j0:j1] += (p.transpose(-1, -2) @ dog[:, :, :, s:e]).sum(2)
     dq = dq.permute(0, 3, 1, 2, 4).reshape(B, Sq, Hq, D)
-    return dq.to(q.dtype), dk.permute(0, 2, 1, 3).to(k.dtype), dv.permute(0, 2, 1, 3).to(v.dtype)
+    grads = dq.to(q.dtype), dk.permute(0, 2, 1, 3).to(k.dtype), dv.permute(0, 2, 1, 3).to(v.dtype)
+    return grads if dadded is None else (*grads, dadded)
 
 
 # --------------------------------------------------------------------------- cpu

@@ -1,0 +1,186 @@
+"""Attention bias (issue 26, item 3) without torchrun: the math kernel's bias and d bias against autograd
+through plain attention, ALiBi's slopes, the spec's and the command line's refusals, case_id, and one
+world-size-1 verify in-process (a gloo group of one). The runs over ranks are ``test_bias_distributed.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import ringbench
+from ringbench.case.spec import CaseSpec, default_fields, validate
+from ringbench.errors import SpecError
+from ringbench.rank import check
+from ringbench.variants import VARIANTS
+from ringbench.variants.kernels import KERNELS
+from ringbench.variants.kernels.common import Bias, alibi_slopes, bias_tensor_shape
+from ringbench.variants.rules import BIAS_KINDS, BIAS_SHAPES
+
+#: Awkward sizes on purpose: 37 rows in tiles of 16, GQA 4/2, batch 2.
+B, S, H, HKV, D = 2, 37, 4, 2, 8
+
+
+def spec(variant: str = "ring", world_size: int = 2, **fields) -> CaseSpec:
+    """A validated CPU verify spec of a small problem (raises SpecError when refused)."""
+    base = {**default_fields("cpu", 0), "task": "verify", "variant": variant, "kernel": "math",
+            "world_size": world_size, "seqlen": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, **fields}
+    case = CaseSpec(**base)
+    validate(case, visible_gpus=0)
+    return case
+
+
+def _plain(q, k, v, dout, bias: Bias, causal: bool):
+    """out and the gradients of q, k, v and the bias values of attention with the bias added to the scaled scores,
+    by autograd through plain torch (q ``[B, S, H, D]``, k and v ``[B, S, Hkv, D]``, float64)."""
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    values = bias.values.detach().clone().requires_grad_(bias.learnable)
+    every = torch.arange(q.shape[1])
+    g = q.shape[2] // k.shape[2]
+    scores = torch.einsum("bqhd,bkhd->bhqk", leaves[0], leaves[1].repeat_interleave(g, 2)) * q.shape[-1] ** -0.5
+    scores = scores + bias.with_values(values).at(every, every).dense(torch.float64)
+    if causal:
+        scores = scores.masked_fill(every[None, :] > every[:, None], float("-inf"))
+    out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), leaves[2].repeat_interleave(g, 2))
+    (out * dout).sum().backward()
+    return out.detach(), *(x.grad for x in leaves), values.grad
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("kind", BIAS_KINDS)
+def test_bias_math_kernel_matches_autograd_of_plain_attention(kind, causal):
+    """out, dq, dk, dv and d bias of the math kernel (tiles of 16 rows) equal plain attention's by autograd,
+    in float64, for every bias kind, the broadcast ones' d bias summed over batch, heads (and rows for 111s)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, dout = (torch.randn(s, generator=gen, dtype=torch.float64)
+                     for s in ((B, S, H, D), (B, S, HKV, D), (B, S, HKV, D), (B, S, H, D)))
+    values = (torch.tensor(alibi_slopes(H), dtype=torch.float64) if kind == "alibi" else
+              torch.randn(bias_tensor_shape(kind, B, H, S), generator=gen, dtype=torch.float64) * 0.5)
+    bias = Bias(kind, values)
+    every = torch.arange(S)
+    math = KERNELS["math"]
+    out, lse = math.forward(q, k, v, causal, D ** -0.5, chunk=16, bias=bias.at(every, every))
+    if bias.learnable:
+        bias.open_grad(torch.float64)
+    grads = math.backward(dout, q, k, v, out, lse, causal, D ** -0.5, chunk=16, bias=bias.at(every, every))
+    dbias = bias.close_grad()
+    want = _plain(q, k, v, dout, bias, causal)
+    for got, ref in zip((out, *grads), want[:4]):
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    if bias.learnable:
+        assert dbias.shape == values.shape
+        torch.testing.assert_close(dbias, want[4], rtol=0, atol=1e-12)
+    else:
+        assert dbias is None and want[4] is None
+
+
+def test_bias_changes_the_output_so_dropping_it_is_seen():
+    """The bias is not a no-op at the test sizes: without it the kernel's out moves far beyond any tolerance."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(s, generator=gen, dtype=torch.float64) for s in ((1, S, H, D), (1, S, HKV, D),
+                                                                           (1, S, HKV, D)))
+    every = torch.arange(S)
+    math = KERNELS["math"]
+    plain, _ = math.forward(q, k, v, True, D ** -0.5)
+    for kind in ("alibi", "111s"):
+        values = (torch.tensor(alibi_slopes(H), dtype=torch.float64) if kind == "alibi" else
+                  torch.randn(bias_tensor_shape(kind, 1, H, S), generator=gen, dtype=torch.float64) * 0.5)
+        biased, _ = math.forward(q, k, v, True, D ** -0.5, bias=Bias(kind, values).at(every, every))
+        assert float((biased - plain).abs().max()) > 1e-2, kind
+
+
+def test_bias_alibi_slopes_are_the_papers_geometric_sequence_and_its_interpolation():
+    """Press et al. 2022: 2^(-8/H), 2^(-16/H), ... for H a power of two; otherwise the slopes of the largest power
+    of two below H, then every other slope of twice that for the rest."""
+    assert alibi_slopes(8) == [2.0 ** -(i + 1) for i in range(8)]
+    assert alibi_slopes(4) == [2.0 ** (-2 * (i + 1)) for i in range(4)]
+    assert alibi_slopes(1) == [2.0 ** -8]
+    assert alibi_slopes(6) == alibi_slopes(4) + [2.0 ** -1, 2.0 ** -3]
+    assert alibi_slopes(12) == alibi_slopes(8) + [2.0 ** -0.5, 2.0 ** -1.5, 2.0 ** -2.5, 2.0 ** -3.5]
+
+
+def test_bias_alibi_is_minus_slope_times_distance_both_ways():
+    """ALiBi's block is -slope_h * |q_pos - k_pos| (so -slope_h * (q_pos - k_pos) where a causal mask keeps k <= q)."""
+    bias = Bias("alibi", torch.tensor([0.5, 0.25], dtype=torch.float64))
+    block = bias.at(torch.tensor([3, 7]), torch.tensor([0, 5, 9])).dense(torch.float64)
+    assert block.shape == (1, 2, 2, 3)
+    assert block[0, 0].tolist() == [[-1.5, -1.0, -3.0], [-3.5, -1.0, -1.0]]
+    assert block[0, 1].tolist() == [[-0.75, -0.5, -1.5], [-1.75, -0.5, -0.5]]
+
+
+@pytest.mark.parametrize("kind, shape", [("1hss", (1, 4, 64, 64)), ("bhss", (2, 4, 64, 64)), ("11ss", (1, 1, 64, 64)),
+                                         ("111s", (1, 1, 1, 64)), ("b1ss", (2, 1, 64, 64))])
+def test_bias_learnable_shapes_are_transformer_engines(kind, shape):
+    assert bias_tensor_shape(kind, 2, 4, 64) == shape
+    assert set(BIAS_SHAPES) == {"1hss", "bhss", "11ss", "111s", "b1ss"}
+
+
+def test_bias_is_in_the_case_id_and_unbiased_ids_stay_what_they_were():
+    plain, alibi, learned = spec(), spec(bias="alibi"), spec(bias="1hss")
+    assert len({plain.case_id(), alibi.case_id(), learned.case_id()}) == 3
+    assert plain.to_dict()["bias"] == ""
+    # Left out of the id at its default, so records written before the field keep their ids.
+    without = {k: v for k, v in plain.to_dict().items() if k != "bias"}
+    assert CaseSpec.from_dict(without).case_id() == plain.case_id()
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(bias="1hs"), r"^bias '1hs' is not one ringbench takes: alibi, or a learnable tensor of one of "
+                       r"TransformerEngine's post-scale shapes 1hss, bhss, 11ss, 111s or b1ss \(b batch, h heads, "
+                       r"s seqlen, 1 broadcast\); pass --bias with one of them$"),
+    (dict(bias="1hss", kernel="cpu"), r"^the cpu kernel cannot take bias 1hss \(ringbench calls it without an additive "
+                                      r"score bias\); pass --kernel with one of math or auto$"),
+    (dict(bias="alibi", variant="zigzag_varlen", docs="32,32"),
+     r"^zigzag_varlen cannot take bias alibi, since only ringbench's batch engines add a bias block by block; use one "
+     r"of ring, zigzag, stripe, llama3, ulysses, usp$"),
+    (dict(bias="alibi", hf_model="llama-tiny"), r"^bias alibi does not go with hf_model llama-tiny, whose layers fix "
+                                                r"their own scores; drop --bias$"),
+    (dict(bias="bhss", seqlen=65536), r"^seqlen 65536 is above 32768 tokens, the longest sequence over which a "
+                                      r"learnable bias bhss is held as a dense"),
+])
+def test_bias_refusals_name_the_value_and_the_rule(fields, message):
+    with pytest.raises(SpecError, match=message):
+        spec(**fields)
+
+
+def test_bias_taken_by_the_batch_engines_only():
+    takers = sorted(n for n, v in VARIANTS.items() if "bias" in v.options)
+    assert takers == sorted(["ring", "zigzag", "stripe", "llama3", "ulysses", "usp"])
+    assert [n for n, k in KERNELS.items() if k.takes_bias] == ["math"]
+
+
+@pytest.mark.parametrize("args, value", [
+    (("--kernel", "cpu", "--bias", "1hss"), "the cpu kernel cannot take bias 1hss"),
+    (("--kernel", "math", "--bias", "bhs1"), "bias 'bhs1' is not one ringbench takes"),
+    (("--kernel", "math", "--bias", "alibi", "--variant", "rfa_ring"), "rfa_ring cannot take bias alibi"),
+])
+def test_bias_refused_on_the_command_line_with_exit_2(tmp_path, args, value):
+    proc = ringbench("verify", "--device", "cpu", "--variant", "ring", "--world-size", "2", "--seqlen", "64",
+                     "--head-dim", "16", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert value in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_bias_auto_kernel_resolves_to_math_on_cpu():
+    from ringbench.case.spec import resolve
+
+    assert resolve(spec(kernel="auto", bias="alibi")).kernel == "math"
+
+
+@pytest.mark.parametrize("bias", ["alibi", "11ss"])
+def test_bias_world_size_1_in_process(solo_group, bias):
+    """verify_case at world size 1 on a gloo group of one: every check passes, dbias among them for a learnable bias."""
+    fields = check.verify_case(spec("zigzag", 1, bias=bias), device=torch.device("cpu"), group=solo_group)
+    assert fields["status"] == "ok", fields["reason"]
+    names = [c["tensor"] for c in fields["checks"]]
+    assert names == ["out", "lse", "dq", "dk", "dv", *(["dbias"] if bias != "alibi" else [])]
+
+
+def test_bias_predict_refuses_it_in_one_sentence(tmp_path):
+    proc = ringbench("predict", "--variant", "zigzag", "--seqlen", "16k", "--bias", "alibi", "--gpu", "H200",
+                     "--world-size", "2", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == ("bias alibi is not priced by the model yet (only the math kernel takes a bias, and "
+                                   "no calibration rates it); predict the case without --bias, or measure the bias "
+                                   "with ringbench run")
