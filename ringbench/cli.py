@@ -356,9 +356,9 @@ def variants_command(
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows))
         raise typer.Exit(EXIT_OK)
     table = compact_table(f"ringbench variants (here: {device})")
-    # Names and verdicts never wrap; layouts and kernels wrap between names on a narrow terminal, and
+    # Names, masks and verdicts never wrap; layouts and kernels wrap between names on a narrow terminal, and
     # where that is not enough the table abbreviates known names, with a legend (formatting.FitTable).
-    for header, wrap in (("variant", False), ("layout", True), ("form", False), ("mask", True),
+    for header, wrap in (("variant", False), ("layout", True), ("form", False), ("mask", False),
                          ("kernels", True), ("here", False)):
         table.add_column(header, no_wrap=not wrap)
     reasons: dict[str, int] = {}  # one note per distinct reason

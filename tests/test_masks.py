@@ -180,13 +180,13 @@ def test_masks_plain_ones_are_the_plain_cases_and_the_others_set_causal_false():
 
 def test_masks_fields_refuse_contradictions_before_torch_loads():
     """The field's and the variant's rules answer without torch: a mask beside --window, a mask that does
-    not fit the seqlen, a varlen variant, a bad family."""
+    not fit the seqlen, a peer, a bad family."""
     code = """
 import sys
 from ringbench.case.spec import check_fields
 for given in ({"variant": "ring", "mask": "prefix:40", "window": 8, "seqlen": 256, "world_size": 2},
               {"variant": "ring", "mask": "prefix:300", "seqlen": 256, "world_size": 2},
-              {"variant": "ring_varlen", "mask": "chunked:8", "seqlen": 256, "world_size": 2},
+              {"variant": "rfa_llama3_varlen", "mask": "chunked:8", "seqlen": 256, "world_size": 2},
               {"mask": "bogus"}):
     try:
         check_fields(given)
@@ -199,7 +199,7 @@ print("torch" in sys.modules)
     assert len(out) == 5 and all(line.startswith("SpecError ") for line in out[:4]), out
     assert "--window L is the short form of --mask window:L" in out[0]
     assert "not shorter than seqlen 256" in out[1]
-    assert "ring_varlen cannot take mask chunked:8" in out[2]
+    assert "rfa_llama3_varlen cannot take mask chunked:8" in out[2]
     assert "mask 'bogus' is not a mask ringbench knows" in out[3]
     with pytest.raises(SpecError, match="mask prefix:40 says alone which keys each query sees"):
         from ringbench.case.options import check_given
@@ -343,7 +343,7 @@ def test_masks_sink_references_are_masked_attention_with_a_sink_column_written_a
 
 def test_masks_take_a_sink_and_a_value_head_dim_on_every_batch_engine():
     """A sink (learnable or off-by-one) and head_dim_v beside any mask pass the spec's rules on the six batch
-    engines; packed documents still refuse the mask, sink or not."""
+    engines, and on the varlen ones with packed documents (the mask inside each document)."""
     from ringbench.case.spec import validate
 
     for variant in ("ring", "zigzag", "stripe", "llama3", "ulysses", "usp"):
@@ -352,9 +352,11 @@ def test_masks_take_a_sink_and_a_value_head_dim_on_every_batch_engine():
                                         kernel="math")), visible_gpus=0)
     from ringbench.case.spec import check_fields
 
-    with pytest.raises(SpecError, match="ring_varlen cannot take mask prefix:40"):
-        check_fields({"variant": "ring_varlen", "mask": "prefix:40", "sink": "learnable", "seqlen": 256,
-                      "world_size": 2})
+    check_fields({"variant": "ring_varlen", "mask": "prefix:40", "sink": "learnable", "seqlen": 256,
+                  "world_size": 2})
+    for variant in ("ring_varlen", "zigzag_varlen", "llama3_varlen", "ulysses_varlen", "usp_varlen"):
+        validate(resolve_mask(_spec(variant=variant, mask="shared-prefix:28,answers=3", sink="learnable",
+                                    head_dim_v=8, kernel="math", docs="16,40,64,136")), visible_gpus=0)
 
 
 def test_masks_only_the_math_kernel_takes_one_and_auto_finds_it():

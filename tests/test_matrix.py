@@ -58,7 +58,12 @@ def test_cell_fields_change_one_thing_from_the_base():
     odd = mx.cell_fields(varlen, "odd", 2, "cpu")
     odd_docs = [int(d) for d in odd["docs"].split(",")]
     assert sum(odd_docs) == odd["seqlen"] and all(d % 2 for d in odd_docs)
-    assert "docs" not in mx.cell_fields(varlen, "causal", 2, "cpu")
+    # Its causal, full and window columns run with the documents too (causal is its packed cell), and a
+    # mask column applies the mask inside each document: the shared prompt's chosen so three answers fit.
+    assert mx.cell_fields(varlen, "causal", 2, "cpu") == mx.cell_fields(varlen, "packed", 2, "cpu")
+    assert mx.cell_fields(varlen, "full", 2, "cpu")["docs"] and mx.cell_fields(varlen, "window", 2, "cpu")["docs"]
+    shared = mx.cell_fields(varlen, "shared_prefix", 2, "cpu")
+    assert shared["mask"] == "shared-prefix:65,answers=3" and shared["docs"] == "64,16,128,48"
 
 
 def test_window_and_mla_columns_carry_their_case_fields():
@@ -91,8 +96,9 @@ def test_build_grid_refuses_per_cell_in_the_implementations_own_words():
     packed = grid.cell("ring", 2, "packed")
     assert "ring is a batch variant and takes no documents" in packed.refusal
     assert packed.case is not None and packed.case.docs  # its skipped record holds the documents
-    assert "attends packed documents, but the case has none" in grid.cell("ring_varlen", 2, "causal").refusal
+    assert grid.cell("ring_varlen", 2, "causal") is grid.cell("ring_varlen", 2, "packed")  # one case, with documents
     assert grid.cell("ring_varlen", 2, "packed").refusal is None
+    assert all(grid.cell("ring_varlen", 2, k).refusal is None for k in ("full", "window", "two_sided", "prefix", "shared_prefix", "chunked", "global"))
     assert "torch_cp cannot run on cpu" in grid.cell("torch_cp", 2, "fp16").refusal
     assert "does not support non-causal" in grid.cell("torch_cp", 2, "full").refusal
     window = grid.cell("ring", 2, "window")

@@ -275,6 +275,8 @@ _OWN: dict[str, Option] = {"sink": SINK, "window": WINDOW}
 #: What their batch forms take besides: any mask (``engines/masks.py``) and an attention bias
 #: (``kernels.common.Bias``), block by block.
 _BATCH: dict[str, Option] = {**_OWN, "mask": MASK, "bias": BIAS}
+#: And their varlen forms: any mask, applied inside each packed document (``masks.documents``); no bias.
+_VARLEN: dict[str, Option] = {**_OWN, "mask": MASK}
 
 VARIANTS: dict[str, Variant] = {
     v.name: v
@@ -294,27 +296,27 @@ VARIANTS: dict[str, Variant] = {
                 emulates=True),
         Variant("ring_varlen", "contiguous", "engines.ring_varlen:ring_varlen_attention",
                 "packed documents, each cut into W chunks, basic ring", varlen=True, shard_by_document=True,
-                options=_OWN, emulates=True),
+                options=_VARLEN, emulates=True),
         Variant("zigzag_varlen", "zigzag", "engines.ring_varlen:zigzag_varlen_attention",
                 "packed documents, each in the zigzag layout, ring balanced under a causal mask",
-                varlen=True, shard_by_document=True, options=_OWN, emulates=True),
+                varlen=True, shard_by_document=True, options=_VARLEN, emulates=True),
         Variant("llama3_varlen", "contiguous", "engines.llama3_varlen:llama3_varlen_attention",
                 "packed documents, contiguous row (or balanced: each document cut head-tail), all-gather K/V; "
                 "any document boundaries", varlen=True,
-                options={**_OWN, "layout": layouts("contiguous", "balanced"), "heads_k_stride": HEADS_K_STRIDE},
+                options={**_VARLEN, "layout": layouts("contiguous", "balanced"), "heads_k_stride": HEADS_K_STRIDE},
                 emulates=True),
         Variant("ulysses", "contiguous", "engines.ulysses:ulysses_attention",
                 "DeepSpeed-Ulysses: all-to-all from sequence to head sharding, the kernel over the whole "
                 "sequence for H/W heads, all-to-all back", ulysses="world", options=_BATCH, emulates=True),
         Variant("ulysses_varlen", "contiguous", "engines.ulysses:ulysses_varlen_attention",
                 "packed documents, contiguous row, Ulysses all-to-all; the kernel takes the global "
-                "cu_seqlens, any document boundaries", varlen=True, ulysses="world", options=_OWN, emulates=True),
+                "cu_seqlens, any document boundaries", varlen=True, ulysses="world", options=_VARLEN, emulates=True),
         Variant("usp", "zigzag", "engines.usp:usp_attention",
                 "USP: Ulysses inside groups of --ulysses-degree ranks, a zigzag ring across the groups",
                 options={**_BATCH, "ulysses_degree": ULYSSES_DEGREE}, ulysses="option", emulates=True),
         Variant("usp_varlen", "zigzag", "engines.usp:usp_varlen_attention",
                 "packed documents, each in the zigzag layout over the ring, Ulysses inside groups of "
-                "--ulysses-degree ranks", varlen=True, shard_by_document=True, options={**_OWN, "ulysses_degree": ULYSSES_DEGREE},
+                "--ulysses-degree ranks", varlen=True, shard_by_document=True, options={**_VARLEN, "ulysses_degree": ULYSSES_DEGREE},
                 ulysses="option", emulates=True),
         Variant("torch_cp", "zigzag", "peers.torch_cp:torch_cp_attention",
                 "peer: PyTorch's context_parallel around SDPA (head-tail balancing, all-gather or all-to-all "
@@ -380,6 +382,9 @@ TESTING_VARIANTS: dict[str, Variant] = {
         Variant("mask_local_only", "contiguous", "fixtures.broken:mask_local_only_attention",
                 "test only: a ring whose mask cuts only its own K/V's blocks and takes received blocks as full",
                 options={"mask": MASK}),
+        Variant("mask_not_rebased", "contiguous", "fixtures.broken:mask_not_rebased_attention",
+                "test only: ring_varlen whose mask is laid over the packed row, cut at the documents but not "
+                "re-based to each one's start", varlen=True, shard_by_document=True, options={"mask": MASK}),
         Variant("bias_local_only", "contiguous", "fixtures.broken:bias_local_only_attention",
                 "test only: a ring whose calls on received K/V blocks take no bias", options={"bias": BIAS, "mask": MASK}),
         Variant("dbias_unreduced", "contiguous", "fixtures.broken:dbias_unreduced_attention",

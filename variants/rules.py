@@ -268,6 +268,8 @@ class MaskOption(Option):
     """``mask``: any mask of ``engines/masks.py`` (its canonical text), by the rule that needs the
     case: a seqlen it fits. A sink composes with any mask (it joins each row once, after the
     row's last merge, whatever the mask left in it), as does ``head_dim_v``.
+    A varlen variant applies it inside each packed document (``masks.documents``), by the
+    documents' rule (:func:`masks.document_rule`, asked where the case's ``docs`` are given).
     ``causal``, ``full`` and ``window:L`` ask nothing beyond the plain fields they are written as
     (the harness's ``resolve_mask``), so every variant takes them. A mask beside a window is
     :func:`mask_window_rule`'s, for every variant."""
@@ -278,6 +280,11 @@ class MaskOption(Option):
     def check(self, variant, value, case):
         if not value:
             return None
+        if variant.varlen:
+            # Applied per document: the rule is the documents' (masks.document_rule), which the
+            # harness asks once it has them; the seqlen alone refuses nothing.
+            docs = case.get("docs")
+            return masks.document_rule(masks.parse(value), docs) if docs else None
         seqlen = case.get("seqlen")
         return masks.rule(masks.parse(value), seqlen) if seqlen else None
 
@@ -311,7 +318,7 @@ ULYSSES_DEGREE = UlyssesDegree("ulysses_degree", lambda v, value, takers: (
 WINDOW = Window("window", lambda v, value, takers: (
     f"{v.name} cannot take a sliding window (--window {value}); use one of {', '.join(takers)}"))
 MASK = MaskOption("mask", lambda v, value, takers: (
-    f"{v.name} cannot take mask {masks.label(value)}, since only ringbench's batch engines cut their blocks by a "
+    f"{v.name} cannot take mask {masks.label(value)}, since only ringbench's own engines cut their blocks by a "
     f"mask; use one of {', '.join(takers)}"), unset="")
 
 BIAS = Option("bias", lambda v, value, takers: (

@@ -548,8 +548,10 @@ class CaseSpec:
                     "(causal inside chunks of C tokens); global:G,window:L (causal: the first G tokens and the last "
                     "L keys); or slices:q0,q1,k0,k1,type;... (MagiAttention's slices, type full, causal, inv-causal "
                     "or bi-causal). causal, full and window:L are written as --causal, --no-causal and --window; "
-                    "the others set causal false (the mask alone decides) and take no --causal or --window; FLOPs "
-                    "count the unmasked pairs; on the math kernel", "", "", default_text="the mask of --causal and "
+                    "the others set causal false (the mask alone decides) and take no --causal or --window; with "
+                    "--docs (the varlen variants) it applies inside each document, positions from 0 (slices: over "
+                    "the packed row, cut at the documents); FLOPs count the unmasked pairs; on the math kernel",
+                    "", "", default_text="the mask of --causal and "
                     "--window", optional=True, parse=MASK, check=_if_set(lambda name, value: parse_mask(value)),
                     repeatable=True, file_option="--mask-file", file_parse=MASK_FILE,
                     file_help="Read the mask from a file of slices, one a line: q_start q_end k_start k_end type "

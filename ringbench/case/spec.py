@@ -450,6 +450,11 @@ def _check_padding(given: Mapping[str, Any]) -> None:
         why = "--doc-dist draws documents that fill seqlen" if given.get("doc_dist") else "the case has none"
         raise SpecError(f"doc_pad {pad} pads the documents --docs gives, but {why}; pass --docs with "
                         "the real lengths, or drop --doc-pad")
+    mask = given.get("mask") or ""
+    if mask and masks.plain_fields(mask) is None:
+        raise SpecError(f"doc_pad {pad} needs the causal mask, which keeps every real token from the padding at its "
+                        f"document's end, and mask {masks.label(mask)} decides alone which keys each query sees; "
+                        "drop --doc-pad (the mask applies inside each document of --docs as given)")
     if given.get("causal", True) is False:
         raise SpecError(f"doc_pad {pad} needs the causal mask, which keeps every real token from the "
                         "padding at its document's end (ringbench's kernels take no key mask); pass --causal or "
@@ -635,6 +640,10 @@ def _check_docs(spec: CaseSpec, variant) -> None:
     reason = variant.check_docs(docs, spec.world_size)
     if reason:
         raise SpecError(reason)
+    if spec.mask and "mask" in variant.options:  # applied per document: the documents' rule
+        reason = variant.options["mask"].check(variant, spec.mask, {"docs": docs, "layout": spec.layout})
+        if reason:
+            raise SpecError(reason)
 
 
 def launch_world_size(case) -> int:

@@ -124,6 +124,8 @@ def pairs_per_rank(spec) -> list[int] | None:
     if variant.varlen and docs is None:
         return None
     if getattr(spec, "mask", ""):
+        if docs is not None:
+            return _document_masked_pairs(spec, variant, layout_of(spec, variant), docs)
         return _masked_pairs(spec, variant, layout_of(spec, variant))
     runs = rank_runs(spec.variant, layout_of(spec, variant), spec.seqlen, spec.world_size, docs)
     if runs is None:
@@ -163,13 +165,44 @@ def _masked_pairs(spec, variant, layout: str) -> list | None:
     return [_share(spec.batch * sum(mask.pairs(run, keys) for run in ring[g // degree]), degree) for g in range(W)]
 
 
+def _document_masked_pairs(spec, variant, layout: str, docs: list[int]) -> list | None:
+    """Pairs of each rank's queries under ``spec.mask`` applied inside each of the packed documents
+    ``docs`` (``masks.documents``): each rank's runs of positions within their documents
+    (:func:`rank_runs`; usp_varlen's over its ring, shared by the Ulysses degree), moved to their
+    place in the packed row, against every key."""
+    W, S = spec.world_size, sum(docs)
+    try:
+        mask = masks.documents(spec.mask, tuple(docs))
+    except ValueError:
+        return None
+    if variant.ulysses == "world":
+        return [_share(mask.area(), W)] * W
+    degree = spec.ulysses_degree if variant.ulysses == "option" and spec.ulysses_degree > 0 else 1
+    runs = rank_runs(spec.variant, layout, S, W // degree, docs)
+    if runs is None:
+        return None
+    at = [0]
+    for n in docs:
+        at.append(at[-1] + n)
+    keys = bands.Run(0, 0, 1, S)
+    per_doc = masks.by_document(mask)
+    ring = [sum(per_doc[run.doc].pairs(run._replace(start=run.start + at[run.doc]), keys) for run in mine)
+            for mine in runs]
+    return [_share(ring[g // degree], degree) for g in range(W)]
+
+
 def predicted_fields(spec) -> dict[str, Any]:
     """The record's ``predicted_pairs_per_rank`` and ``predicted_max_over_mean`` (``None`` both when
     :func:`pairs_per_rank` has none, and the ratio ``None`` when no rank has work); with a mask,
-    :data:`BY_LAYOUT` too (:func:`max_over_mean_by_layout`), absent from the other cases."""
+    :data:`BY_LAYOUT` too (:func:`max_over_mean_by_layout`), absent from the other cases; with a
+    mask over packed documents (a varlen variant) each layout's value is ``None``: the layouts it
+    compares cut one batch row, not documents."""
     pairs = pairs_per_rank(spec)
-    extra = {BY_LAYOUT: max_over_mean_by_layout(spec.mask, spec.seqlen, spec.world_size)} \
-        if getattr(spec, "mask", "") else {}
+    extra = {}
+    if getattr(spec, "mask", ""):
+        variant = VARIANTS.get(spec.variant)
+        extra = {BY_LAYOUT: dict.fromkeys(COMPARED) if variant is not None and variant.varlen
+                 else max_over_mean_by_layout(spec.mask, spec.seqlen, spec.world_size)}
     if pairs is None:
         return {**dict.fromkeys(FIELDS), **extra}
     return {"predicted_pairs_per_rank": pairs, "predicted_max_over_mean": _ratio(pairs), **extra}
@@ -227,7 +260,8 @@ def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causa
     which is the causal figure when ``w >= L``.
 
     Under a ``mask`` (its text, ``engines/masks.py``) only its unmasked pairs count:
-    ``4 * B * area * Hq * D``; ``pairs`` gives the pairs directly instead (a block's, such as one
+    ``4 * B * area * Hq * D``, with ``docs`` the area of the mask inside each document
+    (``masks.documents``); ``pairs`` gives the pairs directly instead (a block's, such as one
     rank's share under the mask), overriding the mask, the window and ``causal``.
 
     Raises:
@@ -235,7 +269,7 @@ def attention_flops(*, batch: int, seqlen: int, heads: int, head_dim: int, causa
     """
     head_dim = (head_dim + (head_dim_v or head_dim)) / 2
     if pairs is None and mask:
-        pairs = masks.build(mask, seqlen).area()
+        pairs = masks.over(mask, seqlen, docs).area()
     if pairs is not None:
         fwd = 4.0 * batch * pairs * heads * head_dim
         return _by_mode(fwd, mode)

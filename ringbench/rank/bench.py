@@ -291,7 +291,7 @@ def rank_calls(case: CaseSetup, inputs: tuple[torch.Tensor, ...], *, device: tor
 
     def reference() -> tuple:
         with torch.no_grad():
-            if ref_docs is not None:
+            if ref_docs is not None and not spec.mask:  # a mask holds the documents: the batch form
                 out, lse = kernel.forward_varlen(q, k, v, local_cu, local_cu, ref_max, ref_max, ref_causal, scale,
                                                  **ref_kw)
                 if backward:
@@ -308,11 +308,17 @@ def rank_calls(case: CaseSetup, inputs: tuple[torch.Tensor, ...], *, device: tor
 
 def reference_mask(case: CaseSetup, device) -> PositionMask:
     """The mask of a case's reference: ``spec.mask`` between the positions this rank holds (its share
-    of the sequence against itself, the same kernel call the variant's blocks are made of)."""
+    of the sequence against itself, the same kernel call the variant's blocks are made of); with
+    packed documents, the mask inside each of them over the packed row (``masks.documents``)."""
     spec = case.spec
-    held = layouts.token_index(case.layout, spec.seqlen, case.rank, case.world_size, device=device,
-                               ulysses_degree=case.ulysses_degree, mask=spec.mask)
-    return PositionMask(held, held, masks.build(spec.mask, spec.seqlen).allows, spec.mask)
+    if case.docs is not None:
+        held = layouts.varlen_token_index(layouts.cu_seqlens_from_docs(case.docs).tolist(), case.layout, case.rank,
+                                          case.world_size, by_document=case.variant.shard_by_document, device=device,
+                                          ulysses_degree=case.ulysses_degree)
+    else:
+        held = layouts.token_index(case.layout, spec.seqlen, case.rank, case.world_size, device=device,
+                                   ulysses_degree=case.ulysses_degree, mask=spec.mask)
+    return PositionMask(held, held, masks.over(spec.mask, spec.seqlen, case.docs).allows, spec.mask)
 
 
 @dataclass(frozen=True)

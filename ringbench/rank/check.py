@@ -340,6 +340,7 @@ class Placement:
         unshard: ``(parts, dim) -> global tensor`` from every rank's shard.
         extra: keyword arguments for the variant beyond its options (``cu_seqlens``).
         cu_seqlens: the global int32 offsets on the case's device, or ``None`` (batch form).
+        docs: the documents' lengths (those offsets' differences), or ``None``.
         watch: ``(source, watcher)`` ranks for :func:`cp_active` (the watcher's queries see
             some of the source's keys), or ``None`` when no rank sees another's keys.
         unwatched: why ``watch`` is ``None`` (one sentence, for the record's
@@ -358,7 +359,7 @@ class Placement:
             self.shard = lambda x, rank, dim=1: layouts.shard(x, layout, rank, world_size, dim=dim, ulysses_degree=u,
                                                               mask=m)
             self.unshard = lambda parts, dim=1: layouts.unshard(parts, layout, dim=dim, ulysses_degree=u, mask=m)
-            self.cu_seqlens, self.extra = None, {}
+            self.cu_seqlens, self.extra, self.docs = None, {}, None
             self.watch = (0, world_size - 1) if causal else (world_size - 1, 0)
             self.unwatched = ""
             if case.spec.window:
@@ -370,6 +371,7 @@ class Placement:
         self.cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
         self.extra = {"cu_seqlens": self.cu_seqlens}
         docs_cu = self.cu_seqlens.tolist()
+        self.docs = [b - a for a, b in zip(docs_cu, docs_cu[1:])]
         self.shard = lambda x, rank, dim=1: layouts.shard_varlen(x, docs_cu, layout, rank, world_size,
                                                                  by_document=by_doc, dim=dim, ulysses_degree=u)
         self.unshard = lambda parts, dim=1: layouts.unshard_varlen(parts, docs_cu, layout, by_document=by_doc,
@@ -381,6 +383,9 @@ class Placement:
         self.watch = None
         if case.spec.window:
             self._watch_window(docs_cu[-1], world_size, case.spec.window, docs_cu)
+            return
+        if case.spec.mask:
+            self._watch_mask(masks.documents(case.spec.mask, tuple(self.docs)), world_size)
             return
         # Any document whose first token (a key every query of the document sees) lives on
         # another rank than some of its queries gives a pair; prefer the widest one.
@@ -591,10 +596,11 @@ def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float,
                window: int | None = None, mask: str = "") -> Results:
     """out, lse, dq, dk, dv of ``kernel`` over the whole sequence on one device (varlen form
     over the whole packed row when the case has documents), under the case's sliding window or
-    its mask (``mask``, its text: the dense ``[S, S]`` block of its slices, causal then ignored)."""
+    its mask (``mask``, its text: the dense ``[S, S]`` block of its slices, causal then ignored;
+    with documents, the mask inside each of them over the packed row, in the batch form)."""
     q, k, v, dout = inputs
-    causal, kw = extras.row_keywords(causal, window, mask, q.shape[1], q.device)
-    if placement.cu_seqlens is None:
+    causal, kw = extras.row_keywords(causal, window, mask, q.shape[1], q.device, placement.docs)
+    if placement.cu_seqlens is None or mask:  # a mask holds the documents: the batch form over the packed row
         out, lse = kernel.forward(q, k, v, causal, scale, **kw)
         return Results(out, lse, *kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw))
     cu, n = placement.cu_seqlens, placement.max_seqlen()

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from ringbench.rank.setup import CaseSetup, Results
-from ringbench.variants.engines import layouts, masks
+from ringbench.variants.engines import layouts, masked, masks
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.kernels.common import Bias, PositionMask, window_band
 from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
@@ -78,24 +78,29 @@ def band_keywords(window: int | None) -> dict:
     return {"window": window_band(window)} if window else {}
 
 
-def row_keywords(causal: bool, window: int | None, mask: str, seqlen: int, device) -> tuple[bool, dict]:
+def row_keywords(causal: bool, window: int | None, mask: str, seqlen: int, device,
+                 docs: list[int] | None = None) -> tuple[bool, dict]:
     """The ``causal`` flag and kernel keywords of one call over a whole sequence of ``seqlen`` tokens
     under a case's window or mask: the window's band (:func:`band_keywords`), or the mask's dense
-    ``[seqlen, seqlen]`` block of every position, from the slices of ``masks.build`` (then
+    ``[seqlen, seqlen]`` block of every position, from the slices of ``masks.build`` (with packed
+    documents, ``masks.documents``: the mask inside each document, its positions re-based to 0,
+    and every cross-document pair masked, so the call is the batch form over the packed row; then
     ``causal`` is False: the mask alone decides). The one place verify's whole-row calls get either.
 
     Args:
         causal: the case's causal flag; window: its window in keys (0 or ``None``: none).
         mask: its mask's canonical text (``""``: none), taken by the mask-taking kernels (math).
         seqlen: the sequence's tokens; device: where the mask's positions live.
+        docs: the packed documents' lengths, or ``None`` (batch form).
 
     Raises:
-        ValueError: a mask ``masks.build`` refuses at ``seqlen``.
+        ValueError: a mask ``masks.build`` refuses at ``seqlen`` (``masks.documents`` at ``docs``).
     """
     if not mask:
         return causal, band_keywords(window)
     every = torch.arange(seqlen, device=device)
-    return False, {"mask": PositionMask(every, every, masks.build(mask, seqlen).allows, mask)}
+    built = masks.over(mask, seqlen, docs)
+    return False, {"mask": PositionMask(every, every, built.allows, mask, dense=masked.dense_mask(built, device))}
 
 
 def bias_keywords(bias: Bias | None, seqlen: int, device) -> dict:
@@ -115,7 +120,10 @@ def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: f
     float64 inputs); d sink ``[Hq]`` in the sink's dtype; with a learnable ``bias``, d bias in its
     values' shape and dtype."""
     q, k, v, dout = inputs
-    causal, kw = row_keywords(causal, window, mask, q.shape[1], q.device)
+    docs = None if cu_seqlens is None else [b - a for a, b in zip(cu_seqlens.tolist(), cu_seqlens.tolist()[1:])]
+    causal, kw = row_keywords(causal, window, mask, q.shape[1], q.device, docs if mask else None)
+    if mask:  # the documents are in the mask: the batch form over the packed row
+        cu_seqlens = None
     if bias is not None:
         bias = bias.with_values(bias.values.detach())
         kw = {**kw, **bias_keywords(bias, q.shape[1], q.device)}
@@ -157,7 +165,8 @@ def reference_fp64(inputs, real_docs: list[int] | None, causal: bool, scale: flo
             padding sits at a document's end, so a real token's window over the padded document
             holds the same real keys.
         mask: any mask's canonical text (``masks.py``; ``""``: none), as its dense boolean
-            ``[S, S]`` block over the batch form (then ``causal`` is ignored).
+            ``[S, S]`` block over the batch form (then ``causal`` is ignored); with ``real_docs``,
+            applied inside each document over the packed row (``masks.documents``).
         bias: the case's attention bias (``kernels.common.Bias``), or ``None``: added to the
             scores over every position, its gradient (a learnable one's) by autograd.
 
@@ -167,18 +176,17 @@ def reference_fp64(inputs, real_docs: list[int] | None, causal: bool, scale: flo
         requires grad, and d bias for a learnable bias.
 
     Raises:
-        ValueError: a mask beside documents (the masks are over one batch row), or one that
-            ``masks.build`` refuses at the sequence's length.
+        ValueError: a mask ``masks.build`` refuses at the sequence's length, or
+            ``masks.documents`` at the documents.
     """
-    if mask and real_docs is not None:
-        raise ValueError(f"mask {masks.label(mask)} has no reference over packed documents; pass real_docs=None")
     math = KERNELS["math"]
     q, k, v, dout = (x.double() for x in inputs)
     if keep is not None:
         q, k, v, dout = (x[:, keep] for x in (q, k, v, dout))
-    cu = layouts.cu_seqlens_from_docs(real_docs, device=q.device) if real_docs is not None else None
+    # With a mask the documents are in it (masks.documents): the batch form over the packed row.
+    cu = layouts.cu_seqlens_from_docs(real_docs, device=q.device) if real_docs is not None and not mask else None
     n = max(real_docs) if real_docs is not None else 0
-    causal, kw = row_keywords(causal, window, mask, q.shape[1], q.device)
+    causal, kw = row_keywords(causal, window, mask, q.shape[1], q.device, real_docs)
 
     def forward(q, k, v):
         if cu is None:

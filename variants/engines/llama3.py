@@ -16,6 +16,7 @@ Source: "The Llama 3 Herd of Models" (Meta, 2024), its context-parallelism part.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -53,8 +54,26 @@ def _gather_global(x: Tensor, group, world_size: int) -> tuple[Tensor, dist.Work
     return buf, work
 
 
-def _to_global(buf: Tensor, layout: str) -> Tensor:
+class Rows(NamedTuple):
+    """Where every rank's rows lie when no named layout says it (llama3_varlen's balanced layout under
+    a mask): the engine's ``layout`` argument in place of a layout's name.
+
+    Attributes:
+        tokens: every rank's global positions, int64 ``[S/W]`` each in local order (rank order).
+        order: int64 ``[S]``: the rank-major index of every global position (the gathered row's).
+        calls: this rank's kernel calls ``(local rows, key range, causal, kernel keywords)`` over
+            the gathered row in global order (``masked.gathered_blocks``).
+    """
+
+    tokens: tuple
+    order: Tensor
+    calls: tuple
+
+
+def _to_global(buf: Tensor, layout: "str | Rows") -> Tensor:
     """[W, B, S/W, H, D] rank-ordered shards → [B, S, H, D] in global token order."""
+    if isinstance(layout, Rows):
+        return buf.transpose(0, 1).flatten(1, 2).index_select(1, layout.order)
     return layouts.unshard(list(buf.unbind(0)), layout, dim=1)
 
 
@@ -64,7 +83,10 @@ def reduce_scatter_shards(full: Tensor, layout: str, group) -> Tensor:
     Used for the float32 key gradients, which every rank holds for the whole sequence.
     """
     world_size = emulation.rank_and_size(group)[1]
-    shards = torch.cat([layouts.shard(full, layout, r, world_size) for r in range(world_size)])
+    if isinstance(layout, Rows):  # rank-major: every rank's positions in its local order
+        shards = torch.cat([full.index_select(1, t) for t in layout.tokens])
+    else:
+        shards = torch.cat([layouts.shard(full, layout, r, world_size) for r in range(world_size)])
     part = torch.empty_like(shards[: shards.shape[0] // world_size])
     with timeline.span("comm"):
         comm.reduce_scatter_tensor(part, shards, group=group)
@@ -122,6 +144,8 @@ def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local:
     empty ones skipped, each run of neighbouring ones in one call (``masked.gathered_blocks``,
     built once per rank and shape and kept).
     """
+    if isinstance(layout, Rows):
+        return layout.calls
     if mask is not None:
         return _masked_blocks(mask, layout, rank, world_size, seqlen_local, torch.device(device or "cpu"))
     if not causal:
@@ -195,7 +219,9 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
                                     **_bias_kw(bias, rank, rows, keys, qh, kw))
             if seen is not None:
                 seen.dq_block(rows, qh, g[0])
-                seen.gathered_dkv(layouts.every_rank_tokens(layout, kg.shape[1], world_size, k.device), keys, hs,
+                tokens = list(layout.tokens) if isinstance(layout, Rows) else \
+                    layouts.every_rank_tokens(layout, kg.shape[1], world_size, k.device)
+                seen.gathered_dkv(tokens, keys, hs,
                                   g[1], g[2])
             with timeline.span("merge"):  # one launch on CUDA, in place into the float32 sums
                 add_steps([(dq[:, :, qh], rows, g[0], acc, None, None), (dkg, keys, g[1], acc, None, None),

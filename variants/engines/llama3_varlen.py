@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import balanced, layouts
+from . import balanced, layouts, masks
 from ..instruments import emulation, observe, timeline
 from ..kernels.common import accumulation_dtype, window_band
 from ..kernels import Kernel, as_kernel
@@ -234,7 +234,8 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
                             softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                             kernel: Kernel | str = "auto", cu_seqlens: "Tensor | Documents | None" = None,
                             heads_k_stride: int | None = None, sink: Tensor | None = None,
-                            layout: str = "contiguous", window: int | None = None) -> tuple[Tensor, Tensor]:
+                            layout: str = "contiguous", window: int | None = None,
+                            mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document by gathering K/V, the row cut contiguously.
 
     Args:
@@ -257,6 +258,10 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
             "balanced", rank, W, by_document=False)``), equal causal work per rank.
         window: a causal sliding window of this many keys within each document (query p sees
             keys p - window + 1 .. p), or ``None``.
+        mask: any mask of ``masks.py``, applied inside each document (``masks.documents``): the
+            calls are then the batch ``llama3``'s under the mask over the packed row
+            (``masked.gathered_blocks``: the gathered key chunks the mask leaves, cross-document
+            ones empty), over either layout; ``causal`` is ignored.
 
     Returns:
         ``out`` ``[1, S/W, Hq, D]`` in q's dtype; ``lse`` float32 ``[1, Hq, S/W]`` (float64 for
@@ -280,6 +285,10 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
         raise ValueError(f"{prefix} layout {layout!r} is not one llama3_varlen takes; choose one of "
                          f"{', '.join(LAYOUTS)}")
     check_window(window, causal, f"{prefix} ")
+    if mask:
+        return _masked(q, k, v, softmax_scale=softmax_scale, group=group, kernel=kernel, cu_seqlens=cu_seqlens,
+                       heads_k_stride=heads_k_stride, sink=sink, layout=layout, window=window, mask=mask,
+                       prefix=prefix)
     stride = head_group_stride(heads_k_stride, k.shape[2], prefix=f"{prefix} ")
     try:
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
@@ -296,3 +305,55 @@ def llama3_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return GatheredAttention.apply(q, k, v, sink, None, None, _forward, _backward, causal, scale, group, kernel, stride,
                                    pieces)
+
+
+def _masked(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, group, kernel, cu_seqlens, heads_k_stride, sink,
+            layout: str, window, mask: str, prefix: str) -> tuple[Tensor, Tensor]:
+    """llama3_varlen under a mask applied per document over the packed row (``masks.documents``), by the
+    batch engine's gathered calls: the contiguous row is the batch ``llama3``'s contiguous one; the
+    balanced row's local chunks (each document's head-tail pieces) meet the gathered row reordered to
+    global order (``llama3.Rows``), cut in key chunks the mask classifies (``masked.gathered_blocks``)."""
+    from . import llama3, masked
+
+    rank, world_size = emulation.rank_and_size(group)
+    documents = prepare(cu_seqlens, q.shape[1], group)
+    built = masked.as_mask(mask, q.shape[1] * world_size, window=window, docs=documents.lengths,
+                           prefix=f"{prefix} ")
+    if layout == "contiguous":
+        return llama3.llama3_attention(q, k, v, causal=False, softmax_scale=softmax_scale, group=group,
+                                       kernel=kernel, heads_k_stride=heads_k_stride, layout="contiguous", sink=sink,
+                                       mask=built)
+    stride = head_group_stride(heads_k_stride, k.shape[2], prefix=f"{prefix} ")
+    try:
+        kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
+                           mask=masks.label(built.text))
+    except ValueError as exc:
+        raise ValueError(f"{prefix} {exc}") from None
+    rows = documents.schedule(("llama3_varlen", layout, rank, world_size, built, str(q.device)),
+                              lambda: balanced_rows(list(documents.offsets), rank, world_size, built, q.device))
+    if sink is not None:
+        check_sink(sink, q.shape[2], f"{prefix} ")
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    return GatheredAttention.apply(q, k, v, sink, None, None, llama3._forward, llama3._backward, False, scale, group,
+                                   kernel, stride, rows, None, built)
+
+
+def balanced_rows(offsets: list[int], rank: int, world_size: int, mask, device=None):
+    """The balanced layout's rows for the batch engine under ``mask`` (``llama3.Rows``): every rank's
+    positions (``layouts.varlen_token_index``), the gathered row's order, and this rank's calls: its
+    local runs of consecutive positions against the gathered row in key chunks of ``S / 2W``."""
+    from . import llama3, masked
+
+    total = offsets[-1]
+    tokens = tuple(layouts.varlen_token_index(offsets, balanced.NAME, r, world_size, by_document=False,
+                                              device=device) for r in range(world_size))
+    order = torch.empty(total, dtype=torch.int64, device=device)
+    order[torch.cat(tokens)] = torch.arange(total, device=device)
+    held = tokens[rank].tolist()
+    chunks, at = [], 0
+    for i in range(1, len(held) + 1):
+        if i == len(held) or held[i] != held[i - 1] + 1:
+            chunks.append((slice(at, i), held[at], i - at))
+            at = i
+    calls = masked.gathered_blocks(mask, chunks, max(1, total // (2 * world_size)), total, device)
+    return llama3.Rows(tokens, order, tuple(calls))

@@ -12,6 +12,11 @@ pair of the block from the runs alone (``masks.Mask.classify``, no torch):
   the mask-taking kernels take (``Kernel.takes_mask``: math, whose dense block is built on the
   first call and kept).
 
+With packed documents the mask is ``masks.documents``' (``Mask.docs`` set, no slice crossing a
+document), and every rank's rows are each document's runs in the layout, moved to the document's
+place in the packed row (:func:`layout_runs`): a block of two documents is empty, skipped before
+it is classified.
+
 In the ring engine each step's parts go through ``window.attend`` as a window's do, and the
 forward ring ends after the last step some rank needs (``window.RingParts.n_steps``), so K/V
 that every remaining step would mask are neither sent nor waited on. The steps of a case are
@@ -34,20 +39,23 @@ from .window import RingParts
 Tensor = torch.Tensor
 
 
-def as_mask(mask: "str | masks.Mask | None", seqlen: int, *, window: int | None = None, docs: bool = False,
-            prefix: str = "") -> "masks.Mask | None":
+def as_mask(mask: "str | masks.Mask | None", seqlen: int, *, window: int | None = None,
+            docs: "Sequence[int] | None" = None, prefix: str = "") -> "masks.Mask | None":
     """A variant's ``mask`` keyword as the ``masks.Mask`` over ``seqlen`` global tokens (text is
-    built, and kept, by ``masks.build``), or ``None`` for none.
+    built, and kept, by ``masks.build``; with packed documents, ``docs`` their global lengths, by
+    ``masks.documents``: per document over the packed row), or ``None`` for none.
 
     Raises:
-        ValueError: (starting with ``prefix``) a malformed mask, one for another seqlen or one the
-            seqlen cannot take, a mask with a window (``--window`` is the short form of
-            ``window:L``) or with packed documents.
+        ValueError: (starting with ``prefix``) a malformed mask, one for another seqlen or other
+            documents, one the seqlen or the documents cannot take, or a mask with a window
+            (``--window`` is the short form of ``window:L``).
     """
     if mask is None or mask == "":
         return None
+    docs = None if docs is None else tuple(int(n) for n in docs)
     try:
-        mask = masks.build(mask, seqlen) if isinstance(mask, str) else mask
+        if isinstance(mask, str):
+            mask = masks.build(mask, seqlen) if docs is None else masks.documents(mask, docs)
     except ValueError as exc:
         raise ValueError(f"{prefix}{exc}") from None
     if mask.seqlen != seqlen:
@@ -56,8 +64,11 @@ def as_mask(mask: "str | masks.Mask | None", seqlen: int, *, window: int | None 
     if window is not None:
         raise ValueError(f"{prefix}a mask and a window do not go together (window={window} is the mask "
                          f"window:{window}); pass one of them")
-    if docs:
-        raise ValueError(f"{prefix}mask {mask.text} does not go with packed documents yet; use a batch variant")
+    if docs is not None and docs != mask.docs:  # a built mask given alone is taken as built
+        given = f"documents {','.join(map(str, docs))}" if docs else "no documents"
+        built = f"documents {','.join(map(str, mask.docs))}" if mask.docs else "one batch row"
+        raise ValueError(f"{prefix}mask {masks.label(mask.text)} was built over {built}, but the call has {given}; "
+                         "pass its text, or build it with masks.documents over the call's documents")
     return mask
 
 
@@ -90,6 +101,20 @@ def position_mask(mask: masks.Mask, q: bands.Run, k: bands.Run, device=None) -> 
     return PositionMask(positions(q, device), positions(k, device), near.allows, mask.text)
 
 
+def dense_mask(mask: masks.Mask, device=None) -> Tensor:
+    """bool ``[S, S]``: which key each query of the whole sequence sees, ``mask.allows`` over every
+    position, built slice by slice inside each slice's rectangle (so a mask over many packed
+    documents costs about its documents' squares, not ``S^2`` per slice)."""
+    seen = torch.zeros(mask.seqlen, mask.seqlen, dtype=torch.bool, device=device)
+    for s in mask.slices:
+        if s.q0 >= s.q1 or s.k0 >= s.k1:
+            continue
+        q = torch.arange(s.q0, s.q1, device=device)[:, None]
+        k = torch.arange(s.k0, s.k1, device=device)[None, :]
+        seen[s.q0:s.q1, s.k0:s.k1] |= s.allows(q, k)
+    return seen
+
+
 def block_parts(mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[bands.Run], device=None, *,
                 build: bool = True, classify: Callable | None = None) -> tuple:
     """The parts of queries ``q_runs`` against keys ``k_runs`` under ``mask``: one per (query run, key
@@ -97,16 +122,22 @@ def block_parts(mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[
     part's class alone (``masks.FULL`` or ``masks.PARTIAL``), for another rank's steps.
     ``classify`` (default ``mask.classify``) is the fixtures' hook (``fixtures/broken.py``)."""
     found = []
-    for q in q_runs:
+    if mask.docs:  # no slice of a mask over documents crosses one: each query run meets its document's keys
+        per_doc, keys_of = masks.by_document(mask), {}
         for k in k_runs:
-            kind = (classify or mask.classify)(q, k)
-            if kind == masks.EMPTY:
-                continue
-            if not build:
-                found.append(kind)
-                continue
-            part_mask = None if kind == masks.FULL else position_mask(mask, q, k, device)
-            found.append(MaskPart((q.local, q.local + q.count), (k.local, k.local + k.count), part_mask))
+            keys_of.setdefault(k.doc, []).append(k)
+        pairs = [(q, k, per_doc[q.doc]) for q in q_runs for k in keys_of.get(q.doc, ())]
+    else:
+        pairs = [(q, k, mask) for q in q_runs for k in k_runs]
+    for q, k, near in pairs:
+        kind = classify(q, k) if classify else near.classify(q, k)
+        if kind == masks.EMPTY:
+            continue
+        if not build:
+            found.append(kind)
+            continue
+        part_mask = None if kind == masks.FULL else position_mask(near, q, k, device)
+        found.append(MaskPart((q.local, q.local + q.count), (k.local, k.local + k.count), part_mask))
     return tuple(found)
 
 
@@ -119,13 +150,21 @@ def _correct(mask, q_runs, k_runs, device, build, rank, source) -> tuple:
     return block_parts(mask, q_runs, k_runs, device, build=build)
 
 
-def layout_runs(mask: masks.Mask, layout: str, seqlen: int, world_size: int) -> list[list[bands.Run]]:
-    """Every rank's rows as runs of global positions: ``layout``'s (``bands.layout_runs``), or for
-    ``balanced`` the chunks the mask planner gives each rank (``mask_balance.default_plan``).
+def layout_runs(mask: "masks.Mask | None", layout: str, seqlen: int, world_size: int) -> list[list[bands.Run]]:
+    """Every rank's rows as runs of global positions: ``layout``'s (``bands.layout_runs``), for
+    ``balanced`` the chunks the mask planner gives each rank (``mask_balance.default_plan``), and
+    for a mask over packed documents (``mask.docs``) every document cut in ``layout`` on its own
+    (``bands.document_runs``), its runs moved to the document's place in the packed row.
 
     Raises:
         ValueError: a layout that cannot cut ``seqlen`` tokens over ``world_size`` ranks.
     """
+    if mask is not None and mask.docs:
+        at = [0]
+        for n in mask.docs:
+            at.append(at[-1] + n)
+        return [[run._replace(start=run.start + at[run.doc])
+                 for run in bands.document_runs(mask.docs, layout, r, world_size)] for r in range(world_size)]
     if layout == mask_balance.NAME:
         found = mask_balance.default_plan(mask, world_size)
         return [found.runs(r) for r in range(world_size)]

@@ -39,6 +39,13 @@ The families (``P``, ``C``, ``G``, ``L``, ``R`` token counts; sizes such as ``4k
   led by ``name=STEM;`` (the file's stem), which tables show (:func:`label`) and case_id leaves out
   (:func:`unnamed`).
 
+With packed documents (``--docs``, the varlen variants) a mask applies per document
+(:func:`documents`, issue 26): a family's slices over each document's own length, positions from 0,
+moved to the document's place in the packed row (a document shorter than the mask needs takes the
+mask as it falls inside it; :func:`document_rule` refuses only answers a document cannot split), a
+slices text cut at the document boundaries; either way one :class:`Mask` over the packed row whose
+slices never cross a document, so everything above serves it unchanged.
+
 Source: the slice representation is MagiAttention's (Tao et al., arXiv 2505.13211; its
 ``AttnSlice`` and mask types, docs/blog/magi_attn.md); the band algebra, the arithmetic over
 runs and the families' slices are ringbench's own.
@@ -46,6 +53,7 @@ runs and the families' slices are ringbench's own.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from pathlib import Path
@@ -182,11 +190,14 @@ def run_pairs(q: Run, k: Run, s: Slice) -> int:
 
 
 class Mask(NamedTuple):
-    """A mask over a sequence of ``seqlen`` tokens: slices that share no pair, and its text."""
+    """A mask over a sequence of ``seqlen`` tokens: slices that share no pair, and its text;
+    ``docs``: the lengths of the packed documents it was applied to, one by one (:func:`documents`),
+    empty for a mask over one batch row."""
 
     text: str
     seqlen: int
     slices: tuple[Slice, ...]
+    docs: tuple[int, ...] = ()
 
     def pairs(self, q: Run, k: Run) -> int:
         """The unmasked (query, key) pairs between the positions of runs ``q`` and ``k``."""
@@ -505,33 +516,154 @@ def build(text: str, seqlen: int) -> Mask:
 
 def _slices(text: str, seqlen: int) -> tuple[Slice, ...]:
     """The slices of mask ``text`` (canonical) over ``seqlen`` tokens, unchecked."""
-    S = seqlen
     if text.startswith("slices:"):
         return tuple(Slice.of_kind(*e) for e in _entries(text))
+    return tuple(_family_slices(text, seqlen))
+
+
+def _family_slices(text: str, S: int) -> list[Slice]:
+    """The slices of a named family's canonical ``text`` over ``S`` tokens, each parameter cut to
+    the sequence where it reaches past it (the rule of a packed document, :func:`documents`: a
+    prompt, a chunk or global tokens covering the whole document, a window's side reaching past
+    it). A shared prompt's answers must split evenly (:func:`document_rule`). For a sequence
+    :func:`rule` takes, no parameter reaches past it, so nothing is cut."""
     name, plain, keyed = _params(text)
     if name == "causal":
-        out = [Slice(0, S, 0, S, None, 0)]
-    elif name == "full":
-        out = [Slice(0, S, 0, S)]
-    elif name == "window":
-        out = [Slice(0, S, 0, S, -(plain[0] - 1), plain[1] if len(plain) == 2 else 0)]
-    elif name == "prefix":
-        p = plain[0]
-        out = [Slice(0, p, 0, p), Slice(p, S, 0, S, None, 0)]
-    elif name == "shared-prefix":
+        return [Slice(0, S, 0, S, None, 0)]
+    if name == "full":
+        return [Slice(0, S, 0, S)]
+    if name == "window":
+        return [Slice(0, S, 0, S, -(plain[0] - 1), plain[1] if len(plain) == 2 else 0)]
+    if name == "prefix":
+        p = min(plain[0], S)
+        return [Slice(0, p, 0, p)] + ([Slice(p, S, 0, S, None, 0)] if p < S else [])
+    if name == "shared-prefix":
         p, a = plain[0], keyed["answers"]
+        if p >= S:  # the prompt covers the whole document: causal
+            return [Slice(0, S, 0, S, None, 0)]
         n = (S - p) // a
         out = [Slice(0, p, 0, p, None, 0)]
         for i in range(a):
             s, e = p + i * n, p + (i + 1) * n
             out += [Slice(s, e, 0, p), Slice(s, e, s, e, None, 0)]
-    elif name == "chunked":
+        return out
+    if name == "chunked":
         c = plain[0]
-        out = [Slice(s, min(s + c, S), s, min(s + c, S), None, 0) for s in range(0, S, c)]
-    elif name == "global":
-        g, w = plain[0], keyed["window"]
-        out = [Slice(0, S, 0, g, None, 0), Slice(g, S, g, S, -(w - 1), 0)]
-    return tuple(out)
+        return [Slice(s, min(s + c, S), s, min(s + c, S), None, 0) for s in range(0, S, c)]
+    if name == "global":
+        g, w = min(plain[0], S), keyed["window"]
+        return [Slice(0, S, 0, g, None, 0)] + ([Slice(g, S, g, S, -(w - 1), 0)] if g < S else [])
+    raise ValueError(f"mask {text!r} is not a family ringbench knows; use {EXAMPLES}")
+
+
+def _shifted(s: Slice, by: int) -> Slice:
+    """Slice ``s`` moved ``by`` positions along both axes (its band, ``k - q``, unchanged)."""
+    return s._replace(q0=s.q0 + by, q1=s.q1 + by, k0=s.k0 + by, k1=s.k1 + by)
+
+
+def _offsets(docs: Sequence[int]) -> list[int]:
+    out = [0]
+    for n in docs:
+        out.append(out[-1] + n)
+    return out
+
+
+def document_rule(text: str, docs: Sequence[int]) -> str | None:
+    """Why mask ``text`` (canonical) cannot apply per document to packed documents of lengths
+    ``docs``, in one sentence with the fix, or ``None``.
+
+    A named family applies inside each document, its positions re-based to 0, each parameter cut
+    to the document where it reaches past it (:func:`_family_slices`): a prompt, chunk or global
+    tokens at least the document's length cover it whole (``prefix:P``: full attention within it;
+    ``chunked:C``, ``global:G``: causal), a window's side reaching past it has no edge there. The
+    one refusal: ``shared-prefix:P,answers=A`` needs every document longer than P to leave
+    tokens after its prompt that split into A equal answers. A slices text is absolute over the
+    packed row (:func:`rule` at the row's length), cut to the document blocks, and refused where
+    that leaves a query row no key.
+    """
+    total = sum(docs)
+    if text.startswith("slices:"):
+        reason = rule(text, total)
+        if reason:
+            return reason
+        gaps = blind_rows(_document_cut([Slice.of_kind(*e) for e in _entries(text)], docs), total)
+        if not gaps:
+            return None
+        a, b = gaps[0]
+        rows = f"row {a}" if b - a == 1 else f"rows {a} to {b - 1}"
+        return (f"mask {label(text)} over documents {','.join(map(str, docs))} gives query {rows} no key of its own "
+                "document (with --docs, slices are cut at the document boundaries and every query row must still "
+                "see a key); pass slices that give those rows a key inside their document")
+    name, plain, keyed = _params(text)
+    if name == "shared-prefix":
+        p, a = plain[0], keyed["answers"]
+        for i, n in enumerate(docs):
+            rest = n - p
+            if rest > 0 and (rest < a or rest % a):
+                return (f"mask {text} with --docs applies per document, and document {i} of {n} tokens leaves "
+                        f"{rest} tokens after its prompt of {p}, which do not split into {a} answers of equal "
+                        f"length; pass documents whose length minus {p} is a multiple of {a} (or at most {p}), "
+                        "or another P or A")
+    return None
+
+
+def _document_cut(slices: Sequence[Slice], docs: Sequence[int]) -> list[Slice]:
+    """``slices`` (absolute over the packed row) cut to the same-document blocks: each slice's
+    meet with every document's square, the empty ones left out."""
+    at = _offsets(docs)
+    out = []
+    for s in slices:
+        for a, b in zip(at, at[1:]):
+            if b > a and s.q0 < b and s.q1 > a and s.k0 < b and s.k1 > a:
+                m = s.meet(Slice(a, b, a, b))
+                if m.area():
+                    out.append(m)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def documents(text: str, docs: tuple[int, ...]) -> Mask:
+    """The mask ``text`` over packed documents of lengths ``docs``, as one :class:`Mask` over
+    the packed row (``seqlen`` their sum, ``docs`` set): a named family applied inside each
+    document, its positions re-based to 0 (:func:`document_rule` says how a document shorter
+    than the mask needs is taken), a slices text cut to the document blocks. No slice crosses
+    a document boundary, so every cross-document pair stays masked, and the area, the pairs of
+    any runs of packed positions and the predicate over them are the plain :class:`Mask`'s.
+
+    Raises:
+        ValueError: a malformed mask (:func:`parse`), or one the documents cannot take
+            (:func:`document_rule`).
+    """
+    text = parse(text)
+    docs = tuple(int(n) for n in docs)
+    reason = document_rule(text, docs)
+    if reason:
+        raise ValueError(reason)
+    if text.startswith("slices:"):
+        return Mask(text, sum(docs), tuple(_document_cut([Slice.of_kind(*e) for e in _entries(text)], docs)), docs)
+    out = []
+    for a, n in zip(_offsets(docs), docs):
+        if n:
+            out += [_shifted(s, a) for s in _family_slices(text, n) if s.area()]
+    return Mask(text, sum(docs), tuple(out), docs)
+
+
+@functools.lru_cache(maxsize=16)
+def by_document(mask: Mask) -> tuple[Mask, ...]:
+    """A mask over packed documents (:func:`documents`) as one mask per document, each holding only
+    that document's slices (over the same packed row): a block inside one document is counted and
+    classified against its few slices, not every document's."""
+    at = _offsets(mask.docs)
+    parts: list[list[Slice]] = [[] for _ in mask.docs]
+    for s in mask.slices:
+        parts[bisect.bisect_right(at, s.q0) - 1].append(s)
+    return tuple(mask._replace(slices=tuple(p)) for p in parts)
+
+
+def over(text: str, seqlen: int, docs: "Sequence[int] | None" = None) -> Mask:
+    """A case's mask: over the batch row of ``seqlen`` tokens (:func:`build`), or with packed
+    documents (``docs``, their lengths) per document over the packed row (:func:`documents`)."""
+    return build(text, seqlen) if docs is None else documents(text, tuple(docs))
 
 
 def plain_fields(text: str) -> dict | None:

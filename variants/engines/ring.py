@@ -525,9 +525,10 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     with ``doc_lengths``) instead of the plan: ``window.py``.
 
     With ``mask`` (``masks.py``: a mask's text such as ``prefix:512``, or a built ``masks.Mask``
-    over the global sequence; batch form only), the steps come from the same positions and the
-    mask (``masked.py``): empty blocks make no kernel call, full ones a plain call, partial ones a
-    call with the block's ``PositionMask``; ``causal`` is then ignored. ``mask_parts`` is for test
+    over the global sequence; with ``doc_lengths``, applied per document over the packed row,
+    ``masks.documents``), the steps come from the same positions and the mask (``masked.py``):
+    empty blocks (every cross-document block among them) make no kernel call, full ones a plain
+    call, partial ones a call with the block's ``PositionMask``; ``causal`` is then ignored. ``mask_parts`` is for test
     fixtures only (``masked.ring_steps``' ``parts``).
 
     With ``bias`` (a ``kernels.common.Bias`` over the global sequence; batch form only), every
@@ -545,13 +546,14 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
         ValueError: a kernel the call cannot run with (``kernels.as_kernel``): with
             ``doc_lengths`` one without a varlen form, with ``window`` one that takes none, with a
             mask one that takes no mask, the message starting ``[rank r/W]``; a window that is not
-            positive, or without ``causal``; a mask that is malformed, does not fit the sequence, or
-            comes with a window or documents.
+            positive, or without ``causal``; a mask that is malformed, does not fit the sequence or
+            the documents, or comes with a window.
     """
     rank, world_size = emulation.rank_and_size(group)
     prefix = f"[rank {rank}/{world_size}] "
     _window.check_window(window, causal, prefix)
-    mask = masked.as_mask(mask, q.shape[1] * world_size, window=window, docs=doc_lengths is not None, prefix=prefix)
+    mask = masked.as_mask(mask, q.shape[1] * world_size, window=window, prefix=prefix,
+                          docs=None if doc_lengths is None else [n * world_size for n in doc_lengths])
     try:
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
                            varlen=doc_lengths is not None, window=window is not None,

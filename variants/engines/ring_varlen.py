@@ -33,7 +33,7 @@ Tensor = torch.Tensor
 
 def _run(name: str, layout: str, plan: Plan, q: Tensor, k: Tensor, v: Tensor, *, causal: bool,
          softmax_scale: float | None, group, kernel, cu_seqlens: Tensor | None,
-         sink: Tensor | None, window: int | None = None) -> tuple[Tensor, Tensor]:
+         sink: Tensor | None, window: int | None = None, mask: "str | None" = None) -> tuple[Tensor, Tensor]:
     rank, world_size = emulation.rank_and_size(group)
     prefix = f"[rank {rank}/{world_size}]"
     if cu_seqlens is None:
@@ -48,6 +48,9 @@ def _run(name: str, layout: str, plan: Plan, q: Tensor, k: Tensor, v: Tensor, *,
     if reason:
         raise ValueError(f"{prefix} {reason}")
     lengths = [d // world_size for d in docs]
+    if mask:  # per document over the packed row; its steps are masked.ring_steps', kept there
+        return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel, plan=plan,
+                        doc_lengths=lengths, sink=sink, window=window, layout=layout, mask=mask)
     steps = None if window is not None else documents.schedule(  # a window builds its own steps
         (name, rank, world_size, causal, str(q.device)),
         lambda: VarlenSteps(plan, lengths, rank, world_size, causal, q.device))
@@ -58,7 +61,8 @@ def _run(name: str, layout: str, plan: Plan, q: Tensor, k: Tensor, v: Tensor, *,
 def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                           softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                           kernel: Kernel | str = "auto", cu_seqlens: "Tensor | Documents | None" = None,
-                          sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+                          sink: Tensor | None = None, window: int | None = None,
+                          mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document, each rank holding chunk ``rank`` of every document.
 
     Args:
@@ -70,6 +74,10 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tru
         sink: ``[Hq]`` sink logits, or ``None``, as in :func:`ring.ring_attention`.
         window: a causal sliding window of this many keys within each document, as in
             :func:`ring.ring_attention`.
+        mask: any mask of ``masks.py`` (``prefix:512``, ``chunked:8k``...), applied inside each
+            document, its positions re-based to 0 (``masks.documents``; a ``slices:`` text is
+            absolute over the packed row, cut at the document boundaries); blocks it leaves empty,
+            every cross-document one among them, make no kernel call; ``causal`` is then ignored.
 
     Returns:
         ``out`` ``[1, S/W, Hq, D]`` in q's dtype and layout, differentiable; ``lse`` float32
@@ -81,13 +89,14 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = Tru
             W (the message names the first), or a kernel without a varlen form.
     """
     return _run("ring_varlen", "contiguous", contiguous_plan, q, k, v, causal=causal, softmax_scale=softmax_scale,
-                group=group, kernel=kernel, cu_seqlens=cu_seqlens, sink=sink, window=window)
+                group=group, kernel=kernel, cu_seqlens=cu_seqlens, sink=sink, window=window, mask=mask)
 
 
 def zigzag_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                             softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                             kernel: Kernel | str = "auto", cu_seqlens: "Tensor | Documents | None" = None,
-                            sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+                            sink: Tensor | None = None, window: int | None = None,
+                          mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document, each document in the zigzag layout.
 
     Args:
@@ -98,6 +107,7 @@ def zigzag_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
         causal, softmax_scale, group, kernel: as in :func:`ring_varlen_attention`.
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets, identical on every rank;
             every document length a multiple of 2W.
+        sink, window, mask: as in :func:`ring_varlen_attention`.
 
     Returns:
         ``out`` ``[1, S/W, Hq, D]`` in q's dtype and layout; ``lse`` float32 ``[1, Hq, S/W]``.
@@ -106,4 +116,4 @@ def zigzag_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = T
         ValueError: as :func:`ring_varlen_attention`, with 2W in the document rule.
     """
     return _run("zigzag_varlen", "zigzag", zigzag_plan, q, k, v, causal=causal, softmax_scale=softmax_scale,
-                group=group, kernel=kernel, cu_seqlens=cu_seqlens, sink=sink, window=window)
+                group=group, kernel=kernel, cu_seqlens=cu_seqlens, sink=sink, window=window, mask=mask)

@@ -175,7 +175,9 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
             input dtype after every update (``ring.run_ring``'s ``lossy``).
         mask: any mask over the global sequence (``masks.py``), or ``None``: taken by the ring over
             the ring group as in ``ring.run_ring``, over the ring shards' global positions (for
-            ulysses one kernel call over the whole sequence with its mask); batch form only.
+            ulysses one kernel call over the whole sequence with its mask); with ``cu_seqlens``,
+            applied inside each document over the packed row (``masks.documents``), the ring's
+            blocks cut per document, cross-document ones empty.
         bias: an attention bias over the global sequence (``kernels.common.Bias``), or ``None``:
             every ring call takes its block at the ring shards' global positions, for this rank's
             query heads (the bias's heads sliced as the all-to-all slices q's); a learnable bias's
@@ -193,8 +195,14 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
     if reason:
         raise ValueError(f"{prefix} {reason}")
     _window.check_window(window, causal, f"{prefix} ")
-    mask = masked.as_mask(mask, q.shape[1] * world_size, window=window, docs=cu_seqlens is not None,
-                          prefix=f"{prefix} ")
+    documents = None
+    if cu_seqlens is not None:
+        if q.shape[0] != 1:
+            raise ValueError(f"{prefix} q has batch {q.shape[0]}, but {name} packs documents into one row; "
+                             "pass [1, S/W, H, D] shards and the documents' cu_seqlens")
+        documents = prepare(cu_seqlens, q.shape[1], group)
+    mask = masked.as_mask(mask, q.shape[1] * world_size, window=window, prefix=f"{prefix} ",
+                          docs=None if documents is None else documents.lengths)
     grid = process_grid(group, ulysses_degree)
     ring_len = q.shape[1] * ulysses_degree
     ring_layout = "contiguous" if plan is contiguous_plan else "zigzag"
@@ -222,21 +230,20 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
         else:
             steps = batch_steps(plan, grid.ring_rank, grid.ring_degree, ring_len, causal)
     else:
-        if q.shape[0] != 1:
-            raise ValueError(f"{prefix} q has batch {q.shape[0]}, but {name} packs documents into one row; "
-                             "pass [1, S/W, H, D] shards and the documents' cu_seqlens")
-        documents = prepare(cu_seqlens, q.shape[1], group)
         docs = documents.lengths
         if grid.ring_degree > 1:
             reason = ring_document_rule(docs, grid.ring_degree)
             if reason:
                 raise ValueError(f"{prefix} {reason}")
         ring_docs = [d // grid.ring_degree for d in docs]
-        steps = documents.schedule(
-            (name, grid.ring_rank, grid.ring_degree, grid.ulysses_degree, causal, str(q.device), window),
-            lambda: VarlenSteps(plan, ring_docs, grid.ring_rank, grid.ring_degree, causal, q.device)
-            if window is None else _window_steps(ring_layout, ring_len, ring_docs, grid.ring_rank,
-                                                 grid.ring_degree, window))
+        if mask is not None:  # per document: every document cut in the ring's layout on its own
+            steps = masked.ring_steps(mask, ring_layout, ring_len, grid.ring_rank, grid.ring_degree, q.device)
+        else:
+            steps = documents.schedule(
+                (name, grid.ring_rank, grid.ring_degree, grid.ulysses_degree, causal, str(q.device), window),
+                lambda: VarlenSteps(plan, ring_docs, grid.ring_rank, grid.ring_degree, causal, q.device)
+                if window is None else _window_steps(ring_layout, ring_len, ring_docs, grid.ring_rank,
+                                                     grid.ring_degree, window))
     if sink is not None:
         check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
@@ -279,7 +286,8 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
 def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                              softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                              kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
-                             sink: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
+                             sink: Tensor | None = None, window: int | None = None,
+                             mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document by Ulysses, the row cut contiguously.
 
     After the all-to-all every rank holds the whole row for ``Hq / W`` heads, so one varlen
@@ -293,6 +301,8 @@ def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = 
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets, identical on every rank; any
             boundaries (documents may straddle ranks, be empty or one token).
         sink, window: as in :func:`ulysses_attention`.
+        mask: any mask of ``masks.py``, applied inside each document (``masks.documents``): the
+            kernel calls over the whole row are one per document block the mask leaves anything in.
 
     Returns:
         ``out`` ``[1, S/W, Hq, D]`` in q's dtype; ``lse`` float32 ``[1, Hq, S/W]``.
@@ -306,4 +316,4 @@ def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = 
                          "offsets; pass cu_seqlens, or use the batch variant ulysses")
     return run_ulysses("ulysses_varlen", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        kernel=kernel, ulysses_degree=emulation.rank_and_size(group)[1], plan=contiguous_plan,
-                       cu_seqlens=cu_seqlens, sink=sink, window=window)
+                       cu_seqlens=cu_seqlens, sink=sink, window=window, mask=mask)

@@ -77,7 +77,7 @@ def usp_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True
                          softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                          kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                          ulysses_degree: int | None = None, sink: Tensor | None = None,
-                         window: int | None = None) -> tuple[Tensor, Tensor]:
+                         window: int | None = None, mask: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention inside each packed document by USP, each document zigzag over the ring ranks.
 
     Args:
@@ -86,6 +86,8 @@ def usp_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True
         k, v: ``[1, S/W, Hkv, D]`` in the same layout; heads as in :func:`usp_attention`.
         causal, softmax_scale, group, kernel, ulysses_degree, window: as in :func:`usp_attention`;
             the kernel needs a varlen form.
+        mask: any mask of ``masks.py``, applied inside each document (``masks.documents``), as in
+            ``ring_varlen.ring_varlen_attention``.
         cu_seqlens: int32 ``[N + 1]``, the GLOBAL document offsets, identical on every rank;
             every document a multiple of 2 * W / U (the harness asks 2 * W, as zigzag_varlen).
 
@@ -101,6 +103,6 @@ def usp_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True
                          "offsets; pass cu_seqlens, or use the batch variant usp")
     return run_ulysses("usp_varlen", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
                        kernel=kernel, ulysses_degree=_degree(ulysses_degree, q, k, group), plan=zigzag_plan,
-                       cu_seqlens=cu_seqlens, sink=sink, window=window,
+                       cu_seqlens=cu_seqlens, sink=sink, window=window, mask=mask,
                        ring_document_rule=lambda docs, ring: document_rule(docs, ring, "zigzag",
                                                                            "usp_varlen's ring"))

@@ -121,11 +121,16 @@ class PositionMask:
         allows: ``(q, k) -> bool tensor``, elementwise over integer tensors that broadcast
             (``masks.Mask.allows``).
         name: the mask's text, for messages.
+        dense: the bool ``[Sq, Sk]`` block itself where the caller has it (built cheaper than by
+            ``allows`` over every pair, such as ``masked.dense_mask`` for a whole row), or ``None``.
     """
 
-    def __init__(self, q_pos: Tensor, k_pos: Tensor, allows, name: str = ""):
+    def __init__(self, q_pos: Tensor, k_pos: Tensor, allows, name: str = "", dense: Tensor | None = None):
         self.q_pos, self.k_pos, self.allows, self.name = q_pos, k_pos, allows, name
-        self._dense: Tensor | None = None
+        if dense is not None and tuple(dense.shape) != (q_pos.numel(), k_pos.numel()):
+            raise ValueError(f"the dense mask is {tuple(dense.shape)}, but the positions are {q_pos.numel()} queries "
+                             f"and {k_pos.numel()} keys; build it over the same positions")
+        self._dense: Tensor | None = dense
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -196,6 +196,24 @@ MASK_COLUMNS = {
 }
 
 
+def document_mask(column: str, docs: list[int], seqlen: int) -> str:
+    """A mask column's text for a varlen implementation, applied inside each of ``docs``
+    (``masks.documents``): the column's own (:data:`MASK_COLUMNS` at ``seqlen``), but for the
+    shared prompt, whose three answers must split every document longer than the prompt evenly:
+    the shortest prompt from a quarter of the longest document on that does (the documents it
+    covers are causal), else the column's own, which the spec then refuses in its sentence."""
+    text = MASK_COLUMNS[column](seqlen)
+    if column != "shared_prefix":
+        return text
+    from ringbench.variants.engines import masks
+
+    for p in range(max(1, max(docs) // 4), max(docs) - 2):
+        candidate = f"shared-prefix:{p},answers=3"
+        if masks.document_rule(candidate, docs) is None:
+            return candidate
+    return text
+
+
 def base_columns(varlen: bool) -> list[str]:
     """The keys of the columns the base cell fills."""
     return ["packed" if varlen else "causal", BASE["dtype"], f"d{BASE['head_dim']}", "gqa"]
@@ -212,9 +230,10 @@ def cell_fields(variant, column: str, world_size: int, device: str) -> dict[str,
     seqlen = base_seqlen(device, world_size)
     out: dict[str, Any] = {**BASE, "variant": variant.name, "world_size": world_size, "device": device,
                            "seqlen": seqlen}
+    # A varlen implementation runs every column with documents (its causal column is its packed one).
     packed, odd = variant.varlen, False
     if column in ("causal", "full", "window", "packed"):
-        packed = column == "packed"
+        packed = column == "packed" or variant.varlen
         out["causal"] = column != "full"
         if column == "window":
             out["window"] = seqlen // 4
@@ -242,6 +261,8 @@ def cell_fields(variant, column: str, world_size: int, device: str) -> dict[str,
     if packed:
         docs = odd_documents(out["seqlen"]) if odd else documents(out["seqlen"], world_size)
         out["docs"] = ",".join(map(str, docs))
+        if column in MASK_COLUMNS:  # applied inside each document
+            out["mask"] = document_mask(column, docs, out["seqlen"])
     return out
 
 
