@@ -103,7 +103,9 @@ def check_fields(given: Mapping[str, Any]) -> None:
     reason = mask_window_rule(given.get("mask") or "", given.get("window") or 0)
     if reason:
         raise SpecError(reason)
-    if given.get("mask") and given.get("seqlen"):  # every variant's, the plain masks' too (window:L at L >= S)
+    # Every variant's, the plain masks' too (window:L at L >= S); with documents the mask applies per
+    # document, and the variant's rule asks the documents' (masks.document_rule) instead.
+    if given.get("mask") and given.get("seqlen") and not (given.get("docs") or given.get("doc_dist")):
         reason = masks.rule(masks.parse(given["mask"]), fields.coerce("seqlen", given["seqlen"]))
         if reason:
             raise SpecError(reason)
