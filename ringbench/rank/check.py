@@ -608,6 +608,17 @@ def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float,
     return Results(out, lse, *kernel.backward_varlen(dout, q, k, v, out, lse, cu, cu, n, n, causal, scale, **kw))
 
 
+
+def _summed_grad_check(name: str, got, like, single, ref, held: dict, world_size: int, why: str) -> dict:
+    """The check of a gradient the engine sums itself (d sink, d bias): the max rule against what the
+    result's own out and lse imply (``held``), with its distance to float64 beside it; ``got`` None
+    (the variant gave none) reads as NaN, which fails."""
+    got = got if got is not None else torch.full_like(like, float("nan"))
+    entry = tolerance_check(name, got, single, held["variant"], like.dtype, tuple(like.shape), world_size=world_size,
+                            floor=held["floor"], single_ref=held["single"])
+    entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref).abs().max()) for t in (got, single))
+    return {**entry, **_no_shadow(why)}
+
 def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     """Check one ``verify`` case; every rank calls it, every rank gets the same fields back.
 
@@ -687,25 +698,16 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
                 c.update(shadow_check(got, rebuilt, want_dtype, terms=terms, scale=scale))
                 c["passed"] = c["passed"] and c["shadow_passed"]
         if sink is not None and sink.requires_grad:
-            got = gathered.dsink if gathered.dsink is not None else torch.full_like(sink.detach(), float("nan"))
-            held = implied["dsink"]
-            entry = tolerance_check("dsink", got, single.dsink, held["variant"], sink.dtype, tuple(sink.shape),
-                                    world_size=world_size, floor=held["floor"], single_ref=held["single"])
-            entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref.dsink).abs().max())
-                                                           for t in (got, single.dsink))
-            checks.append({**entry, **_no_shadow("d sink is summed by the engine from out and dout, not by a "
-                                                 "kernel call, so only the max rule applies")})
+            checks.append(_summed_grad_check("dsink", gathered.dsink, sink.detach(), single.dsink, ref.dsink,
+                                             implied["dsink"], world_size,
+                                             "d sink is summed by the engine from out and dout, not by a kernel "
+                                             "call, so only the max rule applies"))
         if learns_bias:
-            values = bias.values.detach()
-            got = gathered.dbias if gathered.dbias is not None else torch.full_like(values, float("nan"))
-            held = implied["dbias"]
-            entry = tolerance_check("dbias", got, single.dbias, held["variant"], values.dtype, tuple(values.shape),
-                                    world_size=world_size, floor=held["floor"], single_ref=held["single"])
-            entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref.dbias).abs().max())
-                                                           for t in (got, single.dbias))
-            checks.append({**entry, **_no_shadow("d bias is added up from the kernels' calls and reduced over the "
-                                                 "ranks by the engine, and the block decomposition does not rebuild "
-                                                 "it, so only the max rule applies")})
+            checks.append(_summed_grad_check("dbias", gathered.dbias, bias.values.detach(), single.dbias, ref.dbias,
+                                             implied["dbias"], world_size,
+                                             "d bias is added up from the kernels' calls and reduced over the ranks "
+                                             "by the engine, and the block decomposition does not rebuild it, so "
+                                             "only the max rule applies"))
     box = [checks]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0,
                                group=group)
