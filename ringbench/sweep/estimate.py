@@ -193,7 +193,14 @@ def mask_seconds(case) -> float:
         return 0.0
     from ringbench.variants.engines import masks
 
-    slices = len(masks.build(case.mask, case.seqlen).slices)
+    # With documents the mask applies per document (masks.documents), whose rule the whole row's need not meet.
+    if case.docs:
+        from ringbench.case.fields import parse_docs
+
+        built = masks.documents(case.mask, tuple(parse_docs(case.docs)))
+    else:
+        built = masks.build(case.mask, case.seqlen)
+    slices = len(built.slices)
     builds = MASK_BUILDS.get(case.task, 1)
     return builds * slices * float(case.seqlen) ** 2 * case.batch * MASK_FLOPS_PER_SLICE_PAIR / cpu_matmul_rate()
 
