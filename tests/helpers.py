@@ -82,6 +82,13 @@ def ringbench_here(*args: str, cwd: Path, launcher=None) -> subprocess.Completed
     return subprocess.CompletedProcess(["ringbench", *args], result.exit_code, result.stdout, result.stderr)
 
 
+def not_verified(records: dict, skip=()) -> dict:
+    """The records (by case name) that did not run and pass verify, with their error or reason; the
+    names in ``skip`` (broken fixtures, meant to fail) left out."""
+    return {n: (r.get("error") or r.get("reason")) for n, r in records.items()
+            if n not in skip and (r["status"] != "ok" or r.get("verdict") != "ok")}
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """The records of a JSON-lines file, in order."""
     return [json.loads(line) for line in path.read_text().splitlines()]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import slow_when, torchrun_cases
+from helpers import not_verified, slow_when, torchrun_cases
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
@@ -87,8 +87,7 @@ def test_bias_verify_passes_on_every_batch_engine_and_the_broken_ones_fail(launc
     assert len(records) >= len(VARIANTS)  # never vacuous
     broken = {n for n in records if n.startswith(FIXTURES)}
     assert bool(broken) == (launch["world_size"] > 1)
-    failed = {n: (r.get("error") or r.get("reason")) for n, r in records.items()
-              if n not in broken and (r["status"] != "ok" or r.get("verdict") != "ok")}
+    failed = not_verified(records, skip=broken)
     assert not failed, failed
     for name, rec in records.items():
         if name in broken:

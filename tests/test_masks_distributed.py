@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import read_jsonl, ringbench, slow_when, torchrun_cases
+from helpers import not_verified, read_jsonl, ringbench, slow_when, torchrun_cases
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 from ringbench.variants.engines import masks
 
@@ -135,8 +135,7 @@ def test_masks_verify_passes_every_family_and_file_on_every_variant(launch):
     assert not launch["timed_out"] and set(records) == set(launch["expected"]), launch["log_tail"]
     assert len(records) >= len(QUICK)  # never vacuous
     broken = {n for n in records if n.endswith("_mask_local_only")}
-    failed = {n: (r.get("error") or r.get("reason")) for n, r in records.items()
-              if n not in broken and (r["status"] != "ok" or r.get("verdict") != "ok")}
+    failed = not_verified(records, skip=broken)
     assert not failed, failed
     for name, rec in records.items():
         if name in broken:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import read_jsonl, ringbench_here, slow_when, torchrun_cases
+from helpers import not_verified, read_jsonl, ringbench_here, slow_when, torchrun_cases
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
@@ -98,8 +98,7 @@ def test_window_verify_passes_every_case(launch):
     parallelism proven active wherever a rank needs another's keys."""
     records = launch["records"]
     assert not launch["timed_out"] and set(records) == set(launch["expected"]), launch["log_tail"]
-    failed = {n: (r.get("error") or r.get("reason")) for n, r in records.items()
-              if r["status"] != "ok" or r.get("verdict") != "ok"}
+    failed = not_verified(records)
     assert not failed, failed
     for name, rec in records.items():
         # d sink has no block-decomposition check (its shadow_passed is None).
