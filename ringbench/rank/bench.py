@@ -16,7 +16,7 @@ from ringbench.rank import graphs
 from ringbench.rank.peaks import Peak, case_peak
 from ringbench.case.spec import CaseSpec, spec_docs
 from ringbench.variants.engines import layouts, masks, varlen
-from ringbench.variants.kernels.common import PositionMask
+from ringbench.variants.kernels.common import PositionMask, bias_learns
 from ringbench.variants import instruments
 
 GIB = 1024 ** 3
@@ -391,11 +391,10 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
         step()
     sent, received = inst.traffic.bytes_sent, inst.traffic.bytes_received
     # A learnable bias's dbias is summed over the ranks from Python in the backward; a replay would not redo it.
-    learnable_bias = bool(spec.bias) and spec.bias != "alibi"
     graph = graphs.for_case(spec.cuda_graph, step, device=device, world_size=spec.world_size,
                             emulated=spec.emulate, group=group,
                             eager_reason="a learnable bias's gradient is summed over the ranks from Python, which a "
-                                         "replay would skip" if learnable_bias else None,
+                                         "replay would skip" if bias_learns(spec.bias) else None,
                             median_ms=lambda fn: quantiles(time_iterations(fn, iters=5, warmup=0, device=device,
                                                                            group=group))[1])
     # Allocated before the peak counters are reset, so it is in every figure of the window,

@@ -176,6 +176,11 @@ def bias_tensor_shape(kind: str, batch: int, heads: int, seqlen: int) -> tuple[i
     return tuple(sizes[c] for c in kind)  # type: ignore[return-value]
 
 
+
+def bias_learns(kind: str) -> bool:
+    """Whether a ``--bias`` of ``kind`` is a learnable tensor with a gradient (every shape but ``alibi``)."""
+    return bool(kind) and kind != "alibi"
+
 class Bias:
     """An attention bias over the whole sequence, added to the scaled scores before the softmax.
 
@@ -207,7 +212,7 @@ class Bias:
 
     @property
     def learnable(self) -> bool:
-        return self.kind != "alibi"
+        return bias_learns(self.kind)
 
     @property
     def seqlen(self) -> int | None:
