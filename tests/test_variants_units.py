@@ -555,7 +555,9 @@ def test_tolerance_floor_in_float64_admits_the_variants_own_roundings():
 
     eps64 = torch.finfo(torch.float64).eps
     assert floor_for(torch.float64, 2.0, 4) == 4 * 4 * eps64 * 2.0
-    assert floor_for(torch.float32, 2.0, 4) == 0.5 * torch.finfo(torch.float32).eps * 2.0
+    assert floor_for(torch.float32, 2.0, 4) == 4 * 4 * torch.finfo(torch.float32).eps * 2.0
+    assert floor_for(torch.float32, 2.0, 4, terms=32) == 2 * 32 * torch.finfo(torch.float32).eps * 2.0
+    assert floor_for(torch.bfloat16, 2.0, 4, terms=32) == 0.5 * torch.finfo(torch.bfloat16).eps * 2.0
 
 
 def test_expand_kv_and_reduce_kv_are_a_gather_and_its_gradient():
