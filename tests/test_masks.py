@@ -216,11 +216,13 @@ def test_masks_cli_refuses_a_mask_file_it_cannot_read_with_exit_2(tmp_path):
 
 
 def test_masks_a_named_kernel_that_takes_no_mask_is_refused_naming_the_mask():
-    from ringbench.case.spec import validate
+    from ringbench.variants.kernels import KERNELS, check_kernel
 
-    with pytest.raises(SpecError, match=r"the cpu kernel cannot take mask prefix:64 \(.*\); pass --kernel with one of "
-                                        r"math or auto"):
-        validate(resolve_mask(_spec(variant="zigzag", mask="prefix:64", kernel="cpu")), visible_gpus=0)
+    reason = check_kernel(KERNELS["cudnn"], "cuda", mask="prefix:64")
+    assert reason.startswith("the cudnn kernel cannot take mask prefix:64 (a mask runs as a dense block or as one "
+                             "window call per slice, and PyTorch's cuDNN attention op takes no window size); pass "
+                             "--kernel with one of ")
+    assert reason.endswith(" or auto") and "torch-flash" in reason and "flash-attn-4" in reason
 
 
 def test_masks_verify_refuses_a_dense_reference_past_its_limit():
@@ -359,14 +361,16 @@ def test_masks_take_a_sink_and_a_value_head_dim_on_every_batch_engine():
                                     head_dim_v=8, kernel="math", docs="16,40,64,136")), visible_gpus=0)
 
 
-def test_masks_only_the_math_kernel_takes_one_and_auto_finds_it():
+def test_masks_every_kernel_with_a_window_takes_one_and_auto_picks_the_fastest():
     from ringbench.variants.kernels import KERNELS, as_kernel, resolve_kernel
 
-    assert [n for n, k in KERNELS.items() if k.takes_mask] == ["math"]
-    assert resolve_kernel("auto", "cpu", dtype=torch.bfloat16, head_dim=16, mask="prefix:40").name == "math"
-    with pytest.raises(ValueError, match=r"the cpu kernel cannot take mask prefix:40 \(.*\); pass --kernel with one of "
-                                         r"math or auto"):
-        as_kernel("cpu", "cpu", torch.float32, head_dim=16, mask="prefix:40")
+    assert [n for n, k in KERNELS.items() if k.takes_mask] == ["math"]  # a dense block
+    assert [n for n, k in KERNELS.items() if k.by_slices] == ["flash-attn-4", "flash-attn", "torch-flash", "cpu"]
+    assert resolve_kernel("auto", "cpu", dtype=torch.bfloat16, head_dim=16, mask="prefix:40").name == "cpu"
+    assert as_kernel("cpu", "cpu", torch.float32, head_dim=16, mask="prefix:40").by_slices
+    with pytest.raises(ValueError, match=r"the torch-efficient kernel cannot take mask prefix:40 \(.*\); pass --kernel "
+                                         r"with one of .*torch-flash.* or auto"):
+        as_kernel("torch-efficient", "cuda", torch.bfloat16, head_dim=16, mask="prefix:40")
 
 
 @pytest.mark.parametrize("args, sentence", [

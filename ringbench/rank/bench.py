@@ -15,7 +15,7 @@ from ringbench.rank.setup import CaseSetup, bias_of, case_setup, sink_logits
 from ringbench.rank import graphs
 from ringbench.rank.peaks import Peak, case_peak
 from ringbench.case.spec import CaseSpec, spec_docs
-from ringbench.variants.engines import layouts, masks, varlen
+from ringbench.variants.engines import layouts, masked, masks, varlen
 from ringbench.variants.kernels.common import PositionMask, bias_learns
 from ringbench.variants import instruments
 
@@ -262,8 +262,12 @@ def rank_calls(case: CaseSetup, inputs: tuple[torch.Tensor, ...], *, device: tor
     # The reference attends the rank's share under the same window (the band alone, not causal), or
     # under the mask between the rank's own positions.
     ref_kw, ref_causal = ({"window": case.band}, False) if case.band else ({}, causal)
+    ref_kernel = kernel
     if spec.mask:
         ref_kw, ref_causal = {"mask": reference_mask(case, device)}, False
+        if kernel.by_slices:  # the share's own window calls, one per slice, as the engines cut blocks
+            runs = masked.runs_of(ref_kw["mask"].q_pos.tolist())
+            ref_kernel, ref_kw = masked.Sliced(kernel, masks.over(spec.mask, spec.seqlen, case.docs), runs, runs), {}
     ref_docs = None
     if docs is not None:
         cu_seqlens = layouts.cu_seqlens_from_docs(docs, device=device)
@@ -298,9 +302,9 @@ def rank_calls(case: CaseSetup, inputs: tuple[torch.Tensor, ...], *, device: tor
                     return (out, *kernel.backward_varlen(dout, q, k, v, out, lse, local_cu, local_cu, ref_max,
                                                          ref_max, ref_causal, scale, **ref_kw))
                 return (out,)
-            out, lse = kernel.forward(q, k, v, ref_causal, scale, **ref_kw)
+            out, lse = ref_kernel.forward(q, k, v, ref_causal, scale, **ref_kw)
             if backward:
-                return (out, *kernel.backward(dout, q, k, v, out, lse, ref_causal, scale, **ref_kw))
+                return (out, *ref_kernel.backward(dout, q, k, v, out, lse, ref_causal, scale, **ref_kw))
             return (out,)
 
     return step, reference, ref_docs

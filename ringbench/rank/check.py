@@ -609,6 +609,7 @@ def _whole_row(kernel, inputs, placement: Placement, causal: bool, scale: float,
     with documents, the mask inside each of them over the packed row, in the batch form)."""
     q, k, v, dout = inputs
     causal, kw = extras.row_keywords(causal, window, mask, q.shape[1], q.device, placement.docs)
+    kernel, kw = extras.row_kernel(kernel, kw, mask, q.shape[1], placement.docs)
     if placement.cu_seqlens is None or mask:  # a mask holds the documents: the batch form over the packed row
         out, lse = kernel.forward(q, k, v, causal, scale, **kw)
         return Results(out, lse, *kernel.backward(dout, q, k, v, out, lse, causal, scale, **kw))

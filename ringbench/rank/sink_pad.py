@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from ringbench.rank.setup import CaseSetup, Results
-from ringbench.variants.engines import layouts, masked, masks
+from ringbench.variants.engines import bands, layouts, masked, masks
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.kernels.common import Bias, PositionMask, window_band
 from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
@@ -103,6 +103,17 @@ def row_keywords(causal: bool, window: int | None, mask: str, seqlen: int, devic
     return False, {"mask": PositionMask(every, every, built.allows, mask, dense=masked.dense_mask(built, device))}
 
 
+def row_kernel(kernel, kw: dict, mask: str, seqlen: int, docs=None) -> tuple:
+    """The kernel of a whole-row call under ``mask`` (its text, ``""``: none) and its keywords:
+    ``kernel`` and ``kw`` (from :func:`row_keywords`) as they are, or for a kernel that takes
+    windows but no mask (``Kernel.by_slices``) ``masked.Sliced`` over the row, the window calls
+    of the mask's slices, and no keywords; ``docs`` as in :func:`row_keywords`."""
+    if not mask or not kernel.by_slices:
+        return kernel, kw
+    row = [bands.Run(0, 0, 1, seqlen)]
+    return masked.Sliced(kernel, masks.over(mask, seqlen, docs), row, row), {}
+
+
 def bias_keywords(bias: Bias | None, seqlen: int, device) -> dict:
     """The kernel keyword of a whole-row call under ``bias``: its block over every position, or none."""
     if bias is None:
@@ -122,6 +133,7 @@ def single_row(kernel, inputs, cu_seqlens: Tensor | None, causal: bool, scale: f
     q, k, v, dout = inputs
     docs = None if cu_seqlens is None else [b - a for a, b in zip(cu_seqlens.tolist(), cu_seqlens.tolist()[1:])]
     causal, kw = row_keywords(causal, window, mask, q.shape[1], q.device, docs if mask else None)
+    kernel, kw = row_kernel(kernel, kw, mask, q.shape[1], docs if mask else None)
     if mask:  # the documents are in the mask: the batch form over the packed row
         cu_seqlens = None
     if bias is not None:

@@ -107,13 +107,28 @@ def band_part(q: Run, k: Run, window: int | None) -> Part | None:
     gap = q.start - k.start
     hi = gap // s  # key j <= query i + hi: not in the future
     lo = None if window is None else _ceil_div(gap - window + 1, s)  # not past the window
-    i0, i1 = max(0, -hi), m - 1 if lo is None else min(m - 1, n - 1 - lo)
-    if i0 > i1 or (lo is not None and lo > hi):  # a window narrower than the stride can miss a run
+    return box_part(q, k, (0, m), (0, n), lo, hi)
+
+
+def box_part(q: Run, k: Run, rows: tuple[int, int], keys: tuple[int, int], lo: int | None,
+             hi: int | None) -> Part | None:
+    """The part of the band ``lo <= j - i <= hi`` (``None``: unbounded on that side) between rows
+    ``i`` in ``[rows[0], rows[1])`` of query run ``q`` and keys ``j`` in ``[keys[0], keys[1])`` of key
+    run ``k`` (indices into the runs), trimmed to the rows that see some key and the keys some row
+    sees, where it is a flash-attn window with both sides 0 or more; ``None`` when no pair is left.
+    The one conversion from a band to a kernel call, for windows (:func:`band_part`) and for the
+    slices of any mask (``masked.slice_parts``)."""
+    i0, i1, j0, j1 = rows[0], rows[1] - 1, keys[0], keys[1] - 1
+    if hi is not None:
+        i0 = max(i0, j0 - hi)
+    if lo is not None:
+        i1 = min(i1, j1 - lo)
+    if i0 > i1 or (lo is not None and hi is not None and lo > hi):  # a window narrower than the stride can miss a run
         return None
-    j0, j1 = 0 if lo is None else max(0, lo + i0), min(n - 1, hi + i1)
+    j0, j1 = j0 if lo is None else max(j0, lo + i0), j1 if hi is None else min(j1, hi + i1)
     mq, nk = i1 - i0 + 1, j1 - j0 + 1
-    hi, lo = hi + i0 - j0, None if lo is None else lo + i0 - j0
-    right = None if hi >= nk - 1 else hi - (nk - mq)
+    hi, lo = None if hi is None else hi + i0 - j0, None if lo is None else lo + i0 - j0
+    right = None if hi is None or hi >= nk - 1 else hi - (nk - mq)
     left = None if lo is None or mq - 1 + lo <= 0 else (nk - mq) - lo
     band = None if left is None and right is None else (left, right)
     return Part((q.local + i0, q.local + i1 + 1), (k.local + j0, k.local + j1 + 1), band)

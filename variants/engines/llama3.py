@@ -129,25 +129,27 @@ def _gathered_kv(k: Tensor, v: Tensor, group, world_size: int, stride: int, layo
 
 
 @functools.lru_cache(maxsize=32)
-def _masked_blocks(mask, layout: str, rank: int, world_size: int, seqlen_local: int, device):
+def _masked_blocks(mask, layout: str, rank: int, world_size: int, seqlen_local: int, device, by_slices: bool):
     chunks = _chunks(layout, rank, world_size, seqlen_local)
-    return masked.gathered_blocks(mask, chunks, seqlen_local // len(chunks), seqlen_local * world_size, device)
+    return masked.gathered_blocks(mask, chunks, seqlen_local // len(chunks), seqlen_local * world_size, device,
+                                  by_slices)
 
 
 def _blocks(layout: str, causal: bool, rank: int, world_size: int, seqlen_local: int, seqlen: int,
-            window: int | None = None, mask=None, device=None):
+            window: int | None = None, mask=None, device=None, by_slices: bool = False):
     """(local query rows, key range, causal, kernel keywords) of every kernel call this rank makes.
 
     Under a sliding window each local chunk makes one call: its keys from ``window - 1`` before
     its first token to its last, with the flash-attn window ``(window - 1, 0)``. Under a mask
     (a ``masks.Mask``) each local chunk meets the gathered keys cut in the layout's chunks, the
     empty ones skipped, each run of neighbouring ones in one call (``masked.gathered_blocks``,
-    built once per rank and shape and kept).
+    built once per rank and shape and kept; ``by_slices``: partial ones as window calls, for a
+    kernel that takes no mask).
     """
     if isinstance(layout, Rows):
         return layout.calls
     if mask is not None:
-        return _masked_blocks(mask, layout, rank, world_size, seqlen_local, torch.device(device or "cpu"))
+        return _masked_blocks(mask, layout, rank, world_size, seqlen_local, torch.device(device or "cpu"), by_slices)
     if not causal:
         return [(slice(None), slice(0, seqlen), False, {})]
     out = []
@@ -184,7 +186,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None,
     for i, (hs, kg, vg) in enumerate(_gathered_kv(k, v, group, world_size, stride, layout)):
         qh = slice(hs.start * G, hs.stop * G)
         for rows, keys, c, kw in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1], window, mask,
-                                         q.device):
+                                         q.device, kernel.by_slices):
             with timeline.span("kernel"):
                 b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale,
                                               **_bias_kw(bias, rank, rows, keys, qh, kw))
@@ -212,7 +214,7 @@ def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stri
         dkg = torch.zeros(kg.shape, dtype=acc, device=k.device)
         dvg = torch.zeros(vg.shape, dtype=acc, device=v.device)
         for rows, keys, c, kw in _blocks(layout, causal, rank, world_size, S_local, kg.shape[1], window, mask,
-                                         q.device):
+                                         q.device, kernel.by_slices):
             with timeline.span("kernel"):
                 g = kernel.backward(dout[:, rows, qh], q[:, rows, qh], kg[:, keys], vg[:, keys],
                                     out[:, rows, qh], lse[:, qh, rows], c, scale,

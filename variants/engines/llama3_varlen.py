@@ -329,8 +329,9 @@ def _masked(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, group, kernel, cu
                            mask=masks.label(built.text))
     except ValueError as exc:
         raise ValueError(f"{prefix} {exc}") from None
-    rows = documents.schedule(("llama3_varlen", layout, rank, world_size, built, str(q.device)),
-                              lambda: balanced_rows(list(documents.offsets), rank, world_size, built, q.device))
+    rows = documents.schedule(("llama3_varlen", layout, rank, world_size, built, str(q.device), kernel.by_slices),
+                              lambda: balanced_rows(list(documents.offsets), rank, world_size, built, q.device,
+                                                    kernel.by_slices))
     if sink is not None:
         check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
@@ -338,7 +339,7 @@ def _masked(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale, group, kernel, cu
                                    kernel, stride, rows, None, built)
 
 
-def balanced_rows(offsets: list[int], rank: int, world_size: int, mask, device=None):
+def balanced_rows(offsets: list[int], rank: int, world_size: int, mask, device=None, by_slices: bool = False):
     """The balanced layout's rows for the batch engine under ``mask`` (``llama3.Rows``): every rank's
     positions (``layouts.varlen_token_index``), the gathered row's order, and this rank's calls: its
     local runs of consecutive positions against the gathered row in key chunks of ``S / 2W``."""
@@ -355,5 +356,5 @@ def balanced_rows(offsets: list[int], rank: int, world_size: int, mask, device=N
         if i == len(held) or held[i] != held[i - 1] + 1:
             chunks.append((slice(at, i), held[at], i - at))
             at = i
-    calls = masked.gathered_blocks(mask, chunks, max(1, total // (2 * world_size)), total, device)
+    calls = masked.gathered_blocks(mask, chunks, max(1, total // (2 * world_size)), total, device, by_slices)
     return llama3.Rows(tokens, order, tuple(calls))

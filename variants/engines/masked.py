@@ -7,10 +7,15 @@ pair of the block from the runs alone (``masks.Mask.classify``, no torch):
 
 - empty: no kernel call;
 - full: a plain kernel call (``causal=False``, no mask), which any kernel takes;
-- partial: a kernel call with a :class:`~..kernels.common.PositionMask` (the rows' global
-  positions and the mask's predicate restricted to the slices that meet the block), which only
-  the mask-taking kernels take (``Kernel.takes_mask``: math, whose dense block is built on the
-  first call and kept).
+- partial: on a kernel that takes a mask (``Kernel.takes_mask``: math, whose dense block is
+  built on the first call and kept), one call with a :class:`~..kernels.common.PositionMask`
+  (the rows' global positions and the mask's predicate restricted to the slices that meet the
+  block); on a kernel that takes only windows (``by_slices``: flash-attn-4, flash-attn,
+  torch-flash, cpu), one call per slice that meets the block (:func:`slice_parts`): the mask's
+  slices share no pair, and each slice is a band ``lo <= k - q <= hi`` inside a rectangle, so
+  its pairs in the block are a flash-attn window over a sub-block (``bands.box_part``), and the
+  calls' results merge by lse like a ring's steps. This is the slice form of MagiAttention's
+  masks (Zewei Tao et al., 2025), run on the kernels' own windows.
 
 With packed documents the mask is ``masks.documents``' (``Mask.docs`` set, no slice crossing a
 document), and every rank's rows are each document's runs in the layout, moved to the document's
@@ -34,7 +39,7 @@ import torch
 
 from . import bands, mask_balance, masks
 from ..kernels.common import PositionMask
-from .window import RingParts
+from .window import RingParts, attend, attend_backward
 
 Tensor = torch.Tensor
 
@@ -115,12 +120,79 @@ def dense_mask(mask: masks.Mask, device=None) -> Tensor:
     return seen
 
 
+def slice_parts(mask: masks.Mask, q: bands.Run, k: bands.Run) -> tuple[bands.Part, ...]:
+    """The window calls of query run ``q`` against key run ``k`` under ``mask``: one
+    :class:`bands.Part` per slice with a pair there (its band trimmed by ``bands.box_part``).
+
+    Raises:
+        ValueError: runs of different strides, neither of one position (no layout gives them).
+    """
+    found = []
+    for s in mask.within(q.start, _last(q) + 1, k.start, _last(k) + 1).slices:
+        rows, keys, lo, hi = masks.local_band(q, k, s)
+        part = bands.box_part(q, k, rows, keys, lo, hi)
+        if part is not None:
+            found.append(part)
+    return tuple(found)
+
+
+def runs_of(positions: Sequence[int]) -> list[bands.Run]:
+    """Global positions held in local order (a rank's share, any layout) as few runs: each
+    the longest arithmetic progression from where the last ended (zigzag's share: two runs of
+    stride 1; stripe's: one of stride W)."""
+    found, i, n = [], 0, len(positions)
+    while i < n:
+        stride = positions[i + 1] - positions[i] if i + 1 < n and positions[i + 1] > positions[i] else 1
+        j = i + 1
+        while j < n and positions[j] - positions[j - 1] == stride:
+            j += 1
+        found.append(bands.Run(i, positions[i], stride, j - i))
+        i = j
+    return found
+
+
+class Sliced:
+    """A kernel that takes windows but no mask (``Kernel.by_slices``), called on one block under a
+    mask: the block cut into its window calls (:func:`slice_parts`, full pairs of runs whole),
+    merged by lse as a ring's steps are. What the harness calls for a single device's whole row
+    and a rank's own share, so they run the kernel calls the engines make.
+
+    Args:
+        kernel: the window-taking kernel; mask: the ``masks.Mask``; q_runs, k_runs: the block's
+            query and key rows as runs of global positions (:func:`runs_of`).
+    """
+
+    def __init__(self, kernel, mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[bands.Run]):
+        self.kernel, self.name = kernel, kernel.name
+        parts = []
+        for q in q_runs:
+            for k in k_runs:
+                kind = mask.classify(q, k)
+                if kind == masks.FULL:
+                    parts.append(bands.Part((q.local, q.local + q.count), (k.local, k.local + k.count), None))
+                elif kind == masks.PARTIAL:
+                    parts.extend(slice_parts(mask, q, k))
+        self.parts = tuple(parts)
+
+    def forward(self, q, k, v, causal, scale):
+        """out ``[B, Sq, Hq, Dv]`` in q's dtype and lse ``[B, Hq, Sq]`` (float32; float64 for float64
+        inputs), as a kernel's; ``causal`` is ignored: the mask decides."""
+        out, lse = attend(self.kernel, q, k, v, self.parts, scale)
+        return out.to(q.dtype), lse
+
+    def backward(self, dout, q, k, v, out, lse, causal, scale):
+        """dq, dk, dv in the inputs' dtypes, as a kernel's."""
+        return tuple(g.to(x.dtype) for g, x in zip(attend_backward(self.kernel, dout, q, k, v, out, lse, self.parts,
+                                                                   scale), (q, k, v)))
+
+
 def block_parts(mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[bands.Run], device=None, *,
-                build: bool = True, classify: Callable | None = None) -> tuple:
+                build: bool = True, classify: Callable | None = None, by_slices: bool = False) -> tuple:
     """The parts of queries ``q_runs`` against keys ``k_runs`` under ``mask``: one per (query run, key
-    run) pair with a pair left, full or with its :class:`PositionMask`; ``build`` False gives each
-    part's class alone (``masks.FULL`` or ``masks.PARTIAL``), for another rank's steps.
-    ``classify`` (default ``mask.classify``) is the fixtures' hook (``fixtures/broken.py``)."""
+    run) pair with a pair left, full or with its :class:`PositionMask`, or with ``by_slices`` a
+    partial pair's :func:`slice_parts` (windows); ``build`` False gives each part's class alone
+    (``masks.FULL`` or ``masks.PARTIAL``), for another rank's steps. ``classify`` (default
+    ``mask.classify``) is the fixtures' hook (``fixtures/broken.py``)."""
     found = []
     if mask.docs:  # no slice of a mask over documents crosses one: each query run meets its document's keys
         per_doc, keys_of = masks.by_document(mask), {}
@@ -136,18 +208,21 @@ def block_parts(mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[
         if not build:
             found.append(kind)
             continue
+        if kind != masks.FULL and by_slices:
+            found.extend(slice_parts(near, q, k))
+            continue
         part_mask = None if kind == masks.FULL else position_mask(near, q, k, device)
         found.append(MaskPart((q.local, q.local + q.count), (k.local, k.local + k.count), part_mask))
     return tuple(found)
 
 
-#: ``(mask, q_runs, k_runs, device, build, rank, source) -> parts``: how a block becomes parts
+#: ``(mask, q_runs, k_runs, device, build, rank, source, by_slices) -> parts``: how a block becomes parts
 #: (:func:`block_parts` in every correct engine; the fixtures pass another).
 Parts = Callable[..., tuple]
 
 
-def _correct(mask, q_runs, k_runs, device, build, rank, source) -> tuple:
-    return block_parts(mask, q_runs, k_runs, device, build=build)
+def _correct(mask, q_runs, k_runs, device, build, rank, source, by_slices=False) -> tuple:
+    return block_parts(mask, q_runs, k_runs, device, build=build, by_slices=by_slices)
 
 
 def layout_runs(mask: "masks.Mask | None", layout: str, seqlen: int, world_size: int) -> list[list[bands.Run]]:
@@ -173,10 +248,11 @@ def layout_runs(mask: "masks.Mask | None", layout: str, seqlen: int, world_size:
 
 @functools.lru_cache(maxsize=32)
 def ring_steps(mask: masks.Mask, layout: str, seqlen_local: int, rank: int, world_size: int, device,
-               parts: Parts = _correct):
+               parts: Parts = _correct, by_slices: bool = False):
     """The ring engine's steps of ``rank`` under ``mask`` (``ring.Step`` with its parts, ``None``
     where the block is empty), over ``layout``'s positions (:func:`layout_runs`), with an
-    ``n_steps`` attribute: the forward ring's length. Built once per argument set and kept.
+    ``n_steps`` attribute: the forward ring's length; ``by_slices``: partial blocks as window
+    calls (:func:`block_parts`), for a kernel that takes no mask. Built once per argument set and kept.
 
     Raises:
         ValueError: a layout that cannot cut ``seqlen_local * world_size`` tokens.
@@ -185,17 +261,17 @@ def ring_steps(mask: masks.Mask, layout: str, seqlen_local: int, rank: int, worl
 
     runs = layout_runs(mask, layout, seqlen_local * world_size, world_size)
     return part_steps(RingParts(rank, world_size, lambda r, source, mine: parts(mask, runs[r], runs[source], device,
-                                                                                 mine, r, source)))
+                                                                                 mine, r, source, by_slices)))
 
 
 def gathered_blocks(mask: masks.Mask, chunks: list[tuple[slice, int, int]], chunk: int, seqlen: int,
-                    device=None) -> list[tuple[slice, slice, bool, dict]]:
+                    device=None, by_slices: bool = False) -> list[tuple[slice, slice, bool, dict]]:
     """The kernel calls of an all-gather engine (llama3) under ``mask``: for every local query chunk
     (``(local rows, first global position, length)``) against the gathered keys in global order,
     cut in key chunks of ``chunk`` tokens, each run of neighbouring non-empty chunks one call
     ``(local rows, key range, causal=False, kernel keywords)``, with the run's mask where some chunk
-    of it is partial; empty chunks none. Few calls, as llama3 wants: each row's result is merged
-    from fewer blocks."""
+    of it is partial (with ``by_slices``, that run's :func:`slice_parts` instead, windows); empty
+    chunks none. Few calls, as llama3 wants: each row's result is merged from fewer blocks."""
     calls = []
     for rows, start, length in chunks:
         q = bands.Run(rows.start, start, 1, length)
@@ -210,6 +286,11 @@ def gathered_blocks(mask: masks.Mask, chunks: list[tuple[slice, int, int]], chun
             else:
                 runs.append([k0, k0 + k.count, kind == masks.FULL])
         for k0, k1, full in runs:
-            kw = {} if full else {"mask": position_mask(mask, q, bands.Run(k0, k0, 1, k1 - k0), device)}
-            calls.append((rows, slice(k0, k1), False, kw))
+            k = bands.Run(k0, k0, 1, k1 - k0)
+            if full or not by_slices:
+                calls.append((rows, slice(k0, k1), False, {} if full else {"mask": position_mask(mask, q, k, device)}))
+                continue
+            for p in slice_parts(mask, q, k):
+                calls.append((slice(rows.start + p.q[0] - q.local, rows.start + p.q[1] - q.local),
+                              slice(*p.kv), False, p.keywords()))
     return calls

@@ -180,13 +180,31 @@ def run_pairs(q: Run, k: Run, s: Slice) -> int:
         if q.stride == 1:
             return sum(run_pairs(part, k, s) for part in _residues(q, k.stride))
         raise ValueError(f"a query run of stride {q.stride} and a key run of stride {k.stride} have no pair count here")
+    (i0, i1), (j0, j1), d0, d1 = local_band(q, k, s)
+    return _band_area(i0, i1, j0, j1, d0, d1)
+
+
+def local_band(q: Run, k: Run, s: Slice) -> tuple[tuple[int, int], tuple[int, int], int | None, int | None]:
+    """Slice ``s`` between runs ``q`` and ``k`` of one stride (a run of one position takes the
+    other's) in the runs' own indices: rows ``[i0, i1)``, keys ``[j0, j1)`` and the band
+    ``d0 <= j - i <= d1`` (``None``: unbounded), as ``((i0, i1), (j0, j1), d0, d1)``.
+
+    Raises:
+        ValueError: runs of different strides, neither of one position.
+    """
+    if q.count == 1:
+        q = q._replace(stride=k.stride)
+    elif k.count == 1:
+        k = k._replace(stride=q.stride)
+    if q.stride != k.stride:
+        raise ValueError(f"a query run of stride {q.stride} and a key run of stride {k.stride} make no band")
     t = q.stride
     i0, i1 = max(0, _ceil_div(s.q0 - q.start, t)), min(q.count, _ceil_div(s.q1 - q.start, t))
     j0, j1 = max(0, _ceil_div(s.k0 - k.start, t)), min(k.count, _ceil_div(s.k1 - k.start, t))
     gap = k.start - q.start  # k - q = gap + t * (j - i)
     d0 = None if s.lo is None else _ceil_div(s.lo - gap, t)
     d1 = None if s.hi is None else (s.hi - gap) // t
-    return _band_area(i0, i1, j0, j1, d0, d1)
+    return (i0, i1), (j0, j1), d0, d1
 
 
 class Mask(NamedTuple):

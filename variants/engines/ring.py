@@ -565,7 +565,8 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
         raise ValueError(f"{prefix}{exc}") from None
     if steps is None or window is not None or doc_lengths is None:  # a given steps serves varlen only
         steps = steps_for(plan, layout, q.shape[1], rank, world_size, causal, window=window,
-                          doc_lengths=doc_lengths, device=q.device, mask=mask, mask_parts=mask_parts)
+                          doc_lengths=doc_lengths, device=q.device, mask=mask, mask_parts=mask_parts,
+                          by_slices=kernel.by_slices)
     if sink is not None:
         check_sink(sink, q.shape[2], f"[rank {rank}/{world_size}] ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
@@ -601,18 +602,21 @@ def check_bias_of(bias: Bias, q: Tensor, world_size: int, docs: bool, prefix: st
 
 def steps_for(plan: Plan, layout: str, seqlen_local: int, rank: int, world_size: int, causal: bool, *,
               window: int | None = None, doc_lengths: list[int] | None = None, device="cpu",
-              mask: "masks.Mask | None" = None, mask_parts: "masked.Parts | None" = None) -> Steps:
+              mask: "masks.Mask | None" = None, mask_parts: "masked.Parts | None" = None,
+              by_slices: bool = False) -> Steps:
     """What ``rank`` computes at every ring step: the steps :func:`run_ring` runs, public so that
     ``ringbench predict`` walks the very schedule that runs (issue 24).
 
     Under a ``window``, the window's parts over ``layout`` (with an ``n_steps`` attribute: the
     forward ring may end early); under a ``mask`` (a ``masks.Mask`` over the global sequence),
-    its parts over ``layout`` the same way (``masked.ring_steps``, kept between calls); with
+    its parts over ``layout`` the same way (``masked.ring_steps``, kept between calls; ``by_slices``:
+    partial blocks as window calls, for a kernel that takes no mask); with
     ``doc_lengths``, :class:`VarlenSteps` (index tensors on ``device``); else :func:`batch_steps`.
     """
     if mask is not None:
         kw = {} if mask_parts is None else {"parts": mask_parts}
-        return masked.ring_steps(mask, layout, seqlen_local, rank, world_size, torch.device(device), **kw)
+        return masked.ring_steps(mask, layout, seqlen_local, rank, world_size, torch.device(device), by_slices=by_slices,
+                                 **kw)
     if window is not None:
         return _window_steps(layout, seqlen_local, doc_lengths, rank, world_size, window)
     if doc_lengths is None:

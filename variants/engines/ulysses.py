@@ -224,7 +224,8 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
             raise ValueError(f"{prefix} the ring shard of {ring_len} tokens is odd, but {name}'s zigzag ring gives "
                              "each ring rank two equal chunks; make seqlen a multiple of 2 * world_size")
         if mask is not None:
-            steps = masked.ring_steps(mask, ring_layout, ring_len, grid.ring_rank, grid.ring_degree, q.device)
+            steps = masked.ring_steps(mask, ring_layout, ring_len, grid.ring_rank, grid.ring_degree, q.device,
+                                      by_slices=kernel.by_slices)
         elif window is not None:
             steps = _window_steps(ring_layout, ring_len, None, grid.ring_rank, grid.ring_degree, window)
         else:
@@ -237,7 +238,8 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
                 raise ValueError(f"{prefix} {reason}")
         ring_docs = [d // grid.ring_degree for d in docs]
         if mask is not None:  # per document: every document cut in the ring's layout on its own
-            steps = masked.ring_steps(mask, ring_layout, ring_len, grid.ring_rank, grid.ring_degree, q.device)
+            steps = masked.ring_steps(mask, ring_layout, ring_len, grid.ring_rank, grid.ring_degree, q.device,
+                                      by_slices=kernel.by_slices)
         else:
             steps = documents.schedule(
                 (name, grid.ring_rank, grid.ring_degree, grid.ulysses_degree, causal, str(q.device), window),

@@ -32,7 +32,9 @@ form only) gives every query row's and key row's global position and the predica
 which pairs are seen; the call then passes ``causal=False`` and no window, and may be
 rectangular. A row that sees no key gets out 0 and lse ``-inf``. The math kernel reads the
 mask's dense boolean block; a FlexAttention kernel would make its ``mask_mod`` of the same
-positions and predicate.
+positions and predicate. A kernel that takes a window but no mask (flash-attn-4, flash-attn,
+torch-flash, cpu) gets a mask's partial blocks from the engines as window calls instead, one per
+slice of the mask (``Kernel.by_slices``).
 
 A bias (``bias=``, a ``common.PositionBias``, on the kernels with ``Kernel.takes_bias``, batch
 form only: math) gives the global positions of the call's rows and keys and the whole-sequence
@@ -96,7 +98,9 @@ class Kernel:
         takes_window: forward and backward (both forms) take ``window=(left, right)`` (module
             docstring); ``no_window`` says why a kernel does not.
         takes_mask: forward and backward (batch form) take ``mask=``, a ``common.PositionMask``
-            (module docstring); ``no_mask`` says why a kernel does not.
+            (module docstring). A kernel that takes a window but no mask still serves every mask:
+            the engines cut each partial block into one window call per slice of the mask
+            (``engines/masked.py``, :attr:`by_slices`).
         takes_bias: forward and backward (batch form) take ``bias=``, a ``common.PositionBias``
             (module docstring); ``no_bias`` says why a kernel does not.
         head_dim_v: whether it takes a value head dim apart from the query/key one (v
@@ -129,9 +133,19 @@ class Kernel:
     takes_window: bool = False
     no_window: str = ""
     takes_mask: bool = False
-    no_mask: str = "it takes the causal mask and windows only"
     takes_bias: bool = False
     no_bias: str = "ringbench calls it without an additive score bias"
+
+    @property
+    def any_mask(self) -> bool:
+        """Whether any mask of ``masks.py`` can run on it: as a dense block (``takes_mask``) or as
+        window calls, one per slice (``takes_window``)."""
+        return self.takes_mask or self.takes_window
+
+    @property
+    def by_slices(self) -> bool:
+        """Whether the engines give it a mask's partial blocks as window calls, one per slice."""
+        return self.takes_window and not self.takes_mask
 
     @property
     def varlen(self) -> bool:
@@ -186,7 +200,7 @@ KERNELS: dict[str, Kernel] = {
     for k in (
         Kernel("flash-attn-4", "cuda", _HALF, 256, 8, _fa4_forward, _fa4_backward, fa4.unavailable,
                _fa4_forward_varlen, _fa4_backward_varlen, nondeterministic_backward=_NONDET_FA4, head_dim_v=True,
-               takes_window=True, no_mask="its CuTe DSL interface takes a mask_mod, which ringbench does not pass yet",
+               takes_window=True,
                version=_fa4_version, notes=fa4.notes),
         Kernel("flash-attn", "cuda", _HALF, 256, 8, _flash_attn_forward, _flash_attn_backward,
                _flash_attn_unavailable, _flash_attn_forward_varlen, _flash_attn_backward_varlen,
@@ -207,8 +221,7 @@ KERNELS: dict[str, Kernel] = {
                no_window="PyTorch's memory-efficient attention op takes no window size"),
         Kernel("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16, torch.float16), None, 1,
                _cpu_forward, _cpu_backward, forward_varlen=_cpu_forward_varlen,
-               backward_varlen=_cpu_backward_varlen, takes_window=True,
-               no_mask="ringbench calls PyTorch's CPU flash op with the causal mask and windows only"),
+               backward_varlen=_cpu_backward_varlen, takes_window=True),
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
                _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
                backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True, takes_mask=True,
@@ -265,10 +278,10 @@ def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None 
         names = [n for n in kernels_for(device_type, registry) if registry[n].takes_window]
         return (f"the {kernel.name} kernel cannot take a sliding window ({kernel.no_window}); "
                 f"pass --kernel with one of {', '.join(names)} or auto")
-    if mask and not kernel.takes_mask:
-        names = [n for n in kernels_for(device_type, registry) if registry[n].takes_mask]
-        return (f"the {kernel.name} kernel cannot take mask {mask} ({kernel.no_mask}); "
-                f"pass --kernel with one of {', '.join(names)} or auto")
+    if mask and not kernel.any_mask:
+        names = [n for n in kernels_for(device_type, registry) if registry[n].any_mask]
+        return (f"the {kernel.name} kernel cannot take mask {mask} (a mask runs as a dense block or as one window "
+                f"call per slice, and {kernel.no_window}); pass --kernel with one of {', '.join(names)} or auto")
     if bias and not kernel.takes_bias:
         names = [n for n in kernels_for(device_type, registry) if registry[n].takes_bias]
         return (f"the {kernel.name} kernel cannot take bias {bias} ({kernel.no_bias}); "
