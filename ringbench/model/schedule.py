@@ -521,9 +521,9 @@ def mask_refusal(mask: str) -> str | None:
 
     if not mask or masks.plain_fields(mask) is not None:
         return None
-    return (f"mask {masks.label(masks.parse(mask))} is not priced by the model yet (its partial blocks run on the "
-            "math kernel, which no calibration rates); predict the causal case, or measure the mask with ringbench "
-            "run")
+    return (f"mask {masks.label(masks.parse(mask))} is not priced by the model yet (the model does not walk the "
+            "window calls a mask's partial blocks are cut into); predict the causal case, or measure the mask with "
+            "ringbench run")
 
 
 def refusal(spec) -> str | None:

@@ -81,15 +81,15 @@ def floor_for(dtype: torch.dtype, ref_max: float, world_size: int = 1, terms: in
 
     bf16 and fp16: one rounding, ``0.5 * eps * ref_max`` (the blocks are merged in the finer
     float32 and rounded once). fp32 and fp64: the merge accumulates in the input's own precision,
-    so each of the ``terms`` partial results met in one element (default ``2 * world_size``, two
-    blocks a rank) may add a rounding of that precision, twice (once in its kernel, once in the
-    sum): ``2 * terms * eps * ref_max``. In float64 the single-device reference has no error at
+    so each of the ``n`` partial results met in one element (``terms``, at least ``2 * world_size``,
+    two blocks a rank) may add a rounding of that precision, twice (once in its kernel, once in
+    the sum): ``2 * n * eps * ref_max``. In float64 the single-device reference has no error at
     all, and in float32 its error is a few ulps, so a tighter floor fails correct variants by
     chance (zigzag with a shared-prefix mask at W=2, seed 0, read 1.25); a dropped or mis-masked
     block is orders of magnitude above it."""
     eps = torch.finfo(dtype).eps
     if dtype in (torch.float32, torch.float64):
-        return 2 * (terms or 2 * world_size) * eps * ref_max
+        return 2 * max(terms or 0, 2 * world_size) * eps * ref_max
     return 0.5 * eps * ref_max
 
 

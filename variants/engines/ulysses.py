@@ -122,10 +122,11 @@ class UlyssesRing(torch.autograd.Function):
         causal, scale, grid, kernel, steps, lossy, replicas, mine, regrid = ctx.args
         dout_h = seq_to_heads(dout.contiguous(), grid.ulysses, grid.ulysses_degree)
         kv_last, ctx.kv_last = ctx.kv_last, None
-        # K/V replicas that a ring of several ranks summed come back unrounded (float32 through
-        # the all-to-all), so their sum is rounded once, not each replica's and then the sum.
+        # K/V replicas come back unrounded (float32 through the all-to-all), so their sum is rounded
+        # once, not each replica's and then the sum: a replica's dK/dV may be a sum itself (a ring of
+        # several ranks, or a mask's window calls, one per slice).
         acc = accumulation_dtype(kh.dtype)
-        dkv_dtype = acc if replicas > 1 and grid.ring_degree > 1 else None
+        dkv_dtype = acc if replicas > 1 else None
         learn = ctx.bias is not None and ctx.needs_input_grad[4]
         if learn:
             ctx.bias.bias.open_grad(acc)

@@ -1,0 +1,114 @@
+"""A mask on a kernel that takes windows but no mask (``Kernel.by_slices``: flash-attn-4, flash-attn,
+torch-flash, cpu): every partial block cut into one flash-attn window call per slice of the mask
+(``masked.slice_parts`` over ``bands.box_part``), merged by lse.
+
+The quick tests check the cut itself, exhaustively over the named families and a slices file, the
+three layouts and world sizes 1 to 8: the calls of a block hold exactly the pairs the mask leaves in
+it, each once, every call's rows see a key, and every window is one flash-attn takes (both sides 0
+or more); and the one-device cut (``masked.Sliced``) against the float64 math kernel under the dense
+mask. The slow one runs verify through the CLI with the cpu kernel on every batch engine, where the
+locally-masked fixture must fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import read_jsonl, ringbench
+from ringbench.variants.engines import bands, masked, masks
+from ringbench.variants.kernels import KERNELS
+
+DATA = Path(__file__).parent / "data" / "masks"
+S = 128
+TEXTS = ("window:9,4", "prefix:40", "shared-prefix:28,answers=4", "chunked:24", "global:4,window:24", "window:17,0")
+#: A slices file, at the 256 tokens it covers: image tokens that see each other both ways inside causal text.
+IMAGE = masks.read_file(DATA / "image_in_text.txt")
+
+
+def _cover(parts, m: int, n: int) -> torch.Tensor:
+    """int ``[m, n]``: how many of ``parts`` hold each (row, key) pair of the block."""
+    seen = torch.zeros(m, n, dtype=torch.int64)
+    for p in parts:
+        (q0, q1), (k0, k1) = p.q, p.kv
+        mq, nk = q1 - q0, k1 - k0
+        i, j = torch.arange(mq)[:, None], torch.arange(nk)[None, :]
+        ok = torch.ones(mq, nk, dtype=torch.bool)
+        assert getattr(p, "mask", None) is None, f"{p} needs a mask-taking kernel"  # full parts are MaskPart(mask=None)
+        if getattr(p, "window", None) is not None:
+            left, right = p.window
+            assert (left is None or left >= 0) and (right is None or right >= 0), p
+            ok &= (j >= i + nk - mq - left) if left is not None else ok
+            ok &= (j <= i + nk - mq + right) if right is not None else ok
+        assert ok.any(1).all(), f"a row of {p} sees no key"
+        seen[q0:q1, k0:k1] += ok.long()
+    return seen
+
+
+@pytest.mark.parametrize("text, seqlen", [(t, S) for t in TEXTS] + [(IMAGE, 256)], ids=lambda t: masks.label(str(t))[:24])
+def test_by_slices_the_calls_of_every_block_hold_exactly_the_masks_pairs_once(text, seqlen):
+    mask = masks.build(text, seqlen)
+    dense = masked.dense_mask(mask)
+    blocks = 0
+    for layout, world_size in itertools.product(("contiguous", "zigzag", "stripe"), (1, 2, 4, 8)):
+        runs = [bands.layout_runs(layout, seqlen, r, world_size) for r in range(world_size)]
+        for r, source in itertools.product(range(world_size), repeat=2):
+            qpos = torch.cat([masked.positions(x) for x in runs[r]])
+            kpos = torch.cat([masked.positions(x) for x in runs[source]])
+            parts = masked.block_parts(mask, runs[r], runs[source], by_slices=True)
+            got = _cover(parts, len(qpos), len(kpos))
+            assert got.max() <= 1 and torch.equal(got.bool(), dense[qpos][:, kpos]), (layout, world_size, r, source)
+            blocks += 1
+    assert blocks == 3 * (1 + 4 + 16 + 64)
+
+
+def test_by_slices_prefix_makes_at_most_two_calls_a_block_and_chunked_one_a_chunk():
+    runs = bands.layout_runs("contiguous", 256, 0, 1)
+    assert len(masked.block_parts(masks.build("prefix:40", 256), runs, runs, by_slices=True)) == 2
+    assert len(masked.block_parts(masks.build("chunked:32", 256), runs, runs, by_slices=True)) == 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("text", TEXTS[1:5])
+def test_by_slices_one_device_matches_the_dense_float64_mask(text, dtype):
+    """The whole row through the cpu kernel's window calls against the math kernel in float64 under
+    the dense mask: out and lse within a few roundings of the dtype, dq dk dv too."""
+    torch.manual_seed(0)
+    q, k, v, dout = (torch.randn(1, S, 2, 16, dtype=torch.float64) for _ in range(4))
+    mask = masks.build(text, S)
+    row = [bands.Run(0, 0, 1, S)]
+    sliced = masked.Sliced(KERNELS["cpu"], mask, row, row)
+    assert len(sliced.parts) > 1
+    every = torch.arange(S)
+    dense = {"mask": masked.PositionMask(every, every, mask.allows, text)}
+    math = KERNELS["math"]
+    ref_out, ref_lse = math.forward(q, k, v, False, 0.25, **dense)
+    ref_grads = math.backward(dout, q, k, v, ref_out, ref_lse, False, 0.25, **dense)
+    low = [x.to(dtype) for x in (q, k, v, dout)]
+    out, lse = sliced.forward(*low[:3], False, 0.25)
+    grads = sliced.backward(low[3], *low[:3], out, lse, False, 0.25)
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    tol = 8 * torch.finfo(dtype).eps
+    for got, want in ((out, ref_out), (lse, ref_lse), *zip(grads, ref_grads)):
+        assert (got.double() - want).abs().max() <= tol * (1 + want.abs().max()), text
+
+
+@pytest.mark.dist
+@pytest.mark.slow  # one launch of four ranks through the CLI
+def test_by_slices_verify_passes_every_batch_engine_on_the_cpu_kernel_and_the_local_only_mask_fails(tmp_path):
+    variants = ("ring", "zigzag", "stripe", "llama3", "ulysses", "usp", "mask_local_only")
+    args = ["verify", "--device", "cpu", "--kernel", "cpu", "--world-size", "4", "--seqlen", "256", "--heads", "8",
+            "--kv-heads", "2", "--head-dim", "16", "--dtype", "bf16", "--mask", "shared-prefix:28,answers=4",
+            "--mask", "chunked:24", "--out", str(tmp_path), "--yes"]
+    done = ringbench(*args, *[a for v in variants for a in ("--variant", v)], cwd=tmp_path)
+    records = read_jsonl(tmp_path / "verify.jsonl")
+    assert done.returncode == 1 and len(records) == 2 * len(variants), done.stdout + done.stderr
+    for r in records:
+        assert r["kernel"] == "cpu", r["kernel"]
+        ok = r["status"] == "ok" and all(c["passed"] for c in r["checks"])
+        assert ok == (r["spec"]["variant"] != "mask_local_only"), (r["spec"]["variant"], r["spec"]["mask"], r["reason"])
+        if ok:
+            assert r["cp_active"] is True and all(c["shadow_passed"] for c in r["checks"]), r["spec"]["variant"]
