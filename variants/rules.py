@@ -202,13 +202,13 @@ class MaskLayouts(Layouts):
     (``engines/mask_balance.py``), so it needs a mask the plain cases do not write away."""
 
     def needs_mask(self, value: str) -> bool:
-        return value == "balanced"
+        return value in ("balanced", "ptrr")
 
     def check(self, variant, value, case):
         reason = super().check(variant, value, case)
         mask = case.get("mask") or ""
         if reason is None and self.needs_mask(value) and (not mask or masks.plain_fields(mask) is not None):
-            return (f"layout 'balanced' of {variant.name} evens a mask's work, and the case has "
+            return (f"layout {value!r} of {variant.name} evens a mask's work, and the case has "
                     f"{'mask ' + mask if mask else 'none'}; pass --mask (such as prefix:512), or drop --layout")
         return reason
 

@@ -510,7 +510,8 @@ class CaseSpec:
     layout: str = row("the layout of the sequence over the ranks, for variants that take several (llama3: zigzag or "
                       "contiguous; llama3_varlen: contiguous, or balanced: each document cut head-tail, which "
                       "balances the causal mask's work; both take either mask; ring under a --mask: contiguous, "
-                      "or balanced: the chunks that even that mask's work)", "", "",
+                      "balanced: the chunks that even that mask's work, or ptrr: PyTorch's processing-time round "
+                      "robin of 128-token chunks)", "", "",
                       default_text="the variant's own", optional=True, metavar="NAME")
     heads_k_stride: int = row("K/V heads gathered at a time by all-gather variants; while one group computes, the "
                               "next group's gather is in flight; 0: all of them in one gather", 0, 0,
