@@ -109,6 +109,15 @@ def test_packed_documents_refusals_name_the_rule():
                                         r"--batch 1, or use a batch variant \(ring, zigzag, stripe, llama3, ulysses or "
                                         r"usp\) with --docs, which packs the same documents into every row"):
         build.cases_for("verify", {**base, "variant": ["zigzag_varlen"], "batch": 2})
+    with pytest.raises(SpecError, match=r"^mask shared-prefix:16,answers=5 with --docs applies per document, and "
+                                        r"document 0 of 64 tokens leaves 48 tokens"):
+        build.cases_for("verify", {**base, "variant": ["zigzag"], "docs": "64,64,128",
+                                   "mask": ["shared-prefix:16,answers=5"]})
+    # A prompt longer than a document (or the row) is full attention inside it, as on the varlen engines.
+    [case], _ = build.cases_for("verify", {**base, "variant": ["zigzag"], "mask": ["prefix:300"]})
+    assert case.mask == "docs:96,64,96;prefix:300"
+    [case], _ = build.cases_for("verify", {**base, "variant": ["ring"], "layout": "balanced"})
+    assert case.layout == "balanced" and case.mask == "docs:96,64,96;causal"
     cases, _ = build.cases_for("verify", {**base, "variant": list(BATCH_ENGINES), "batch": 2})
     assert [c.mask for c in cases] == [masks.packed(DOCS, "causal")] * len(BATCH_ENGINES)
 
@@ -178,3 +187,24 @@ def test_the_issues_commands_now_run(tmp_path):
     done = ringbench("verify", "--device", "cpu", "--kernel", "math", "--variant", "zigzag_varlen", "--batch", "2",
                      "--docs", "96,64,96", "--seqlen", "256", "--world-size", "2", "--out", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 2 and "use a batch variant" in done.stderr, done.stdout + done.stderr
+
+
+@pytest.mark.dist
+@pytest.mark.slow  # one launch of four ranks through the CLI
+def test_packed_documents_compose_with_a_sink_a_bias_and_ring_balanced(tmp_path):
+    """The document mask composes as any mask does: a learnable sink (dsink checked) and a learnable bias (dbias
+    checked) on zigzag and usp, and ring's mask planner over the whole row."""
+    done = ringbench("verify", "--device", "cpu", "--kernel", "math", "--variant", "zigzag", "--variant", "usp",
+                     "--docs", "96,64,96", "--mask", "prefix:16", "--sink", "learnable", "--bias", "1hss",
+                     "--seqlen", "256", "--world-size", "4", "--heads", "4", "--head-dim", "16", "--out", str(tmp_path),
+                     cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = ringbench("verify", "--device", "cpu", "--kernel", "math", "--variant", "ring", "--layout", "balanced",
+                     "--docs", "96,64,96", "--seqlen", "256", "--world-size", "4", "--heads", "2", "--head-dim", "16",
+                     "--out", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = read_jsonl(tmp_path / "verify.jsonl")
+    assert len(records) == 3 and all(r["status"] == "ok" for r in records)
+    checked = {c["tensor"] for r in records[:2] for c in r["checks"]}
+    assert {"dsink", "dbias"} <= checked, checked
+    assert records[2]["spec"]["layout"] == "balanced" and records[2]["spec"]["mask"] == "docs:96,64,96;causal"

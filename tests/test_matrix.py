@@ -288,11 +288,11 @@ def test_cpu_matrix_gives_every_class_writes_its_files_and_resumes_without_launc
     # Refused cells are recorded as skipped, never launched; the faults launch apart, last.
     records = read_jsonl(out / "verify.jsonl")
     skipped = {r["case_id"] for r in records if r["status"] == "skipped"}
-    assert {packed["case_id"], cells["broken_merge", "packed"]["case_id"]} <= skipped
+    assert cells["broken_merge", "packed"]["case_id"] in skipped and packed["case_id"] not in skipped
     launched = [v for launch in launcher.launches for v in launch]
-    # ring: causal, full, window and the five named masks; broken_merge: causal and full (it takes no
-    # window and no mask).
-    assert sorted(launched) == sorted(["ring"] * 8 + ["broken_merge", "broken_merge", "fault_oom", "fault_raise"])
+    # ring: causal, full, window, the five named masks and packed (a document mask); broken_merge: causal and
+    # full (it takes no window, no mask and so no documents).
+    assert sorted(launched) == sorted(["ring"] * 9 + ["broken_merge", "broken_merge", "fault_oom", "fault_raise"])
     assert cells["ring", "prefix"]["class"] == "correct" and cells["ring", "prefix"]["kernel"] == "math"
     assert "broken_merge cannot take mask prefix:64" in cells["broken_merge", "prefix"]["reason"]
     assert launcher.launches[-1] == ["fault_oom", "fault_raise"]

@@ -485,7 +485,8 @@ class CaseSpec:
                       metavar="|".join(DEVICES))
     world_size: int = row(f"ranks in the context-parallel group, one process each, 1 to {MAX_WORLD_SIZE}", VISIBLE_GPUS,
                           2, label="W={}", repeatable=True, check=_check_world_size)
-    batch: int = row("sequences per batch (B)", 1, 1, label="B={}", check=_POSITIVE)
+    batch: int = row("sequences per batch (B); with --docs on a batch variant every row packs the same documents "
+                     "(the varlen variants take 1)", 1, 1, label="B={}", check=_POSITIVE)
     seqlen: int = row("global tokens per sequence (S), split across the ranks; a whole number with an optional k "
                       "(x1024) or M (x1024^2) suffix, such as 4096, 128k or 1M", 16 * 1024, 4 * 1024,
                       parse=_SIZE["seqlen"], repeatable=True, check=_check_seqlen)
