@@ -90,3 +90,17 @@ def test_ring_ptrr_verifies_under_a_mask_and_documents(tmp_path):
 def test_ptrr_at_w8_is_docs_masks_table(text, seqlen, expected):
     """docs/masks.md's ptrr column at W=8."""
     assert mask_balance.ptrr_plan(masks.build(text, seqlen), 8).max_over_mean() == pytest.approx(expected, abs=5e-4)
+
+
+@pytest.mark.parametrize("text", ["prefix:96", "chunked:24", "window:9,4", "global:4,window:16",
+                                  "shared-prefix:28,answers=3", "docs:96,24,136;prefix:40", "docs:96,24,136;window:9,4"])
+@pytest.mark.parametrize("chunk", [8, 32])
+def test_chunk_times_are_the_key_chunks_with_a_pair(text, chunk):
+    """The closed form (one run of keys per slice and query chunk) against counting every key chunk's pairs."""
+    from ringbench.variants.engines.bands import Run
+
+    mask = masks.build(text, 256)
+    n = 256 // chunk
+    brute = [sum(1 for j in range(n) if mask.pairs(Run(0, i * chunk, 1, chunk), Run(0, j * chunk, 1, chunk)))
+             for i in range(n)]
+    assert mask_balance.chunk_times(mask, chunk) == brute

@@ -62,6 +62,9 @@ def test_packed_mask_refuses_what_does_not_fit():
         "--seqlen 256 or documents that sum to 200")
     assert "do not split into 5 answers" in masks.rule(masks.packed((64, 64), "shared-prefix:16,answers=5"), 128)
     assert masks.label(masks.packed(DOCS, "prefix:16")) == "prefix:16 in 3 docs"
+    from ringbench.present.formatting import cell_text
+
+    assert cell_text("mask", masks.packed(DOCS, "prefix:16")) == "prefix:16 in 3 docs"  # tables: not the lengths
 
 
 @pytest.mark.parametrize("fields, inner", [({}, "causal"), ({"causal": False}, "full"), ({"window": 16}, "window:16"),

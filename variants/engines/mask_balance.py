@@ -199,14 +199,25 @@ def chunk_times(mask: Mask, chunk: int) -> list[int]:
     if chunk < 1 or S % chunk:
         raise ValueError(f"chunk {chunk} does not divide seqlen {S}; pass a chunk size that divides it")
     n = S // chunk
-    seen = [set() for _ in range(n)]
+    seen: list[set[int]] = [set() for _ in range(n)]
     for s in mask.slices:  # the key chunks each slice reaches from each of its query chunks
         for i in range(s.q0 // chunk, -(-s.q1 // chunk)):
-            q = Run(0, i * chunk, 1, chunk)
-            for j in range(s.k0 // chunk, -(-s.k1 // chunk)):
-                if j not in seen[i] and run_pairs(q, Run(0, j * chunk, 1, chunk), s):
-                    seen[i].add(j)
+            first, last = _keys_seen(s, max(s.q0, i * chunk), min(s.q1, (i + 1) * chunk))
+            if first <= last:
+                seen[i].update(range(first // chunk, last // chunk + 1))
     return [len(keys) for keys in seen]
+
+
+def _keys_seen(s, a: int, b: int) -> tuple[int, int]:
+    """The first and last key that query rows ``[a, b)`` see through slice ``s`` (first > last: none).
+    Row q sees keys ``max(k0, q + lo) .. min(k1 - 1, q + hi)``, a window that moves one key a row, so
+    the keys its seeing rows see are one run from the first such row's first to the last one's last."""
+    lo = s.lo if s.lo is not None else -s.q1 - s.k1  # unbounded: below every k - q of the slice
+    hi = s.hi if s.hi is not None else s.k1 + s.q1
+    a, b = max(a, s.k0 - hi), min(b, s.k1 - lo)  # the rows whose window meets [k0, k1)
+    if a >= b:
+        return 1, 0
+    return max(s.k0, a + lo), min(s.k1 - 1, b - 1 + hi)
 
 
 def snake(times: list[int], world_size: int) -> tuple[tuple[int, ...], ...]:
