@@ -147,7 +147,7 @@ def test_record_compares_the_layouts_under_a_mask():
 
     fields = work.predicted_fields(_case(mask="shared-prefix:2k,answers=4"))
     by = fields[work.BY_LAYOUT]
-    assert list(by) == ["contiguous", "zigzag", "stripe", "balanced"]
+    assert list(by) == ["contiguous", "zigzag", "stripe", "balanced", "ptrr"]
     assert by["zigzag"] == pytest.approx(fields["predicted_max_over_mean"])  # zigzag's own layout
     assert by["zigzag"] > 1.2 and by["contiguous"] > 1.2 and by["balanced"] <= mask_balance.TARGET
     assert work.BY_LAYOUT not in work.predicted_fields(_case(mask="causal"))

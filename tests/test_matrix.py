@@ -93,9 +93,8 @@ def test_build_grid_refuses_per_cell_in_the_implementations_own_words():
     assert sorted(base.columns) == sorted(["causal", "bf16", "d128", "gqa"])  # one case, four columns
     assert base.refusal is None and base.case.kernel == "cpu"  # resolved, ready to launch
     assert all(grid.cell("ring", 2, c.key) is not None for c in mx.COLUMNS)
-    packed = grid.cell("ring", 2, "packed")
-    assert "ring is a batch variant and takes no documents" in packed.refusal
-    assert packed.case is not None and packed.case.docs  # its skipped record holds the documents
+    packed = grid.cell("ring", 2, "packed")  # the documents become a document mask over ring's batch row
+    assert packed.refusal is None and packed.case.mask.startswith("docs:") and not packed.case.docs
     assert grid.cell("ring_varlen", 2, "causal") is grid.cell("ring_varlen", 2, "packed")  # one case, with documents
     assert grid.cell("ring_varlen", 2, "packed").refusal is None
     assert all(grid.cell("ring_varlen", 2, k).refusal is None for k in ("full", "window", "two_sided", "prefix", "shared_prefix", "chunked", "global"))
@@ -279,7 +278,7 @@ def test_cpu_matrix_gives_every_class_writes_its_files_and_resumes_without_launc
     mismatch = cells["broken_merge", "causal"]
     assert mismatch["class"] == "mismatch" and mismatch["worst_ratio"] > 1 and mismatch["worst_tensor"]
     packed = cells["ring", "packed"]
-    assert packed["class"] == "unsupported" and "ring is a batch variant and takes no documents" in packed["reason"]
+    assert packed["class"] == "correct"  # the documents as a document mask over ring's batch row
     assert cells["ring", "window"]["class"] == "correct"  # ring takes a sliding window (window = S / 4)
     assert "broken_merge cannot take a sliding window" in cells["broken_merge", "window"]["reason"]
     assert cells["fault_oom", "causal"]["class"] == "oom"
@@ -289,11 +288,11 @@ def test_cpu_matrix_gives_every_class_writes_its_files_and_resumes_without_launc
     # Refused cells are recorded as skipped, never launched; the faults launch apart, last.
     records = read_jsonl(out / "verify.jsonl")
     skipped = {r["case_id"] for r in records if r["status"] == "skipped"}
-    assert {packed["case_id"], cells["broken_merge", "packed"]["case_id"]} <= skipped
+    assert cells["broken_merge", "packed"]["case_id"] in skipped and packed["case_id"] not in skipped
     launched = [v for launch in launcher.launches for v in launch]
-    # ring: causal, full, window and the five named masks; broken_merge: causal and full (it takes no
-    # window and no mask).
-    assert sorted(launched) == sorted(["ring"] * 8 + ["broken_merge", "broken_merge", "fault_oom", "fault_raise"])
+    # ring: causal, full, window, the five named masks and packed (a document mask); broken_merge: causal and
+    # full (it takes no window, no mask and so no documents).
+    assert sorted(launched) == sorted(["ring"] * 9 + ["broken_merge", "broken_merge", "fault_oom", "fault_raise"])
     assert cells["ring", "prefix"]["class"] == "correct" and cells["ring", "prefix"]["kernel"] == "cpu"  # auto: by slices
     assert "broken_merge cannot take mask prefix:64" in cells["broken_merge", "prefix"]["reason"]
     assert launcher.launches[-1] == ["fault_oom", "fault_raise"]

@@ -60,8 +60,9 @@ def test_lists_of_variants_in_refusals_come_from_the_registry():
     assert {"usp", "usp_varlen", "yc_usp"} <= set(hybrids)
     message = _refusal(variant="ring", ulysses_degree=2)
     assert all(n in message for n in hybrids), message
-    message = _refusal(task="run", variant="ring", seqlen=1024, docs="512,512")
+    message = _refusal(task="run", variant="rfa_zigzag", seqlen=1024, docs="512,512")
     assert all(n in message for n, v in VARIANTS.items() if v.varlen), message
+    assert all(re.search(rf"\b{n}\b", message) for n in ("ring", "zigzag", "stripe", "llama3", "ulysses", "usp"))
     assert "ulysses_varlen" in message and "usp_varlen" in message
 
 

@@ -405,10 +405,10 @@ def test_validate_documents_must_sum_to_seqlen():
 
 @pytest.mark.parametrize("changes, pattern", [
     ({"variant": "llama3_varlen"}, r"^llama3_varlen attends packed documents, but the case has none; pass --docs"),
-    ({"variant": "ring", "docs": "4096"}, r"^docs '4096' is given, but ring is a batch variant and takes no "
-                                          r"documents; use ring_varlen, zigzag_varlen, llama3_varlen, ulysses_varlen, usp_varlen or "
-                                          r"rfa_llama3_varlen, or drop "
-                                          r"--docs$"),
+    ({"variant": "rfa_ring", "docs": "4096"}, r"^docs '4096' is given, but rfa_ring is a batch variant and takes no "
+                                              r"documents; use ring, zigzag, stripe, llama3, ring_varlen, zigzag_varlen, "
+                                              r"llama3_varlen, ulysses, ulysses_varlen, usp, usp_varlen or "
+                                              r"rfa_llama3_varlen, or drop --docs$"),
     ({"variant": "zigzag", "doc_dist": "uniform:min=1,max=8"}, r"^doc_dist 'uniform:min=1,max=8' is given, but zigzag "
                                                                 r"is a batch variant"),
     ({"variant": "llama3_varlen", "docs": "2048,2048", "batch": 2}, r"^batch 2 is not 1, but llama3_varlen packs the "

@@ -283,8 +283,8 @@ VARIANTS: dict[str, Variant] = {
     for v in (
         Variant("ring", "contiguous", "engines.ring:ring_attention",
                 "basic ring: contiguous chunks, K/V passed around the ring; under a mask, --layout balanced "
-                "gives each rank the chunks that even the mask's work",
-                options={**_BATCH, "layout": mask_layouts("contiguous", "balanced")}, emulates=True),
+                "gives each rank the chunks that even the mask's work (ptrr: PyTorch's processing-time round robin)",
+                options={**_BATCH, "layout": mask_layouts("contiguous", "balanced", "ptrr")}, emulates=True),
         Variant("zigzag", "zigzag", "engines.zigzag:zigzag_attention",
                 "ring over the zigzag layout, balanced under a causal mask", options=_BATCH, emulates=True),
         Variant("stripe", "stripe", "engines.stripe:stripe_attention",

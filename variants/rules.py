@@ -198,17 +198,20 @@ def _refuse_layout(variant, value, takers) -> str:
 
 @dataclass(frozen=True)
 class MaskLayouts(Layouts):
-    """``layout`` of a batch variant that takes ``balanced``: the mask planner's chunks
-    (``engines/mask_balance.py``), so it needs a mask the plain cases do not write away."""
+    """``layout`` of a batch variant that takes ``balanced`` (or ``ptrr``): the mask planner's chunks
+    (``engines/mask_balance.py``), so it needs a mask the plain cases do not write away, or packed
+    documents (the harness writes them as a document mask)."""
 
     def needs_mask(self, value: str) -> bool:
-        return value == "balanced"
+        return value in ("balanced", "ptrr")
 
     def check(self, variant, value, case):
         reason = super().check(variant, value, case)
         mask = case.get("mask") or ""
+        if case.get("packed"):  # packed documents, which the harness writes as a document mask over the row
+            return reason
         if reason is None and self.needs_mask(value) and (not mask or masks.plain_fields(mask) is not None):
-            return (f"layout 'balanced' of {variant.name} evens a mask's work, and the case has "
+            return (f"layout {value!r} of {variant.name} evens a mask's work, and the case has "
                     f"{'mask ' + mask if mask else 'none'}; pass --mask (such as prefix:512), or drop --layout")
         return reason
 
@@ -280,9 +283,10 @@ class MaskOption(Option):
     def check(self, variant, value, case):
         if not value:
             return None
-        if variant.varlen:
+        if variant.varlen or case.get("packed"):
             # Applied per document: the rule is the documents' (masks.document_rule), which the
-            # harness asks once it has them; the seqlen alone refuses nothing.
+            # harness asks once it has them (a batch engine's, once they are its docs: mask); the
+            # seqlen alone refuses nothing.
             docs = case.get("docs")
             return masks.document_rule(masks.parse(value), docs) if docs else None
         seqlen = case.get("seqlen")

@@ -485,7 +485,8 @@ class CaseSpec:
                       metavar="|".join(DEVICES))
     world_size: int = row(f"ranks in the context-parallel group, one process each, 1 to {MAX_WORLD_SIZE}", VISIBLE_GPUS,
                           2, label="W={}", repeatable=True, check=_check_world_size)
-    batch: int = row("sequences per batch (B)", 1, 1, label="B={}", check=_POSITIVE)
+    batch: int = row("sequences per batch (B); with --docs on a batch variant every row packs the same documents "
+                     "(the varlen variants take 1)", 1, 1, label="B={}", check=_POSITIVE)
     seqlen: int = row("global tokens per sequence (S), split across the ranks; a whole number with an optional k "
                       "(x1024) or M (x1024^2) suffix, such as 4096, 128k or 1M", 16 * 1024, 4 * 1024,
                       parse=_SIZE["seqlen"], repeatable=True, check=_check_seqlen)
@@ -510,15 +511,19 @@ class CaseSpec:
     layout: str = row("the layout of the sequence over the ranks, for variants that take several (llama3: zigzag or "
                       "contiguous; llama3_varlen: contiguous, or balanced: each document cut head-tail, which "
                       "balances the causal mask's work; both take either mask; ring under a --mask: contiguous, "
-                      "or balanced: the chunks that even that mask's work)", "", "",
+                      "balanced: the chunks that even that mask's work, or ptrr: PyTorch's processing-time round "
+                      "robin of 128-token chunks)", "", "",
                       default_text="the variant's own", optional=True, metavar="NAME")
     heads_k_stride: int = row("K/V heads gathered at a time by all-gather variants; while one group computes, the "
                               "next group's gather is in flight; 0: all of them in one gather", 0, 0,
                               default_text="all K/V heads in one gather", label="stride={}", optional=True,
                               check=_ZERO_OR_MORE)
-    docs: str = row("packed documents of a varlen variant: lengths in tokens separated by commas (sizes such as 12k, "
-                    "0 for an empty document), in row order, summing to seqlen; ring_varlen needs each a multiple of "
-                    "the world size, zigzag_varlen of twice it, llama3_varlen takes any", "", "",
+    docs: str = row("packed documents: lengths in tokens separated by commas (sizes such as 12k, 0 for an empty "
+                    "document), in row order, summing to seqlen; ring_varlen needs each a multiple of the world size, "
+                    "zigzag_varlen of twice it, llama3_varlen takes any; the batch variants ring, zigzag, stripe, "
+                    "llama3, ulysses and usp take any as a document mask over their own layout of the whole row "
+                    "(written mask docs:LENGTHS;MASK, on the math kernel), every row of --batch packing the same "
+                    "lengths", "", "",
                     default_text="none", optional=True, check=_if_set(lambda name, value: parse_docs(value)),
                     metavar="LENGTHS")
     doc_dist: str = row("draw the documents with the seed until they fill seqlen: lognormal:mean=4k,sigma=1 (mean "
@@ -549,8 +554,8 @@ class CaseSpec:
                     "L keys); or slices:q0,q1,k0,k1,type;... (MagiAttention's slices, type full, causal, inv-causal "
                     "or bi-causal). causal, full and window:L are written as --causal, --no-causal and --window; "
                     "the others set causal false (the mask alone decides) and take no --causal or --window; with "
-                    "--docs (the varlen variants) it applies inside each document, positions from 0 (slices: over "
-                    "the packed row, cut at the documents); FLOPs count the unmasked pairs; on the math kernel",
+                    "--docs it applies inside each document, positions from 0 (slices: over the packed row, cut at "
+                    "the documents); FLOPs count the unmasked pairs; on the math kernel",
                     "", "", default_text="the mask of --causal and "
                     "--window", optional=True, parse=MASK, check=_if_set(lambda name, value: parse_mask(value)),
                     repeatable=True, file_option="--mask-file", file_parse=MASK_FILE,

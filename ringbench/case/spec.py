@@ -122,6 +122,7 @@ def check_fields(given: Mapping[str, Any]) -> None:
         reason = get_variant(given["variant"]).check(
             seqlen=fields.coerce("seqlen", given["seqlen"]), world_size=given["world_size"],
             causal=given.get("causal", True), heads=given.get("heads"), kv_heads=given.get("kv_heads"),
+            packed=bool(given.get("docs") or given.get("doc_dist")),
             **{name: given[name] for name in OPTIONS if name in given})
         if reason:
             raise SpecError(reason)
@@ -157,6 +158,43 @@ def resolve_mask(spec: CaseSpec) -> CaseSpec:
     if plain is None:
         return spec.replace(causal=False) if spec.causal else spec
     return spec.replace(mask="", **plain)
+
+
+def masks_documents(variant) -> bool:
+    """Whether ``variant`` is a batch engine that takes packed documents as a document mask over its
+    row (:func:`pack_documents`): one that takes any mask (ring, zigzag, stripe, llama3, ulysses, usp)."""
+    return not variant.varlen and not variant.peer and "mask" in variant.options
+
+
+def packs_documents(spec, variant) -> bool:
+    """Whether ``variant`` takes a case's packed documents as a mask over its batch row
+    (:func:`pack_documents`): a batch engine that takes any mask, with documents, no ``doc_pad``
+    (which needs the varlen engines' causal mask) and no ``hf_model`` (whose layers fix their masks)."""
+    return masks_documents(variant) and bool(spec.docs or spec.doc_dist) and not spec.doc_pad and not spec.hf_model
+
+
+def pack_documents(spec: CaseSpec) -> CaseSpec:
+    """``spec`` with the packed documents of a batch engine (ring, zigzag, stripe, llama3, ulysses,
+    usp) written as its mask: ``docs:LENGTHS;MASK`` (``masks.packed``), the case's mask (or
+    ``causal``/``full``, ``window:L`` from ``--window``) applied inside each document, every pair
+    of two documents masked. The layout stays the engine's own over the whole row (zigzag's
+    head-tail), so a document may straddle ranks; every row of a batch packs the same lengths.
+    ``docs`` and ``doc_dist`` are emptied (the mask holds the drawn lengths), so the case is one
+    masked batch case from here on: verify's references, FLOPs and the predicted work read the
+    mask. Other cases are returned as they are. Idempotent; call after :func:`resolve_docs`."""
+    try:
+        variant = get_variant(spec.variant)
+    except ValueError:  # validate names the unknown variant
+        return spec
+    if not packs_documents(spec, variant):
+        return spec
+    docs = spec_docs(spec)
+    inner = spec.mask or (f"window:{spec.window}" if spec.window else "causal" if spec.causal else "full")
+    try:
+        text = masks.packed(docs, inner)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    return spec.replace(mask=text, docs="", doc_dist="", window=0, causal=False)
 
 
 def emulation_refusal(spec: CaseSpec) -> str | None:
@@ -612,7 +650,18 @@ def _check_docs(spec: CaseSpec, variant) -> None:
                                     heads=spec.heads, kv_heads=spec.kv_heads) is None
                         and not (spec.hf_model and v.model_refusal()))
             value = docs_text(spec.docs) if spec.docs else repr(spec.doc_dist)
-            others = names(takes)
+            if spec.doc_pad and masks_documents(variant) and not spec.hf_model:
+                raise SpecError(f"{spec.variant} is a batch variant and takes no documents padded by --doc-pad "
+                                f"{spec.doc_pad} (it takes {given} {value} as a document mask over its batch row, "
+                                "which needs no padding); drop --doc-pad, or use a varlen variant such as "
+                                "zigzag_varlen")
+            # Without --model, the batch engines that take any mask take the documents as one.
+            def packs(v) -> bool:
+                return (masks_documents(v) and not spec.hf_model
+                        and v.check(seqlen=spec.seqlen, world_size=spec.world_size, causal=spec.causal,
+                                    heads=spec.heads, kv_heads=spec.kv_heads) is None)
+
+            others = names(lambda v: takes(v) or packs(v))
             raise SpecError(f"{given} {value} is given, but {spec.variant} is a batch variant and "
                             f"takes no documents; {f'use {others}, or ' if others else ''}drop "
                             f"--{given.replace('_', '-')}")
@@ -629,8 +678,10 @@ def _check_docs(spec: CaseSpec, variant) -> None:
         raise SpecError(f"{spec.variant} attends packed documents, but the case has none; pass --docs 3000,500,12k "
                         "(lengths that sum to --seqlen) or --doc-dist lognormal:mean=4k,sigma=1")
     if spec.batch != 1:
+        packers = names(masks_documents)
         raise SpecError(f"batch {spec.batch} is not 1, but {spec.variant} packs the documents into one row; "
-                        "pass --batch 1")
+                        f"pass --batch 1, or use a batch variant ({packers}) with --docs, which packs the same "
+                        "documents into every row of the batch")
     total = sum(docs)
     if total != spec.seqlen and spec.doc_pad:
         raise SpecError(f"documents sum to {sum(spec_docs(spec))} tokens, {total} once each is padded to a "

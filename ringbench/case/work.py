@@ -34,7 +34,7 @@ FIELDS = ("predicted_pairs_per_rank", "predicted_max_over_mean")
 #: The record field of a case with a mask: max/mean of each layout's work at the case's world size.
 BY_LAYOUT = "predicted_max_over_mean_by_layout"
 #: The layouts it compares, the mask planner's (``mask_balance``) under ``balanced``.
-COMPARED = ("contiguous", "zigzag", "stripe", "balanced")
+COMPARED = ("contiguous", "zigzag", "stripe", "balanced", "ptrr")
 
 
 def _run_pairs(run: bands.Run, length: int, causal: bool, window: int | None) -> int:
@@ -155,8 +155,8 @@ def _masked_pairs(spec, variant, layout: str) -> list | None:
         return [_share(spec.batch * mask.area(), W)] * W
     degree = spec.ulysses_degree if variant.ulysses == "option" and spec.ulysses_degree > 0 else 1
     try:
-        if layout == mask_balance.NAME:  # the mask planner's chunks (ring --layout balanced)
-            found = mask_balance.default_plan(mask, W // degree)
+        if layout in mask_balance.PLANNED:  # the mask planner's chunks (ring --layout balanced or ptrr)
+            found = mask_balance.layout_plan(mask, layout, W // degree)
             ring = [found.runs(r) for r in range(W // degree)]
         else:
             ring = [bands.layout_runs(layout, S, r, W // degree) for r in range(W // degree)]
@@ -216,7 +216,8 @@ def _ratio(work) -> float | None:
 def max_over_mean_by_layout(mask: str, seqlen: int, world_size: int) -> dict[str, float | None]:
     """For ``mask`` (its text) over ``seqlen`` tokens on ``world_size`` ranks, max/mean of the work per
     rank (each rank's rows against every key) in each layout of :data:`COMPARED`: ``balanced`` is
-    the mask planner at its default chunk (``mask_balance.plan``); ``None`` for a layout that
+    the mask planner at its default chunk (``mask_balance.plan``), ``ptrr`` PyTorch's processing-time
+    round robin (``mask_balance.ptrr_plan``); ``None`` for a layout that
     cannot cut the seqlen (zigzag and balanced need a multiple of 2W), or a mask that cannot be built.
     The same for every variant: the layouts' own comparison, whatever the case's variant runs."""
     return dict(zip(COMPARED, _by_layout(mask, seqlen, world_size)))
@@ -234,6 +235,8 @@ def _by_layout(mask: str, seqlen: int, world_size: int) -> tuple:
         try:
             if layout == "balanced":
                 out[layout] = mask_balance.plan(built, world_size).max_over_mean()
+            elif layout == mask_balance.PTRR:
+                out[layout] = mask_balance.ptrr_plan(built, world_size).max_over_mean()
             else:
                 rows = [bands.layout_runs(layout, seqlen, r, world_size) for r in range(world_size)]
                 out[layout] = _ratio([sum(built.pairs(run, keys) for run in mine) for mine in rows])

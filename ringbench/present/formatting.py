@@ -115,11 +115,12 @@ def axis_text(name: str, value: Any) -> str:
 def cell_text(name: str, value: Any) -> str:
     """A value of field ``name`` in a table cell or a legend: as :func:`axis_text`, with
     many documents counted (:func:`docs_count`), no window (``window`` 0) as ``none``, never 0, a
-    mask of slices by its file's name and their count (``image_in_text(5)``, ``masks.label``), and
+    mask of slices by its file's name and their count (``image_in_text(5)``, ``masks.label``), a mask
+    over packed documents by its mask and their count (``prefix:16 in 3 docs``), and
     ``predicted`` as ``predicted`` or ``measured``."""
     if name == "window" and value in (0, None):
         return "none"
-    if name == "mask" and isinstance(value, str) and value.startswith("slices:"):
+    if name == "mask" and isinstance(value, str) and value.startswith(("slices:", "docs:")):
         from ringbench.variants.engines import masks
 
         return masks.label(value)

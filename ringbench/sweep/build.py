@@ -75,7 +75,8 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
     """
     from ringbench.case.scenarios import load_scenario
     from ringbench.case.spec import (CaseSpec, canonical, default_fields, detect_device, expand_ulysses_degree,
-                                     resolve, resolve_docs, resolve_mask, validate, without_full_window)
+                                     pack_documents, resolve, resolve_docs, resolve_mask, validate,
+                                     without_full_window)
     from ringbench.variants import get_variant
 
     scen = load_scenario(scenario) if scenario is not None else None
@@ -101,7 +102,7 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
             if scen is not None:
                 _check_scenario_window(case, given)
             # Before the variant's window rules: a mask the plain fields say, and a window of the whole sequence.
-            case = without_full_window(resolve_mask(resolve_docs(case)))
+            case = without_full_window(resolve_mask(pack_documents(resolve_docs(case))))
             if case.world_size % nnodes:
                 up = (case.world_size // nnodes + 1) * nnodes  # or the one below, where that passes the limit
                 fit = up if up <= fields.MAX_WORLD_SIZE else case.world_size - case.world_size % nnodes

@@ -93,15 +93,15 @@ def token_index(layout: str, seqlen: int, rank: int, world_size: int, device=Non
         ValueError: when ``seqlen`` is not a multiple of ``required_multiple(layout, W)``, or U
             does not divide W; ``balanced`` without a mask, or with U above 1.
     """
-    if layout == balanced.NAME and not mask:
-        raise ValueError("the balanced layout of one sequence follows a mask, and none was given; pass mask=, or "
+    if layout in mask_balance.PLANNED and not mask:
+        raise ValueError(f"the {layout} layout of one sequence follows a mask, and none was given; pass mask=, or "
                          "use varlen_token_index for packed documents")
-    if layout == balanced.NAME:
+    if layout in mask_balance.PLANNED:
         if ulysses_degree != 1:
             raise ValueError(f"the {layout} layout under a mask has no Ulysses form (ulysses_degree "
                              f"{ulysses_degree}); pass ulysses_degree 1")
         built = masks.build(mask, seqlen) if isinstance(mask, str) else mask
-        found = mask_balance.default_plan(built, world_size)
+        found = mask_balance.layout_plan(built, layout, world_size)
         return torch.cat([torch.arange(a, b, device=device) for a, b in found.positions(rank)])
     if ulysses_degree != 1:
         ring_rank, ring_size = _ring_coordinates(rank, world_size, ulysses_degree)

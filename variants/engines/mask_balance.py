@@ -26,9 +26,19 @@ does, the most even of them (the larger chunk on a tie); where S is a multiple o
 2W, one chunk per rank. Every chunk size divides S, and the
 kernels take any block length, so no other multiple is needed.
 
+**PTRR** (``--layout ptrr``), processing-time round robin, is the same plan with another rule at
+steps 1 to 3 (:func:`ptrr_plan`): chunks of :data:`PTRR_CHUNK` tokens (FlexAttention's block size;
+``S / 2W`` where S is not a multiple of ``PTRR_CHUNK * W``), each chunk's *processing time* the
+count of key chunks its rows see at least one pair of (the blocks a block-sparse kernel visits, not
+the pairs), taken longest first (ties: the earlier chunk first) and dealt in rounds of W, round k to
+ranks 0 .. W-1 for even k and W-1 .. 0 for odd k (a snake draft), with no look at the work so far.
+The work it records is still the exact pairs, so its max/mean sits beside the planner's.
+
 Source: the idea of MagiAttention's dispatch solver (Tao et al., arXiv 2505.13211: chunks of the
-global sequence assigned to ranks by area with a min-heap, equal chunks per rank); the code and
-the default chunk rule are ringbench's own.
+global sequence assigned to ranks by area with a min-heap, equal chunks per rank); PTRR is the
+rule PyTorch's context parallel offers as its ``_PTRRLoadBalancer`` for FlexAttention block masks
+(torch/distributed/tensor/experimental/_context_parallel/_load_balancer.py); the code and the
+default chunk rules are ringbench's own.
 """
 
 from __future__ import annotations
@@ -43,6 +53,12 @@ from .masks import Mask, run_pairs
 #: The layout's name, as ``--layout`` takes it for a batch variant under a mask (packed documents
 #: have their own ``balanced``, ``balanced.py``).
 NAME = "balanced"
+#: The processing-time round-robin layout's name (:func:`ptrr_plan`).
+PTRR = "ptrr"
+#: The layouts a plan of this module gives, each a function of the mask and the world size (:func:`layout_plan`).
+PLANNED = (NAME, PTRR)
+#: PTRR's chunk in tokens where the sequence takes it: FlexAttention's default block size.
+PTRR_CHUNK = 128
 #: The max/mean the default chunk size aims at.
 TARGET = 1.05
 #: The most chunks per rank the default tries (a ring step may take up to its square of kernel calls).
@@ -170,3 +186,95 @@ def default_plan(mask: Mask, world_size: int) -> Plan:
         ValueError: as :func:`plan`.
     """
     return plan(mask, world_size)
+
+
+def chunk_times(mask: Mask, chunk: int) -> list[int]:
+    """Each chunk's processing time under ``mask``: how many chunks of keys (``chunk`` tokens each) its
+    rows see at least one pair of (a block-sparse kernel's visits), in chunk order.
+
+    Raises:
+        ValueError: a chunk size that does not divide the mask's seqlen.
+    """
+    S = mask.seqlen
+    if chunk < 1 or S % chunk:
+        raise ValueError(f"chunk {chunk} does not divide seqlen {S}; pass a chunk size that divides it")
+    n = S // chunk
+    seen: list[set[int]] = [set() for _ in range(n)]
+    for s in mask.slices:  # the key chunks each slice reaches from each of its query chunks
+        for i in range(s.q0 // chunk, -(-s.q1 // chunk)):
+            first, last = _keys_seen(s, max(s.q0, i * chunk), min(s.q1, (i + 1) * chunk))
+            if first <= last:
+                seen[i].update(range(first // chunk, last // chunk + 1))
+    return [len(keys) for keys in seen]
+
+
+def _keys_seen(s, a: int, b: int) -> tuple[int, int]:
+    """The first and last key that query rows ``[a, b)`` see through slice ``s`` (first > last: none).
+    Row q sees keys ``max(k0, q + lo) .. min(k1 - 1, q + hi)``, a window that moves one key a row, so
+    the keys its seeing rows see are one run from the first such row's first to the last one's last."""
+    lo = s.lo if s.lo is not None else -s.q1 - s.k1  # unbounded: below every k - q of the slice
+    hi = s.hi if s.hi is not None else s.k1 + s.q1
+    a, b = max(a, s.k0 - hi), min(b, s.k1 - lo)  # the rows whose window meets [k0, k1)
+    if a >= b:
+        return 1, 0
+    return max(s.k0, a + lo), min(s.k1 - 1, b - 1 + hi)
+
+
+def snake(times: list[int], world_size: int) -> tuple[tuple[int, ...], ...]:
+    """Chunks dealt to ``world_size`` ranks longest ``times`` first (ties: the earlier chunk first), in
+    rounds of W: round k to ranks 0 .. W-1 when k is even, W-1 .. 0 when odd; each rank's chunks ascending.
+
+    Raises:
+        ValueError: a chunk count that is not a multiple of ``world_size``.
+    """
+    if world_size < 1 or len(times) % world_size:
+        raise ValueError(f"{len(times)} chunks cannot go evenly to world_size {world_size}; pass a chunk count "
+                         "that is a multiple of it")
+    held: list[list[int]] = [[] for _ in range(world_size)]
+    for at, i in enumerate(sorted(range(len(times)), key=lambda i: (-times[i], i))):
+        k, r = divmod(at, world_size)
+        held[r if k % 2 == 0 else world_size - 1 - r].append(i)
+    return tuple(tuple(sorted(h)) for h in held)
+
+
+def ptrr_chunk(seqlen: int, world_size: int) -> int:
+    """PTRR's chunk: :data:`PTRR_CHUNK` where ``seqlen`` is a multiple of it times ``world_size``, else
+    ``seqlen / 2W`` (two chunks a rank), else ``seqlen / W``.
+
+    Raises:
+        ValueError: a seqlen that is not a multiple of ``world_size``.
+    """
+    if seqlen % (PTRR_CHUNK * world_size) == 0:
+        return PTRR_CHUNK
+    sizes = chunk_sizes(seqlen, world_size)
+    if not sizes:
+        raise ValueError(f"seqlen {seqlen} is not a multiple of world_size {world_size}, which the {PTRR} layout "
+                         "needs to give every rank the same tokens; pass a multiple of it")
+    return sizes[0]
+
+
+@functools.lru_cache(maxsize=32)
+def ptrr_plan(mask: Mask, world_size: int) -> Plan:
+    """PTRR's chunks for each of ``world_size`` ranks under ``mask`` (module docstring), each rank's
+    work its exact unmasked pairs against all keys (summing to ``mask.area()``).
+
+    Raises:
+        ValueError: a seqlen that is not a multiple of ``world_size``.
+    """
+    chunk = ptrr_chunk(mask.seqlen, world_size)
+    chunks = snake(chunk_times(mask, chunk), world_size)
+    areas = chunk_areas(mask, chunk)
+    return Plan(chunk, chunks, tuple(sum(areas[i] for i in mine) for mine in chunks))
+
+
+def layout_plan(mask: Mask, layout: str, world_size: int) -> Plan:
+    """The plan of ``layout`` (one of :data:`PLANNED`): the planner's default (:func:`default_plan`) or PTRR's.
+
+    Raises:
+        ValueError: a layout not in :data:`PLANNED`, or as the plan raises.
+    """
+    if layout == NAME:
+        return default_plan(mask, world_size)
+    if layout == PTRR:
+        return ptrr_plan(mask, world_size)
+    raise ValueError(f"layout {layout!r} has no plan here; choose one of {', '.join(PLANNED)}")

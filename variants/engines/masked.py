@@ -227,7 +227,7 @@ def _correct(mask, q_runs, k_runs, device, build, rank, source, by_slices=False)
 
 def layout_runs(mask: "masks.Mask | None", layout: str, seqlen: int, world_size: int) -> list[list[bands.Run]]:
     """Every rank's rows as runs of global positions: ``layout``'s (``bands.layout_runs``), for
-    ``balanced`` the chunks the mask planner gives each rank (``mask_balance.default_plan``), and
+    ``balanced`` (and ``ptrr``) the chunks the mask planner gives each rank (``mask_balance.layout_plan``), and
     for a mask over packed documents (``mask.docs``) every document cut in ``layout`` on its own
     (``bands.document_runs``), its runs moved to the document's place in the packed row.
 
@@ -240,8 +240,8 @@ def layout_runs(mask: "masks.Mask | None", layout: str, seqlen: int, world_size:
             at.append(at[-1] + n)
         return [[run._replace(start=run.start + at[run.doc])
                  for run in bands.document_runs(mask.docs, layout, r, world_size)] for r in range(world_size)]
-    if layout == mask_balance.NAME:
-        found = mask_balance.default_plan(mask, world_size)
+    if layout in mask_balance.PLANNED:
+        found = mask_balance.layout_plan(mask, layout, world_size)
         return [found.runs(r) for r in range(world_size)]
     return [bands.layout_runs(layout, seqlen, r, world_size) for r in range(world_size)]
 

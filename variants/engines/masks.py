@@ -65,7 +65,7 @@ from .bands import Run
 #: MagiAttention's slice types, in its order (0 full, 1 causal, 2 inverse causal, 3 bidirectional causal).
 KINDS = ("full", "causal", "inv-causal", "bi-causal")
 #: The names ``--mask`` takes (``slices`` is the form a ``--mask-file`` is read into).
-FAMILIES = ("causal", "full", "window", "prefix", "shared-prefix", "chunked", "global", "slices")
+FAMILIES = ("causal", "full", "window", "prefix", "shared-prefix", "chunked", "global", "slices", "docs")
 #: The most slices a mask may hold (their pairwise overlap check is quadratic).
 MAX_SLICES = 4096
 #: The longest sequence whose mask verify builds dense: a bool ``[S, S]`` of 1 GiB.
@@ -312,6 +312,8 @@ def parse(text: str) -> str:
     name = name.strip().lower()
     if name not in FAMILIES:
         raise ValueError(f"mask {raw!r} is not a mask ringbench knows; use {EXAMPLES}, or --mask-file FILE")
+    if name == "docs":
+        return _parse_packed(raw, params)
     args = [a.strip() for a in params.split(",")] if params.strip() else []
     if name in ("causal", "full"):
         if args:
@@ -392,12 +394,14 @@ def _entries(text: str) -> list[tuple[int, int, int, int, str]]:
 
 def unnamed(text: str) -> str:
     """A mask's text without the name of the file its slices came from: what its case_id follows."""
-    return re.sub(r"^slices:name=[^;]*;", "slices:", text)
+    return re.sub(r"(^|;)slices:name=[^;]*;", r"\1slices:", text)
 
 
 def rule(text: str, seqlen: int) -> str | None:
     """Why mask ``text`` (canonical) cannot apply to a sequence of ``seqlen`` tokens, in one
     sentence with the fix, or ``None``. A fix offering a seqlen is a :class:`SeqlenOffer`."""
+    if text.startswith("docs:"):
+        return _packed_rule(text, seqlen)
     if text.startswith("slices:"):
         return _slices_rule(text, seqlen)
     name, plain, keyed = _params(text)
@@ -431,7 +435,7 @@ def disguise(text: str, seqlen: int) -> str | None:
     and causal where it is S(S + 1) / 2 with no pair above the diagonal. A second chunk of ``chunked:C``
     (C < S) or a second answer of ``shared-prefix`` never sees the first's keys, so those are neither,
     answered without building their (perhaps millions of) slices."""
-    if text in ("causal", "full"):
+    if text in ("causal", "full") or text.startswith("docs:"):
         return None
     if not text.startswith("slices:"):
         name, plain, keyed = _params(text)
@@ -534,6 +538,9 @@ def build(text: str, seqlen: int) -> Mask:
 
 def _slices(text: str, seqlen: int) -> tuple[Slice, ...]:
     """The slices of mask ``text`` (canonical) over ``seqlen`` tokens, unchecked."""
+    if text.startswith("docs:"):
+        docs, inner = packed_parts(text)
+        return documents(inner, docs).slices
     if text.startswith("slices:"):
         return tuple(Slice.of_kind(*e) for e in _entries(text))
     return tuple(_family_slices(text, seqlen))
@@ -600,6 +607,10 @@ def document_rule(text: str, docs: Sequence[int]) -> str | None:
     that leaves a query row no key.
     """
     total = sum(docs)
+    if text.startswith("docs:"):
+        return (f"mask {label(text)} packs its own documents into a batch row, and the case packs documents "
+                f"{','.join(map(str, docs))} too; pass the documents once, with --docs and the mask to apply inside "
+                "each (such as --mask prefix:16)")
     if text.startswith("slices:"):
         reason = rule(text, total)
         if reason:
@@ -691,7 +702,7 @@ def plain_fields(text: str) -> dict | None:
     text = parse(text)
     if text in ("causal", "full"):
         return {"causal": text == "causal"}
-    if text.startswith("slices:"):
+    if text.startswith(("slices:", "docs:")):
         return None
     name, plain, _ = _params(text)
     if name == "window" and len(plain) == 1:
@@ -701,7 +712,12 @@ def plain_fields(text: str) -> dict | None:
 
 def label(text: str) -> str:
     """A mask as a table names it: its text, or for slices their count after the name of the file
-    they came from (``image_in_text(5)``), else after ``slices`` (``slices(5)``)."""
+    they came from (``image_in_text(5)``), else after ``slices`` (``slices(5)``); a mask over packed
+    documents of a batch row (:func:`packed`) as its mask and the count of documents
+    (``prefix:16 in 3 docs``)."""
+    if text.startswith("docs:"):
+        docs, inner = packed_parts(text)
+        return f"{label(inner)} in {len(docs)} docs"
     if not text.startswith("slices:"):
         return text
     name, entries = _split_name(text[len("slices:"):], text)
@@ -728,3 +744,53 @@ def read_file(path: str | Path) -> str:
         if body.strip():
             entries.append(_parse_slice(body, name, f"mask-file {name!r} line {n}"))
     return _slices_text(entries, name, _NAME_CUT.sub("_", Path(path).stem) or "file")
+
+
+# --------------------------------------------------------------------------- documents of a batch row
+
+def packed(docs: Sequence[int], inner: str) -> str:
+    """The canonical text of the family ``docs``: mask ``inner`` (any family but ``docs``, ``causal``
+    and ``full`` included) applied inside each of the packed documents of lengths ``docs``, as
+    one mask over a batch row (``docs:96,64,96;prefix:16``). It is how the batch engines take
+    ``--docs``: their own layout over the whole row (zigzag's head-tail), the documents a mask
+    like any other (:func:`build` gives :func:`documents`' slices with ``Mask.docs`` empty, so
+    nothing cuts the row per document).
+
+    Raises:
+        ValueError: a malformed ``inner``, or documents that are not whole numbers of 0 or more.
+    """
+    return parse(f"docs:{','.join(str(int(n)) for n in docs)};{inner}")
+
+
+def packed_parts(text: str) -> tuple[tuple[int, ...], str]:
+    """A canonical ``docs:`` text (:func:`packed`) as its document lengths and its inner mask's text."""
+    head, _, inner = text[len("docs:"):].partition(";")
+    return tuple(int(n) for n in head.split(",")), inner
+
+
+def _parse_packed(raw: str, params: str) -> str:
+    head, sep, inner = params.partition(";")
+    form = "docs:LENGTHS;MASK, such as docs:96,64,96;causal or docs:96,64,96;prefix:16"
+    if not sep or not inner.strip():
+        raise ValueError(f"mask {raw!r} names no mask to apply inside the documents; write {form}")
+    try:
+        docs = [int(n) for n in head.split(",")]
+    except ValueError:
+        raise ValueError(f"mask {raw!r} has a document length that is not a whole number; write {form}") from None
+    if not docs or min(docs) < 0 or not sum(docs):
+        raise ValueError(f"mask {raw!r} needs document lengths of 0 or more tokens that sum to more than 0; "
+                         f"write {form}")
+    inner = parse(inner)
+    if inner.startswith("docs:"):
+        raise ValueError(f"mask {raw!r} packs documents inside documents; write {form}")
+    return f"docs:{','.join(map(str, docs))};{inner}"
+
+
+def _packed_rule(text: str, seqlen: int) -> str | None:
+    """Why a ``docs:`` mask cannot apply to a batch row of ``seqlen`` tokens: documents that do not
+    fill the row, or the inner mask's per-document rule (:func:`document_rule`)."""
+    docs, inner = packed_parts(text)
+    if sum(docs) != seqlen:
+        return (f"documents {','.join(map(str, docs))} sum to {sum(docs)} tokens but seqlen is {seqlen}; the "
+                f"documents must fill the row exactly, so pass --seqlen {sum(docs)} or documents that sum to {seqlen}")
+    return document_rule(inner, docs)

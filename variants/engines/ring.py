@@ -680,7 +680,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         layout: ``contiguous`` (default), or ``balanced`` under a mask: q, k and v hold this rank's
             chunks of ``mask_balance.default_plan(mask, W)``, in ascending position
             (``layouts.shard(x, "balanced", rank, W, mask=mask)``), every block's global positions
-            taken from that plan.
+            taken from that plan; or ``ptrr`` under a mask, PyTorch's processing-time round robin
+            (``mask_balance.ptrr_plan``), the same way.
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32
@@ -695,9 +696,10 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     """
     if cu_seqlens is not None:
         raise ValueError("ring is the batch form and takes no cu_seqlens; use ring_varlen")
-    if layout not in ("contiguous", mask_balance.NAME):
-        raise ValueError(f"layout {layout!r} is not one ring takes; choose contiguous or {mask_balance.NAME}")
-    if layout == mask_balance.NAME and not mask:
+    if layout not in ("contiguous", *mask_balance.PLANNED):
+        raise ValueError(f"layout {layout!r} is not one ring takes; choose contiguous, "
+                         f"{' or '.join(mask_balance.PLANNED)}")
+    if layout in mask_balance.PLANNED and not mask:
         raise ValueError(f"layout {layout!r} follows a mask, and ring was given none; pass mask=, or layout "
                          "contiguous")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
