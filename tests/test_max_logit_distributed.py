@@ -4,7 +4,8 @@ harness's own ``ringbench.rank.check.verify_case`` (``tests/dist/verify_cases.py
 Every batch engine (ring, zigzag, stripe, llama3, ulysses, usp) on the math kernel verifies its max logit,
 every rank's copy, against the float64 reference at world sizes 1, 2 and 4, without a mask and under one
 (prefix:40 or chunked:24, in turn), beside out, lse, dq, dk and dv. The full launches add the max logit under
-a bias, a window, no causal mask and bf16. At two ranks or more the broken fixture ``max_logit_local_only``
+a bias, a window, no causal mask, bf16, llama3 gathering one K/V head at a time, and at four ranks usp
+with Ulysses in pairs and a ring of two. At two ranks or more the broken fixture ``max_logit_local_only``
 (each rank's own maximum, never reduced over the group) must fail on max_logit alone.
 
 The quick subset is one launch of two ranks over every engine without a mask and the fixture; the rest is
@@ -29,6 +30,7 @@ FIXTURE = "max_logit_local_only"
 EXTRA = (("alibi_zigzag", "zigzag", {"bias": "alibi"}),
          ("1hss_usp", "usp", {"bias": "1hss"}),
          ("window_llama3", "llama3", {"window": 24}),
+         ("stride_llama3", "llama3", {"heads_k_stride": 1}),
          ("full_stripe", "stripe", {"causal": False}),
          ("bf16_ulysses", "ulysses", {"dtype": "bf16"}))
 
@@ -48,6 +50,8 @@ def _cases(world_size: int, quick: bool) -> list[dict]:
         out += [{"name": f"masked_{variant}", "spec": _spec(variant, world_size, mask=MASKS[i % len(MASKS)])}
                 for i, variant in enumerate(VARIANTS)]
         out += [{"name": name, "spec": _spec(variant, world_size, **fields)} for name, variant, fields in EXTRA]
+        if world_size == 4:  # a real hybrid: Ulysses in pairs, a ring of two pairs (the default degree is 4)
+            out.append({"name": "usp_u2", "spec": _spec("usp", world_size, ulysses_degree=2, mask=MASKS[0])})
     if world_size > 1:
         out.append({"name": FIXTURE, "spec": _spec(FIXTURE, world_size)})
         if not quick:
