@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .offers import SeqlenOffer
-from .rules import (BIAS, HEADS_K_STRIDE, LAYOUT_CHUNKS, MASK, MAX_SEQLEN, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW,
+from .rules import (BIAS, HEADS_K_STRIDE, LAYOUT_CHUNKS, MASK, MAX_LOGIT, MAX_SEQLEN, OPTIONS, ROTATE_RULE, SINK, ULYSSES_DEGREE, WINDOW,
                     Option, document_rule, layouts, listed, mask_layouts, nearest_multiple, ulysses_rule)
 
 
@@ -273,8 +273,8 @@ class Variant:
 #: What ringbench's own engines take: a sink applied once per row, and a sliding window.
 _OWN: dict[str, Option] = {"sink": SINK, "window": WINDOW}
 #: What their batch forms take besides: any mask (``engines/masks.py``) and an attention bias
-#: (``kernels.common.Bias``), block by block.
-_BATCH: dict[str, Option] = {**_OWN, "mask": MASK, "bias": BIAS}
+#: (``kernels.common.Bias``), block by block, and the per-head max logit (``kernels/max_logit.py``).
+_BATCH: dict[str, Option] = {**_OWN, "mask": MASK, "bias": BIAS, "max_logit": MAX_LOGIT}
 #: And their varlen forms: any mask, applied inside each packed document (``masks.documents``); no bias.
 _VARLEN: dict[str, Option] = {**_OWN, "mask": MASK}
 
@@ -390,6 +390,9 @@ TESTING_VARIANTS: dict[str, Variant] = {
         Variant("dbias_unreduced", "contiguous", "fixtures.broken:dbias_unreduced_attention",
                 "test only: a ring whose d bias is each rank's share alone, never summed over the ranks",
                 options={"bias": BIAS, "mask": MASK}),
+        Variant("max_logit_local_only", "contiguous", "fixtures.broken:max_logit_local_only_attention",
+                "test only: a ring whose max logit is each rank's own, never reduced over the ranks",
+                options={"max_logit": MAX_LOGIT, "mask": MASK, "bias": BIAS}),
         Variant("fault_hang", "contiguous", "fixtures.broken:fault_hang_attention",
                 "test only: rank W-1 sleeps forever inside attention"),
         Variant("fault_raise", "contiguous", "fixtures.broken:fault_raise_attention",

@@ -1,6 +1,6 @@
 """The torch-free rules that the registry and the engines share: how many chunks each layout cuts
 per rank, which document lengths and Ulysses degrees a variant can take, and the variant options
-(:class:`Option`: window, mask, sink, bias, layout, Ulysses degree...), each with its refusal and its resolver.
+(:class:`Option`: window, mask, sink, bias, max logit, layout, Ulysses degree...), each with its refusal and its resolver.
 
 Plain data and arithmetic, so the harness can refuse a bad spec before any process starts.
 """
@@ -328,6 +328,10 @@ MASK = MaskOption("mask", lambda v, value, takers: (
 BIAS = Option("bias", lambda v, value, takers: (
     f"{v.name} cannot take bias {value}, since only ringbench's batch engines add a bias block by block; use one of "
     f"{', '.join(takers)}"), unset="", keyword=False)
+MAX_LOGIT = Option("max_logit", lambda v, value, takers: (
+    f"{v.name} cannot return the per-head max logit (--max-logit), since only ringbench's batch engines raise it "
+    f"block by block and take its maximum over the group; use one of {', '.join(takers)}"), unset=False,
+    keyword=False)
 #: Every variant option, in the order a case's options are checked.
 OPTIONS: dict[str, Option] = {o.name: o for o in (SINK, layouts(), HEADS_K_STRIDE, ROTATE_RULE, ULYSSES_DEGREE,
-                                                  WINDOW, MASK, BIAS)}
+                                                  WINDOW, MASK, BIAS, MAX_LOGIT)}

@@ -573,6 +573,13 @@ class CaseSpec:
                     "FLOPs unchanged; on the math kernel and the batch variants ring, zigzag, stripe, llama3, "
                     "ulysses and usp", "", "", default_text="none", label="bias={}", optional=True,
                     check=_if_set(_check_bias), repeatable=True, metavar="|".join(BIAS_KINDS))
+    max_logit: bool = row("also return the per-head maximum logit (TransformerEngine's return_max_logit, the "
+                          "quantity QK-clip reads): the largest scaled, masked score (bias included, the sink not) "
+                          "of each query head over the batch and every unmasked query-key pair, [heads] float32 "
+                          "(float64 for fp64); each rank takes it over the blocks it computes, then an all-reduce "
+                          "MAX over the group; verify checks it as one more entry, max_logit, by the max rule; on "
+                          "the math kernel and the batch variants", False, False, default_text="off",
+                          label="max-logit", optional=True, commands=("verify",), flag="--max-logit")
     ulysses_degree: int = row("ranks in each Ulysses group of the Ulysses-ring hybrids, which run a ring of "
                               "world_size / ulysses_degree groups; a divisor of the world size that divides heads "
                               "(and divides kv_heads or is a multiple of it), 0: the largest such divisor, or auto: "

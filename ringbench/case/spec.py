@@ -257,6 +257,9 @@ def validate(spec: CaseSpec, *, visible_gpus: int) -> None:
             f"as a dense [S, S] boolean reference (1 GiB), and mask {masks.label(spec.mask)} needs one",
             lambda s: f"pass --seqlen {s}" + (" or less" if s == masks.DENSE_LIMIT else ""), masks.DENSE_LIMIT,
             "pass a shorter --seqlen that the mask takes"))
+    if spec.max_logit and spec.hf_model:
+        raise SpecError(f"max_logit does not go with hf_model {spec.hf_model}, whose check compares a whole model's "
+                        "loss and gradients; drop --max-logit")
     if spec.bias and spec.hf_model:
         raise SpecError(f"bias {spec.bias} does not go with hf_model {spec.hf_model}, whose layers fix their own "
                         "scores; drop --bias")
@@ -313,7 +316,7 @@ def _check_kernel(spec: CaseSpec, kernel) -> None:
     reason = check_kernel(kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]), head_dim=spec.head_dim,
                           head_dim_v=spec.value_head_dim(), varlen=get_variant(spec.variant).varlen,
                           window=bool(spec.window), mask=masks.label(spec.mask) if spec.mask else "",
-                          bias=spec.bias)
+                          bias=spec.bias, max_logit=spec.max_logit)
     if reason:
         raise SpecError(reason)
 
@@ -369,7 +372,7 @@ def resolve(spec: CaseSpec) -> CaseSpec:
         kernel = resolve_kernel(spec.kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]),
                                 head_dim=spec.head_dim, head_dim_v=spec.value_head_dim(), varlen=variant.varlen,
                                 window=bool(spec.window), mask=masks.label(spec.mask) if spec.mask else "",
-                                bias=spec.bias, among=variant.kernels)
+                                bias=spec.bias, max_logit=spec.max_logit, among=variant.kernels)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     return spec if kernel.name == spec.kernel else spec.replace(kernel=kernel.name)

@@ -83,7 +83,7 @@ def kernels_table() -> str:
 
     Columns: the kernel, its device type, the input dtypes it takes, its head-dim rule, whether it
     has the packed-documents form, takes a sliding window, takes a value head dim apart from the
-    query/key one (``--head-dim-v``), whether its backward is bitwise repeatable as ringbench calls
+    query/key one (``--head-dim-v``), returns the per-head max logit (``--max-logit``), whether its backward is bitwise repeatable as ringbench calls
     it, and where ``auto`` tries it on each device (``-``: never).
     """
     from ringbench.variants.kernels import AUTO_ORDER, DTYPE_NAMES, KERNELS
@@ -92,8 +92,8 @@ def kernels_table() -> str:
         return "yes" if flag else "no"
 
     rows = ["| kernel | device | dtypes | head dim | packed documents | `--window` | `--head-dim-v` "
-            "| bitwise repeatable backward | `auto` tries it |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| `--max-logit` | bitwise repeatable backward | `auto` tries it |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for name, kernel in KERNELS.items():
         dtypes = ", ".join(short for dtype, short in DTYPE_NAMES.items() if dtype in kernel.dtypes)
         rule = [f"up to {kernel.max_head_dim}"] if kernel.max_head_dim else []
@@ -102,7 +102,7 @@ def kernels_table() -> str:
                 if name in order]
         rows.append(f"| `{name}` | {kernel.device_type} | {dtypes} | {', '.join(rule) or 'any'} "
                     f"| {yes(kernel.varlen)} | {yes(kernel.takes_window)} | {yes(kernel.head_dim_v)} "
-                    f"| {yes(not kernel.nondeterministic_backward)} | {', '.join(auto) or '-'} |")
+                    f"| {yes(kernel.takes_max_logit)} | {yes(not kernel.nondeterministic_backward)} | {', '.join(auto) or '-'} |")
     return "\n".join(rows) + "\n"
 
 

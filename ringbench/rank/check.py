@@ -28,6 +28,10 @@ A case with an attention bias (``spec.bias``) takes both references from ``sink_
 (``sink_pad.references``): the bias over every position, a learnable one's gradient checked as
 one more entry, ``dbias``, by the max rule.
 
+A case with ``spec.max_logit`` passes its variant a per-head max logit accumulator on its
+first run and checks what every rank holds after it as one more entry, ``max_logit``, by the
+max rule (``max_logit_check``).
+
 A case with a mask (``spec.mask``, ``engines/masks.py``) takes both references from the kernel
 called with the dense ``[S, S]`` boolean mask of the same slices over the whole sequence (a
 ``PositionMask`` of every position), and finds its cp-active pair of ranks from the mask's own
@@ -54,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from ringbench.rank import sink_pad as extras
+from ringbench.rank import max_logit_check
 from ringbench.rank.setup import CaseSetup, Results, bias_of, case_setup, sink_logits
 from ringbench.records import cp_reasons
 from ringbench.variants import plural
@@ -657,9 +662,15 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         placement.extra["bias"] = bias
     kwargs = dict(rank=rank, world_size=world_size, causal=causal, scale=scale, group=group, kernel=kernel,
                   options=case.options)
+    peak = max_logit_check.max_logit_of(spec, dtype, device)
+    if peak is not None:  # the first run's alone: the repeats and the cp-active runs do not raise it
+        placement.extra["max_logit"] = peak
     with instruments.open(observe=True) as inst:
         local = _run_variant(variant.attention, placement, inputs, **kwargs)
     seen = inst.observation
+    if peak is not None:
+        del placement.extra["max_logit"]
+        every_peak = max_logit_check.gather_every_rank(peak.values, group)
     dsink = None if sink is None or sink.grad is None else sink.grad.clone()
     learns_bias = bias is not None and bias.learnable
     dbias = bias.values.grad.clone() if learns_bias and bias.values.grad is not None else None
@@ -719,6 +730,9 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
                                              "d bias is added up from the kernels' calls and reduced over the ranks "
                                              "by the engine, and the block decomposition does not rebuild it, so "
                                              "only the max rule applies"))
+        if peak is not None:
+            checks.append(max_logit_check.max_logit_entry(every_peak, kernel, inputs, spec, causal, case.scale, bias,
+                                                          world_size))
     box = [checks]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0,
                                group=group)

@@ -73,6 +73,15 @@ def all_reduce(tensor: Tensor, group=None, async_op: bool = False):
     return _collective("all_reduce", tensor, group=group, async_op=async_op)
 
 
+def all_reduce_max(tensor: Tensor, group=None) -> None:
+    """``torch.distributed.all_reduce`` with ``ReduceOp.MAX``, in place (a per-head max logit over
+    the group, ``kernels/max_logit.py``), counted as :func:`all_reduce` is. Not emulated: only
+    verify asks for the max logit."""
+    if emulation.current() is not None:
+        raise RuntimeError("the max logit's all-reduce MAX is not emulated; run it under a process group")
+    call_counted("all_reduce", tensor, op=dist.ReduceOp.MAX, group=group)
+
+
 def all_to_all_single(output: Tensor, input: Tensor, group=None, async_op: bool = False):
     """``torch.distributed.all_to_all_single`` in equal splits along dim 0, counted: every part
     of ``input`` but this rank's own is sent, and every part of ``output`` but its own received

@@ -28,7 +28,9 @@ from ..instruments import emulation, observe, timeline
 from ..kernels.common import Bias, accumulation_dtype, running_lse_dtype, window_band
 from ..kernels import Kernel, as_kernel
 from .merge import add_steps, merge_step
-from .ring import RingBias, bias_grad, check_bias_of, ring_bias
+from .ring import RingBias, bias_grad, check_bias_of, check_max_logit, ring_bias
+from .comm import all_reduce_max
+from ..kernels.max_logit import MaxLogit
 from .sinks import apply_sink, check_sink, sink_grad
 from .window import check_window
 
@@ -172,7 +174,8 @@ def _bias_kw(bias: RingBias | None, rank: int, rows: slice, keys: slice, qh: sli
     return {**kw, "bias": bias.bias.at(every[rows], k_pos, qh)}
 
 
-def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None, mask=None, bias=None):
+def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None, mask=None, bias=None,
+             max_logit=None):
     rank, world_size = emulation.rank_and_size(group)
     B, S_local, H = q.shape[:3]
     G = H // k.shape[2]
@@ -189,7 +192,8 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None,
                                          q.device, kernel.by_slices):
             with timeline.span("kernel"):
                 b_out, b_lse = kernel.forward(q[:, rows, qh], kg[:, keys], vg[:, keys], c, scale,
-                                              **_bias_kw(bias, rank, rows, keys, qh, kw))
+                                              **_bias_kw(bias, rank, rows, keys, qh, kw),
+                                              **({} if max_logit is None else {"max_logit": max_logit.heads(qh)}))
             if seen is not None:
                 seen.forward_block(rows, qh, b_out, b_lse)
             with timeline.span("merge"):  # in place: out is already float32
@@ -200,7 +204,7 @@ def _forward(q, k, v, causal, scale, group, kernel, stride, layout, window=None,
 
 
 def _backward(dout, q, k, v, out, lse, saved, causal, scale, group, kernel, stride, layout, window=None,
-              mask=None, bias=None):
+              mask=None, bias=None, max_logit=None):
     rank, world_size = emulation.rank_and_size(group)
     S_local, G = q.shape[1], q.shape[2] // k.shape[2]
     acc = accumulation_dtype(q.dtype)
@@ -278,7 +282,8 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                      heads_k_stride: int | None = None, layout: str = "zigzag",
                      sink: Tensor | None = None, window: int | None = None,
-                     mask: str | None = None, bias: Bias | None = None) -> tuple[Tensor, Tensor]:
+                     mask: str | None = None, bias: Bias | None = None,
+                     max_logit: MaxLogit | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by gathering K/V, each rank holding its shard.
 
     Args:
@@ -300,6 +305,8 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         bias: an attention bias over the global sequence (``kernels.common.Bias``), or ``None``:
             every call takes its block at its rows' and the gathered keys' global positions, on a
             kernel that takes a bias; a learnable bias's gradient is summed over the group.
+        max_logit: a ``kernels.max_logit.MaxLogit`` of ``[Hq]``, or ``None``: every forward call
+            raises the heads of its head group, then a MAX over the group, as in :func:`ring.ring_attention`.
 
     Returns:
         ``out`` ``[B, S/W, Hq, Dv]`` in q's dtype; ``lse`` float32 ``[B, Hq, S/W]``.
@@ -322,7 +329,8 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     stride = head_group_stride(heads_k_stride, k.shape[2])
     kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
                        window=window is not None, mask=masks.label(mask.text) if mask is not None else "",
-                       bias=bias.kind if bias is not None else "")
+                       bias=bias.kind if bias is not None else "", max_logit=max_logit is not None)
+    check_max_logit(max_logit, q, False)
     if sink is not None:
         check_sink(sink, q.shape[2])
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
@@ -332,8 +340,11 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         check_bias_of(bias, q, world_size, False)
         ring = ring_bias(bias, layout, q.shape[1] * world_size, world_size, q.device)
     values = bias.values if bias is not None and bias.learnable else None
-    return GatheredAttention.apply(q, k, v, sink, values, ring, _forward, _backward, causal, scale, group, kernel,
-                                   stride, layout, window, mask, ring)
+    out, lse = GatheredAttention.apply(q, k, v, sink, values, ring, _forward, _backward, causal, scale, group,
+                                       kernel, stride, layout, window, mask, ring, max_logit)
+    if max_logit is not None:
+        all_reduce_max(max_logit.values, group=group)
+    return out, lse
 
 
 def schedule(layout: str, causal: bool, rank: int, world_size: int, seqlen_local: int, kv_heads: int,

@@ -32,9 +32,10 @@ import torch.distributed as dist
 from . import bands, mask_balance, masked, masks, window as _window
 from .. import instruments
 from ..instruments import emulation, observe, timeline
-from .comm import RingComm, all_reduce as comm_all_reduce
+from .comm import RingComm, all_reduce as comm_all_reduce, all_reduce_max
 from ..kernels.common import Bias, PositionBias, accumulation_dtype, running_lse_dtype
 from ..kernels import Kernel, as_kernel
+from ..kernels.max_logit import MaxLogit, with_max_logit
 from .merge import add_steps, merge_step
 from .sinks import apply_sink, check_sink, sink_grad
 
@@ -509,7 +510,8 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
              doc_lengths: list[int] | None = None, steps: "VarlenSteps | None" = None,
              lossy: tuple[str, ...] = (), sink: Tensor | None = None, window: int | None = None,
              layout: str = "contiguous", mask: "str | masks.Mask | None" = None,
-             mask_parts: "masked.Parts | None" = None, bias: Bias | None = None) -> tuple[Tensor, Tensor]:
+             mask_parts: "masked.Parts | None" = None, bias: Bias | None = None,
+             max_logit: MaxLogit | None = None) -> tuple[Tensor, Tensor]:
     """Run the ring engine with ``plan``; shared by the ring-shaped variants.
 
     ``sink`` (``[Hq]``, see ``sinks.py``) joins every row once, after its last merge; its
@@ -536,11 +538,16 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
     (:class:`RingBias`), on a kernel that takes a bias; a learnable bias's gradient is summed
     over the group (:func:`bias_grad`).
 
+    With ``max_logit`` (a ``kernels.max_logit.MaxLogit`` of ``[Hq]``; batch form only), every
+    forward kernel call raises it to its block's largest score per head (after the mask, window
+    and bias), and after the forward it is reduced with a MAX over the group, the same on every rank.
+
     ``lossy`` is for test fixtures only (``testing.py``), never correct: the accumulators it
     names (``out``, the running output; ``dq``; ``dkv``, the dK/dV travelling the ring) are
     rounded to the input dtype after every update, the low-precision accumulation verify's
     block-decomposition check must catch; ``bias`` drops the bias from every call on a received
-    K/V block, and ``dbias`` leaves d bias unsummed over the group (each rank's share alone).
+    K/V block, ``dbias`` leaves d bias unsummed over the group (each rank's share alone), and
+    ``max_logit`` leaves the max logit unreduced (each rank's own blocks alone).
 
     Raises:
         ValueError: a kernel the call cannot run with (``kernels.as_kernel``): with
@@ -558,9 +565,10 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
                            varlen=doc_lengths is not None, window=window is not None,
                            mask=masks.label(mask.text) if mask is not None else "",
-                           bias=bias.kind if bias is not None else "")
+                           bias=bias.kind if bias is not None else "", max_logit=max_logit is not None)
+        check_max_logit(max_logit, q, doc_lengths is not None)
     except ValueError as exc:
-        if doc_lengths is None and window is None and mask is None and bias is None:
+        if doc_lengths is None and window is None and mask is None and bias is None and max_logit is None:
             raise
         raise ValueError(f"{prefix}{exc}") from None
     if steps is None or window is not None or doc_lengths is None:  # a given steps serves varlen only
@@ -575,7 +583,29 @@ def run_ring(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: fl
         check_bias_of(bias, q, world_size, doc_lengths is not None, prefix)
         ring = ring_bias(bias, layout, q.shape[1] * world_size, world_size, q.device, mask=mask)
     values = bias.values if bias is not None and bias.learnable else None
-    return RingAttention.apply(q, k, v, sink, values, causal, scale, group, kernel, steps, frozenset(lossy), ring)
+    out, lse = RingAttention.apply(q, k, v, sink, values, causal, scale, group, with_max_logit(kernel, max_logit),
+                                   steps, frozenset(lossy), ring)
+    if max_logit is not None and "max_logit" not in lossy:  # the fixtures' "max_logit" (never correct) keeps its own
+        all_reduce_max(max_logit.values, group=group)
+    return out, lse
+
+
+def check_max_logit(max_logit: MaxLogit | None, q: Tensor, docs: bool) -> None:
+    """Refuse a max logit accumulator an engine cannot fill: with packed documents, or not of q's heads.
+
+    Raises:
+        ValueError: one sentence naming the value and the rule.
+    """
+    if max_logit is None:
+        return
+    if not isinstance(max_logit, MaxLogit):
+        raise ValueError(f"max_logit {max_logit!r} must be a kernels.max_logit.MaxLogit; build one with "
+                         "MaxLogit.empty(heads, dtype, device)")
+    if docs:
+        raise ValueError("the max logit does not go with packed documents yet; use a batch variant")
+    if max_logit.values.numel() != q.shape[2]:
+        raise ValueError(f"the max logit accumulator holds {max_logit.values.numel()} heads, but q has {q.shape[2]}; "
+                         "build it for the query heads")
 
 
 def check_bias_of(bias: Bias, q: Tensor, world_size: int, docs: bool, prefix: str = "") -> None:
@@ -653,7 +683,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                    kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                    sink: Tensor | None = None, window: int | None = None,
                    mask: str | None = None, layout: str = "contiguous",
-                   bias: Bias | None = None) -> tuple[Tensor, Tensor]:
+                   bias: Bias | None = None, max_logit: MaxLogit | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding one contiguous chunk of it, or under a
     mask, with ``layout="balanced"``, the chunks the mask planner gives it (``mask_balance.py``).
 
@@ -677,6 +707,9 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         bias: an attention bias over the global sequence (``kernels.common.Bias``: ALiBi, or a
             learnable tensor whose ``values`` get their gradient, summed over the group), added to
             every kernel call's scaled scores at its rows' global positions; ``None``: none.
+        max_logit: a ``kernels.max_logit.MaxLogit`` of ``[Hq]`` (float32; float64 for float64
+            inputs), raised in place to each head's largest scaled, masked, biased score over the
+            whole sequence, the same on every rank; ``None``: none (``run_ring``).
         layout: ``contiguous`` (default), or ``balanced`` under a mask: q, k and v hold this rank's
             chunks of ``mask_balance.default_plan(mask, W)``, in ascending position
             (``layouts.shard(x, "balanced", rank, W, mask=mask)``), every block's global positions
@@ -703,4 +736,5 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         raise ValueError(f"layout {layout!r} follows a mask, and ring was given none; pass mask=, or layout "
                          "contiguous")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
-                    plan=contiguous_plan, sink=sink, window=window, layout=layout, mask=mask, bias=bias)
+                    plan=contiguous_plan, sink=sink, window=window, layout=layout, mask=mask, bias=bias,
+                    max_logit=max_logit)

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..kernels import Kernel
+from ..kernels.max_logit import MaxLogit
 from ..kernels.common import Bias
 from .ring import Block, run_ring
 
@@ -39,7 +40,8 @@ def stripe_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                      sink: Tensor | None = None, window: int | None = None,
-                     mask: str | None = None, bias: Bias | None = None) -> tuple[Tensor, Tensor]:
+                     mask: str | None = None, bias: Bias | None = None,
+                     max_logit: MaxLogit | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding every W-th token.
 
     Takes and returns what :func:`zigzag.zigzag_attention` does, in the stripe layout: q, k and
@@ -54,4 +56,4 @@ def stripe_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         raise ValueError("stripe is the batch form and takes no cu_seqlens")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
                     plan=stripe_plan, sink=sink, window=window, layout="stripe", mask=mask,
-                    bias=bias)
+                    bias=bias, max_logit=max_logit)

@@ -38,13 +38,15 @@ import torch.distributed as dist
 from .. import instruments
 from ..instruments import emulation, observe
 from ..rules import ulysses_rule
-from .comm import all_reduce, all_to_all
+from .comm import all_reduce, all_reduce_max, all_to_all
 from .grid import Grid, process_grid
 from ..kernels.common import accumulation_dtype
 from ..kernels import Kernel, as_kernel
+from ..kernels.max_logit import MaxLogit, with_max_logit
 from . import masked, masks, window as _window
 from ..kernels.common import Bias
 from .ring import (Plan, VarlenSteps, _ring_backward, _ring_forward, _window_steps, batch_steps, bias_grad, check_bias_of,
+                   check_max_logit,
                    contiguous_plan, ring_bias)
 from .sinks import check_sink, sink_grad
 from .varlen import prepare
@@ -155,7 +157,7 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
                 cu_seqlens: Tensor | None = None, ring_document_rule=None,
                 sink: Tensor | None = None, window: int | None = None,
                 lossy: tuple[str, ...] = (), mask: str | None = None,
-                bias: Bias | None = None) -> tuple[Tensor, Tensor]:
+                bias: Bias | None = None, max_logit: MaxLogit | None = None) -> tuple[Tensor, Tensor]:
     """Run the Ulysses engine: shared by ``ulysses``, ``ulysses_varlen``, ``usp`` and ``usp_varlen``.
 
     Args:
@@ -183,6 +185,9 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
             every ring call takes its block at the ring shards' global positions, for this rank's
             query heads (the bias's heads sliced as the all-to-all slices q's); a learnable bias's
             gradient is summed over the ring group, then over the Ulysses group; batch form only.
+        max_logit: a ``kernels.max_logit.MaxLogit`` of ``[Hq]``, or ``None``: the ring's calls raise
+            the heads this rank holds after the all-to-all, the others stay ``-inf``, and a MAX over
+            the whole group fills every head on every rank; batch form only.
 
     Raises:
         ValueError: (starting ``[rank r/W]``) heads the degree cannot split
@@ -211,7 +216,8 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
         kernel = as_kernel(kernel, q.device.type, q.dtype, head_dim=q.shape[-1], head_dim_v=v.shape[-1],
                            varlen=cu_seqlens is not None, window=window is not None,
                            mask=masks.label(mask.text) if mask is not None else "",
-                           bias=bias.kind if bias is not None else "")
+                           bias=bias.kind if bias is not None else "", max_logit=max_logit is not None)
+        check_max_logit(max_logit, q, cu_seqlens is not None)
     except ValueError as exc:
         raise ValueError(f"{prefix} {exc}") from None
     ring = None
@@ -251,14 +257,22 @@ def run_ulysses(name: str, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, sof
         check_sink(sink, q.shape[2], f"{prefix} ")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     values = bias.values if bias is not None and bias.learnable else None
-    return UlyssesRing.apply(q, k, v, sink, values, causal, scale, grid, kernel, steps, frozenset(lossy), ring)
+    if max_logit is not None:  # the ring's calls hold this rank's heads after the all-to-all
+        heads = q.shape[2] // grid.ulysses_degree
+        kernel = with_max_logit(kernel, max_logit.heads(slice(grid.ulysses_rank * heads,
+                                                              (grid.ulysses_rank + 1) * heads)))
+    out, lse = UlyssesRing.apply(q, k, v, sink, values, causal, scale, grid, kernel, steps, frozenset(lossy), ring)
+    if max_logit is not None:
+        all_reduce_max(max_logit.values, group=group)
+    return out, lse
 
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                       softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                       kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                       sink: Tensor | None = None, window: int | None = None,
-                      mask: str | None = None, bias: Bias | None = None) -> tuple[Tensor, Tensor]:
+                      mask: str | None = None, bias: Bias | None = None,
+                      max_logit: MaxLogit | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by DeepSpeed-Ulysses, each rank holding one contiguous chunk.
 
     Args:
@@ -271,6 +285,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         window: a causal sliding window of this many keys, or ``None`` (:func:`run_ulysses`).
         mask: any mask over the global sequence (``masks.py``), or ``None`` (:func:`run_ulysses`).
         bias: an attention bias (``kernels.common.Bias``), or ``None`` (:func:`run_ulysses`).
+        max_logit: a ``kernels.max_logit.MaxLogit`` of ``[Hq]``, or ``None`` (:func:`run_ulysses`).
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, differentiable; ``lse`` float32 ``[B, Hq, S/W]``
@@ -283,7 +298,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         raise ValueError("ulysses is the batch form and takes no cu_seqlens; use ulysses_varlen")
     return run_ulysses("ulysses", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
                        ulysses_degree=emulation.rank_and_size(group)[1], plan=contiguous_plan, sink=sink,
-                       window=window, mask=mask, bias=bias)
+                       window=window, mask=mask, bias=bias, max_logit=max_logit)
 
 
 def ulysses_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,

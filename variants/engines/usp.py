@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ..instruments import emulation
 from ..rules import document_rule, resolve_ulysses_degree
+from ..kernels.max_logit import MaxLogit
 from ..kernels import Kernel
 from ..kernels.common import Bias
 from .ulysses import run_ulysses
@@ -38,7 +39,8 @@ def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softm
                   group: dist.ProcessGroup | None = None, kernel: Kernel | str = "auto",
                   cu_seqlens: Tensor | None = None, ulysses_degree: int | None = None,
                   sink: Tensor | None = None, window: int | None = None,
-                  mask: str | None = None, bias: Bias | None = None) -> tuple[Tensor, Tensor]:
+                  mask: str | None = None, bias: Bias | None = None,
+                  max_logit: MaxLogit | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence by USP: Ulysses of degree U inside, a zigzag ring of W / U outside.
 
     Args:
@@ -59,6 +61,8 @@ def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softm
             ring shards' global positions (``ulysses.run_ulysses``); ``None``: none.
         bias: an attention bias (``kernels.common.Bias``), taken by the zigzag ring for this rank's
             heads (``ulysses.run_ulysses``); ``None``: none.
+        max_logit: a ``kernels.max_logit.MaxLogit`` of ``[Hq]``, raised by the zigzag ring's calls
+            for this rank's heads, then reduced (MAX) over the group (``ulysses.run_ulysses``); ``None``: none.
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype and layout; ``lse`` float32 ``[B, Hq, S/W]``.
@@ -70,7 +74,7 @@ def usp_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, softm
         raise ValueError("usp is the batch form and takes no cu_seqlens; use usp_varlen")
     return run_ulysses("usp", q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
                        ulysses_degree=_degree(ulysses_degree, q, k, group), plan=zigzag_plan, sink=sink,
-                       window=window, mask=mask, bias=bias)
+                       window=window, mask=mask, bias=bias, max_logit=max_logit)
 
 
 def usp_varlen_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..kernels.max_logit import MaxLogit
 from ..kernels import Kernel
 from ..kernels.common import Bias
 from .ring import Block, run_ring
@@ -39,7 +40,8 @@ def zigzag_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                      softmax_scale: float | None = None, group: dist.ProcessGroup | None = None,
                      kernel: Kernel | str = "auto", cu_seqlens: Tensor | None = None,
                      sink: Tensor | None = None, window: int | None = None,
-                     mask: str | None = None, bias: Bias | None = None) -> tuple[Tensor, Tensor]:
+                     mask: str | None = None, bias: Bias | None = None,
+                     max_logit: MaxLogit | None = None) -> tuple[Tensor, Tensor]:
     """Attention over the whole sequence, each rank holding its two zigzag chunks.
 
     Args:
@@ -52,6 +54,7 @@ def zigzag_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
         window: a causal sliding window of this many keys, as in :func:`ring.ring_attention`.
         mask: any mask over the global sequence (``masks.py``), as in :func:`ring.ring_attention`.
         bias: an attention bias (``kernels.common.Bias``), or ``None``, as in :func:`ring.ring_attention`.
+        max_logit: a ``kernels.max_logit.MaxLogit`` of ``[Hq]``, or ``None``, as in :func:`ring.ring_attention`.
 
     Returns:
         ``out`` ``[B, S/W, Hq, D]`` in q's dtype, in the zigzag layout; ``lse`` float32
@@ -67,4 +70,4 @@ def zigzag_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                          "equal chunks, so seqlen must be a multiple of 2 * world_size")
     return run_ring(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, kernel=kernel,
                     plan=zigzag_plan, sink=sink, window=window, layout="zigzag", mask=mask,
-                    bias=bias)
+                    bias=bias, max_logit=max_logit)

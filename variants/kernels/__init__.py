@@ -103,6 +103,9 @@ class Kernel:
             (``engines/masked.py``, :attr:`by_slices`).
         takes_bias: forward and backward (batch form) take ``bias=``, a ``common.PositionBias``
             (module docstring); ``no_bias`` says why a kernel does not.
+        takes_max_logit: forward (batch form) takes ``max_logit=``, a ``max_logit.MaxLogit`` it
+            raises to each head's largest scaled, masked, biased score (math only);
+            ``no_max_logit`` says why a kernel does not.
         head_dim_v: whether it takes a value head dim apart from the query/key one (v
             ``[..., Dv]``, out ``[..., Hq, Dv]``: MLA shapes such as 192/128).
         version: a function naming what serves the calls and its version, for the records
@@ -135,6 +138,8 @@ class Kernel:
     takes_mask: bool = False
     takes_bias: bool = False
     no_bias: str = "ringbench calls it without an additive score bias"
+    takes_max_logit: bool = False
+    no_max_logit: str = "its op returns out and lse only, never the scores' maximum"
 
     @property
     def any_mask(self) -> bool:
@@ -225,7 +230,7 @@ KERNELS: dict[str, Kernel] = {
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
                _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
                backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True, takes_mask=True,
-               takes_bias=True),
+               takes_bias=True, takes_max_logit=True),
     )
 }
 
@@ -254,14 +259,14 @@ def kernels_for(device_type: str, kernels: Mapping[str, Kernel] | None = None) -
 
 def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None = None,
                  head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None,
-                 window: bool = False, mask: str = "", bias: str = "",
+                 window: bool = False, mask: str = "", bias: str = "", max_logit: bool = False,
                  kernels: Mapping[str, Kernel] | None = None) -> str | None:
     """Why ``kernel`` cannot take a call on ``device_type``, or ``None`` when it can.
 
     The rules, in order: a varlen call (packed documents) needs a kernel with a varlen form;
     a sliding window (``window``) one that takes a window; a mask (``mask``, its text, such as
     ``prefix:512``) one that takes a mask; a bias (``bias``, its text, such as ``alibi`` or
-    ``1hss``) one that takes a bias; the kernel must run on ``device_type``; it must take ``head_dim`` and ``dtype`` (each
+    ``1hss``) one that takes a bias; the per-head max logit (``max_logit``) one that returns it; the kernel must run on ``device_type``; it must take ``head_dim`` and ``dtype`` (each
     checked when given; ``head_dim_v``, the value head dim, with it). Availability on this
     machine is :func:`resolve_kernel`'s last rule.
     The reason is one sentence naming the value, the rule and the fix.
@@ -286,6 +291,10 @@ def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None 
         names = [n for n in kernels_for(device_type, registry) if registry[n].takes_bias]
         return (f"the {kernel.name} kernel cannot take bias {bias} ({kernel.no_bias}); "
                 f"pass --kernel with one of {', '.join(names)} or auto")
+    if max_logit and not kernel.takes_max_logit:
+        names = [n for n in kernels_for(device_type, registry) if registry[n].takes_max_logit]
+        return (f"the {kernel.name} kernel cannot return the per-head max logit ({kernel.no_max_logit}), which "
+                f"--max-logit needs; pass --kernel {' or '.join(names) or 'math'}")
     if kernel.device_type not in (device_type, "any"):
         return (f"kernel {kernel.name!r} runs on {kernel.device_type}, not {device_type}; "
                 f"pass --kernel with one of {', '.join(kernels_for(device_type, registry))} or auto")
@@ -307,7 +316,7 @@ def _unavailable(kernel: Kernel) -> str | None:
 
 def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = None, head_dim: int | None = None,
                    varlen: bool = False, among: tuple[str, ...] = (), head_dim_v: int | None = None,
-                   window: bool = False, mask: str = "", bias: str = "",
+                   window: bool = False, mask: str = "", bias: str = "", max_logit: bool = False,
                    kernels: Mapping[str, Kernel] | None = None) -> Kernel:
     """The kernel a call on ``device_type`` runs with: the one named, or for ``auto`` the first of
     ``AUTO_ORDER[device_type]`` that passes every rule of :func:`check_kernel` for ``dtype``,
@@ -325,6 +334,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
         window: the call has a sliding window, so the kernel must take one.
         mask: the call's mask (its text; empty: none), so the kernel must take a mask.
         bias: the call's bias (its text, ``alibi`` or a shape; empty: none), so the kernel must take one.
+        max_logit: the call returns the per-head max logit, so the kernel must compute it.
         among: for ``auto``, the only kernels it may pick (a peer's own); empty: any.
         kernels: the registry to resolve in (default :data:`KERNELS`); a test passes stand-ins.
 
@@ -334,7 +344,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
     """
     registry = KERNELS if kernels is None else kernels
     rules = dict(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, varlen=varlen, window=window, mask=mask,
-                 bias=bias, kernels=registry)
+                 bias=bias, max_logit=max_logit, kernels=registry)
     if name != "auto":
         if name not in registry:
             raise ValueError(f"kernel {name!r} is unknown; choose one of {', '.join(registry)} or auto")
@@ -357,6 +367,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
         refusals.append(reason.split(";")[0])
     wanted = [w for w in ("packed documents" if varlen else "", "a sliding window" if window else "",
                           f"mask {mask}" if mask else "", f"bias {bias}" if bias else "",
+                          "the max logit" if max_logit else "",
                           f"head_dim {head_dim}" if head_dim is not None else "",
                           f"head_dim_v {head_dim_v}" if head_dim_v not in (None, head_dim) else "",
                           f"dtype {DTYPE_NAMES.get(dtype, dtype)}" if dtype is not None else "") if w]
@@ -367,7 +378,7 @@ def resolve_kernel(name: str, device_type: str, *, dtype: torch.dtype | None = N
 
 def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | None = None, *,
               head_dim: int | None = None, varlen: bool = False, head_dim_v: int | None = None,
-              window: bool = False, mask: str = "", bias: str = "") -> Kernel:
+              window: bool = False, mask: str = "", bias: str = "", max_logit: bool = False) -> Kernel:
     """The kernel object a variant calls: a name (or ``auto``) resolved by :func:`resolve_kernel`
     for the call's device type, dtype, head dim and form; a :class:`Kernel` checked by the same
     rules (:func:`check_kernel`) but for availability, which its caller has settled.
@@ -377,9 +388,9 @@ def as_kernel(kernel: "Kernel | str", device_type: str, dtype: torch.dtype | Non
     """
     if isinstance(kernel, Kernel):
         reason = check_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen,
-                              head_dim_v=head_dim_v, window=window, mask=mask, bias=bias)
+                              head_dim_v=head_dim_v, window=window, mask=mask, bias=bias, max_logit=max_logit)
         if reason:
             raise ValueError(reason)
         return kernel
     return resolve_kernel(kernel, device_type, dtype=dtype, head_dim=head_dim, varlen=varlen, head_dim_v=head_dim_v,
-                          window=window, mask=mask, bias=bias)
+                          window=window, mask=mask, bias=bias, max_logit=max_logit)

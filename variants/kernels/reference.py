@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from .max_logit import MaxLogit
 from .common import (PositionBias, PositionMask, Window, _check_shapes, _check_varlen, accumulation_dtype, band_mask,
                      band_of, check_bias, check_mask, merge_)
 
@@ -41,24 +42,28 @@ def _bias_block(bias: PositionBias | None, q: Tensor, k: Tensor) -> Tensor | Non
 
 def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
                   chunk: int = 1024, *, window=None, mask: PositionMask | None = None,
-                  bias: PositionBias | None = None) -> tuple[Tensor, Tensor]:
+                  bias: PositionBias | None = None, max_logit: MaxLogit | None = None) -> tuple[Tensor, Tensor]:
+    # max_logit: raised to each head's largest scaled, masked, biased score of this call (max_logit.py).
     added = _bias_block(bias, q, k)
     if mask is not None:
         _check_shapes(q, k, v, False)
         check_mask(mask, q, k, causal, window)
-        return _math_forward_core(q, k, v, False, softmax_scale, chunk, seen=mask.dense(), added=added)
+        return _math_forward_core(q, k, v, False, softmax_scale, chunk, seen=mask.dense(), added=added,
+                                  peak=max_logit)
     band = band_of(window, causal)
     _check_shapes(q, k, v, causal and band is None)
-    return _math_forward_core(q, k, v, causal, softmax_scale, chunk, band=band, added=added)
+    return _math_forward_core(q, k, v, causal, softmax_scale, chunk, band=band, added=added, peak=max_logit)
 
 
 def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
                        chunk: int = 1024, causal_offset: int = 0, band: Window | None = None,
-                       seen: Tensor | None = None, added: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                       seen: Tensor | None = None, added: Tensor | None = None,
+                       peak: MaxLogit | None = None) -> tuple[Tensor, Tensor]:
     # causal: query row i sees key j iff j <= i + causal_offset (0: the square mask).
     # band (window): the mask is the band alone, aligned bottom-right (the docstring of kernels.py).
     # seen: bool [Sq, Sk], the mask alone (a PositionMask's dense block).
     # added: [Bb, Hkv|1, G|1, Sq|1, Sk], a bias added to the scaled scores (_bias_block).
+    # peak: a MaxLogit of the call's Hq heads, raised by every tile's masked scores.
     B, Sq, Hq, D = q.shape
     Hkv, Dv = k.shape[2], v.shape[3]
     G = Hq // Hkv
@@ -75,6 +80,8 @@ def _math_forward_core(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_sc
         if added is not None:
             scores = scores + _bias_tile(added, s, e, j0, j1)
         scores = _masked(scores, s, e, j0, j1, Sq, Sk, causal, causal_offset, band, seen)
+        if peak is not None:
+            peak.meet(scores)
         lse_c = torch.logsumexp(scores, dim=-1)  # -inf for a row that sees no key (none at all: j0 == j1)
         p = torch.exp(scores - lse_c.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
         out[:, :, :, s:e] = p @ vf[:, :, :, j0:j1]
