@@ -474,7 +474,7 @@ def test_predict_says_a_mask_is_not_priced_before_any_seqlen_it_would_offer(tmp_
     res = _invoke("predict", "--variant", "zigzag", "--gpu", "H100", "--world-size", "2", "--seqlen", seqlen, *mask)
     message = " ".join(res.output.split())
     assert res.exit_code == 2, message
-    assert re.fullmatch(r"mask \S+ is not priced by the model yet \(its partial blocks run on the math kernel, which "
-                        r"no calibration rates\); predict the causal case, or measure the mask with ringbench run",
+    assert re.fullmatch(r"mask \S+ is not priced by the model yet \(the model does not walk the window calls a mask's "
+                        r"partial blocks are cut into\); predict the causal case, or measure the mask with ringbench run",
                         message), message
     assert "--seqlen" not in message
