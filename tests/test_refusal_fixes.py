@@ -84,8 +84,8 @@ def test_a_model_refusal_suggests_only_variants_that_model_takes():
     with pytest.raises(SpecError) as got:
         build.cases_for("verify", {"variant": ["zigzag"], "device": "cpu", "docs": "100,156"}, model="llama-tiny")
     message = str(got.value)
-    found = re.fullmatch(r"docs '100,156' is given, but zigzag is a batch variant and takes no documents; use (.+), "
-                         r"or drop --docs", message)
+    found = re.fullmatch(r"docs '100,156' does not go with --model llama-tiny on zigzag, which takes documents as a "
+                         r"document mask and the model's layers fix their own masks; use (.+), or drop --docs", message)
     assert found, message
     suggested = re.split(r", | or ", found.group(1))
     assert "llama3_varlen" in suggested
@@ -158,7 +158,7 @@ def _fixes(message: str, model: str, given: dict) -> list[tuple[str, dict]]:
     ("llama-tiny", dict(variant=["zigzag_varlen"], world_size=[4], docs=ONES), "64 documents of 1 token are not"),
     ("llama-tiny", dict(variant=["zigzag_varlen"], world_size=[4], docs="1,255"), "documents 1 and 2 have 1 and 255"),
     ("llama-tiny", dict(variant=["zigzag_varlen"], world_size=[2, 4], docs="1,255"), "documents 1 and 2 have"),
-    ("llama-tiny", dict(variant=["zigzag"], docs=ONES), "docs '1,1,1,...,192' (65 documents) is given"),
+    ("llama-tiny", dict(variant=["zigzag"], docs=ONES), "docs '1,1,1,...,192' (65 documents) does not go with --model"),
     ("llama-tiny", dict(world_size=[3]), "world_size 3 does not fit model llama-tiny"),
     ("llama-tiny", dict(variant=["ulysses"], world_size=[8]), "world_size 8 does not fit model llama-tiny"),
     ("qwen2-tiny", dict(variant=["ulysses"], world_size=[4]), "world_size 4 does not fit model qwen2-tiny"),

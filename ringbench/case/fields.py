@@ -522,7 +522,7 @@ class CaseSpec:
                     "document), in row order, summing to seqlen; ring_varlen needs each a multiple of the world size, "
                     "zigzag_varlen of twice it, llama3_varlen takes any; the batch variants ring, zigzag, stripe, "
                     "llama3, ulysses and usp take any as a document mask over their own layout of the whole row "
-                    "(written mask docs:LENGTHS;MASK, on the math kernel), every row of --batch packing the same "
+                    "(written mask docs:LENGTHS;MASK), every row of --batch packing the same "
                     "lengths", "", "",
                     default_text="none", optional=True, check=_if_set(lambda name, value: parse_docs(value)),
                     metavar="LENGTHS")
@@ -555,7 +555,8 @@ class CaseSpec:
                     "or bi-causal). causal, full and window:L are written as --causal, --no-causal and --window; "
                     "the others set causal false (the mask alone decides) and take no --causal or --window; with "
                     "--docs it applies inside each document, positions from 0 (slices: over the packed row, cut at "
-                    "the documents); FLOPs count the unmasked pairs; on the math kernel",
+                    "the documents); FLOPs count the unmasked pairs; partial blocks run on the math kernel's dense mask or "
+                    "as one window call per slice on a kernel that takes a window (flash-attn-4, torch-flash, cpu)",
                     "", "", default_text="the mask of --causal and "
                     "--window", optional=True, parse=MASK, check=_if_set(lambda name, value: parse_mask(value)),
                     repeatable=True, file_option="--mask-file", file_parse=MASK_FILE,

@@ -658,6 +658,11 @@ def _check_docs(spec: CaseSpec, variant) -> None:
                                 f"{spec.doc_pad} (it takes {given} {value} as a document mask over its batch row, "
                                 "which needs no padding); drop --doc-pad, or use a varlen variant such as "
                                 "zigzag_varlen")
+            if spec.hf_model and masks_documents(variant):
+                others = names(takes)
+                raise SpecError(f"{given} {value} does not go with --model {spec.hf_model} on {spec.variant}, which "
+                                "takes documents as a document mask and the model's layers fix their own masks; "
+                                f"{f'use {others}, or ' if others else ''}drop --{given.replace('_', '-')}")
             # Without --model, the batch engines that take any mask take the documents as one.
             def packs(v) -> bool:
                 return (masks_documents(v) and not spec.hf_model
