@@ -62,6 +62,7 @@ ADDED = {
     "cuda_graph_note": lambda record: "cpu has no CUDA graphs",
     "spec.mask": lambda record: "",  # issue 26: no mask beyond --causal and --window
     "spec.bias": lambda record: "",  # issue 26, item 3: no attention bias
+    "spec.max_logit": lambda record: False,  # issue 26, item 2: no max logit returned
 }
 
 

@@ -144,12 +144,12 @@ batch = [1, 2]
 """
 #: Kernel and dtype per world size: the math kernel's dense blocks in both dtypes, the cpu kernel's window
 #: calls (one per slice) at W=4. The whole grid (both dtypes at every world size) passed when this was built.
-AT = {1: ("math", "bf16"), 2: ("math", "fp32"), 4: ("cpu", "bf16")}
+AT = {2: ("math", "fp32"), 4: ("cpu", "bf16")}
 
 
 @pytest.mark.dist
 @pytest.mark.slow  # one launch of W ranks through the CLI: 36 cases (42 at W >= 2)
-@pytest.mark.parametrize("world_size", [1, 2, 4], ids=lambda w: f"w{w}")
+@pytest.mark.parametrize("world_size", [2, 4], ids=lambda w: f"w{w}")  # W=1: the quick in-process tests
 def test_batch_engines_verify_packed_documents_and_the_local_only_mask_fails(world_size, tmp_path):
     """Every batch engine passes verify (the max rule and the block decomposition on every tensor) with documents
     that straddle ranks, alone and under a mask inside each, batch 1 and 2, in a dtype and kernel per world
