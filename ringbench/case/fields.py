@@ -565,7 +565,7 @@ class CaseSpec:
                               "or bi-causal, MagiAttention's slice types, over global positions); the same as "
                               "--mask slices:... with them, which records hold. Repeat for several.")
     bias: str = row("an attention bias added to the scaled scores before the softmax: alibi (ALiBi's fixed slopes "
-                    "2^(-8h/H) per head h of H, interpolated for H not a power of two; the bias is -slope_h * "
+                    "2^(-8(h+1)/H) per head h = 0 .. H-1, interpolated for H not a power of two; the bias is -slope_h * "
                     "|q_pos - k_pos|, so -slope_h * (q_pos - k_pos) under the causal mask; no gradient) or a "
                     "learnable float tensor of TransformerEngine's post-scale shapes 1hss, bhss, 11ss, b1ss or 111s "
                     "(b batch, h heads, s seqlen; 111s is one row of keys broadcast over the queries), drawn from the "
