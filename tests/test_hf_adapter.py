@@ -314,7 +314,7 @@ def test_padding_mask_is_refused_not_ignored():
                           r"qwen2-tiny$"),
     (["--model", "llama-tiny", "--world-size", "3"], r"^world_size 3 does not fit model llama-tiny: its 256 tokens"),
     (["--model", "llama-tiny", "--variant", "zigzag", "--docs", "56,200"],
-     r"^docs '56,200' is given, but zigzag is a batch variant"),
+     r"^docs '56,200' does not go with --model llama-tiny on zigzag"),
     (["--model", "llama-tiny", "--docs", "56,100"], r"^docs '56,100' sum to 156 tokens, but model llama-tiny has 256"),
     (["--model", "llama-tiny", "--scenario", "smoke"], r"^--scenario 'smoke' does not go with --model"),
     (["--model", "llama-tiny", "--seqlen", "512"], r"^--seqlen does not go with --model llama-tiny, which fixes seqlen "
