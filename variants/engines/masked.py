@@ -153,7 +153,7 @@ def runs_of(positions: Sequence[int]) -> list[bands.Run]:
 
 class Sliced:
     """A kernel that takes windows but no mask (``Kernel.by_slices``), called on one block under a
-    mask: the block cut into its window calls (:func:`slice_parts`, full pairs of runs whole),
+    mask: the block cut into its window calls (:func:`pair_parts` by slices),
     merged by lse as a ring's steps are. What the harness calls for a single device's whole row
     and a rank's own share, so they run the kernel calls the engines make.
 
@@ -164,15 +164,8 @@ class Sliced:
 
     def __init__(self, kernel, mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[bands.Run]):
         self.kernel, self.name = kernel, kernel.name
-        parts = []
-        for q in q_runs:
-            for k in k_runs:
-                kind = mask.classify(q, k)
-                if kind == masks.FULL:
-                    parts.append(bands.Part((q.local, q.local + q.count), (k.local, k.local + k.count), None))
-                elif kind == masks.PARTIAL:
-                    parts.extend(slice_parts(mask, q, k))
-        self.parts = tuple(parts)
+        self.parts = tuple(p for q in q_runs for k in k_runs
+                           for p in pair_parts(mask, q, k, mask.classify(q, k), by_slices=True))
 
     def forward(self, q, k, v, causal, scale):
         """out ``[B, Sq, Hq, Dv]`` in q's dtype and lse ``[B, Hq, Sq]`` (float32; float64 for float64
@@ -184,6 +177,20 @@ class Sliced:
         """dq, dk, dv in the inputs' dtypes, as a kernel's."""
         return tuple(g.to(x.dtype) for g, x in zip(attend_backward(self.kernel, dout, q, k, v, out, lse, self.parts,
                                                                    scale), (q, k, v)))
+
+
+def pair_parts(mask: masks.Mask, q: bands.Run, k: bands.Run, kind: str, device=None, *,
+               by_slices: bool = False) -> tuple:
+    """The kernel calls of query run ``q`` against key run ``k`` of class ``kind``: none when empty,
+    one plain call when full, else one call with its :class:`PositionMask` or, with ``by_slices``,
+    its :func:`slice_parts` (windows)."""
+    if kind == masks.EMPTY:
+        return ()
+    if kind == masks.FULL:
+        return (MaskPart((q.local, q.local + q.count), (k.local, k.local + k.count), None),)
+    if by_slices:
+        return slice_parts(mask, q, k)
+    return (MaskPart((q.local, q.local + q.count), (k.local, k.local + k.count), position_mask(mask, q, k, device)),)
 
 
 def block_parts(mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[bands.Run], device=None, *,
@@ -208,11 +215,7 @@ def block_parts(mask: masks.Mask, q_runs: Sequence[bands.Run], k_runs: Sequence[
         if not build:
             found.append(kind)
             continue
-        if kind != masks.FULL and by_slices:
-            found.extend(slice_parts(near, q, k))
-            continue
-        part_mask = None if kind == masks.FULL else position_mask(near, q, k, device)
-        found.append(MaskPart((q.local, q.local + q.count), (k.local, k.local + k.count), part_mask))
+        found.extend(pair_parts(near, q, k, kind, device, by_slices=by_slices))
     return tuple(found)
 
 
@@ -290,7 +293,6 @@ def gathered_blocks(mask: masks.Mask, chunks: list[tuple[slice, int, int]], chun
             if full or not by_slices:
                 calls.append((rows, slice(k0, k1), False, {} if full else {"mask": position_mask(mask, q, k, device)}))
                 continue
-            for p in slice_parts(mask, q, k):
-                calls.append((slice(rows.start + p.q[0] - q.local, rows.start + p.q[1] - q.local),
-                              slice(*p.kv), False, p.keywords()))
+            # q.local is rows.start, so a part's local rows are the call's rows as they are.
+            calls += [(slice(*p.q), slice(*p.kv), False, p.keywords()) for p in slice_parts(mask, q, k)]
     return calls
