@@ -259,12 +259,18 @@ def test_scenario_builtins_load_and_expand_to_valid_cases():
     assert {"smoke", "ci-nightly"} <= set(names)
     checked = 0
     for name in names:
-        cases = load_scenario(name).cases("verify", "cpu", {}, visible_gpus=8)
-        assert len(cases) > 0, name
-        for case in cases:
-            validate(case, visible_gpus=8)
-            checked += 1
+        for task in ("run", "verify"):
+            # masks goes to 128k, past verify's dense mask reference (32k); verify takes it at --seqlen 32k.
+            over = {"seqlen": 32768} if (name, task) == ("masks", "verify") else {}
+            cases = load_scenario(name).cases(task, "cpu", over, visible_gpus=8)
+            assert len(cases) > 0, name
+            for case in cases:
+                validate(case, visible_gpus=8)
+                checked += 1
     assert checked > 0
+    masks = load_scenario("masks").cases("run", "cuda", {"emulate": True}, visible_gpus=1)
+    assert {c.mask.split(":")[0] for c in masks} >= {"causal", "prefix", "shared-prefix", "chunked", "global"}
+    assert any(c.window == 128 and c.sink == "learnable" for c in masks)  # gpt-oss's banded layers
 
 
 def test_scenario_smoke_is_cpu_with_odd_local_lengths():
