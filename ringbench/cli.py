@@ -595,12 +595,19 @@ def predict(
 
     with _usage_errors():
         if not against:  # before the masks' own rules: no seqlen they offer makes a mask priced
+            from types import SimpleNamespace
+
             from ringbench.model.schedule import mask_refusal
 
-            given = case.get("mask") or []
-            for text in given if isinstance(given, list) else [given]:
-                if mask_refusal(text):
-                    raise SpecError(mask_refusal(text))
+            def listed(key):
+                given = case.get(key) or []
+                return given if isinstance(given, list) else [given]
+
+            for text in listed("mask"):
+                for variant in listed("variant"):
+                    reason = mask_refusal(SimpleNamespace(mask=text, variant=variant))
+                    if reason:
+                        raise SpecError(reason)
         options.check_given(case)
         if against:
             if out is not None:

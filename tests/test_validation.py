@@ -467,14 +467,35 @@ def test_validation_page_is_what_its_command_writes_now():
     (["--mask", "shared-prefix:40,answers=5"], "1k"),  # 984 tokens do not split into 5 answers
     (["--mask", "prefix:100"], "1k"),
 ])
-def test_predict_says_a_mask_is_not_priced_before_any_seqlen_it_would_offer(tmp_path, monkeypatch, mask, seqlen):
-    """predict with a mask the model cannot price offered a --seqlen first (the mask's own rule), then, at
-    that seqlen, said masks are not priced: the second sentence comes first, since no seqlen helps."""
+def test_predict_says_a_mask_is_not_priced_on_an_engine_before_any_seqlen_it_would_offer(tmp_path, monkeypatch, mask,
+                                                                                         seqlen):
+    """predict with a mask on an engine whose masked blocks the model does not walk (llama3) offered a
+    --seqlen first (the mask's own rule), then said the mask is not priced there: that sentence comes
+    first, since no seqlen helps."""
     monkeypatch.chdir(tmp_path)
-    res = _invoke("predict", "--variant", "zigzag", "--gpu", "H100", "--world-size", "2", "--seqlen", seqlen, *mask)
+    res = _invoke("predict", "--variant", "llama3", "--gpu", "H100", "--world-size", "2", "--seqlen", seqlen, *mask)
     message = " ".join(res.output.split())
     assert res.exit_code == 2, message
-    assert re.fullmatch(r"mask \S+ is not priced by the model yet \(the model does not walk the window calls a mask's "
-                        r"partial blocks are cut into\); predict the causal case, or measure the mask with ringbench run",
-                        message), message
+    assert re.fullmatch(r"mask \S+ is priced on ring, zigzag, stripe only, not on llama3 \(the model does not walk its "
+                        r"masked blocks yet\); predict one of those, or measure llama3 under the mask with ringbench "
+                        r"run", message), message
     assert "--seqlen" not in message
+
+
+def test_predict_prices_a_mask_on_the_ring_engines_from_its_window_calls(tmp_path, monkeypatch):
+    """Under a mask the ring engines' partial blocks are window calls, one per slice: the model walks
+    them, so a mask with less to attend is predicted faster than causal, and its FLOPs count only the
+    mask's pairs."""
+    monkeypatch.chdir(tmp_path)
+    base = ("predict", "--variant", "zigzag", "--gpu", "H100", "--world-size", "4", "--seqlen", "16k", "--json")
+    found = {}
+    for mask in ("causal", "chunked:1k", "prefix:2k"):
+        res = _invoke(*base, "--mask", mask)
+        assert res.exit_code == 0, res.output
+        (rec,) = [json.loads(line) for line in res.output.splitlines() if line.startswith("{")]
+        found[mask] = rec
+    causal, chunked, prefix = found["causal"], found["chunked:1k"], found["prefix:2k"]
+    assert chunked["time_ms"] < causal["time_ms"]  # 1/16 of causal's pairs, in many small calls
+    assert chunked["flops_per_gpu"] == pytest.approx(causal["flops_per_gpu"] * 1025 / 16384, rel=1e-9)  # flash-attn: causal S^2/2
+    assert prefix["flops_per_gpu"] > causal["flops_per_gpu"]
+    assert prefix["time_ms"] > causal["time_ms"]

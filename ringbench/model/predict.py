@@ -99,6 +99,10 @@ def reference_ms(spec, cal: Calibration, kernel: str, which: str = "mid") -> tup
                                 head_dim_v=spec.value_head_dim(), window=spec.window or None)
         return total, flops
 
+    mask = schedule.mask_of(spec)
+    if mask is not None:
+        return max((_masked_share(spec, cal, kernel, which, mask, shape, rank) for rank in range(spec.world_size)),
+                   key=lambda tf: tf[0])
     if not variant.varlen:
         return one(None)
     from ringbench.variants.engines import layouts
@@ -114,6 +118,32 @@ def reference_ms(spec, cal: Calibration, kernel: str, which: str = "mid") -> tup
                                                    ulysses_degree=degree).tolist()
         found.append(one([b - a for a, b in zip(local_cu, local_cu[1:])]))
     return max(found, key=lambda tf: tf[0])
+
+
+def _masked_share(spec, cal: Calibration, kernel: str, which: str, mask, shape, rank: int) -> tuple[float, float]:
+    """Rank ``rank``'s reference under a mask, as ``bench`` runs it: the mask between the positions the
+    rank holds, cut into one window call per slice (``masked.Sliced``): (ms, FLOPs)."""
+    from ringbench.variants import get_variant
+    from ringbench.variants.engines import layouts, masked
+
+    layout = spec.layout or get_variant(spec.variant).layout
+    held = layouts.token_index(layout, spec.seqlen, rank, spec.world_size, mask=spec.mask)
+    runs = masked.runs_of(held.tolist())
+    share = ring_step(masked.block_parts(mask, runs, runs, by_slices=True))
+    total = sum(cal.kernel_ms(kernel, call, shape, which)
+                for mode in (("fwd", "bwd") if spec.mode == "fwd_bwd" else ("fwd",))
+                for call in schedule.step_calls(share, mode, len(held)))
+    pairs = sum(c.pairs for c in schedule.step_calls(share, "fwd", len(held)))
+    flops = attention_flops(batch=spec.batch, seqlen=len(held), heads=spec.heads, head_dim=spec.head_dim,
+                            causal=False, mode=spec.mode, head_dim_v=spec.value_head_dim(), pairs=pairs)
+    return total, flops
+
+
+def ring_step(parts):
+    """A ``ring.Step`` over every row holding ``parts`` (the form ``schedule.step_calls`` reads)."""
+    from ringbench.variants.engines.ring import Step
+
+    return Step(slice(None), slice(None), False, parts=tuple(parts))
 
 
 def placement(cluster: Cluster, layout: schedule.Layout, how: str):
@@ -209,7 +239,8 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
     real = spec_docs(spec) if variant.varlen else None
     flops_per_gpu = attention_flops(batch=spec.batch, seqlen=sum(real) if real else spec.seqlen, heads=spec.heads,
                                     head_dim=spec.head_dim, causal=spec.causal, mode=spec.mode, docs=real,
-                                    head_dim_v=spec.value_head_dim(), window=spec.window or None) / W
+                                    head_dim_v=spec.value_head_dim(), window=spec.window or None,
+                                    mask="" if schedule.mask_of(spec) is None else spec.mask) / W
     ref = {which: reference_ms(spec, calibration, kernel, which) for which in ("lo", "mid", "hi")}
     ref_ms, ref_flops = ref["mid"]
 

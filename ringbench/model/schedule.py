@@ -144,11 +144,12 @@ def step_calls(step, mode: str, seqlen_local: int) -> list[Call]:
         calls = []
         for p in step.parts:
             m, n = p.q[1] - p.q[0], p.kv[1] - p.kv[0]
-            pairs = part_pairs(m, n, p.window)
-            if p.window is None:
+            band = getattr(p, "window", None)  # a mask's full part (masked.MaskPart) has none
+            pairs = part_pairs(m, n, band)
+            if band is None:
                 calls.append(Call(mode, "full", m, n, pairs))
             else:
-                left = p.window[0]
+                left = band[0]
                 calls.append(Call(mode, "window", m, n, pairs, window=(left + 1) if left is not None else n))
         return calls
     if step.cu_q is not None:
@@ -191,14 +192,16 @@ def _add_bytes(q_rows: int, kv_rows: int, shape: Shape, esize: int) -> float:
 # --------------------------------------------------------------------------- the ring engine
 
 def ring_steps(layout: str, seqlen_local: int, ring_rank: int, ring_degree: int, causal: bool, window: int | None,
-               doc_lengths: list[int] | None):
-    """The engine's steps for one ring rank (``ring.steps_for`` with the layout's plan, looked up now)."""
+               doc_lengths: list[int] | None, mask=None):
+    """The engine's steps for one ring rank (``ring.steps_for`` with the layout's plan, looked up now);
+    under ``mask`` (a ``masks.Mask`` over the global sequence) the steps a window-taking kernel runs,
+    each partial block cut into one window call per slice of the mask (``masked.ring_steps``)."""
     from ringbench.variants.engines import ring
 
-    module, name = PLANS[layout]
+    module, name = PLANS.get(layout, PLANS["contiguous"])  # balanced, ptrr: the mask's own parts, no plan
     plan = getattr(importlib.import_module(f"ringbench.variants.engines.{module}"), name)
     return ring.steps_for(plan, layout, seqlen_local, ring_rank, ring_degree, causal, window=window,
-                          doc_lengths=doc_lengths, device="cpu")
+                          doc_lengths=doc_lengths, device="cpu", mask=mask, by_slices=mask is not None)
 
 
 def ring_forward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, shape: Shape, esize: int,
@@ -513,17 +516,34 @@ def case_shape(spec) -> Shape:
     return Shape(spec.batch, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim(), spec.dtype)
 
 
-def mask_refusal(mask: str) -> str | None:
-    """Why the model cannot price mask ``mask`` (any text ``--mask`` or ``--mask-file`` gives), in one
-    sentence, or ``None`` for none and for the plain masks (causal, full, window:L), which are the plain
-    cases. Asked before a mask's other rules, since no seqlen or fix of theirs would make it priced."""
+#: The engines whose masked steps the model walks: the ring's, whose partial blocks are window calls
+#: on the kernels that take a window (``masked.ring_steps`` by slices), in any layout.
+MASK_PRICED = ("ring", "zigzag", "stripe")
+
+
+def mask_of(spec):
+    """``spec``'s mask as a ``masks.Mask`` over its global sequence, or ``None`` for none and for the
+    plain masks (causal, full, window:L), which are the plain cases."""
     from ringbench.variants.engines import masks
 
-    if not mask or masks.plain_fields(mask) is not None:
+    text = getattr(spec, "mask", "")
+    if not text or masks.plain_fields(text) is not None:
         return None
-    return (f"mask {masks.label(masks.parse(mask))} is not priced by the model yet (the model does not walk the "
-            "window calls a mask's partial blocks are cut into); predict the causal case, or measure the mask with "
-            "ringbench run")
+    return masks.over(text, spec.seqlen)
+
+
+def mask_refusal(spec) -> str | None:
+    """Why the model cannot price ``spec``'s mask, in one sentence, or ``None``: a mask is priced on
+    :data:`MASK_PRICED` alone (llama3's gathered blocks, Ulysses' head-split ring and the varlen
+    engines under a mask are not walked yet)."""
+    from ringbench.variants.engines import masks
+
+    text = getattr(spec, "mask", "")
+    if not text or masks.plain_fields(text) is not None or spec.variant in MASK_PRICED:
+        return None
+    return (f"mask {masks.label(masks.parse(text))} is priced on {', '.join(MASK_PRICED)} only, not on "
+            f"{spec.variant} (the model does not walk its masked blocks yet); predict one of those, or measure "
+            f"{spec.variant} under the mask with ringbench run")
 
 
 def refusal(spec) -> str | None:
@@ -535,7 +555,7 @@ def refusal(spec) -> str | None:
         return (f"{spec.variant} is a peer, and its schedule is its own library's code, not a ringbench plan the "
                 f"model can walk, so it is not predicted; predict ringbench's {variant.layout} variant of the same "
                 "layout instead")
-    reason = mask_refusal(getattr(spec, "mask", ""))
+    reason = mask_refusal(spec)
     if reason:
         return reason
     if getattr(spec, "bias", ""):
@@ -579,10 +599,11 @@ def programs(spec, *, ulysses_degree: int | None = None) -> tuple[list[list], La
     layout = spec.layout or variant.layout
     local = spec.seqlen // W
     doc_lengths = [d // W for d in docs] if docs is not None else None
+    mask = mask_of(spec)
     ring = tuple(range(W))
     progs = []
     for r in range(W):
-        steps = ring_steps(layout, local, r, W, spec.causal, spec.window or None, doc_lengths)
+        steps = ring_steps(layout, local, r, W, spec.causal, spec.window or None, doc_lengths, mask)
         ops = ring_forward(steps, ring=ring, me=r, seqlen_local=local, shape=shape, esize=esize)
         if backward:
             ops += ring_backward(steps, ring=ring, me=r, seqlen_local=local, shape=shape, esize=esize)
