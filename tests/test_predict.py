@@ -151,8 +151,12 @@ def _lengths(cu_q, cu_k) -> tuple:
     return tuple((b - a, d - c) for a, b, c, d in zip(cq, cq[1:], ck, ck[1:]))
 
 
-@pytest.mark.parametrize("variant,window", [("ring", 0), ("zigzag", 0), ("stripe", 0), ("zigzag", 96)])
-def test_predict_walks_the_calls_the_engine_makes(variant, window):
+@pytest.mark.parametrize("variant,window,mask,layout", [
+    ("ring", 0, "", ""), ("zigzag", 0, "", ""), ("stripe", 0, "", ""), ("zigzag", 96, "", ""),
+    # Under a mask, a window-taking kernel's partial blocks are window calls, one per slice.
+    ("zigzag", 0, "prefix:100", ""), ("stripe", 0, "shared-prefix:64,answers=4", ""),
+    ("ring", 0, "chunked:96", "balanced"), ("llama3", 0, "global:8,window:40", "")])
+def test_predict_walks_the_calls_the_engine_makes(variant, window, mask, layout):
     """Every rank's kernel calls, played by the real engine under emulation (one process, transfers as
     copies), are the model's calls, in order, shape by shape."""
     import torch
@@ -160,7 +164,9 @@ def test_predict_walks_the_calls_the_engine_makes(variant, window):
     from ringbench.variants import get_variant, instruments
 
     W, S = 4, 512
-    spec = _spec(variant, W, S, mode="fwd_bwd", window=window)
+    spec = _spec(variant, W, S, mode="fwd_bwd", window=window, mask=mask, layout=layout)
+    options = {**({"window": window} if window else {}), **({"mask": mask} if mask else {}),
+               **({"layout": layout} if layout else {})}
     progs, _ = schedule.programs(spec)
     local = S // W
     gen = torch.Generator().manual_seed(0)
@@ -173,11 +179,13 @@ def test_predict_walks_the_calls_the_engine_makes(variant, window):
                                      [(s[1], s[2]) for s in shards[rank + 1:]])
         with instruments.open(emulation=emul):
             out, _ = get_variant(variant).attention(q, k, v, causal=True, softmax_scale=None, group=None, kernel=kernel,
-                                                    **({"window": window} if window else {}))
+                                                    **options)
             out.backward(torch.ones_like(out))
         walked = [(op.call.mode, op.call.q, op.call.k, op.call.mask) for op, _ in progs[rank]
                   if isinstance(op, schedule.Compute) and op.kind == "kernel"]
         assert walked == calls, (rank, walked, calls)
+        if mask:
+            assert any(c[3] == "window" for c in calls)  # the mask's partial blocks were cut, and walked
 
 
 @pytest.mark.parametrize("layout,window", [("contiguous", 0), ("balanced", 0), ("contiguous", 40)])

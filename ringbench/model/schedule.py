@@ -349,7 +349,7 @@ def gather_program(spec, rank: int, world_size: int, shape: Shape, esize: int, b
     local = spec.seqlen // world_size
     stride = spec.heads_k_stride or shape.kv_heads
     groups = llama3.schedule(layout, spec.causal, rank, world_size, local, shape.kv_heads, stride,
-                             spec.window or None)
+                             spec.window or None, mask_of(spec))
     heads = [hs for hs, _ in groups]
 
     def calls(blocks, mode):
@@ -357,9 +357,10 @@ def gather_program(spec, rank: int, world_size: int, shape: Shape, esize: int, b
         for rows, keys, causal, kw in blocks:
             m = _rows(rows, local)
             n = keys.stop - keys.start
-            if "window" in kw:
-                left = kw["window"][0]
-                out.append(Call(mode, "window", m, n, part_pairs(m, n, kw["window"]), window=left + 1))
+            band = kw.get("window")  # a mask's full part by slices carries window None
+            if band is not None:
+                out.append(Call(mode, "window", m, n, part_pairs(m, n, band),
+                                window=band[0] + 1 if band[0] is not None else n))
             elif causal:
                 out.append(Call(mode, "causal", m, n, m * (m + 1) / 2))
             else:
@@ -516,9 +517,9 @@ def case_shape(spec) -> Shape:
     return Shape(spec.batch, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim(), spec.dtype)
 
 
-#: The engines whose masked steps the model walks: the ring's, whose partial blocks are window calls
-#: on the kernels that take a window (``masked.ring_steps`` by slices), in any layout.
-MASK_PRICED = ("ring", "zigzag", "stripe")
+#: The engines whose masked steps the model walks: the ring's (``masked.ring_steps``, any layout) and
+#: llama3's gathered blocks (``masked.gathered_blocks``), partial blocks as window calls by slices.
+MASK_PRICED = ("ring", "zigzag", "stripe", "llama3")
 
 
 def mask_of(spec):
@@ -534,8 +535,8 @@ def mask_of(spec):
 
 def mask_refusal(spec) -> str | None:
     """Why the model cannot price ``spec``'s mask, in one sentence, or ``None``: a mask is priced on
-    :data:`MASK_PRICED` alone (llama3's gathered blocks, Ulysses' head-split ring and the varlen
-    engines under a mask are not walked yet)."""
+    :data:`MASK_PRICED` alone (Ulysses' head-split ring and the varlen engines under a mask are not
+    walked yet)."""
     from ringbench.variants.engines import masks
 
     text = getattr(spec, "mask", "")

@@ -348,9 +348,12 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
 
 
 def schedule(layout: str, causal: bool, rank: int, world_size: int, seqlen_local: int, kv_heads: int,
-             stride: int, window: int | None = None) -> list[tuple[slice, list]]:
+             stride: int, window: int | None = None, mask=None) -> list[tuple[slice, list]]:
     """This rank's work, as :func:`llama3_attention` runs it: per head group (K/V heads gathered
-    together) its kernel calls ``(local query rows, key range, causal, kernel keywords)``; public
-    so that ``ringbench predict`` walks the schedule that runs (issue 24)."""
-    blocks = _blocks(layout, causal, rank, world_size, seqlen_local, seqlen_local * world_size, window)
+    together) its kernel calls ``(local query rows, key range, causal, kernel keywords)``; under
+    ``mask`` (a ``masks.Mask``) as a kernel that takes a window but no mask runs it (partial blocks
+    as window calls, one per slice). Public so that ``ringbench predict`` walks the schedule that
+    runs (issue 24)."""
+    blocks = _blocks(layout, causal, rank, world_size, seqlen_local, seqlen_local * world_size, window, mask,
+                     by_slices=mask is not None)
     return [(hs, blocks) for hs in _head_groups(kv_heads, stride)]
