@@ -88,12 +88,13 @@ def _head_dims(record: dict) -> str:
 def _options(record: dict) -> list[str]:
     """The optional case fields that are set, as a label names them: the variant's options
     (layout, ``stride=N``, rotate), the documents (``docs=3000,500``, or ``7 docs`` for many), their
-    padding (``pad=8``), the sink (``sink=learnable``) and ``L2 flushed`` (``--flush-l2``)."""
+    padding (``pad=8``), the sink (``sink=learnable``), the bias (``bias=alibi``), ``max-logit`` and
+    ``L2 flushed`` (``--flush-l2``)."""
     out = [BY_NAME[name].text(value) for name in VARIANT_OPTIONS if (value := record_field(record, name))]
     docs = record_field(record, "docs")
     if docs:
         out.append(docs_count(docs) or f"docs={docs}")
-    out += [BY_NAME[name].text(value) for name in ("doc_pad", "sink")
+    out += [BY_NAME[name].text(value) for name in ("doc_pad", "sink", "bias", "max_logit")
             if (value := record_field(record, name)) and value != "none"]
     if record_field(record, "flush_l2"):
         out.append("L2 flushed")
