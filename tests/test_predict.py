@@ -155,7 +155,7 @@ def _lengths(cu_q, cu_k) -> tuple:
     ("ring", 0, "", ""), ("zigzag", 0, "", ""), ("stripe", 0, "", ""), ("zigzag", 96, "", ""),
     # Under a mask, a window-taking kernel's partial blocks are window calls, one per slice.
     ("zigzag", 0, "prefix:100", ""), ("stripe", 0, "shared-prefix:64,answers=4", ""),
-    ("ring", 0, "chunked:96", "balanced"), ("llama3", 0, "global:8,window:40", "")])
+    ("ring", 0, "chunked:96", "balanced"), ("llama3", 0, "global:8,window:40", ""), ("usp", 0, "prefix:100", "")])
 def test_predict_walks_the_calls_the_engine_makes(variant, window, mask, layout):
     """Every rank's kernel calls, played by the real engine under emulation (one process, transfers as
     copies), are the model's calls, in order, shape by shape."""
@@ -164,9 +164,10 @@ def test_predict_walks_the_calls_the_engine_makes(variant, window, mask, layout)
     from ringbench.variants import get_variant, instruments
 
     W, S = 4, 512
-    spec = _spec(variant, W, S, mode="fwd_bwd", window=window, mask=mask, layout=layout)
+    degree = {"ulysses_degree": 2} if variant == "usp" else {}  # a ring of 2 over Ulysses groups of 2
+    spec = _spec(variant, W, S, mode="fwd_bwd", window=window, mask=mask, layout=layout, **degree)
     options = {**({"window": window} if window else {}), **({"mask": mask} if mask else {}),
-               **({"layout": layout} if layout else {})}
+               **({"layout": layout} if layout else {}), **degree}
     progs, _ = schedule.programs(spec)
     local = S // W
     gen = torch.Generator().manual_seed(0)

@@ -469,16 +469,16 @@ def test_validation_page_is_what_its_command_writes_now():
 ])
 def test_predict_says_a_mask_is_not_priced_on_an_engine_before_any_seqlen_it_would_offer(tmp_path, monkeypatch, mask,
                                                                                          seqlen):
-    """predict with a mask on an engine whose masked blocks the model does not walk (ulysses) offered a
+    """predict with a mask on an engine whose masked blocks the model does not walk (ring_varlen) offered a
     --seqlen first (the mask's own rule), then said the mask is not priced there: that sentence comes
     first, since no seqlen helps."""
     monkeypatch.chdir(tmp_path)
-    res = _invoke("predict", "--variant", "ulysses", "--gpu", "H100", "--world-size", "2", "--seqlen", seqlen, *mask)
+    res = _invoke("predict", "--variant", "ring_varlen", "--gpu", "H100", "--world-size", "2", "--seqlen", seqlen, *mask)
     message = " ".join(res.output.split())
     assert res.exit_code == 2, message
-    assert re.fullmatch(r"mask \S+ is priced on ring, zigzag, stripe, llama3 only, not on ulysses \(the model does not "
-                        r"walk its masked blocks yet\); predict one of those, or measure ulysses under the mask with "
-                        r"ringbench run", message), message
+    assert re.fullmatch(r"mask \S+ is priced on ring, zigzag, stripe, llama3, ulysses, usp only, not on ring_varlen "
+                        r"\(the model does not walk its masked blocks yet\); predict one of those, or measure "
+                        r"ring_varlen under the mask with ringbench run", message), message
     assert "--seqlen" not in message
 
 

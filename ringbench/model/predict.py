@@ -122,12 +122,22 @@ def reference_ms(spec, cal: Calibration, kernel: str, which: str = "mid") -> tup
 
 def _masked_share(spec, cal: Calibration, kernel: str, which: str, mask, shape, rank: int) -> tuple[float, float]:
     """Rank ``rank``'s reference under a mask, as ``bench`` runs it: the mask between the positions the
-    rank holds, cut into one window call per slice (``masked.Sliced``): (ms, FLOPs)."""
+    rank holds (``bench.reference_mask``), cut into one window call per slice (``masked.Sliced``):
+    (ms, FLOPs)."""
+    from ringbench.case.spec import padded_docs
     from ringbench.variants import get_variant
     from ringbench.variants.engines import layouts, masked
 
-    layout = spec.layout or get_variant(spec.variant).layout
-    held = layouts.token_index(layout, spec.seqlen, rank, spec.world_size, mask=spec.mask)
+    variant = get_variant(spec.variant)
+    W = spec.world_size
+    layout = spec.layout or variant.layout
+    degree = variant.ulysses_degree(W, spec.ulysses_degree) if variant.ulysses else 1
+    docs = padded_docs(spec) if variant.varlen else None
+    if docs is not None:
+        held = layouts.varlen_token_index(layouts.cu_seqlens_from_docs(docs).tolist(), layout, rank, W,
+                                          by_document=variant.shard_by_document, ulysses_degree=degree)
+    else:
+        held = layouts.token_index(layout, spec.seqlen, rank, W, ulysses_degree=degree, mask=spec.mask)
     runs = masked.runs_of(held.tolist())
     share = ring_step(masked.block_parts(mask, runs, runs, by_slices=True))
     total = sum(cal.kernel_ms(kernel, call, shape, which)

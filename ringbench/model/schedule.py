@@ -477,7 +477,7 @@ def ulysses_program(spec, rank: int, world_size: int, degree: int, shape: Shape,
     ring_len = local * U
     layout = get_variant(spec.variant).layout
     ring_docs = [d // R for d in doc_lengths] if doc_lengths is not None else None
-    steps = ring_steps(layout, ring_len, rrank, R, spec.causal, spec.window or None, ring_docs)
+    steps = ring_steps(layout, ring_len, rrank, R, spec.causal, spec.window or None, ring_docs, mask_of(spec))
     B = shape.batch
 
     def swap(phase: str, name: str, elems: float, size: int = esize) -> list:
@@ -517,20 +517,24 @@ def case_shape(spec) -> Shape:
     return Shape(spec.batch, spec.heads, spec.kv_heads, spec.head_dim, spec.value_head_dim(), spec.dtype)
 
 
-#: The engines whose masked steps the model walks: the ring's (``masked.ring_steps``, any layout) and
-#: llama3's gathered blocks (``masked.gathered_blocks``), partial blocks as window calls by slices.
-MASK_PRICED = ("ring", "zigzag", "stripe", "llama3")
+#: The engines whose masked steps the model walks: the ring's and Ulysses' ring (``masked.ring_steps``,
+#: any layout) and llama3's gathered blocks (``masked.gathered_blocks``), partial blocks as window calls
+#: by slices (``tests/test_predict.py`` checks them against the engines' own calls). The varlen
+#: engines under a mask are not walked yet.
+MASK_PRICED = ("ring", "zigzag", "stripe", "llama3", "ulysses", "usp")
 
 
 def mask_of(spec):
-    """``spec``'s mask as a ``masks.Mask`` over its global sequence, or ``None`` for none and for the
-    plain masks (causal, full, window:L), which are the plain cases."""
+    """``spec``'s mask as a ``masks.Mask`` over its global sequence (per document over the packed row
+    for a varlen variant), or ``None`` for none and for the plain masks (causal, full, window:L),
+    which are the plain cases."""
+    from ringbench.case.spec import padded_docs
     from ringbench.variants.engines import masks
 
     text = getattr(spec, "mask", "")
     if not text or masks.plain_fields(text) is not None:
         return None
-    return masks.over(text, spec.seqlen)
+    return masks.over(text, spec.seqlen, padded_docs(spec) if get_variant(spec.variant).varlen else None)
 
 
 def mask_refusal(spec) -> str | None:
