@@ -74,9 +74,10 @@ class RecordCheck:
 
 CHECK_A = RecordCheck(
     "a", "ringbench's own records on one H200",
-    # Measured on the day of the shipped calibration (ringbench/model/calibrations/h200.json), in runs of their own.
-    (f"{REFERENCE}/2026-12-02-h200-calibration/runs.jsonl", f"{REFERENCE}/2026-12-02-h200-graphs/runs.jsonl",
-     f"{REFERENCE}/2026-12-02-h200-graphs/runs2.jsonl"),
+    # Measured on the machine and in the lease of the shipped calibration (ringbench/model/calibrations/h200.json),
+    # in runs of their own after it.
+    (f"{REFERENCE}/2026-12-06-h200/call2/runs.jsonl", f"{REFERENCE}/2026-12-06-h200/call3/runs.jsonl",
+     f"{REFERENCE}/2026-12-06-h200/call4/runs.jsonl"),
     Bound(0.08, median=MEDIAN_BOUND, min_records=30))
 CHECK_B = RecordCheck(
     "b", "the real two-GPU records of 2026-11-30 (2 x H200, NCCL over NVLink)",
