@@ -12,6 +12,7 @@ import json
 from dataclasses import replace as dc_replace
 
 import pytest
+from pathlib import Path
 
 from helpers import flat_calibration, ringbench, ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields
@@ -610,3 +611,20 @@ def test_advise_offers_no_layout_that_needs_a_mask_it_cannot_take():
     assert not [c for c in batch if c.fields.get("layout") == "balanced"]
     varlen = adv.candidates({**shape, "docs": "4096,4096"}, world_size=4, nodes=1, kernels=["torch-flash"])
     assert [c for c in varlen if c.fields["variant"] == "llama3_varlen" and c.fields.get("layout") == "balanced"]
+
+
+def test_a_causal_call_of_few_heads_is_priced_at_its_own_rows():
+    """A Ulysses rank's causal call over the whole sequence with an eighth of the calibrated heads costs
+    about an eighth of the call with them all (thread blocks as long as theirs), not the price of a
+    square of an eighth of the rows at every head (short rows, far slower: 85% off on the H200)."""
+    from ringbench.model import calibration as cal_mod
+    from ringbench.model.calibration import Call, Shape
+
+    cal = cal_mod.load(Path(cal_mod.__file__).parent / "calibrations" / "h200.json")
+    S = 16384
+    def ms(heads, kv_heads):
+        shape = Shape(1, heads, kv_heads, 128, 128, "bf16")
+        return sum(cal.kernel_ms("flash-attn-4", Call(mode, "causal", S, S, S * (S + 1) / 2), shape)
+                   for mode in ("fwd", "bwd"))
+    whole, eighth = ms(32, 8), ms(4, 1)
+    assert whole / 8 <= eighth <= 1.25 * whole / 8, (whole, eighth)

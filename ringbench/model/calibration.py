@@ -32,7 +32,9 @@ included (``host-inclusive``), and every op's host cost is their ``launch_ms``.
 
 A call's time: its FLOPs over the rate of the nearest head shape's surface, looked up at
 ``q * (batch * heads) / (batch_cal * heads_cal)`` rows (the kernels parallelise over batch, heads
-and query tiles, so more heads fill the GPU as more rows do) and ``k`` keys. A varlen call is
+and query tiles, so more heads fill the GPU as more rows do) and ``k`` keys; a causal call of fewer
+heads than calibrated takes the causal square's rate at its own rows times the occupancy the full
+surface loses at the scaled rows (the causal surface has squares only). A varlen call is
 priced per document at the call's total query rows and the document's keys.
 
 A GPU without a calibration is *derived* from the nearest calibrated one (:func:`derive`):
@@ -267,7 +269,21 @@ class KernelCalibration:
             return total * 1e3
         second = (call.window if surface.mask == "window" else
                   (call.pairs / max(call.q, 1) if call.mask == "window" else call.k))
+        if surface.mask == "causal" and fill < 1:
+            return call_flops(call, shape) / (self._few_heads_causal(call, surface, fill, which) * scale) * 1e3
         return call_flops(call, shape) / (surface.rate(call.q * fill, second, which) * scale) * 1e3
+
+    def _few_heads_causal(self, call: Call, causal: Surface, fill: float, which: str) -> float:
+        """The rate of a causal call of fewer batch x heads than its surface's (``fill`` < 1): the
+        causal square's rate at the call's own rows, times the occupancy the full surface loses
+        from ``q`` to ``q * fill`` rows at the call's keys. The causal surface has only squares, and
+        looking a Ulysses rank's 16k causal call of 4 heads up as a 2k square of 32 heads prices it
+        at short rows it does not have (85% slow on the H200, docs/validation.md)."""
+        full = [s for s in self.surfaces if s.mode == call.mode and s.mask == "full" and s.shape == causal.shape]
+        if not full:
+            return causal.rate(call.q * fill, call.k, which)
+        occupancy = full[0].rate(call.q * fill, call.k, which) / full[0].rate(call.q, call.k, which)
+        return causal.rate(call.q, call.k, which) * min(1.0, occupancy)
 
 
 @dataclass(frozen=True)
