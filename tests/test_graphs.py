@@ -64,6 +64,23 @@ def test_graphs_replay_check_fails_beyond_its_multiple_of_each_outputs_own_sprea
     assert edge.ok and edge.note == "within 8x eager's own spread: dq at 1.00x, dk at 8.00x (out bitwise)"
 
 
+def test_graphs_replay_check_of_a_nondeterministic_backward_allows_units_in_the_last_place():
+    """A backward with atomic adds (flash-attn-4's) may reorder them in a replay where three eager calls
+    happened to agree bit for bit: a gradient then gets SPREAD_MULTIPLE units in the last place of its
+    largest magnitude, and no more; out, and a kernel with a deterministic backward, stay bitwise."""
+    eager = _eager_runs([0.0, 0.0, 0.0], dk=(0.0, 0.0, 0.0))  # dk's largest magnitude 2: float32 ulp 2^-22
+    slip = [eager[0][0].clone(), eager[0][1].clone(), eager[0][2] + torch.tensor([0.0, 3 * 2 ** -22, 0.0])]
+    check = graphs.compare(slip, eager, nondeterministic=True)
+    assert check.ok and check.worst_ratio == 3.0
+    assert check.note == ("within 8x eager's own spread: dk at 3.00x of one unit in the last place "
+                          "(out, dq bitwise)")
+    assert not graphs.compare(slip, eager).ok  # a deterministic kernel: bitwise or fail
+    far = [eager[0][0].clone(), eager[0][1].clone(), eager[0][2] + torch.tensor([0.0, 9 * 2 ** -22, 0.0])]
+    assert not graphs.compare(far, eager, nondeterministic=True).ok  # 9 units: a fault, not an order
+    moved = [eager[0][0] + 2 ** -20, eager[0][1].clone(), eager[0][2].clone()]
+    assert not graphs.compare(moved, eager, nondeterministic=True).ok  # out comes from no atomics
+
+
 def test_graphs_replay_check_refuses_mismatched_outputs():
     eager = _eager_runs([0.0, 0.0, 0.0])
     short = graphs.compare(eager[0][:2], eager)

@@ -16,6 +16,7 @@ from ringbench.rank import graphs
 from ringbench.rank.peaks import Peak, case_peak
 from ringbench.case.spec import CaseSpec, spec_docs
 from ringbench.variants.engines import layouts, masked, masks, varlen
+from ringbench.variants.kernels import KERNELS
 from ringbench.variants.kernels.common import PositionMask, bias_learns
 from ringbench.variants import instruments
 
@@ -395,8 +396,10 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
         step()
     sent, received = inst.traffic.bytes_sent, inst.traffic.bytes_received
     # A learnable bias's dbias is summed over the ranks from Python in the backward; a replay would not redo it.
+    # A backward with atomic adds may reorder them in a replay where eager calls happened to agree.
+    atomics = bool(getattr(KERNELS.get(spec.kernel), "nondeterministic_backward", "")) and spec.mode == "fwd_bwd"
     graph = graphs.for_case(spec.cuda_graph, step, device=device, world_size=spec.world_size,
-                            emulated=spec.emulate, group=group,
+                            emulated=spec.emulate, group=group, nondeterministic=atomics,
                             eager_reason="a learnable bias's gradient is summed over the ranks from Python, which a "
                                          "replay would skip" if bias_learns(spec.bias) else None,
                             median_ms=lambda fn: quantiles(time_iterations(fn, iters=5, warmup=0, device=device,
@@ -419,7 +422,7 @@ def measure_rank(spec: CaseSpec, step: Callable[[], None], reference: Callable[[
     # the graph saved, and the efficiency would credit the ring with them.
     note = graph.check or graph.reason
     if graph.replay is not None:
-        ref_graph = graphs.capture(reference, device=device)
+        ref_graph = graphs.capture(reference, device=device, nondeterministic=atomics)
         if ref_graph.replay is not None:
             reference = ref_graph.replay
             note += f"; the reference: {ref_graph.check}"
