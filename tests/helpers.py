@@ -299,3 +299,50 @@ def flat_calibration(rate: float, shape, sizes=(8, 16, 32, 64, 128, 256, 512)) -
             "kernels": {"cpu": {"version": "test", "surfaces": surfaces, "host_ms": {"fwd": 0.0, "bwd": 0.0},
                                 "timing": {"fwd": "cpu-clock", "bwd": "cpu-clock"}}},
             "overheads": {"merge": free, "add": free, "copy": free, "launch_ms": 0.0}, "source": "test"}
+
+
+def runs_slow_tests_of(request) -> bool:
+    """Whether this session runs the slow tests of the requesting fixture's module too (the whole suite,
+    not ``-m "not slow"``)."""
+    return any(item.get_closest_marker("slow") for item in request.session.items if item.module is request.module)
+
+
+def batches_launched_together(batches: dict, launch) -> dict:
+    """One torchrun launch over the cases of several batches of one world size, seen batch by batch.
+
+    ``batches``: ``{key: [case, ...]}``, each case a dict with a ``name``; a name in two batches must
+    carry the same case in both, and runs once. ``launch(cases)`` runs the joined cases (in one
+    launch) and returns :func:`torchrun_cases`'s dict. Returns ``{key: dict}``, each as if that batch
+    had had the launch to itself: its own records and ``expected`` names, the launch's return code,
+    timeout and log tail. Saves the second launch's start (torchrun and every rank importing torch).
+    """
+    joined: dict = {}
+    for cases in batches.values():
+        for case in cases:
+            assert joined.setdefault(case["name"], case) == case, f"{case['name']} differs between the batches"
+    got = launch(list(joined.values()))
+    views = {}
+    for key, cases in batches.items():
+        names = [c["name"] for c in cases]
+        views[key] = {**got, "records": {n: r for n, r in got["records"].items() if n in names}, "expected": names}
+    return views
+
+
+def launches_joined_by_world_size(request, launches_at, launch):
+    """``get(world_size, quick)``: the launch of one batch of a module's cases, run lazily and cached.
+
+    ``launches_at``: the module's ``(world_size, quick)`` batches. When this session runs the module's
+    slow tests too, the batches of one world size share one launch (``launch(world_size, [quick, ...])``
+    returns ``{quick: dict}``, a dict per batch, as :func:`batches_launched_together` gives); under
+    ``-m "not slow"`` each batch asked for has its own.
+    """
+    together = runs_slow_tests_of(request)
+    done: dict = {}
+
+    def get(world_size, quick):
+        if (world_size, quick) not in done:
+            batches = [q for w, q in launches_at if w == world_size] if together else [quick]
+            done.update({(world_size, q): view for q, view in launch(world_size, batches).items()})
+        return done[(world_size, quick)]
+
+    return get

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import ringbench
+from helpers import ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields, validate
 from ringbench.errors import SpecError
 from ringbench.rank import check
@@ -155,8 +155,8 @@ def test_bias_taken_by_the_batch_engines_only():
     (("--kernel", "math", "--bias", "alibi", "--variant", "rfa_ring"), "rfa_ring cannot take bias alibi"),
 ])
 def test_bias_refused_on_the_command_line_with_exit_2(tmp_path, args, value):
-    proc = ringbench("verify", "--device", "cpu", "--variant", "ring", "--world-size", "2", "--seqlen", "64",
-                     "--head-dim", "16", *args, cwd=tmp_path)
+    proc = ringbench_here("verify", "--device", "cpu", "--variant", "ring", "--world-size", "2", "--seqlen", "64",
+                          "--head-dim", "16", *args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert value in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "results").exists()
@@ -178,8 +178,8 @@ def test_bias_world_size_1_in_process(solo_group, bias):
 
 
 def test_bias_predict_refuses_it_in_one_sentence(tmp_path):
-    proc = ringbench("predict", "--variant", "zigzag", "--seqlen", "16k", "--bias", "alibi", "--gpu", "H200",
-                     "--world-size", "2", cwd=tmp_path)
+    proc = ringbench_here("predict", "--variant", "zigzag", "--seqlen", "16k", "--bias", "alibi", "--gpu", "H200",
+                          "--world-size", "2", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip() == ("bias alibi is not priced by the model yet (only the math kernel takes a bias, and "
                                    "no calibration rates it); predict the case without --bias, or measure the bias "

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import not_verified, slow_when, torchrun_cases
+from helpers import batches_launched_together, launches_joined_by_world_size, not_verified, slow_when, \
+    torchrun_cases
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
@@ -64,20 +65,32 @@ def _cases(world_size: int, quick: bool) -> list[dict]:
     return out
 
 
-def _launch(world_size: int, quick: bool, folder) -> dict:
-    cases = _cases(world_size, quick)
-    stem = f"bias_w{world_size}{'_quick' if quick else ''}"
-    got = torchrun_cases(CASES_SCRIPT, cases, world_size, folder.mktemp(stem), stem, LAUNCH_TIMEOUT_S[world_size])
-    got["world_size"], got["cases"] = world_size, {c["name"]: c["spec"] for c in cases}
-    return got
+def _launch(world_size: int, batches: list, folder) -> dict:
+    """One launch of ``world_size`` ranks over the cases of ``batches`` (quick or not), seen batch by batch:
+    ``{quick: dict}``. The quick cases are a subset of the full ones of the same world size, so joined they
+    run once."""
+    by_batch = {quick: _cases(world_size, quick) for quick in batches}
+    stem = f"bias_w{world_size}{'_quick' if batches == [True] else ''}"
+    views = batches_launched_together(by_batch, lambda cases: torchrun_cases(
+        CASES_SCRIPT, cases, world_size, folder.mktemp(stem), stem, LAUNCH_TIMEOUT_S[world_size]))
+    for quick, got in views.items():
+        got["world_size"], got["cases"] = world_size, {c["name"]: c["spec"] for c in by_batch[quick]}
+    return views
 
 
-LAUNCHES = [slow_when((1, False), True), (2, True), slow_when((2, False), True), slow_when((4, False), True)]
+LAUNCHES_AT = ((1, False), (2, True), (2, False), (4, False))
+LAUNCHES = [slow_when(p, p != (2, True)) for p in LAUNCHES_AT]
+
+
+@pytest.fixture(scope="module")
+def launches(request, tmp_path_factory):
+    """The launches, lazily; in the whole suite world size 2's quick batch joins its full one: one launch."""
+    return launches_joined_by_world_size(request, LAUNCHES_AT, lambda w, b: _launch(w, b, tmp_path_factory))
 
 
 @pytest.fixture(scope="module", params=LAUNCHES, ids=lambda p: f"w{p[0]}{'-quick' if p[1] else ''}")
-def launch(request, tmp_path_factory) -> dict:
-    return _launch(*request.param, tmp_path_factory)
+def launch(request, launches) -> dict:
+    return launches(*request.param)
 
 
 @pytest.mark.dist

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import read_jsonl, ringbench
+from helpers import command_cases, read_jsonl, ringbench, scenario_cases, scenario_of
 from ringbench.variants.engines import layouts, mask_balance, masked, masks
 
 
@@ -67,19 +67,22 @@ def test_ring_refuses_ptrr_without_a_mask():
 @pytest.mark.dist
 @pytest.mark.slow  # one launch of four ranks through the CLI, about 15 s on two cores
 def test_ring_ptrr_verifies_under_a_mask_and_documents(tmp_path):
+    """Two verify commands' cases (fp32 under two masks at 1024 tokens; bf16 packed documents under a chunked
+    mask, batch 2), as the command line builds them, in one command: one launch of four ranks, not two."""
+    common = {"device": "cpu", "kernel": "math", "variant": ["ring"], "layout": "ptrr", "world_size": [4],
+              "heads": 2, "head_dim": 16}
+    cases = command_cases("verify", {**common, "dtype": "fp32", "mask": ["prefix:96", "shared-prefix:64,answers=4"],
+                                     "seqlen": 1024}) + \
+        command_cases("verify", {**common, "dtype": "bf16", "docs": "96,64,96", "mask": "chunked:24", "batch": 2,
+                                 "seqlen": 256})
+    scenario = tmp_path / "ptrr.toml"
+    scenario.write_text(scenario_of(cases, "ring --layout ptrr under masks and documents"))
+    assert [c.case_id() for c in scenario_cases("verify", scenario)] == [c.case_id() for c in cases]
     out = tmp_path / "out"
-    proc = ringbench("verify", "--device", "cpu", "--kernel", "math", "--dtype", "fp32", "--variant", "ring",
-                     "--layout", "ptrr", "--mask", "prefix:96", "--mask", "shared-prefix:64,answers=4",
-                     "--seqlen", "1024", "--world-size", "4", "--heads", "2", "--head-dim", "16", "--out", str(out),
-                     cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = ringbench("verify", "--device", "cpu", "--kernel", "math", "--dtype", "bf16", "--variant", "ring",
-                     "--layout", "ptrr", "--docs", "96,64,96", "--mask", "chunked:24", "--batch", "2",
-                     "--seqlen", "256", "--world-size", "4", "--heads", "2", "--head-dim", "16", "--out", str(out),
-                     cwd=tmp_path)
+    proc = ringbench("verify", "--scenario", str(scenario), "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = read_jsonl(out / "verify.jsonl")
-    assert len(records) == 3
+    assert len(records) == 3 and [r["case_id"] for r in records] == [c.case_id() for c in cases]
     for r in records:
         assert r["status"] == "ok" and r["spec"]["layout"] == "ptrr", r["reason"]
         assert r["predicted_max_over_mean"] == pytest.approx(r["predicted_max_over_mean_by_layout"]["ptrr"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ringbench
+from helpers import ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields, resolve_mask
 from ringbench.case.work import attention_flops, pairs_per_rank
 from ringbench.errors import SpecError
@@ -209,8 +209,8 @@ print("torch" in sys.modules)
 
 def test_masks_cli_refuses_a_mask_file_it_cannot_read_with_exit_2(tmp_path):
     """On the command line as a user types it: one sentence on stderr, exit 2, nothing launched."""
-    missing = ringbench("run", "--device", "cpu", "--variant", "zigzag", "--mask-file", str(tmp_path / "none.txt"),
-                        "--out", str(tmp_path), cwd=tmp_path)
+    missing = ringbench_here("run", "--device", "cpu", "--variant", "zigzag", "--mask-file", str(tmp_path / "none.txt"),
+                             "--out", str(tmp_path), cwd=tmp_path)
     assert missing.returncode == 2 and "mask-file" in missing.stderr and "cannot be read" in missing.stderr
     assert not (tmp_path / "runs.jsonl").exists()
 

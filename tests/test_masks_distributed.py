@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import not_verified, read_jsonl, ringbench, slow_when, torchrun_cases
+from helpers import batches_launched_together, launches_joined_by_world_size, not_verified, read_jsonl, ringbench, \
+    slow_when, torchrun_cases
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 from ringbench.variants.engines import masks
 
@@ -108,12 +109,16 @@ def _extras(quick: bool) -> tuple:
     return EXTRAS[:2] if quick else EXTRAS
 
 
-def _launch(world_size: int, quick: bool, folder) -> dict:
-    cases = _cases(world_size, quick=quick)
-    stem = f"masks_w{world_size}{'_quick' if quick else ''}"
-    got = torchrun_cases(CASES_SCRIPT, cases, world_size, folder.mktemp(stem), stem, LAUNCH_TIMEOUT_S[world_size])
-    got["world_size"], got["cases"] = world_size, {c["name"]: c["spec"] for c in cases}
-    return got
+def _launch(world_size: int, batches: list, folder) -> dict:
+    """One launch of ``world_size`` ranks over the cases of ``batches`` (quick or not), seen batch by batch:
+    ``{quick: dict}``."""
+    by_batch = {quick: _cases(world_size, quick=quick) for quick in batches}
+    stem = f"masks_w{world_size}{'_quick' if batches == [True] else ''}"
+    views = batches_launched_together(by_batch, lambda cases: torchrun_cases(
+        CASES_SCRIPT, cases, world_size, folder.mktemp(stem), stem, LAUNCH_TIMEOUT_S[world_size]))
+    for quick, got in views.items():
+        got["world_size"], got["cases"] = world_size, {c["name"]: c["spec"] for c in by_batch[quick]}
+    return views
 
 
 #: The launches, (world size, quick), in order: the sink cases take their variants by this order.
@@ -121,9 +126,15 @@ LAUNCHES_AT = ((1, False), (2, True), (2, False), (4, False), (8, False))
 LAUNCHES = [slow_when(p, True) for p in LAUNCHES_AT]  # the quick one too: 15-22 s on two cores
 
 
+@pytest.fixture(scope="module")
+def launches(request, tmp_path_factory):
+    """The launches, lazily; world size 2's quick and full batches (no case in both) share one launch."""
+    return launches_joined_by_world_size(request, LAUNCHES_AT, lambda w, b: _launch(w, b, tmp_path_factory))
+
+
 @pytest.fixture(scope="module", params=LAUNCHES, ids=lambda p: f"w{p[0]}{'-quick' if p[1] else ''}")
-def launch(request, tmp_path_factory) -> dict:
-    return _launch(*request.param, tmp_path_factory)
+def launch(request, launches) -> dict:
+    return launches(*request.param)
 
 
 @pytest.mark.dist

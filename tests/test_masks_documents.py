@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import read_jsonl, ringbench, slow_when, torchrun_cases
+from helpers import read_jsonl, ringbench, ringbench_here, slow_when, torchrun_cases
 from ringbench.case import work
 from ringbench.case.spec import CaseSpec, SpecError, canonical, default_fields, resolve_docs, resolve_mask, \
     resolve_options, validate
@@ -150,9 +150,9 @@ def test_documents_mask_spec_refusals():
 def test_documents_mask_cli_refuses_uneven_answers_with_exit_2(tmp_path):
     """The command line refuses answers a document cannot split evenly before anything starts: exit 2, one
     sentence naming the mask, the document and its length."""
-    done = ringbench("verify", "--device", "cpu", "--kernel", "math", "--variant", "zigzag_varlen",
-                     "--docs", "64,32,160", "--mask", "shared-prefix:16,answers=5", "--seqlen", "256",
-                     "--world-size", "2", "--out", str(tmp_path), cwd=tmp_path)
+    done = ringbench_here("verify", "--device", "cpu", "--kernel", "math", "--variant", "zigzag_varlen",
+                          "--docs", "64,32,160", "--mask", "shared-prefix:16,answers=5", "--seqlen", "256",
+                          "--world-size", "2", "--out", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     text = " ".join((done.stdout + done.stderr).split())
     assert ("mask shared-prefix:16,answers=5 with --docs applies per document, and document 0 of 64 tokens leaves "

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import read_jsonl, ringbench
+from helpers import command_cases, read_jsonl, ringbench, ringbench_here, scenario_cases, scenario_of
 from ringbench.case import work
 from ringbench.case.spec import CaseSpec, SpecError, default_fields, pack_documents, resolve_docs, resolve_mask
 from ringbench.sweep import build
@@ -181,7 +181,7 @@ def test_batch_engines_verify_packed_documents_and_the_local_only_mask_fails(wor
 
 
 @pytest.mark.dist
-@pytest.mark.slow  # two launches of two ranks through the CLI
+@pytest.mark.slow  # one launch of two ranks through the CLI, and a refusal in process
 def test_the_issues_commands_now_run(tmp_path):
     """The two commands of issue 26 item 2: zigzag over the whole packed row passes; zigzag_varlen with --batch 2
     is refused before launch (exit 2) with the batch engine as the fix."""
@@ -190,8 +190,9 @@ def test_the_issues_commands_now_run(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     [record] = read_jsonl(tmp_path / "verify.jsonl")
     assert record["status"] == "ok" and record["spec"]["mask"] == "docs:96,64,96;causal"
-    done = ringbench("verify", "--device", "cpu", "--kernel", "math", "--variant", "zigzag_varlen", "--batch", "2",
-                     "--docs", "96,64,96", "--seqlen", "256", "--world-size", "2", "--out", str(tmp_path), cwd=tmp_path)
+    done = ringbench_here("verify", "--device", "cpu", "--kernel", "math", "--variant", "zigzag_varlen", "--batch",
+                          "2", "--docs", "96,64,96", "--seqlen", "256", "--world-size", "2", "--out", str(tmp_path),
+                          cwd=tmp_path)  # refused before launch: the command line in this process
     assert done.returncode == 2 and "use a batch variant" in done.stderr, done.stdout + done.stderr
 
 
@@ -200,14 +201,15 @@ def test_the_issues_commands_now_run(tmp_path):
 def test_packed_documents_compose_with_a_sink_a_bias_and_ring_balanced(tmp_path):
     """The document mask composes as any mask does: a learnable sink (dsink checked) and a learnable bias (dbias
     checked) on zigzag and usp, and ring's mask planner over the whole row."""
-    done = ringbench("verify", "--device", "cpu", "--kernel", "math", "--variant", "zigzag", "--variant", "usp",
-                     "--docs", "96,64,96", "--mask", "prefix:16", "--sink", "learnable", "--bias", "1hss",
-                     "--seqlen", "256", "--world-size", "4", "--heads", "4", "--head-dim", "16", "--out", str(tmp_path),
-                     cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    done = ringbench("verify", "--device", "cpu", "--kernel", "math", "--variant", "ring", "--layout", "balanced",
-                     "--docs", "96,64,96", "--seqlen", "256", "--world-size", "4", "--heads", "2", "--head-dim", "16",
-                     "--out", str(tmp_path), cwd=tmp_path)
+    # The two verify commands' cases, as the command line builds them, in one command: one launch of four ranks.
+    common = {"device": "cpu", "kernel": "math", "docs": "96,64,96", "seqlen": 256, "world_size": [4], "head_dim": 16}
+    cases = command_cases("verify", {**common, "variant": ["zigzag", "usp"], "mask": "prefix:16", "sink": "learnable",
+                                     "bias": "1hss", "heads": 4}) + \
+        command_cases("verify", {**common, "variant": ["ring"], "layout": "balanced", "heads": 2})
+    scenario = tmp_path / "compose.toml"
+    scenario.write_text(scenario_of(cases, "packed documents beside a sink, a bias and ring balanced"))
+    assert [c.case_id() for c in scenario_cases("verify", scenario)] == [c.case_id() for c in cases]
+    done = ringbench("verify", "--scenario", str(scenario), "--out", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = read_jsonl(tmp_path / "verify.jsonl")
     assert len(records) == 3 and all(r["status"] == "ok" for r in records)

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from helpers import ringbench
+from helpers import ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields, validate
 from ringbench.errors import SpecError
 from ringbench.rank import check
@@ -118,7 +118,7 @@ def test_max_logit_refusals_name_the_value_and_the_rule(fields, message):
 
 @pytest.mark.parametrize("kernel", ["flash-attn", "torch-flash", "cudnn", "flash-attn-4", "cpu"])
 def test_max_logit_refused_on_the_command_line_with_exit_2(tmp_path, kernel):
-    proc = ringbench("verify", "--device", "cpu", "--variant", "ring", "--world-size", "2", "--seqlen", "64",
+    proc = ringbench_here("verify", "--device", "cpu", "--variant", "ring", "--world-size", "2", "--seqlen", "64",
                      "--head-dim", "16", "--kernel", kernel, "--max-logit", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"the {kernel} kernel cannot return the per-head max logit" in proc.stderr, proc.stderr

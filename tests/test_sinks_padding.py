@@ -26,7 +26,7 @@ from ringbench.variants import get_variant
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
 
-from helpers import cached, ringbench, torchrun_cases
+from helpers import cached, ringbench, ringbench_here, torchrun_cases
 
 CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
 LAUNCH_TIMEOUT_S = {2: 200, 4: 300, 8: 500}
@@ -301,8 +301,8 @@ def test_padding_on_a_batch_variant_is_refused():
 
 def test_padding_and_sinks_refused_on_the_command_line_with_exit_2(tmp_path):
     # The spec's refusals above are the ones the CLI prints; this is the path to exit code 2.
-    proc = ringbench("verify", "--variant", "rfa_ring", "--sink", "off-by-one", "--seqlen", "256", "--device", "cpu",
-                     cwd=tmp_path)
+    proc = ringbench_here("verify", "--variant", "rfa_ring", "--sink", "off-by-one", "--seqlen", "256", "--device", "cpu",
+                          cwd=tmp_path)
     assert proc.returncode == 2 and "rfa_ring takes no attention sink (sink 'off-by-one')" in proc.stderr
     assert not (tmp_path / "results").exists()
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import os
 import re
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -192,5 +194,18 @@ def main(argv: list[str] | None = None) -> None:
     dist.destroy_process_group()
 
 
+def leave() -> None:
+    """End the rank once :func:`main` has returned (its records written, its process group
+    destroyed), skipping Python's teardown of torch at exit: about half a second of CPU a
+    process, a second or more a launch of several ranks on a few cores, and nothing a rank
+    needs. What was printed is flushed first; a rank that raised never gets here (``record``
+    writes its error file and it exits as before)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    leave()

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from cases import drive  # tests/dist is the script's folder, so first on sys.path under torchrun
+from cases import drive, leave  # tests/dist is the script's folder, so first on sys.path under torchrun
 from ringbench.rank.check import verify_case
 from ringbench.case.spec import CaseSpec
 
@@ -44,4 +44,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
