@@ -499,3 +499,40 @@ def test_predict_prices_a_mask_on_the_ring_engines_from_its_window_calls(tmp_pat
     assert chunked["flops_per_gpu"] == pytest.approx(causal["flops_per_gpu"] * 1025 / 16384, rel=1e-9)  # flash-attn: causal S^2/2
     assert prefix["flops_per_gpu"] > causal["flops_per_gpu"]
     assert prefix["time_ms"] > causal["time_ms"]
+
+
+@pytest.mark.parametrize("mask", ["window:4k", "window:4k,4k", "global:64,window:4k", "chunked:8k"])
+def test_predict_never_prices_a_window_or_mask_of_fewer_pairs_above_causal(tmp_path, monkeypatch, mask):
+    """A case with an eighth of causal's pairs or fewer is never predicted slower than causal on the ring
+    engines. A ring step's part past the diagonal has the band (0, None), a window of 1 as its call
+    reads it: priced at that window's rate it made zigzag at W=8 64k under a 4k window take 1772 ms."""
+    monkeypatch.chdir(tmp_path)
+    base = ("predict", "--variant", "zigzag", "--variant", "ring", "--variant", "stripe", "--gpu", "H200",
+            "--world-size", "8", "--seqlen", "64k", "--json")
+    times = {}
+    for given in ("causal", mask):
+        res = _invoke(*base, "--mask", given)
+        assert res.exit_code == 0, res.output
+        for line in res.output.splitlines():
+            if line.startswith("{"):
+                rec = json.loads(line)
+                times[(given, rec["spec"]["variant"])] = rec["time_ms"]
+    for variant in ("zigzag", "ring", "stripe"):
+        assert times[(mask, variant)] < times[("causal", variant)], (variant, times)
+
+
+def test_predict_intervals_hold_their_point_in_order(tmp_path, monkeypatch):
+    """Each interval runs low to high and holds the figure it brackets (usp at W=8 64k gave a time of
+    28.10 ms with an interval of 27.26-28.07, and an efficiency interval upside down)."""
+    monkeypatch.chdir(tmp_path)
+    res = _invoke("predict", "--variant", "usp", "--variant", "stripe", "--variant", "zigzag", "--gpu", "H200",
+                  "--world-size", "8", "--seqlen", "64k", "--json")
+    assert res.exit_code == 0, res.output
+    recs = [json.loads(line) for line in res.output.splitlines() if line.startswith("{")]
+    assert len(recs) >= 3
+    for rec in recs:
+        band = rec["prediction"]["interval"]
+        for key, point in (("time_ms", rec["time_ms"]), ("tflops_per_gpu", rec["tflops_per_gpu"]),
+                           ("efficiency", rec["efficiency"])):
+            lo, hi = band[key]
+            assert lo <= point * (1 + 1e-12) and point <= hi * (1 + 1e-12), (rec["spec"]["variant"], key, band[key], point)

@@ -49,7 +49,7 @@ RDZV_ID_HELP = ("Rendezvous id, the same on every node. Default: derived from --
                 "line, which every node shares.")
 
 SCENARIO_HELP = ("Sweep a scenario instead of one shape: a built-in name (smoke, ci-nightly, llama3-8b, peers, "
-                 "hybrids) or a "
+                 "hybrids, masks) or a "
                  ".toml file; the case options then override its fields, and a repeated --variant, --world-size, --seqlen or --kernel "
                  "replaces its axis. verify's default: the smoke scenario (CPU), unless a shape option is given.")
 JUNIT_HELP = "Also write the results as JUnit XML to this file, one test case per case. Default: no file."

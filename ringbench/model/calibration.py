@@ -267,8 +267,11 @@ class KernelCalibration:
                 total += call_flops(call, shape, pairs) / (surface.rate(call.q * fill, second, which, key_floor=False)
                                                            * scale)
             return total * 1e3
-        second = (call.window if surface.mask == "window" else
-                  (call.pairs / max(call.q, 1) if call.mask == "window" else call.k))
+        # A window call's keys per row: its window, or more where its band is open to the right (a
+        # ring step's part past the diagonal, band (0, None), whose window reads 1).
+        per_row = call.pairs / max(call.q, 1)
+        second = (max(call.window, per_row) if surface.mask == "window" else
+                  (per_row if call.mask == "window" else call.k))
         if surface.mask == "causal" and fill < 1:
             return call_flops(call, shape) / (self._few_heads_causal(call, surface, fill, which) * scale) * 1e3
         return call_flops(call, shape) / (surface.rate(call.q * fill, second, which) * scale) * 1e3

@@ -241,7 +241,10 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
     last = max(t.total_ms for t in mid)
     slowest = max((r for r in range(W) if mid[r].total_ms >= last * (1 - 1e-9)), key=lambda r: busy[r])
     time_ms = mid[slowest].total_ms
-    interval = [max(t.total_ms for t in runs["lo"]), max(t.total_ms for t in runs["hi"])]
+    # Each end is a simulation of its own, whose slowest rank or graph choice may differ from the
+    # point's: the interval holds the point whatever they give.
+    ends = (max(t.total_ms for t in runs["lo"]), max(t.total_ms for t in runs["hi"]))
+    interval = [min(*ends, time_ms), max(*ends, time_ms)]
     from ringbench.case.spec import spec_docs
     from ringbench.variants import get_variant
 
@@ -260,8 +263,9 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
     ref_tflops = ref_flops / (ref_ms * 1e-3) / 1e12
     efficiency = tflops(time_ms) / ref_tflops
     # The efficiency's ends: the fast end of the ring over the fast end of the kernel, and so on.
-    eff_lo = tflops(interval[1]) / (ref["hi"][1] / (ref["hi"][0] * 1e-3) / 1e12)
-    eff_hi = tflops(interval[0]) / (ref["lo"][1] / (ref["lo"][0] * 1e-3) / 1e12)
+    ends = (tflops(interval[1]) / (ref["hi"][1] / (ref["hi"][0] * 1e-3) / 1e12),
+            tflops(interval[0]) / (ref["lo"][1] / (ref["lo"][0] * 1e-3) / 1e12))
+    eff_lo, eff_hi = min(*ends, efficiency), max(*ends, efficiency)
     sent = [t.bytes_sent for t in mid]
     by_class: dict[str, float] = {}
     for t in mid:
