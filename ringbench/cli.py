@@ -503,8 +503,10 @@ def _prediction_target(case: dict, *, gpu, calibration, cluster, gpus_per_node, 
                   nodes=nodes, fabric=fabric, dtype=dtype)
 
 
-def _predicted_cases(case: dict, tgt) -> list:
-    """The cases of predict's options at every world size asked, built as run builds them, for the target."""
+def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
+    """The cases of predict's options at every world size asked, built as run builds them, for the
+    target, and the model's refusals of the others (``schedule.refusal``: a peer, a mask an engine's
+    steps are not walked under), one sentence each; every case refused is refused with the first."""
     from ringbench.model import schedule
     from ringbench.model.target import world_sizes
     from ringbench.sweep import build
@@ -524,12 +526,17 @@ def _predicted_cases(case: dict, tgt) -> list:
         given = {**case, "world_size": [w], "device": device}
         built, _ = build.build_cases("run", None, given, machine=(device, w), resolve_kernels=False)
         cases += built
+    kept, refused = [], []
     for spec in cases:
         reason = schedule.refusal(spec)
         if reason:
-            raise SpecError(reason)
+            refused.append(reason)
+            continue
         tgt.kernel(spec.kernel)  # a kernel the calibration lacks is refused here, before any prediction
-    return cases
+        kept.append(spec)
+    if not kept:
+        raise SpecError(refused[0])
+    return kept, list(dict.fromkeys(refused))
 
 
 def _predict_record(spec, tgt, placement: str) -> dict:
@@ -603,11 +610,10 @@ def predict(
                 given = case.get(key) or []
                 return given if isinstance(given, list) else [given]
 
-            for text in listed("mask"):
-                for variant in listed("variant"):
-                    reason = mask_refusal(SimpleNamespace(mask=text, variant=variant))
-                    if reason:
-                        raise SpecError(reason)
+            for text in listed("mask"):  # refused here only where no variant given prices it
+                reasons = [mask_refusal(SimpleNamespace(mask=text, variant=v)) for v in listed("variant")]
+                if reasons and all(reasons):
+                    raise SpecError(reasons[0])
         options.check_given(case)
         if against:
             if out is not None:
@@ -624,7 +630,7 @@ def predict(
             options.check_output("--out", out, ())
         tgt = _prediction_target(case, gpu=gpu, calibration=calibration, cluster=cluster,
                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
-        cases = _predicted_cases(case, tgt)
+        cases, refused = _predicted_cases(case, tgt)
     records = [_predict_record(spec, tgt, placement) for spec in cases]
     if out is not None:
         from ringbench.records.store import append_record
@@ -637,6 +643,8 @@ def predict(
         from ringbench.present.predict import print_predict_table
 
         print_predict_table(records, Console())
+    for reason in refused:
+        _note(f"not predicted: {reason}")
     if out is not None:
         _note(f"{plural(len(records), 'predicted record')} appended to {out}")
     raise typer.Exit(EXIT_OK)

@@ -536,3 +536,19 @@ def test_predict_intervals_hold_their_point_in_order(tmp_path, monkeypatch):
                            ("efficiency", rec["efficiency"])):
             lo, hi = band[key]
             assert lo <= point * (1 + 1e-12) and point <= hi * (1 + 1e-12), (rec["spec"]["variant"], key, band[key], point)
+
+
+def test_predict_predicts_what_it_can_and_names_what_it_refused(tmp_path, monkeypatch):
+    """One variant the model cannot walk under the mask does not stop the others: they are predicted,
+    and the refused one is named with its reason; where every variant is refused, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    both = ("predict", "--variant", "zigzag", "--variant", "ring_varlen", "--gpu", "H200", "--world-size", "8",
+            "--seqlen", "64k", "--docs", "32k,32k", "--mask", "prefix:8k")
+    res = _invoke(*both, "--json")
+    assert res.exit_code == 0, res.output
+    recs = [json.loads(line) for line in res.output.splitlines() if line.startswith("{")]
+    assert [r["spec"]["variant"] for r in recs] == ["zigzag"]
+    assert "not predicted: mask prefix:8192 is priced on ring, zigzag" in " ".join(res.output.split())
+    alone = _invoke("predict", "--variant", "ring_varlen", "--gpu", "H200", "--world-size", "8", "--seqlen", "64k",
+                    "--docs", "32k,32k", "--mask", "prefix:8k")
+    assert alone.exit_code == 2 and "not on ring_varlen" in " ".join(alone.output.split())
