@@ -279,8 +279,11 @@ def generate(root: Path = ROOT, results: Optional[tuple] = None) -> str:
 
     cals = cal_mod.shipped()
     a, b, c = results or run_all(root)
-    lines = ["Calibrations used (the ones shipped with ringbench, `ringbench/model/calibrations/`): "
-             + "; ".join(f"{cal.device}: {cal.provenance()}" for cal in cals) + ".", "",
+    # shipped() puts measured files first; a later one of the same device is shadowed, so never used.
+    used = list({cal.device: cal for cal in reversed(cals)}.values())[::-1]
+    lines = ["Calibrations used (shipped with ringbench, `ringbench/model/calibrations/`; a provisional file of a "
+             "device that has a measured one is not used): "
+             + "; ".join(f"{cal.device}: {cal.provenance()}" for cal in used) + ".", "",
              "| check | records | bound | result |", "|---|---|---|---|"]
     for check, result in ((CHECK_A, a), (CHECK_B, b)):
         s = result["summary"]
