@@ -346,3 +346,18 @@ def launches_joined_by_world_size(request, launches_at, launch):
         return done[(world_size, quick)]
 
     return get
+
+
+def launch_verify_batches(prefix: str, world_size: int, batches: list, cases_of, folder, timeout_s: float) -> dict:
+    """One launch of ``tests/dist/verify_cases.py`` at ``world_size`` ranks over the cases of ``batches``
+    (quick or not, :func:`batches_launched_together`), seen batch by batch: ``{quick: dict}``, each with
+    its ``world_size`` and its ``cases`` (name -> spec). ``cases_of(world_size, quick)`` gives a batch's
+    cases; the launch's files go under ``folder.mktemp`` of ``<prefix>_w<world size>[_quick]``."""
+    by_batch = {quick: cases_of(world_size, quick) for quick in batches}
+    stem = f"{prefix}_w{world_size}{'_quick' if batches == [True] else ''}"
+    script = Path(__file__).parent / "dist" / "verify_cases.py"
+    views = batches_launched_together(by_batch, lambda cases: torchrun_cases(
+        script, cases, world_size, folder.mktemp(stem), stem, timeout_s))
+    for quick, got in views.items():
+        got["world_size"], got["cases"] = world_size, {c["name"]: c["spec"] for c in by_batch[quick]}
+    return views

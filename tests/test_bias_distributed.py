@@ -17,15 +17,12 @@ head dim 16, fp32.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
-from helpers import batches_launched_together, launches_joined_by_world_size, not_verified, slow_when, \
-    torchrun_cases
+from helpers import launch_verify_batches, launches_joined_by_world_size, not_verified, slow_when
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 
-CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
 LAUNCH_TIMEOUT_S = {1: 240, 2: 300, 4: 420}
 VARIANTS = ("ring", "zigzag", "stripe", "llama3", "ulysses", "usp")
 BIASES = ("alibi", "1hss", "bhss", "111s")
@@ -66,16 +63,8 @@ def _cases(world_size: int, quick: bool) -> list[dict]:
 
 
 def _launch(world_size: int, batches: list, folder) -> dict:
-    """One launch of ``world_size`` ranks over the cases of ``batches`` (quick or not), seen batch by batch:
-    ``{quick: dict}``. The quick cases are a subset of the full ones of the same world size, so joined they
-    run once."""
-    by_batch = {quick: _cases(world_size, quick) for quick in batches}
-    stem = f"bias_w{world_size}{'_quick' if batches == [True] else ''}"
-    views = batches_launched_together(by_batch, lambda cases: torchrun_cases(
-        CASES_SCRIPT, cases, world_size, folder.mktemp(stem), stem, LAUNCH_TIMEOUT_S[world_size]))
-    for quick, got in views.items():
-        got["world_size"], got["cases"] = world_size, {c["name"]: c["spec"] for c in by_batch[quick]}
-    return views
+    """One launch of ``world_size`` ranks over the cases of ``batches`` (quick or not), seen batch by batch."""
+    return launch_verify_batches("bias", world_size, batches, _cases, folder, LAUNCH_TIMEOUT_S[world_size])
 
 
 LAUNCHES_AT = ((1, False), (2, True), (2, False), (4, False))

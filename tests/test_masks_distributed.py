@@ -21,12 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import batches_launched_together, launches_joined_by_world_size, not_verified, read_jsonl, ringbench, \
-    slow_when, torchrun_cases
+from helpers import launch_verify_batches, launches_joined_by_world_size, not_verified, read_jsonl, ringbench, \
+    slow_when
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 from ringbench.variants.engines import masks
 
-CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
 DATA = Path(__file__).parent / "data" / "masks"
 LAUNCH_TIMEOUT_S = {1: 240, 2: 300, 4: 420, 8: 540}
 
@@ -110,15 +109,8 @@ def _extras(quick: bool) -> tuple:
 
 
 def _launch(world_size: int, batches: list, folder) -> dict:
-    """One launch of ``world_size`` ranks over the cases of ``batches`` (quick or not), seen batch by batch:
-    ``{quick: dict}``."""
-    by_batch = {quick: _cases(world_size, quick=quick) for quick in batches}
-    stem = f"masks_w{world_size}{'_quick' if batches == [True] else ''}"
-    views = batches_launched_together(by_batch, lambda cases: torchrun_cases(
-        CASES_SCRIPT, cases, world_size, folder.mktemp(stem), stem, LAUNCH_TIMEOUT_S[world_size]))
-    for quick, got in views.items():
-        got["world_size"], got["cases"] = world_size, {c["name"]: c["spec"] for c in by_batch[quick]}
-    return views
+    """One launch of ``world_size`` ranks over the cases of ``batches`` (quick or not), seen batch by batch."""
+    return launch_verify_batches("masks", world_size, batches, lambda w, quick: _cases(w, quick=quick), folder, LAUNCH_TIMEOUT_S[world_size])
 
 
 #: The launches, (world size, quick), in order: the sink cases take their variants by this order.
