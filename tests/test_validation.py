@@ -552,3 +552,16 @@ def test_predict_predicts_what_it_can_and_names_what_it_refused(tmp_path, monkey
     alone = _invoke("predict", "--variant", "ring_varlen", "--gpu", "H200", "--world-size", "8", "--seqlen", "64k",
                     "--docs", "32k,32k", "--mask", "prefix:8k")
     assert alone.exit_code == 2 and "not on ring_varlen" in " ".join(alone.output.split())
+
+
+def test_predict_refuses_a_mask_of_more_slices_than_it_walks(tmp_path, monkeypatch):
+    """chunked:3 over 64k tokens is 21846 slices, each a window call of every block it meets: the model
+    walked it for minutes; it is refused at once, in one sentence."""
+    monkeypatch.chdir(tmp_path)
+    res = _invoke("predict", "--variant", "zigzag", "--gpu", "H200", "--world-size", "8", "--seqlen", "64k",
+                  "--mask", "chunked:3")
+    message = " ".join(res.output.split())
+    assert res.exit_code == 2, message
+    assert message == ("mask chunked:3 cuts 65536 tokens into 21846 slices, more than the 4096 the model walks (each "
+                       "a window call of every block it meets); predict a coarser mask, or measure this one with "
+                       "ringbench run"), message

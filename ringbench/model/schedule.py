@@ -544,7 +544,16 @@ def mask_refusal(spec) -> str | None:
     from ringbench.variants.engines import masks
 
     text = getattr(spec, "mask", "")
-    if not text or masks.plain_fields(text) is not None or spec.variant in MASK_PRICED:
+    if not text or masks.plain_fields(text) is not None:
+        return None
+    if spec.variant in MASK_PRICED:
+        if getattr(spec, "seqlen", None) is None:  # the CLI's first look, before any case is built
+            return None
+        built = mask_of(spec)
+        if len(built.slices) > masks.MAX_SLICES:  # each slice is a window call of every block it meets
+            return (f"mask {masks.label(masks.parse(text))} cuts {spec.seqlen} tokens into {len(built.slices)} slices, "
+                    f"more than the {masks.MAX_SLICES} the model walks (each a window call of every block it "
+                    "meets); predict a coarser mask, or measure this one with ringbench run")
         return None
     return (f"mask {masks.label(masks.parse(text))} is priced on {', '.join(MASK_PRICED)} only, not on "
             f"{spec.variant} (the model does not walk its masked blocks yet); predict one of those, or measure "
