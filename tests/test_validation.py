@@ -565,3 +565,14 @@ def test_predict_refuses_a_mask_of_more_slices_than_it_walks(tmp_path, monkeypat
     assert message == ("mask chunked:3 cuts 65536 tokens into 21846 slices, more than the 4096 the model walks (each "
                        "a window call of every block it meets); predict a coarser mask, or measure this one with "
                        "ringbench run"), message
+
+
+def test_advise_lists_usp_at_one_ulysses_rank_once_as_zigzag(tmp_path, monkeypatch):
+    """usp at U=1 is its zigzag ring: the model walks zigzag's schedule for it, so advise ranks zigzag
+    and no second row that could only tie with it; usp's other factorizations stay."""
+    monkeypatch.chdir(tmp_path)
+    res = _invoke("advise", "--preset", "llama3-8b", "--seqlen", "64k", "--gpu", "H200", "--nodes", "1", "--json")
+    assert res.exit_code == 0, res.output
+    names = [json.loads(line)["candidate"] for line in res.output.splitlines() if line.startswith("{")]
+    assert any(n.startswith("zigzag,") for n in names) and any(n.startswith("usp U=2,") for n in names), names
+    assert not any(n.startswith("usp U=1,") for n in names), names
