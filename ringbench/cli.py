@@ -564,7 +564,9 @@ _CLUSTER = typer.Option(None, "--cluster", metavar="FILE", help=CLUSTER_HELP)
 _CALIBRATION = typer.Option(None, "--calibration", metavar="FILE", help=CALIBRATION_HELP)
 
 
-@options.with_case_options("run")
+# predict measures nothing: the options of how to measure stay out of its help (and --emulate, --profile
+# are refused in a sentence of their own).
+@options.with_case_options("run", hidden=("iters", "warmup", "emulate", "profile", "min_time_ms", "flush_l2"))
 def predict(
     case: dict,
     gpu: Optional[str] = _GPU,

@@ -576,3 +576,13 @@ def test_advise_lists_usp_at_one_ulysses_rank_once_as_zigzag(tmp_path, monkeypat
     names = [json.loads(line)["candidate"] for line in res.output.splitlines() if line.startswith("{")]
     assert any(n.startswith("zigzag,") for n in names) and any(n.startswith("usp U=2,") for n in names), names
     assert not any(n.startswith("usp U=1,") for n in names), names
+
+
+def test_predict_help_leaves_out_how_to_measure():
+    """predict measures nothing: --iters, --warmup, --emulate, --profile, --min-time-ms and --flush-l2
+    are not in its help (run's still lists them), and --emulate given anyway is refused in a sentence."""
+    shown = " ".join(_invoke("predict", "--help").output.split())
+    for option in ("--iters", "--warmup", "--emulate", "--profile", "--min-time-ms", "--flush-l2"):
+        assert option not in shown, option
+        assert option in " ".join(_invoke("run", "--help").output.split()), option
+    assert "--mask" in shown and "--gpu" in shown

@@ -67,9 +67,10 @@ def _file_name(field: fields.Field) -> str:
     return f"{field.name}_file"
 
 
-def _case_parameters(command: str) -> list[inspect.Parameter]:
+def _case_parameters(command: str, hidden: tuple[str, ...] = ()) -> list[inspect.Parameter]:
     """One typer option per field that ``command`` takes, in table order (a field with a
-    ``file_option`` has that one too, right after its own)."""
+    ``file_option`` has that one too, right after its own); the fields named in ``hidden`` are
+    left out of ``--help`` (still parsed, so the command can refuse them in its own sentence)."""
     params = []
     for f in fields.fields_of(command):
         # A typed field's text is parsed once, here, by its type (fields.Field.value_type), whose
@@ -77,7 +78,7 @@ def _case_parameters(command: str) -> list[inspect.Parameter]:
         kind = str if f.value_type is not None else f.type
         annotation = Optional[List[kind]] if f.repeatable else Optional[kind]
         option = typer.Option(None, *f.option.split(" "), help=_option_help(f), show_default=False,
-                              parser=f.value_type, metavar=f.value_name)
+                              parser=f.value_type, metavar=f.value_name, hidden=f.name in hidden)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=annotation))
         if f.file_option:
@@ -106,8 +107,9 @@ def _with_files(case: dict[str, Any]) -> dict[str, Any]:
     return case
 
 
-def with_case_options(command: str) -> Callable:
-    """Give a typer command every case option of ``command`` (``run`` or ``verify``).
+def with_case_options(command: str, hidden: tuple[str, ...] = ()) -> Callable:
+    """Give a typer command every case option of ``command`` (``run`` or ``verify``), those of the
+    fields in ``hidden`` left out of its ``--help``.
 
     The decorated function takes ``case``: the options given, field -> value (a list for the
     repeatable ones), the others left out; then its own parameters.
@@ -116,7 +118,7 @@ def with_case_options(command: str) -> Callable:
         hints = typing.get_type_hints(func)
         own = [p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
                for p in inspect.signature(func).parameters.values() if p.name != "case"]
-        case_params = _case_parameters(command)
+        case_params = _case_parameters(command, hidden)
         names = [p.name for p in case_params]
 
         @functools.wraps(func)
