@@ -604,16 +604,14 @@ def predict(
 
     with _usage_errors():
         if not against:  # before the masks' own rules: no seqlen they offer makes a mask priced
-            from types import SimpleNamespace
-
-            from ringbench.model.schedule import mask_refusal
+            from ringbench.model.schedule import engine_mask_refusal
 
             def listed(key):
                 given = case.get(key) or []
                 return given if isinstance(given, list) else [given]
 
             for text in listed("mask"):  # refused here only where no variant given prices it
-                reasons = [mask_refusal(SimpleNamespace(mask=text, variant=v)) for v in listed("variant")]
+                reasons = [engine_mask_refusal(text, v) for v in listed("variant")]
                 if reasons and all(reasons):
                     raise SpecError(reasons[0])
         options.check_given(case)

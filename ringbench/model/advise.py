@@ -97,12 +97,11 @@ def candidates(shape: dict, *, world_size: int, nodes: int, kernels: list[str], 
         # advise takes no mask, so a layout that follows one (ring's balanced) has nothing to follow.
         option = v.options.get("layout")
         layouts = [""] + [lay for lay in v.layouts if shape.get("mask") or not (option and option.needs_mask(lay))]
-        degrees = factorizations(world_size) if "ulysses_degree" in v.options else [0]
-        if v.ulysses and name.startswith("usp") and world_size > 1:
-            # usp at U=1 is its zigzag ring, whose schedule the model walks as zigzag's (a candidate of
-            # its own), so a second row would only tie with it. U=W stays: where the heads refuse
-            # Ulysses over every rank, its row says so for usp too.
-            degrees = [d for d in degrees if d != 1]
+        # A hybrid (usp) at U=1 is its zigzag ring, whose schedule the model walks as zigzag's (a candidate
+        # of its own), so a second row would only tie with it. U=W stays: where the heads refuse Ulysses
+        # over every rank, its row says so for the hybrid too.
+        degrees = ([d for d in factorizations(world_size) if d != 1 or world_size == 1]
+                   if "ulysses_degree" in v.options else [0])
         for layout in layouts:
             for degree in degrees:
                 hybrid = degree not in (0, 1, world_size)

@@ -19,6 +19,7 @@ Source: issue 24.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -99,9 +100,8 @@ def reference_ms(spec, cal: Calibration, kernel: str, which: str = "mid") -> tup
                                 head_dim_v=spec.value_head_dim(), window=spec.window or None)
         return total, flops
 
-    mask = schedule.mask_of(spec)
-    if mask is not None:
-        return max((_masked_share(spec, cal, kernel, which, mask, shape, rank) for rank in range(spec.world_size)),
+    if schedule.mask_of(spec) is not None:
+        return max((_masked_share(spec, cal, kernel, which, shape, rank) for rank in range(spec.world_size)),
                    key=lambda tf: tf[0])
     if not variant.varlen:
         return one(None)
@@ -120,13 +120,27 @@ def reference_ms(spec, cal: Calibration, kernel: str, which: str = "mid") -> tup
     return max(found, key=lambda tf: tf[0])
 
 
-def _masked_share(spec, cal: Calibration, kernel: str, which: str, mask, shape, rank: int) -> tuple[float, float]:
-    """Rank ``rank``'s reference under a mask, as ``bench`` runs it: the mask between the positions the
-    rank holds (``bench.reference_mask``), cut into one window call per slice (``masked.Sliced``):
-    (ms, FLOPs)."""
+def _masked_share(spec, cal: Calibration, kernel: str, which: str, shape, rank: int) -> tuple[float, float]:
+    """Rank ``rank``'s reference under a mask (:func:`_masked_share_calls`) priced at quantile
+    ``which``: (ms, FLOPs)."""
+    calls, pairs = _masked_share_calls(spec, rank)
+    total = sum(cal.kernel_ms(kernel, call, shape, which) for call in calls)
+    flops = attention_flops(batch=spec.batch, seqlen=spec.seqlen // spec.world_size, heads=spec.heads,
+                            head_dim=spec.head_dim, causal=False, mode=spec.mode, head_dim_v=spec.value_head_dim(),
+                            pairs=pairs)
+    return total, flops
+
+
+@functools.lru_cache(maxsize=64)
+def _masked_share_calls(spec, rank: int) -> tuple[tuple[Call, ...], float]:
+    """The kernel calls of rank ``rank``'s reference under ``spec``'s mask, as ``bench`` runs it: the mask
+    between the positions the rank holds (``bench.reference_mask``), cut into one window call per slice
+    (``masked.Sliced``), in each mode of ``spec``; and the pairs they attend. Cut once per case and rank,
+    for every quantile."""
     from ringbench.case.spec import padded_docs
     from ringbench.variants import get_variant
     from ringbench.variants.engines import layouts, masked
+    from ringbench.variants.engines.ring import Step
 
     variant = get_variant(spec.variant)
     W = spec.world_size
@@ -139,21 +153,11 @@ def _masked_share(spec, cal: Calibration, kernel: str, which: str, mask, shape, 
     else:
         held = layouts.token_index(layout, spec.seqlen, rank, W, ulysses_degree=degree, mask=spec.mask)
     runs = masked.runs_of(held.tolist())
-    share = ring_step(masked.block_parts(mask, runs, runs, by_slices=True))
-    total = sum(cal.kernel_ms(kernel, call, shape, which)
-                for mode in (("fwd", "bwd") if spec.mode == "fwd_bwd" else ("fwd",))
-                for call in schedule.step_calls(share, mode, len(held)))
-    pairs = sum(c.pairs for c in schedule.step_calls(share, "fwd", len(held)))
-    flops = attention_flops(batch=spec.batch, seqlen=len(held), heads=spec.heads, head_dim=spec.head_dim,
-                            causal=False, mode=spec.mode, head_dim_v=spec.value_head_dim(), pairs=pairs)
-    return total, flops
-
-
-def ring_step(parts):
-    """A ``ring.Step`` over every row holding ``parts`` (the form ``schedule.step_calls`` reads)."""
-    from ringbench.variants.engines.ring import Step
-
-    return Step(slice(None), slice(None), False, parts=tuple(parts))
+    share = Step(slice(None), slice(None), False, parts=masked.block_parts(schedule.mask_of(spec), runs, runs,
+                                                                           by_slices=True))
+    by_mode = {mode: schedule.step_calls(share, mode, len(held))
+               for mode in (("fwd", "bwd") if spec.mode == "fwd_bwd" else ("fwd",))}
+    return tuple(c for calls in by_mode.values() for c in calls), sum(c.pairs for c in by_mode["fwd"])
 
 
 def placement(cluster: Cluster, layout: schedule.Layout, how: str):

@@ -138,20 +138,20 @@ def part_pairs(q: int, k: int, band) -> float:
     return total
 
 
+def band_call(mode: str, m: int, n: int, band) -> Call:
+    """The call of ``m`` query rows against ``n`` keys under a flash-attn band ``(left, right)``
+    (:func:`part_pairs`), or of every pair where ``band`` is ``None``."""
+    if band is None:
+        return Call(mode, "full", m, n, float(m) * n)
+    return Call(mode, "window", m, n, part_pairs(m, n, band), window=band[0] + 1 if band[0] is not None else n)
+
+
 def step_calls(step, mode: str, seqlen_local: int) -> list[Call]:
     """The kernel calls of one engine :class:`ring.Step` (a window step's parts are several)."""
     if step.parts:
         calls = []
-        for p in step.parts:
-            m, n = p.q[1] - p.q[0], p.kv[1] - p.kv[0]
-            band = getattr(p, "window", None)  # a mask's full part (masked.MaskPart) has none
-            pairs = part_pairs(m, n, band)
-            if band is None:
-                calls.append(Call(mode, "full", m, n, pairs))
-            else:
-                left = band[0]
-                calls.append(Call(mode, "window", m, n, pairs, window=(left + 1) if left is not None else n))
-        return calls
+        # A mask's full part (masked.MaskPart) has no window.
+        return [band_call(mode, p.q[1] - p.q[0], p.kv[1] - p.kv[0], getattr(p, "window", None)) for p in step.parts]
     if step.cu_q is not None:
         cq, ck = step.cu_q.tolist(), step.cu_k.tolist()
         docs = []
@@ -357,14 +357,10 @@ def gather_program(spec, rank: int, world_size: int, shape: Shape, esize: int, b
         for rows, keys, causal, kw in blocks:
             m = _rows(rows, local)
             n = keys.stop - keys.start
-            band = kw.get("window")  # a mask's full part by slices carries window None
-            if band is not None:
-                out.append(Call(mode, "window", m, n, part_pairs(m, n, band),
-                                window=band[0] + 1 if band[0] is not None else n))
-            elif causal:
+            if causal and kw.get("window") is None:
                 out.append(Call(mode, "causal", m, n, m * (m + 1) / 2))
-            else:
-                out.append(Call(mode, "full", m, n, float(m) * n))
+            else:  # a mask's full part by slices carries window None
+                out.append(band_call(mode, m, n, kw.get("window")))
         return out
 
     def forward(i, gs):
@@ -537,27 +533,32 @@ def mask_of(spec):
     return masks.over(text, spec.seqlen, padded_docs(spec) if get_variant(spec.variant).varlen else None)
 
 
-def mask_refusal(spec) -> str | None:
-    """Why the model cannot price ``spec``'s mask, in one sentence, or ``None``: a mask is priced on
-    :data:`MASK_PRICED` alone (Ulysses' head-split ring and the varlen engines under a mask are not
-    walked yet)."""
+def engine_mask_refusal(text: str, variant: str) -> str | None:
+    """Why the model cannot price mask ``text`` (any text ``--mask`` or ``--mask-file`` gives) on
+    ``variant``, in one sentence, or ``None``: a mask is priced on :data:`MASK_PRICED` alone. Needs no
+    sequence length, so the CLI asks it before a mask's own rules, which no seqlen would help here."""
     from ringbench.variants.engines import masks
 
-    text = getattr(spec, "mask", "")
-    if not text or masks.plain_fields(text) is not None:
-        return None
-    if spec.variant in MASK_PRICED:
-        if getattr(spec, "seqlen", None) is None:  # the CLI's first look, before any case is built
-            return None
-        built = mask_of(spec)
-        if len(built.slices) > masks.MAX_SLICES:  # each slice is a window call of every block it meets
-            return (f"mask {masks.label(masks.parse(text))} cuts {spec.seqlen} tokens into {len(built.slices)} slices, "
-                    f"more than the {masks.MAX_SLICES} the model walks (each a window call of every block it "
-                    "meets); predict a coarser mask, or measure this one with ringbench run")
+    if not text or masks.plain_fields(text) is not None or variant in MASK_PRICED:
         return None
     return (f"mask {masks.label(masks.parse(text))} is priced on {', '.join(MASK_PRICED)} only, not on "
-            f"{spec.variant} (the model does not walk its masked blocks yet); predict one of those, or measure "
-            f"{spec.variant} under the mask with ringbench run")
+            f"{variant} (the model does not walk its masked blocks yet); predict one of those, or measure "
+            f"{variant} under the mask with ringbench run")
+
+
+def mask_refusal(spec) -> str | None:
+    """Why the model cannot price ``spec``'s mask, in one sentence, or ``None``:
+    :func:`engine_mask_refusal`, then a mask of more slices than ``masks.MAX_SLICES`` (each a window
+    call of every block it meets)."""
+    from ringbench.variants.engines import masks
+
+    reason = engine_mask_refusal(spec.mask, spec.variant)
+    built = None if reason else mask_of(spec)
+    if built is not None and len(built.slices) > masks.MAX_SLICES:
+        return (f"mask {masks.label(masks.parse(spec.mask))} cuts {spec.seqlen} tokens into {len(built.slices)} "
+                f"slices, more than the {masks.MAX_SLICES} the model walks (each a window call of every block it "
+                "meets); predict a coarser mask, or measure this one with ringbench run")
+    return reason
 
 
 def refusal(spec) -> str | None:

@@ -280,7 +280,7 @@ def generate(root: Path = ROOT, results: Optional[tuple] = None) -> str:
     cals = cal_mod.shipped()
     a, b, c = results or run_all(root)
     # shipped() puts measured files first; a later one of the same device is shadowed, so never used.
-    used = list({cal.device: cal for cal in reversed(cals)}.values())[::-1]
+    used = [cal for i, cal in enumerate(cals) if all(c.device != cal.device for c in cals[:i])]
     lines = ["Calibrations used (shipped with ringbench, `ringbench/model/calibrations/`; a provisional file of a "
              "device that has a measured one is not used): "
              + "; ".join(f"{cal.device}: {cal.provenance()}" for cal in used) + ".", "",
