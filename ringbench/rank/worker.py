@@ -194,16 +194,16 @@ def main(argv: list[str] | None = None) -> None:
     dist.destroy_process_group()
 
 
-def leave() -> None:
-    """End the rank once :func:`main` has returned (its records written, its process group
-    destroyed), skipping Python's teardown of torch at exit: about half a second of CPU a
-    process, a second or more a launch of several ranks on a few cores, and nothing a rank
+def leave(code: int = 0) -> None:
+    """End the rank with exit ``code`` once :func:`main` has returned (its records written, its
+    process group destroyed), skipping Python's teardown of torch at exit: about half a second of
+    CPU a process, a second or more a launch of several ranks on a few cores, and nothing a rank
     needs. What was printed is flushed first; a rank that raised never gets here (``record``
-    writes its error file and it exits as before)."""
+    writes its error file and it exits as before). The tests' case scripts end the same way."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

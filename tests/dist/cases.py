@@ -35,6 +35,7 @@ import torch.distributed as dist
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from helpers import attention_fp64  # noqa: E402
 from ringbench.rank.check import tolerance_check  # noqa: E402
+from ringbench.rank.worker import leave  # noqa: E402
 from ringbench.records.envinfo import warm_cpu_math  # noqa: E402
 from ringbench.variants import get_variant  # noqa: E402
 from ringbench.variants.engines import layouts  # noqa: E402
@@ -232,15 +233,6 @@ def drive(doc: str, run: Callable[[dict], dict | None], start: Callable[[dict, i
     finally:
         dist.destroy_process_group()
     return 0
-
-
-def leave(code: int) -> None:
-    """Exit with ``code`` once :func:`drive` has returned (every record written, the group destroyed),
-    skipping Python's teardown of torch: about half a second of CPU a rank, as ringbench's worker does
-    (``ringbench.rank.worker.leave``). What was printed is flushed first."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _start(case: dict, world_size: int) -> dict:

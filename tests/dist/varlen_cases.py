@@ -25,7 +25,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from cases import drive, leave  # tests/dist is the script's folder, so first on sys.path under torchrun
+from cases import drive  # tests/dist is the script's folder, so first on sys.path under torchrun
+from ringbench.rank.worker import leave
 from ringbench.rank.check import verify_case
 from ringbench.case.spec import CaseSpec
 from ringbench.variants import get_variant
