@@ -109,6 +109,10 @@ def as_real(parts: list[torch.Tensor], ulysses_degree: int, head_dim: int) -> li
 
 
 CASES = {
+    # the ring engines: on CUDA their merges and adds run on a side stream (engines/overlap.py)
+    "ring": dict(name="ring", world_size=4),
+    "zigzag": dict(name="zigzag", world_size=4),
+    "stripe-window": dict(name="stripe", world_size=4, options={"window": 12}),
     "ring_varlen": dict(name="ring_varlen", world_size=4, docs=[16, 32, 16]),
     "zigzag_varlen": dict(name="zigzag_varlen", world_size=4, docs=[16, 32, 16]),
     "llama3": dict(name="llama3", world_size=4),
@@ -367,6 +371,44 @@ def test_emulated_run_of_every_collective_engine_at_world_size_8_on_cpu(tmp_path
         assert r["bytes_sent"] == r["bytes_received"] > 0 and r["bus_gib_s"] is None
     # The same exchanges at another layout: llama3 and llama3_varlen gather and scatter the same bytes.
     assert records[0]["bytes_sent"] == records[1]["bytes_sent"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, options", [("zigzag", {}), ("stripe", {"window": 300}),
+                                           ("zigzag_varlen", {"docs": [512, 1536]})])
+def test_side_stream_merges_give_the_in_line_results_on_cuda(name, options, monkeypatch):
+    """engines/overlap.py: with the merges and adds beside the next kernel (the default on CUDA),
+    bf16 out and lse are bitwise those of the merges in line (RINGBENCH_SIDE_MERGE=0), and dq (a
+    backward whose kernel may add with atomics) within bf16 rounding of them."""
+    options = dict(options)
+    docs = options.pop("docs", None)
+    world_size, seqlen = 4, 2048
+    torch.manual_seed(0)
+    q, k, v, dout = (torch.randn(1, seqlen, h, 64, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2, 8))
+    cut = Layout(name, world_size, 0, options, docs)
+    shards = [[cut.cut(t, r) for t in (q, k, v, dout)] for r in range(world_size)]
+    if docs:
+        options["cu_seqlens"] = torch.tensor(_offsets(docs), dtype=torch.int32, device="cuda")
+    got = {}
+    for side in ("1", "0"):
+        monkeypatch.setenv("RINGBENCH_SIDE_MERGE", side)
+        results = []
+        with instruments.open(traffic=True):
+            for rank, (rq, rk, rv, rd) in enumerate(shards):
+                with instruments.open(emulation=instruments.Emulation(rank, world_size, shards)):
+                    for t in (rq, rk, rv):
+                        t.requires_grad_(True)
+                    out, lse = get_variant(name).attention(rq, rk, rv, causal=True, kernel="auto", **options)
+                    out.backward(rd)
+                    results.append((out.detach().clone(), lse.clone(), rq.grad.clone()))
+                    for t in (rq, rk, rv):
+                        t.grad = None
+                        t.requires_grad_(False)
+        torch.cuda.synchronize()
+        got[side] = results
+    for (out, lse, dq), (out0, lse0, dq0) in zip(got["1"], got["0"]):
+        assert torch.equal(out, out0) and torch.equal(lse, lse0)
+        assert (dq.float() - dq0.float()).abs().max().item() <= 2e-2 * dq0.float().abs().max().item()
 
 
 @pytest.mark.gpu

@@ -59,6 +59,8 @@ def collect(kernel: str | None = None) -> dict:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the SIMD path of CPU kernels: AVX2, AVX512...
         "torch_threads": torch.get_num_threads(),
         "git_commit": git_commit(),
+        # Set only to measure the ring's merges in line against beside the kernels (variants/engines/overlap.py).
+        "side_merge": os.environ.get("RINGBENCH_SIDE_MERGE"),
     }
     if torch.cuda.is_available():
         env["gpu_name"] = torch.cuda.get_device_name(0)

@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import bands, mask_balance, masked, masks, window as _window
+from . import bands, mask_balance, masked, masks, overlap, window as _window
 from .. import instruments
 from ..instruments import emulation, observe, timeline
 from .comm import RingComm, all_reduce as comm_all_reduce, all_reduce_max
@@ -325,6 +325,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
     n_steps = getattr(steps, "n_steps", world_size)  # a window may end the ring early
     left = _blocks_of(steps, rank, world_size, n_steps)
     out = lse = None
+    side = overlap.Side(q.device)
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, world_size - 1))]
     kv = (k, v)
     for step in range(n_steps):
@@ -343,10 +344,13 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
                 seen.forward_block(block.q, _ALL, b_out, b_lse)
             left -= 1
             into = q.dtype if (left == 0 and sink is None) or "out" in lossy else acc
-            out, lse = _fold(out, lse, block, b_out, b_lse, into, q, v)
+            with side.work(out, lse, b_out, b_lse):  # beside the next step's kernel
+                out, lse = _fold(out, lse, block, b_out, b_lse, into, q, v)
+            side.made(out, lse)
         if step + 1 < n_steps:
             comm.wait()
             kv = nxt
+    side.join()
     if out is None:  # no block at all: every query sees no key
         out, lse = _empty_output(q, v)
     if sink is not None:  # the row's sink joins after its last merge, once (sinks.py)
@@ -382,6 +386,7 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     left = _blocks_of(steps, rank, world_size)
     windowed = hasattr(steps, "n_steps")
     dq = None
+    side = overlap.Side(q.device)
     spare = [(torch.empty_like(k), torch.empty_like(v)) for _ in range(min(2, max(0, world_size - 2)))]
     if world_size > 1 and kv_last is None:  # a window ended the forward early: fetch rank + 1's block
         kv_last = (torch.empty_like(k), torch.empty_like(v))
@@ -425,20 +430,25 @@ def _ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
             incoming = landing
         # A windowed step's gradient can be a sum of several kernel calls already (window.py).
         hop = k.dtype if (i == 0 and not windowed) or "dkv" in lossy else acc
-        sums = _accumulate(*dq_job, *(
-            (incoming[j], block.kv if block is not None else _ALL, grads[1 + j] if grads is not None else None,
-             hop, like.shape, block.kv_inv if block is not None else None) for j, like in enumerate((k, v))))
-        dq, partial = (sums[0] if dq_job else dq), sums[-2:]
-        partial = tuple(p.to(hop).contiguous() if p is not None else torch.zeros(like.shape, dtype=hop,
-                                                                                   device=like.device)
-                        for p, like in zip(partial, (k, v)))
-        landing = (torch.empty(k.shape, dtype=hop, device=k.device), torch.empty(v.shape, dtype=hop, device=v.device))
-        dkv_comm.send_recv(partial[0], landing[0])
-        dkv_comm.send_recv(partial[1], landing[1])
-        dkv_comm.commit()
+        # The adds and the hop they feed go beside the next step's kernel.
+        with side.work(dq, *incoming, *(grads or ())):
+            sums = _accumulate(*dq_job, *(
+                (incoming[j], block.kv if block is not None else _ALL, grads[1 + j] if grads is not None else None,
+                 hop, like.shape, block.kv_inv if block is not None else None) for j, like in enumerate((k, v))))
+            dq, partial = (sums[0] if dq_job else dq), sums[-2:]
+            partial = tuple(p.to(hop).contiguous() if p is not None else torch.zeros(like.shape, dtype=hop,
+                                                                                       device=like.device)
+                            for p, like in zip(partial, (k, v)))
+            landing = (torch.empty(k.shape, dtype=hop, device=k.device),
+                       torch.empty(v.shape, dtype=hop, device=v.device))
+            dkv_comm.send_recv(partial[0], landing[0])
+            dkv_comm.send_recv(partial[1], landing[1])
+            dkv_comm.commit()
+        side.made(dq, *landing)
         if receive:
             kv_comm.wait()
             kv = nxt
+    side.join()
     incoming = (None, None)
     if world_size > 1:
         dkv_comm.wait()
