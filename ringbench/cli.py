@@ -566,7 +566,8 @@ _CALIBRATION = typer.Option(None, "--calibration", metavar="FILE", help=CALIBRAT
 
 # predict measures nothing: the options of how to measure stay out of its help (and --emulate, --profile
 # are refused in a sentence of their own).
-@options.with_case_options("run", hidden=("iters", "warmup", "emulate", "profile", "min_time_ms", "flush_l2"))
+@options.with_case_options("run", hidden=("iters", "warmup", "emulate", "profile", "min_time_ms", "flush_l2"),
+                          scenario=False)
 def predict(
     case: dict,
     gpu: Optional[str] = _GPU,

@@ -273,6 +273,15 @@ def test_cli_help_exits_0_and_lists_options(args, words):
         assert word in result.stdout, word
 
 
+def test_predict_help_says_nothing_of_scenarios_it_does_not_take():
+    """predict takes no --scenario; its option texts spoke of one (found when tried as a new user would)."""
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["predict", "--help"])
+    assert result.exit_code == 0
+    assert "scenario" not in result.stdout.lower()
+    assert "Default: cuda when a GPU is visible, else cpu." in result.stdout  # the clause before it stays
+    assert "--scenario" in CliRunner(env={"COLUMNS": "200"}).invoke(app, ["run", "--help"]).stdout
+
+
 def _commands():
     """The click commands of ``ringbench`` and its subcommands, each with a context, as --help sees them."""
     import typer

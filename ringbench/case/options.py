@@ -55,11 +55,24 @@ SCENARIO_HELP = ("Sweep a scenario instead of one shape: a built-in name (smoke,
 JUNIT_HELP = "Also write the results as JUnit XML to this file, one test case per case. Default: no file."
 
 
-def _option_help(field: fields.Field) -> str:
+def _option_help(field: fields.Field, scenario: bool = True) -> str:
+    """The option's help; without ``scenario`` (a command that takes no --scenario, as predict),
+    its sentences about scenarios are left out."""
     text = field.help[0].upper() + field.help[1:] + "."
     if field.repeatable:
-        text += " Repeat for several: one case per value (with --scenario: replaces its axis)."
-    return f"{text} {field.default_help()}"
+        text += " Repeat for several: one case per value" + (" (with --scenario: replaces its axis)." if scenario
+                                                              else ".")
+    text = f"{text} {field.default_help()}"
+    if not scenario:
+        # Clauses (after "; ") or whole sentences about scenarios; "Default: none; run needs one or
+        # --scenario" keeps "Default: none."
+        kept = []
+        for sentence in re.split(r"(?<=\.) ", text):
+            clauses = [c for c in sentence.rstrip(".").split("; ") if "scenario" not in c]
+            if clauses:
+                kept.append("; ".join(clauses) + ".")
+        text = " ".join(kept)
+    return text
 
 
 def _file_name(field: fields.Field) -> str:
@@ -67,17 +80,18 @@ def _file_name(field: fields.Field) -> str:
     return f"{field.name}_file"
 
 
-def _case_parameters(command: str, hidden: tuple[str, ...] = ()) -> list[inspect.Parameter]:
+def _case_parameters(command: str, hidden: tuple[str, ...] = (), scenario: bool = True) -> list[inspect.Parameter]:
     """One typer option per field that ``command`` takes, in table order (a field with a
     ``file_option`` has that one too, right after its own); the fields named in ``hidden`` are
-    left out of ``--help`` (still parsed, so the command can refuse them in its own sentence)."""
+    left out of ``--help`` (still parsed, so the command can refuse them in its own sentence);
+    ``scenario``: whether the command takes --scenario (``_option_help``)."""
     params = []
     for f in fields.fields_of(command):
         # A typed field's text is parsed once, here, by its type (fields.Field.value_type), whose
         # refusal is ringbench's one sentence, not the parser's box; the help shows the text.
         kind = str if f.value_type is not None else f.type
         annotation = Optional[List[kind]] if f.repeatable else Optional[kind]
-        option = typer.Option(None, *f.option.split(" "), help=_option_help(f), show_default=False,
+        option = typer.Option(None, *f.option.split(" "), help=_option_help(f, scenario), show_default=False,
                               parser=f.value_type, metavar=f.value_name, hidden=f.name in hidden)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=annotation))
@@ -107,9 +121,10 @@ def _with_files(case: dict[str, Any]) -> dict[str, Any]:
     return case
 
 
-def with_case_options(command: str, hidden: tuple[str, ...] = ()) -> Callable:
+def with_case_options(command: str, hidden: tuple[str, ...] = (), scenario: bool = True) -> Callable:
     """Give a typer command every case option of ``command`` (``run`` or ``verify``), those of the
-    fields in ``hidden`` left out of its ``--help``.
+    fields in ``hidden`` left out of its ``--help``; ``scenario=False`` for a command without
+    --scenario, whose option texts then say nothing of scenarios.
 
     The decorated function takes ``case``: the options given, field -> value (a list for the
     repeatable ones), the others left out; then its own parameters.
@@ -118,7 +133,7 @@ def with_case_options(command: str, hidden: tuple[str, ...] = ()) -> Callable:
         hints = typing.get_type_hints(func)
         own = [p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
                for p in inspect.signature(func).parameters.values() if p.name != "case"]
-        case_params = _case_parameters(command, hidden)
+        case_params = _case_parameters(command, hidden, scenario)
         names = [p.name for p in case_params]
 
         @functools.wraps(func)
