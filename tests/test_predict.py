@@ -628,3 +628,15 @@ def test_a_causal_call_of_few_heads_is_priced_at_its_own_rows():
                    for mode in ("fwd", "bwd"))
     whole, eighth = ms(32, 8), ms(4, 1)
     assert whole / 8 <= eighth <= 1.25 * whole / 8, (whole, eighth)
+
+
+def test_a_causal_rate_past_the_largest_square_follows_the_diagonal_law():
+    """calibration._causal_beyond: a rate that rose between the two largest causal squares goes on
+    rising past them as r_inf (1 - c / s), never above r_inf; one that fell stays flat."""
+    from ringbench.model.calibration import _causal_beyond
+
+    # r(s) = 600 (1 - 1024 / s): 562.5 at 16k, 581.25 at 32k, 590.6 at 64k.
+    r1, r2 = 600 * (1 - 1024 / 16384), 600 * (1 - 1024 / 32768)
+    assert _causal_beyond(16384, r1, 32768, r2, 65536) == pytest.approx(600 * (1 - 1024 / 65536))
+    assert r2 < _causal_beyond(16384, r1, 32768, r2, 1 << 20) < 600
+    assert _causal_beyond(16384, 613.0, 32768, 600.0, 65536) == 600.0
