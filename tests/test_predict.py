@@ -640,3 +640,23 @@ def test_a_causal_rate_past_the_largest_square_follows_the_diagonal_law():
     assert _causal_beyond(16384, r1, 32768, r2, 65536) == pytest.approx(600 * (1 - 1024 / 65536))
     assert r2 < _causal_beyond(16384, r1, 32768, r2, 1 << 20) < 600
     assert _causal_beyond(16384, 613.0, 32768, 600.0, 65536) == 600.0
+
+
+def test_merges_beside_the_kernels_save_all_but_their_stolen_share():
+    """variants/engines/overlap.py: on CUDA each forward merge runs on a side stream beside the next
+    kernel. A compute-bound zigzag rank at W=4 (the diagonal, then three half blocks, a merge after
+    each) then costs the compute stream SIDE_SHARE of each merge, and the last one in full (the
+    join waits for it): in line minus (1 - SIDE_SHARE) times every merge but the last."""
+    from ringbench.model.simulate import SIDE_SHARE
+
+    cal = C.from_dict(_flat_calibration(), "test")
+    spec, cluster = _spec("zigzag", 4, 1024), _cluster(4, 1e6)
+    progs, _ = schedule.programs(spec, side=False)
+    merges = [cal.overhead_ms("merge", op.nbytes) for op, _ in progs[0]
+              if isinstance(op, schedule.Compute) and op.kind == "merge"]
+    assert len(merges) == 3
+    in_line = predict_case(spec, calibration=cal, kernel="cpu", cluster=cluster, side=False)
+    beside = predict_case(spec, calibration=cal, kernel="cpu", cluster=cluster, side=True)
+    saved = in_line["per_rank_time_ms"][0] - beside["per_rank_time_ms"][0]
+    assert saved == pytest.approx((1 - SIDE_SHARE) * sum(merges[:-1]), rel=1e-6)
+    assert schedule.programs(spec)[0] == progs  # a cpu case merges in line

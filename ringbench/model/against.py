@@ -68,6 +68,14 @@ class Measured:
         return f"left out {plural(total, 'line')}: " + ", ".join(plural(n, *why) for why, n in self.left_out.items())
 
 
+
+def side_merges(rec: dict) -> bool:
+    """Whether a record's ring merged on a side stream (``variants/engines/overlap.py``): a CUDA run
+    whose environment has ``side_merge`` (ringbench since that engine) not set to ``"0"``; records
+    from before it merged in line."""
+    env = rec.get("env") or {}
+    return rec["spec"].get("device") == "cuda" and "side_merge" in env and env["side_merge"] != "0"
+
 def _same(phrase: str) -> tuple[str, str]:
     return phrase, phrase
 
@@ -185,9 +193,10 @@ def compare(records: list[dict], *, target_of: Callable[[dict], Any] = record_ta
             if key not in targets:
                 targets[key] = target_of(rec)
             tgt = targets[key]
-            # Priced as it ran: replayed as a CUDA graph, or eager.
+            # Priced as it ran: replayed as a CUDA graph, or eager; merges beside the kernels or in line.
             fields = predict_case(spec, calibration=tgt.calibration, kernel=tgt.kernel(spec.kernel),
-                                  cluster=tgt.cluster(spec.world_size), graph=bool(rec.get("cuda_graph")))
+                                  cluster=tgt.cluster(spec.world_size), graph=bool(rec.get("cuda_graph")),
+                                  side=side_merges(rec))
         except (SpecError, schedule.Unpredictable) as exc:
             rows.append({**row, "refused": True, "reason": str(exc)})
             continue

@@ -202,7 +202,7 @@ def graph_choice(spec, priced, *, device_type: str, play_graph) -> tuple[bool, s
 
 def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluster,
                  place: str = "ulysses-inner", programs: tuple | None = None,
-                 cache: dict | None = None, graph: bool | None = None) -> dict[str, Any]:
+                 cache: dict | None = None, graph: bool | None = None, side: bool | None = None) -> dict[str, Any]:
     """The predicted run fields of ``spec`` (a resolved ``CaseSpec`` at ``cluster.world_size``).
 
     Returns:
@@ -214,12 +214,12 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
     every kernel and placement of a case); ``cache``: a dict the caller keeps across calls, where
     the programs' segments and their prices per kernel are kept. ``graph``: price the iteration
     replayed as a CUDA graph (True) or eager (False); None: as ``spec.cuda_graph`` says
-    (:func:`graph_choice`).
+    (:func:`graph_choice`). ``side``: ``schedule.programs``' (where ``programs`` is not given).
 
     Raises:
         schedule.Unpredictable: a case whose schedule the model does not walk.
     """
-    progs, layout = programs if programs is not None else schedule.programs(spec)
+    progs, layout = programs if programs is not None else schedule.programs(spec, side=side)
     where = placement(cluster, layout, place)
     cache = {} if cache is None else cache
     if ("segments", id(progs)) not in cache:  # the programs are kept with their segments, so their id stays theirs

@@ -93,7 +93,9 @@ def predict(table: dict, *, build: Callable[[dict, int], Any], tgt) -> list[dict
                 parts = dict.fromkeys(PARTS, 0.0)
                 for fields, ref_fields in zip(cases, references):
                     spec = build(fields, W).replace(kernel=table["kernel"])
-                    got = predict_case(spec, calibration=tgt.calibration, kernel=table["kernel"], cluster=tgt.cluster(W))
+                    # The library merges in line, on its compute stream: so is its schedule priced.
+                    got = predict_case(spec, calibration=tgt.calibration, kernel=table["kernel"], cluster=tgt.cluster(W),
+                                       side=False)
                     time_ms += got["time_ms"]
                     for part in PARTS:
                         parts[part] += got["prediction"]["critical_path_ms"][part]

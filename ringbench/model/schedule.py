@@ -49,13 +49,16 @@ ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 
 class Compute(NamedTuple):
     """GPU work on the rank's compute stream: a ``kernel`` call, or a ``merge``, ``add`` or ``copy``
-    of ``nbytes`` bytes; ``phase`` is fwd or bwd, ``step`` the engine's step."""
+    of ``nbytes`` bytes; ``phase`` is fwd or bwd, ``step`` the engine's step. ``side``: issued on the
+    ring's side stream beside the next kernel (``variants/engines/overlap.py``, CUDA); a ``join``
+    (no work) makes the compute stream wait for the side stream."""
 
     kind: str
     phase: str
     step: int
     call: Call | None = None
     nbytes: float = 0.0
+    side: bool = False
 
 
 class Post(NamedTuple):
@@ -75,6 +78,7 @@ class Post(NamedTuple):
     group: tuple[int, ...] = ()
     send_to: int = -1
     recv_from: int = -1
+    side: bool = False  # issued from the side stream, after its work (the backward's dK/dV hop)
 
 
 class Wait(NamedTuple):
@@ -205,8 +209,9 @@ def ring_steps(layout: str, seqlen_local: int, ring_rank: int, ring_degree: int,
 
 
 def ring_forward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, shape: Shape, esize: int,
-                 tag: str = "kv") -> list:
-    """Rank ``ring[me]``'s forward ring, in ``ring._ring_forward``'s order."""
+                 tag: str = "kv", side: bool = False) -> list:
+    """Rank ``ring[me]``'s forward ring, in ``ring._ring_forward``'s order; ``side``: each step's merge
+    on the side stream (CUDA), joined after the last."""
     R = len(ring)
     n_steps = getattr(steps, "n_steps", R)
     kv_bytes = seqlen_local * shape.batch * shape.kv_heads * (shape.head_dim + shape.head_dim_v) * esize
@@ -228,16 +233,19 @@ def ring_forward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, sh
                 held = esize
             else:
                 ops.append(Compute("merge", "fwd", step, nbytes=_merge_bytes(
-                    _rows(block.q, seqlen_local), shape, esize, local=seqlen_local, held=held or 4, into=into)))
+                    _rows(block.q, seqlen_local), shape, esize, local=seqlen_local, held=held or 4, into=into),
+                    side=side))
                 held = into
         if step + 1 < n_steps:
             ops.append(Wait(f"{tag}f"))
-    return ops
+    return ops + ([Compute("join", "fwd", n_steps - 1)] if side else [])
 
 
 def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, shape: Shape, esize: int,
-                  tag: str = "kv") -> list:
-    """Rank ``ring[me]``'s backward ring, in ``ring._ring_backward``'s order (the reverse ring)."""
+                  tag: str = "kv", side: bool = False) -> list:
+    """Rank ``ring[me]``'s backward ring, in ``ring._ring_backward``'s order (the reverse ring);
+    ``side``: each step's adds and the dK/dV hop they feed on the side stream (CUDA), joined before
+    the last add."""
     R = len(ring)
     kv_bytes = seqlen_local * shape.batch * shape.kv_heads * (shape.head_dim + shape.head_dim_v)
     windowed = hasattr(steps, "n_steps")
@@ -262,12 +270,14 @@ def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, s
             break
         if i > 0:
             ops.append(Wait(f"{tag}d"))
-        ops += _step_add(block, i, dq_held, i > 0, seqlen_local, shape, esize)
+        ops += [op._replace(side=side) for op in _step_add(block, i, dq_held, i > 0, seqlen_local, shape, esize)]
         dq_held = dq_held or block is not None
         hop = esize if (i == 0 and not windowed) else 4
-        ops.append(Post(f"{tag}d", "p2p", "bwd", i, kv_bytes * hop, ring, nxt, prv))
+        ops.append(Post(f"{tag}d", "p2p", "bwd", i, kv_bytes * hop, ring, nxt, prv, side=side))
         if receive:
             ops.append(Wait(f"{tag}b"))
+    if side:
+        ops.append(Compute("join", "bwd", R - 1))
     if R > 1:
         ops.append(Wait(f"{tag}d"))
     ops += _step_add(block, R - 1, dq_held, R > 1, seqlen_local, shape, esize)
@@ -457,7 +467,7 @@ def gather_varlen_program(spec, rank: int, world_size: int, shape: Shape, esize:
 # --------------------------------------------------------------------------- Ulysses and USP
 
 def ulysses_program(spec, rank: int, world_size: int, degree: int, shape: Shape, esize: int, backward: bool,
-                    doc_lengths: list[int] | None) -> list:
+                    doc_lengths: list[int] | None, side: bool = False) -> list:
     """Rank ``rank``'s Ulysses (or USP) forward and backward, in ``ulysses.UlyssesRing``'s order.
 
     The grid is ``grid.process_grid``'s: Ulysses groups of ``degree`` consecutive ranks, the ring
@@ -492,12 +502,14 @@ def ulysses_program(spec, rank: int, world_size: int, degree: int, shape: Shape,
     ops += swap("fwd", "q", local * B * shape.heads * shape.head_dim)
     ops += swap("fwd", "k", local * B * shape.kv_heads * replicas * shape.head_dim)
     ops += swap("fwd", "v", local * B * shape.kv_heads * replicas * shape.head_dim_v)
-    ops += ring_forward(steps, ring=ring, me=rrank, seqlen_local=ring_len, shape=hshape, esize=esize)
+    ops += ring_forward(steps, ring=ring, me=rrank, seqlen_local=ring_len, shape=hshape, esize=esize,
+                        side=side)
     ops += swap("fwd", "out", local * B * shape.heads * shape.head_dim_v)
     ops += swap("fwd", "lse", local * B * shape.heads, 4)
     if backward:
         ops += swap("bwd", "dout", local * B * shape.heads * shape.head_dim_v)
-        ops += ring_backward(steps, ring=ring, me=rrank, seqlen_local=ring_len, shape=hshape, esize=esize)
+        ops += ring_backward(steps, ring=ring, me=rrank, seqlen_local=ring_len, shape=hshape, esize=esize,
+                             side=side)
         ops += swap("bwd", "dq", local * B * shape.heads * shape.head_dim)
         ops += swap("bwd", "dk", local * B * shape.kv_heads * replicas * shape.head_dim)
         ops += swap("bwd", "dv", local * B * shape.kv_heads * replicas * shape.head_dim_v)
@@ -581,9 +593,11 @@ def refusal(spec) -> str | None:
     return None
 
 
-def programs(spec, *, ulysses_degree: int | None = None) -> tuple[list[list], Layout]:
+def programs(spec, *, ulysses_degree: int | None = None, side: bool | None = None) -> tuple[list[list], Layout]:
     """Every rank's program for ``spec`` (a resolved ``CaseSpec``): per rank a list of
     ``(op, shape)``, ``shape`` the attention shape a kernel call runs at (``None`` for other ops).
+    ``side``: the ring's merges and adds on a side stream (``variants/engines/overlap.py``); None: as
+    the engine does now, on CUDA (a record measured in line is priced with False).
 
     Raises:
         Unpredictable: :func:`refusal`'s reasons.
@@ -595,6 +609,7 @@ def programs(spec, *, ulysses_degree: int | None = None) -> tuple[list[list], La
 
     variant = get_variant(spec.variant)
     W = spec.world_size
+    side = spec.device == "cuda" if side is None else side
     shape = case_shape(spec)
     esize = ELEMENT_BYTES[spec.dtype]
     backward = spec.mode == "fwd_bwd"
@@ -603,7 +618,7 @@ def programs(spec, *, ulysses_degree: int | None = None) -> tuple[list[list], La
         U = variant.ulysses_degree(W, ulysses_degree or spec.ulysses_degree)
         if spec.batch != 1 and docs is not None:
             raise Unpredictable("packed documents take batch 1")
-        progs = [ulysses_program(spec, r, W, U, shape, esize, backward, docs) for r in range(W)]
+        progs = [ulysses_program(spec, r, W, U, shape, esize, backward, docs, side) for r in range(W)]
         return progs, Layout(U, W // U)
     if spec.variant == "llama3":
         return [gather_program(spec, r, W, shape, esize, backward) for r in range(W)], Layout(1, W)
@@ -619,8 +634,8 @@ def programs(spec, *, ulysses_degree: int | None = None) -> tuple[list[list], La
     progs = []
     for r in range(W):
         steps = ring_steps(layout, local, r, W, spec.causal, spec.window or None, doc_lengths, mask)
-        ops = ring_forward(steps, ring=ring, me=r, seqlen_local=local, shape=shape, esize=esize)
+        ops = ring_forward(steps, ring=ring, me=r, seqlen_local=local, shape=shape, esize=esize, side=side)
         if backward:
-            ops += ring_backward(steps, ring=ring, me=r, seqlen_local=local, shape=shape, esize=esize)
+            ops += ring_backward(steps, ring=ring, me=r, seqlen_local=local, shape=shape, esize=esize, side=side)
         progs.append([(op, shape if isinstance(op, Compute) and op.kind == "kernel" else None) for op in ops])
     return progs, Layout(1, W)

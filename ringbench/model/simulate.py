@@ -117,6 +117,8 @@ def price(segs: list[list], *, calibration: Calibration, kernel: str, whiches: t
     issue: dict = {}
 
     def host_cost(op: Compute) -> float:
+        if op.kind == "join":
+            return 0.0
         key = (op.kind, op.call.mode if op.call is not None else None)
         if key not in issue:
             issue[key] = calibration.issue_ms(op.kind, kernel, key[1] or "fwd")
@@ -125,8 +127,9 @@ def price(segs: list[list], *, calibration: Calibration, kernel: str, whiches: t
     def cost(op: Compute, shape) -> tuple:
         key = (op.kind, op.call, shape, op.nbytes)
         if key not in cache:
-            cache[key] = tuple(calibration.kernel_ms(kernel, op.call, shape, w) if op.kind == "kernel" else
-                               calibration.overhead_ms(op.kind, op.nbytes, w) for w in whiches)
+            cache[key] = tuple(0.0 if op.kind == "join" else calibration.kernel_ms(kernel, op.call, shape, w)
+                               if op.kind == "kernel" else calibration.overhead_ms(op.kind, op.nbytes, w)
+                               for w in whiches)
         return cache[key]
 
     segments, calls = [], [0] * W
@@ -139,15 +142,18 @@ def price(segs: list[list], *, calibration: Calibration, kernel: str, whiches: t
         has = [[False] * W for _ in range(K)]
         is_kernel = [[False] * W for _ in range(K)]
         bwd = [[False] * W for _ in range(K)]
+        lane = [[0] * W for _ in range(K)]  # 0 the compute stream, 1 the side stream, 2 a join
         for r in range(W):
             for k, (op, shape) in enumerate(segs[r][j][0]):
                 work[k][r] = cost(op, shape)
                 host[k][r] = host_cost(op)
                 has[k][r], is_kernel[k][r], bwd[k][r] = True, op.kind == "kernel", op.phase == "bwd"
+                lane[k][r] = 2 if op.kind == "join" else int(op.side)
                 calls[r] += op.kind == "kernel"
         work_a = np.array(work, dtype=float).reshape(K, W, Q).transpose(0, 2, 1) if K else np.zeros((0, Q, W))
         segments.append((work_a, np.array(host, dtype=float).reshape(K, W), np.array(has, dtype=bool).reshape(K, W),
-                         np.array(is_kernel, dtype=bool).reshape(K, W), np.array(bwd, dtype=bool).reshape(K, W), ops))
+                         np.array(is_kernel, dtype=bool).reshape(K, W), np.array(bwd, dtype=bool).reshape(K, W), ops,
+                         np.array(lane, dtype=int).reshape(K, W)))
     return Priced(tuple(whiches), calibration.launch_ms, segments, calls)
 
 
@@ -160,6 +166,7 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
     """
     Q, W = len(priced.whiches), len(priced.kernel_calls)
     T, H, free = np.zeros((Q, W)), np.zeros((Q, W)), np.zeros((Q, W))
+    S = np.zeros((Q, W))  # where each rank's side stream is (overlap.py)
     if graph:
         H += priced.launch_ms  # the graph's one launch
     fwd_at = np.full((Q, W), np.nan)
@@ -181,21 +188,26 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
         if first.any():
             fwd_at[:, first] = T[:, first]
 
-    for work, host, has, is_kernel, bwd, ops in priced.segments:
+    for work, host, has, is_kernel, bwd, ops, lane in priced.segments:
         for k in range(work.shape[0]):
             mark_bwd(has[k] & bwd[k])
             if not graph:
                 H += np.where(has[k], host[k], 0.0)
-            gap = np.where(has[k], np.maximum(0.0, H - T), 0.0)  # the GPU idle, waiting for the host
-            T += gap + work[k]
-            parts["overhead"] += gap + np.where(is_kernel[k], 0.0, work[k])
-            parts["compute"] += np.where(is_kernel[k], work[k], 0.0)
+            main = has[k] & (lane[k] == 0)
+            if not main.all():  # some ranks issue side-stream work or join it here
+                T, S = _side(T, S, H, work[k], has[k] & (lane[k] == 1), has[k] & (lane[k] == 2), parts)
+            gap = np.where(main, np.maximum(0.0, H - T), 0.0)  # the GPU idle, waiting for the host
+            T += gap + np.where(main, work[k], 0.0)
+            parts["overhead"] += gap + np.where(main & ~is_kernel[k], work[k], 0.0)
+            parts["compute"] += np.where(main & is_kernel[k], work[k], 0.0)
         if ops[0] is None:
             continue
         if isinstance(ops[0], Post):
             mark_bwd(np.array([op.phase == "bwd" for op in ops]))
             H += post_host  # the host issues the transfer too
             ready = np.maximum(np.maximum(T, H), free)
+            if ops[0].side:  # issued from the side stream, after the adds it sends
+                ready = np.maximum(ready, S)
             key = (ops[0].op, ops[0].nbytes, tuple((op.send_to, op.recv_from, op.group) for op in ops))
             if key not in patterns:
                 patterns[key] = _pattern(ops, link, place, cluster)
@@ -230,6 +242,24 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
     return out
 
 
+#: The share of a side-stream merge's or add's GPU time that still lands on the compute stream: it runs
+#: beside the next kernel, but takes SMs and memory bandwidth from it.
+SIDE_SHARE = 0.5
+
+
+def _side(T, S, H, work, on_side, join, parts):
+    """One op slot where some ranks issue side-stream work (``on_side``) or join it (``join``): side
+    work starts once the compute stream reached it, the host issued it and the side stream is free,
+    and costs the compute stream :data:`SIDE_SHARE` of its time; a join holds the compute stream
+    until the side stream is done. Returns the new ``(T, S)``."""
+    start = np.maximum(np.maximum(S, T), H)
+    S = np.where(on_side, start + work, S)
+    stolen = np.where(on_side, SIDE_SHARE * work, 0.0)
+    idle = np.where(join, np.maximum(0.0, S - T), 0.0)
+    parts["overhead"] += stolen + idle
+    return T + stolen + idle, S
+
+
 def simulate(programs: list[list], *, calibration: Calibration, kernel: str, cluster: Cluster,
              whiches: tuple[str, ...] = ("mid",), place: Callable[[int], int] = lambda r: r, graph: bool = False
              ) -> dict[str, list[RankTime]]:
@@ -243,7 +273,7 @@ def issue_and_run_ms(priced: Priced, rank: int = 0, which: int = 0) -> tuple[flo
     (transfers at ``launch_ms``) and the GPU's time to run the compute ops, at quantile index
     ``which``; what ``run --cuda-graph auto`` compares (``rank.graphs.issue_and_run_ms``)."""
     host = gpu = 0.0
-    for work, cost, has, _, _, ops in priced.segments:
+    for work, cost, has, _, _, ops, _ in priced.segments:
         host += float(cost[:, rank].sum()) + (priced.launch_ms if ops[0] is not None and isinstance(ops[0], Post)
                                               else 0.0)
         gpu += float(np.where(has[:, rank], work[:, which, rank], 0.0).sum())
