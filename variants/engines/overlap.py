@@ -46,6 +46,7 @@ class Side:
     def __init__(self, device: torch.device):
         self.stream = None
         self.main = None
+        self.used = False  # a join without side work would wait on an event from outside a graph capture
         if wanted(device):
             index = device.index if device.index is not None else torch.cuda.current_device()
             if index not in _STREAMS:
@@ -63,6 +64,7 @@ class Side:
             yield
             return
         self.stream.wait_stream(self.main)
+        self.used = True
         self.hand(self.stream, *reads)
         with torch.cuda.stream(self.stream):
             yield
@@ -73,8 +75,9 @@ class Side:
             self.hand(self.main, *tensors)
 
     def join(self) -> None:
-        """The main stream waits for everything issued on the side stream so far."""
-        if self.stream is not None:
+        """The main stream waits for everything this pass issued on the side stream (nothing to wait
+        for where it issued none)."""
+        if self.used:
             self.main.wait_stream(self.stream)
 
     @staticmethod
