@@ -79,6 +79,13 @@ def test_graphs_replay_check_of_a_nondeterministic_backward_allows_units_in_the_
     assert not graphs.compare(far, eager, nondeterministic=True).ok  # 9 units: a fault, not an order
     moved = [eager[0][0] + 2 ** -20, eager[0][1].clone(), eager[0][2].clone()]
     assert not graphs.compare(moved, eager, nondeterministic=True).ok  # out comes from no atomics
+    # Eager calls that differ by less than a unit at the largest magnitude (small elements only):
+    # the floor is still that unit, so 3 units pass where 3 / 2^-30 times their spread would not.
+    out, dq = torch.arange(6.0).reshape(2, 3), torch.ones(4)
+    tiny = [[out.clone(), dq.clone(), torch.tensor([2.0, 2.0 ** -20 + e, 2.0])] for e in (0.0, 2.0 ** -43, 0.0)]
+    slip = [out.clone(), dq.clone(), tiny[0][2] + torch.tensor([3 * 2 ** -22, 0.0, 0.0])]
+    assert graphs.compare(slip, tiny, nondeterministic=True).ok
+    assert not graphs.compare(slip, tiny).ok
 
 
 def test_graphs_replay_check_refuses_mismatched_outputs():
