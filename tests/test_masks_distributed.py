@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import launch_verify_batches, launches_joined_by_world_size, not_verified, read_jsonl, ringbench, \
+from helpers import launch_verify_batches, launches_joined_by_world_size, not_verified, read_jsonl, ringbench_here, \
     slow_when
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 from ringbench.variants.engines import masks
@@ -167,10 +167,10 @@ def test_masks_verify_passes_every_family_and_file_on_every_variant(launch):
 def test_masks_cli_verify_reads_a_mask_file_and_fails_the_local_only_mask(tmp_path):
     """``--mask-file`` through the command line as a user runs it: the slices reach the records as the
     ``mask`` field (case_id from the slices), zigzag passes and the locally-masked fixture fails (exit 1)."""
-    done = ringbench("verify", "--device", "cpu", "--variant", "zigzag", "--variant", "mask_local_only",
-                     "--mask-file", str(DATA / "image_in_text.txt"), "--seqlen", "256", "--world-size", "2",
-                     "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--dtype", "bf16", "--out", str(tmp_path),
-                     cwd=tmp_path)
+    done = ringbench_here("verify", "--device", "cpu", "--variant", "zigzag", "--variant", "mask_local_only",
+                          "--mask-file", str(DATA / "image_in_text.txt"), "--seqlen", "256", "--world-size", "2",
+                          "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--dtype", "bf16", "--out", str(tmp_path),
+                          cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     by_variant = {r["spec"]["variant"]: r for r in read_jsonl(tmp_path / "verify.jsonl")}
     assert by_variant["zigzag"]["status"] == "ok" and by_variant["mask_local_only"]["status"] == "fail"
@@ -206,7 +206,7 @@ def test_masks_ring_sends_only_the_kv_some_rank_needs_and_counts_only_unmasked_f
     so the forward ring stops after one step (one K/V block sent per rank instead of three); FLOPs and
     the predicted work count only the chunks' causal pairs."""
     (tmp_path / "early.toml").write_text(EARLY_STOP)
-    done = ringbench("run", "--scenario", str(tmp_path / "early.toml"), "--json", "--out", str(tmp_path), cwd=tmp_path)
+    done = ringbench_here("run", "--scenario", str(tmp_path / "early.toml"), "--json", "--out", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     full, chunked = sorted((json.loads(line) for line in done.stdout.splitlines()), key=lambda r: r["spec"]["mask"])
     assert full["status"] == chunked["status"] == "ok"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import read_jsonl, ringbench, ringbench_here, slow_when, torchrun_cases
+from helpers import read_jsonl, ringbench_here, slow_when, torchrun_cases
 from ringbench.case import work
 from ringbench.case.spec import CaseSpec, SpecError, canonical, default_fields, resolve_docs, resolve_mask, \
     resolve_options, validate
@@ -233,9 +233,9 @@ def test_documents_mask_verify_passes_on_every_varlen_engine(launch):
 def test_documents_mask_cli_verify_and_records(tmp_path):
     """``ringbench verify --docs ... --mask prefix:P`` as a user runs it: exit 0 for the varlen engines,
     the records carry the mask and the documents, and their predicted pairs sum to the per-document area."""
-    done = ringbench("verify", "--device", "cpu", "--kernel", "math", "--variant", "ring_varlen",
-                     "--variant", "llama3_varlen", "--docs", "96,24,136", "--mask", "prefix:40", "--seqlen", "256",
-                     "--world-size", "2", "--heads", "2", "--head-dim", "16", "--out", str(tmp_path), cwd=tmp_path)
+    done = ringbench_here("verify", "--device", "cpu", "--kernel", "math", "--variant", "ring_varlen",
+                          "--variant", "llama3_varlen", "--docs", "96,24,136", "--mask", "prefix:40", "--seqlen", "256",
+                          "--world-size", "2", "--heads", "2", "--head-dim", "16", "--out", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     records = read_jsonl(tmp_path / "verify.jsonl")
     assert {r["spec"]["variant"] for r in records} == {"ring_varlen", "llama3_varlen"}

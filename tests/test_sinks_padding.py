@@ -383,8 +383,8 @@ def test_sinks_learnable_and_off_by_one_are_both_emulated():
 @pytest.mark.dist
 @pytest.mark.slow
 def test_padding_run_counts_real_tokens_and_times_the_sink(tmp_path):
-    proc = ringbench("run", "--variant", "llama3_varlen", "--world-size", "2", "--seqlen", "744", "--docs", "438,300",
-                     "--doc-pad", "8", "--sink", "learnable", "--iters", "2", "--warmup", "1", "--json", cwd=tmp_path)
+    proc = ringbench_here("run", "--variant", "llama3_varlen", "--world-size", "2", "--seqlen", "744", "--docs", "438,300",
+                          "--doc-pad", "8", "--sink", "learnable", "--iters", "2", "--warmup", "1", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import json
 
