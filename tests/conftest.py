@@ -57,3 +57,11 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs CUDA: no CUDA device is visible (torch.cuda.is_available() is False)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def verify_pool(request, tmp_path_factory):
+    """The session's pooled ``tests/dist/verify_cases.py`` launches (``helpers.VerifyPool``): one per world size."""
+    from helpers import VerifyPool
+
+    return VerifyPool(request.session, tmp_path_factory)

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import launch_verify_batches, launches_joined_by_world_size, not_verified, read_jsonl, ringbench_here, \
-    slow_when
+from helpers import not_verified, pool_verify_batches, read_jsonl, ringbench_here, slow_when
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 from ringbench.variants.engines import masks
 
@@ -108,25 +107,25 @@ def _extras(quick: bool) -> tuple:
     return EXTRAS[:2] if quick else EXTRAS
 
 
-def _launch(world_size: int, batches: list, folder) -> dict:
-    """One launch of ``world_size`` ranks over the cases of ``batches`` (quick or not), seen batch by batch."""
-    return launch_verify_batches("masks", world_size, batches, lambda w, quick: _cases(w, quick=quick), folder, LAUNCH_TIMEOUT_S[world_size])
-
-
 #: The launches, (world size, quick), in order: the sink cases take their variants by this order.
 LAUNCHES_AT = ((1, False), (2, True), (2, False), (4, False), (8, False))
 LAUNCHES = [slow_when(p, True) for p in LAUNCHES_AT]  # the quick one too: 15-22 s on two cores
 
 
-@pytest.fixture(scope="module")
-def launches(request, tmp_path_factory):
-    """The launches, lazily; world size 2's quick and full batches (no case in both) share one launch."""
-    return launches_joined_by_world_size(request, LAUNCHES_AT, lambda w, b: _launch(w, b, tmp_path_factory))
+def _batches(world_size: int, with_slow: bool) -> dict:
+    """The batches (quick or not) at ``world_size`` for the session's pooled launch, every one slow: none
+    unless the session runs the slow tests; world size 2's quick and full batches (no case in both) share it."""
+    return {quick: (_cases(world_size, quick=quick), LAUNCH_TIMEOUT_S[world_size])
+            for w, quick in LAUNCHES_AT if w == world_size and with_slow}
+
+
+pool_verify_batches(__name__, _batches)
 
 
 @pytest.fixture(scope="module", params=LAUNCHES, ids=lambda p: f"w{p[0]}{'-quick' if p[1] else ''}")
-def launch(request, launches) -> dict:
-    return launches(*request.param)
+def launch(request, verify_pool) -> dict:
+    """One batch's view of the session's launch at its world size (``helpers.VerifyPool``)."""
+    return verify_pool.get(__name__, *request.param)
 
 
 @pytest.mark.dist
