@@ -57,3 +57,25 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs CUDA: no CUDA device is visible (torch.cuda.is_available() is False)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def verify_pool(request, tmp_path_factory):
+    """The session's pooled ``tests/dist/verify_cases.py`` launches (``helpers.VerifyPool``): one per world size."""
+    from helpers import VerifyPool
+
+    return VerifyPool(request.session, tmp_path_factory)
+
+
+@pytest.fixture
+def rate_measured_once(monkeypatch):
+    """The CPU's matmul rate measured once in this process, not again before each launch.
+
+    Before each launch the CLI measures the rate again (``sweep.estimate.remeasure``: the watchdog's
+    limits under the load of the moment, 0.2 s of matmuls). Where every launch is a stand-in launcher's
+    (the CLI's usage, exit-code and output-path tests), the rate measured first serves them all;
+    ``tests/test_estimate.py`` checks the measuring again itself.
+    """
+    from ringbench.sweep import estimate
+
+    monkeypatch.setattr(estimate, "remeasure", lambda: None)

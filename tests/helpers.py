@@ -301,12 +301,6 @@ def flat_calibration(rate: float, shape, sizes=(8, 16, 32, 64, 128, 256, 512)) -
             "overheads": {"merge": free, "add": free, "copy": free, "launch_ms": 0.0}, "source": "test"}
 
 
-def runs_slow_tests_of(request) -> bool:
-    """Whether this session runs the slow tests of the requesting fixture's module too (the whole suite,
-    not ``-m "not slow"``)."""
-    return any(item.get_closest_marker("slow") for item in request.session.items if item.module is request.module)
-
-
 def batches_launched_together(batches: dict, launch) -> dict:
     """One torchrun launch over the cases of several batches of one world size, seen batch by batch.
 
@@ -328,36 +322,61 @@ def batches_launched_together(batches: dict, launch) -> dict:
     return views
 
 
-def launches_joined_by_world_size(request, launches_at, launch):
-    """``get(world_size, quick)``: the launch of one batch of a module's cases, run lazily and cached.
+#: The modules whose ``tests/dist/verify_cases.py`` launches are pooled (:class:`VerifyPool`): module name ->
+#: ``batches(world_size, with_slow)``, the module's batches at that world size, ``{key: ([case, ...], timeout_s)}``;
+#: ``with_slow``: whether this session runs the module's slow tests too (else its quick batches alone).
+POOLED_VERIFY: dict = {}
 
-    ``launches_at``: the module's ``(world_size, quick)`` batches. When this session runs the module's
-    slow tests too, the batches of one world size share one launch (``launch(world_size, [quick, ...])``
-    returns ``{quick: dict}``, a dict per batch, as :func:`batches_launched_together` gives); under
-    ``-m "not slow"`` each batch asked for has its own.
+
+def pool_verify_batches(module: str, batches) -> None:
+    """Put a module's ``verify_cases.py`` batches in the session's pool (:class:`VerifyPool`), at its import."""
+    POOLED_VERIFY[module] = batches
+
+
+class VerifyPool:
+    """The ``verify_cases.py`` launches of every pooled module in this session: one launch per world size.
+
+    The first batch asked for at a world size launches, at once, the batches every pooled module of the
+    session has there (all of them where the session runs the module's slow tests, else its quick ones):
+    a launch's start (torchrun and every rank importing torch) is paid once per world size, not once per
+    module. ``get(module, world_size, key)`` returns that batch's view of the launch, as
+    :func:`batches_launched_together` gives it (its own records and expected names, the launch's return
+    code, timeout and log tail) with its ``world_size`` and ``cases`` (name -> spec). Case names are
+    prefixed with their module's inside the launch, so two modules may use one name.
     """
-    together = runs_slow_tests_of(request)
-    done: dict = {}
 
-    def get(world_size, quick):
-        if (world_size, quick) not in done:
-            batches = [q for w, q in launches_at if w == world_size] if together else [quick]
-            done.update({(world_size, q): view for q, view in launch(world_size, batches).items()})
-        return done[(world_size, quick)]
+    def __init__(self, session, folder):
+        self.session, self.folder, self.done = session, folder, {}
 
-    return get
+    def _with_slow(self, module: str) -> bool | None:
+        """Whether the session runs ``module``'s slow tests (None: none of its tests)."""
+        items = [item for item in self.session.items if item.module.__name__ == module]
+        return any(item.get_closest_marker("slow") for item in items) if items else None
 
+    def get(self, module: str, world_size: int, key) -> dict:
+        if (module, world_size, key) not in self.done:
+            batches = {}
+            for name, batches_of in POOLED_VERIFY.items():
+                with_slow = self._with_slow(name)
+                if with_slow is not None:
+                    batches.update({(name, k): v for k, v in batches_of(world_size, with_slow).items()})
+            if (module, key) not in batches:  # asked for outside what the session's selection implies
+                batches[(module, key)] = POOLED_VERIFY[module](world_size, True)[key]
+            self._launch(world_size, batches)
+        return self.done[(module, world_size, key)]
 
-def launch_verify_batches(prefix: str, world_size: int, batches: list, cases_of, folder, timeout_s: float) -> dict:
-    """One launch of ``tests/dist/verify_cases.py`` at ``world_size`` ranks over the cases of ``batches``
-    (quick or not, :func:`batches_launched_together`), seen batch by batch: ``{quick: dict}``, each with
-    its ``world_size`` and its ``cases`` (name -> spec). ``cases_of(world_size, quick)`` gives a batch's
-    cases; the launch's files go under ``folder.mktemp`` of ``<prefix>_w<world size>[_quick]``."""
-    by_batch = {quick: cases_of(world_size, quick) for quick in batches}
-    stem = f"{prefix}_w{world_size}{'_quick' if batches == [True] else ''}"
-    script = Path(__file__).parent / "dist" / "verify_cases.py"
-    views = batches_launched_together(by_batch, lambda cases: torchrun_cases(
-        script, cases, world_size, folder.mktemp(stem), stem, timeout_s))
-    for quick, got in views.items():
-        got["world_size"], got["cases"] = world_size, {c["name"]: c["spec"] for c in by_batch[quick]}
-    return views
+    def _launch(self, world_size: int, batches: dict) -> None:
+        timeout_s = sum(max(t for (m, _), (_, t) in batches.items() if m == module)
+                        for module in {m for m, _ in batches})
+        prefixed = {mk: [{**case, "name": f"{mk[0]}:{case['name']}"} for case in cases]
+                    for mk, (cases, _) in batches.items()}
+        stem = f"verify_pool_w{world_size}"
+        script = Path(__file__).parent / "dist" / "verify_cases.py"
+        views = batches_launched_together(prefixed, lambda cases: torchrun_cases(
+            script, cases, world_size, self.folder.mktemp(stem), stem, timeout_s))
+        for (module, key), got in views.items():
+            cut = len(module) + 1
+            self.done[(module, world_size, key)] = {
+                **got, "records": {n[cut:]: {**r, "name": n[cut:]} for n, r in got["records"].items()},
+                "expected": [n[cut:] for n in got["expected"]], "world_size": world_size,
+                "cases": {c["name"]: c["spec"] for c in batches[(module, key)][0]}}

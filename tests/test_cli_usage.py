@@ -14,6 +14,8 @@ from ringbench.cli import app
 from ringbench.variants import list_variants
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+#: Every launch here is a stand-in's: the CPU rate is measured once, not before each (conftest.py).
+pytestmark = pytest.mark.usefixtures("rate_measured_once")
 
 
 @dataclass

@@ -17,7 +17,6 @@ launch is slow (the quick batch's four ranks take 16-19 s on two cores).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,9 +27,8 @@ from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 from ringbench.variants import factorizations, instruments
 from ringbench.variants.instruments import observe
 
-from helpers import cached, torchrun_cases
+from helpers import pool_verify_batches
 
-CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
 LAUNCH_TIMEOUT_S = {1: 200, 2: 200, 4: 300, 8: 500}
 
 #: The problem every distributed case shares: GQA 2:1, 256 tokens (a multiple of 2 * 8).
@@ -116,36 +114,24 @@ BY_NAME = {(c["batch"], c["name"]): c for c in CASES}
 assert len(BY_NAME) == len(CASES), "case names must be unique within a batch"
 
 
-def _launch(names: list, world_size: int, folder: Path, stem: str) -> dict:
-    """Run the named cases in one torchrun launch of ``world_size`` ranks; return its records and log."""
-    by_name = {c["name"]: c for c in CASES if c["world_size"] == world_size}
-    cases = [{"name": name, "spec": by_name[name]["spec"]} for name in names]
-    return torchrun_cases(CASES_SCRIPT, cases, world_size, folder, stem, LAUNCH_TIMEOUT_S[world_size])
+def _batches(world_size: int, with_slow: bool) -> dict:
+    """The batches ("quick", "full") at ``world_size`` for the session's pooled launch (every launch is slow;
+    a case both batches hold runs once)."""
+    out = {}
+    for c in CASES if with_slow else ():
+        if c["world_size"] == world_size:
+            out.setdefault(c["batch"], ([], LAUNCH_TIMEOUT_S[world_size]))[0].append({"name": c["name"], "spec": c["spec"]})
+    return out
+
+
+pool_verify_batches(__name__, _batches)
 
 
 @pytest.fixture(scope="module")
-def launches(request, tmp_path_factory):
-    """One torchrun launch per (batch, world size), run lazily and cached for the module.
-
-    When this session runs the module's slow tests too, the quick batch's cases join the full
-    batch's launch at world size 4 (a case both batches hold runs once): one launch, not two.
-    """
-    folder = tmp_path_factory.mktemp("drift_cases")
-    together = any(item.get_closest_marker("slow") for item in request.session.items if item.module is request.module)
-
-    def names(batch: str, world_size: int) -> list:
-        return list(dict.fromkeys(c["name"] for c in CASES if c["world_size"] == world_size and c["batch"] == batch))
-
-    def make(batch: str, world_size: int) -> dict:
-        if together and world_size == 4 and batch == "quick":
-            return get("full", 4)
-        wanted = names(batch, world_size)
-        if together and world_size == 4:
-            wanted += [n for n in names("quick", 4) if n not in wanted]
-        return _launch(wanted, world_size, folder, f"{batch}_w{world_size}")
-
-    get = cached(make)
-    return get
+def launches(verify_pool):
+    """``get(batch, world_size)``: that batch's view of the session's launch at its world size
+    (``helpers.VerifyPool``)."""
+    return lambda batch, world_size: verify_pool.get(__name__, world_size, batch)
 
 
 def _record(launches, batch: str, name: str) -> dict:

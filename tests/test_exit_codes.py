@@ -24,6 +24,8 @@ from helpers import read_jsonl
 from ringbench.cli import app
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+#: Every launch here is a stand-in's: the CPU rate is measured once, not before each (conftest.py).
+pytestmark = pytest.mark.usefixtures("rate_measured_once")
 
 #: Three small CPU cases of one launch (world size 2).
 THREE = ["run", "--variant", "ring", "--variant", "zigzag", "--variant", "stripe", "--device", "cpu",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import COMMAND_TIMEOUT_S, read_jsonl, ringbench, ringbench_here
+from helpers import COMMAND_TIMEOUT_S, read_jsonl, ringbench_here
 from helpers import live_cmdlines_with as _live_cmdlines_with
 
 SMALL = ["--device", "cpu", "--world-size", "2", "--seqlen", "256", "--heads", "2", "--kv-heads", "1",
@@ -70,8 +70,8 @@ def hang_and_raise(tmp_path_factory):
     out = tmp_path / "out"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RINGBENCH_FAULT_WAIT_S", "2")  # the faulted rank's wait for the others, in every rank
-        result = ringbench("run", "--scenario", str(sweep(tmp_path, ["ring", "fault_hang", "fault_raise", "zigzag"])),
-                           "--out", str(out), "--timeout", "20", cwd=tmp_path)
+        result = ringbench_here("run", "--scenario", str(sweep(tmp_path, ["ring", "fault_hang", "fault_raise", "zigzag"])),
+                                "--out", str(out), "--timeout", "20", cwd=tmp_path)
     return {"result": result, "out": out, "records": read_jsonl(out / "runs.jsonl"),
             "left": _live_cmdlines_with(str(out / "logs"))}
 
@@ -113,7 +113,7 @@ def test_faults_raise_on_one_rank_records_its_rank_and_traceback(hang_and_raise)
 def test_faults_oom_silent_and_unavailable_variants_are_recorded_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "out"
     variants = ["ring", "fault_oom", "fault_unavailable", "fault_silent", "zigzag"]
-    result = ringbench("run", "--scenario", str(sweep(tmp_path, variants)), "--out", str(out), "--json", cwd=tmp_path)
+    result = ringbench_here("run", "--scenario", str(sweep(tmp_path, variants)), "--out", str(out), "--json", cwd=tmp_path)
     assert result.returncode == 1  # cases failed, the launch did not
     assert [json.loads(line)["spec"]["variant"] for line in result.stdout.splitlines()] == variants
     records = by_variant(out / "runs.jsonl")

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ringbench_here
+
 GOLDEN = Path(__file__).parent / "data" / "golden"
 _spec = importlib.util.spec_from_file_location("golden_make", GOLDEN / "make.py")
 make = importlib.util.module_from_spec(_spec)
@@ -116,6 +118,15 @@ def _differences(old: dict, new: dict) -> list[str]:
     return lines
 
 
+def _ringbench(args: list, out: Path, *extra: str):
+    """``make.ringbench`` (``ringbench ARGS --out OUT EXTRA`` in ``out``, failing unless it exits 0), with
+    the command line run in this process: the launches are still real torchrun."""
+    out.mkdir(parents=True, exist_ok=True)
+    done = ringbench_here(*args, "--out", str(out), *extra, cwd=out)
+    assert done.returncode == 0, f"ringbench {' '.join(args)} exited {done.returncode}\n{done.stderr[-3000:]}"
+    return done
+
+
 @pytest.mark.dist
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(make.COMMANDS))
@@ -127,7 +138,7 @@ def test_golden_same_commands_give_the_same_records(tmp_path, name):
         pytest.skip(f"{name} was made with torch {stored[0]['env']['torch']}, not {torch.__version__}: "
                     "regenerate it on main first (tests/data/golden/make.py)")
     out = tmp_path / "out"
-    make.ringbench(make.COMMANDS[name], out)
+    _ringbench(make.COMMANDS[name], out)
     fresh = _read(out / name)
 
     old, new = {r["case_id"]: r for r in stored}, {r["case_id"]: r for r in fresh}
@@ -149,7 +160,7 @@ def test_golden_records_of_main_load_and_resume_runs_nothing(tmp_path, name):
     out.mkdir()
     shutil.copy(GOLDEN / name, out / name)
     stored = _read(GOLDEN / name)
-    shown = make.ringbench(make.COMMANDS[name], out, "--resume", "--json").stdout
+    shown = _ringbench(make.COMMANDS[name], out, "--resume", "--json").stdout
     ran = _read(out / name)[len(stored):]
     assert not ran, f"--resume ran {len(ran)} cases of {name} again: " + "; ".join(map(_label, ran))
     assert [json.loads(line) for line in shown.splitlines()] == stored  # printed as reused, unchanged

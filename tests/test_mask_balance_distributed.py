@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import read_jsonl, ringbench, slow_when
+from helpers import read_jsonl, ringbench_here, slow_when
 
 DATA = Path(__file__).parent / "data" / "masks"
 
@@ -19,10 +19,10 @@ DATA = Path(__file__).parent / "data" / "masks"
 @pytest.mark.parametrize("world_size", [slow_when(2, True), slow_when(4, True), slow_when(8, True)])  # W=2: 11 s
 def test_ring_balanced_verifies_under_masks(tmp_path, world_size):
     out = tmp_path / "out"
-    proc = ringbench("verify", "--device", "cpu", "--kernel", "math", "--dtype", "fp64", "--variant", "ring",
-                     "--layout", "balanced", "--mask", "shared-prefix:64,answers=4", "--mask", "prefix:96",
-                     "--mask-file", str(DATA / "image_in_text.txt"), "--seqlen", "256",
-                     "--world-size", str(world_size), "--out", str(out), cwd=tmp_path)
+    proc = ringbench_here("verify", "--device", "cpu", "--kernel", "math", "--dtype", "fp64", "--variant", "ring",
+                          "--layout", "balanced", "--mask", "shared-prefix:64,answers=4", "--mask", "prefix:96",
+                          "--mask-file", str(DATA / "image_in_text.txt"), "--seqlen", "256",
+                          "--world-size", str(world_size), "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout
     records = read_jsonl(out / "verify.jsonl")
     assert len(records) == 3

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import command_cases, read_jsonl, ringbench, scenario_cases, scenario_of
+from helpers import command_cases, read_jsonl, ringbench_here, scenario_cases, scenario_of
 from ringbench.variants.engines import layouts, mask_balance, masked, masks
 
 
@@ -79,7 +79,7 @@ def test_ring_ptrr_verifies_under_a_mask_and_documents(tmp_path):
     scenario.write_text(scenario_of(cases, "ring --layout ptrr under masks and documents"))
     assert [c.case_id() for c in scenario_cases("verify", scenario)] == [c.case_id() for c in cases]
     out = tmp_path / "out"
-    proc = ringbench("verify", "--scenario", str(scenario), "--out", str(out), cwd=tmp_path)
+    proc = ringbench_here("verify", "--scenario", str(scenario), "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = read_jsonl(out / "verify.jsonl")
     assert len(records) == 3 and [r["case_id"] for r in records] == [c.case_id() for c in cases]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import read_jsonl, ringbench
+from helpers import read_jsonl, ringbench_here
 from ringbench.variants.engines import bands, masked, masks
 from ringbench.variants.kernels import KERNELS
 
@@ -103,7 +103,7 @@ def test_by_slices_verify_passes_every_batch_engine_on_the_cpu_kernel_and_the_lo
     args = ["verify", "--device", "cpu", "--kernel", "cpu", "--world-size", "4", "--seqlen", "256", "--heads", "8",
             "--kv-heads", "2", "--head-dim", "16", "--dtype", "bf16", "--mask", "shared-prefix:28,answers=4",
             "--mask", "chunked:24", "--out", str(tmp_path), "--yes"]
-    done = ringbench(*args, *[a for v in variants for a in ("--variant", v)], cwd=tmp_path)
+    done = ringbench_here(*args, *[a for v in variants for a in ("--variant", v)], cwd=tmp_path)
     records = read_jsonl(tmp_path / "verify.jsonl")
     assert done.returncode == 1 and len(records) == 2 * len(variants), done.stdout + done.stderr
     for r in records:

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import launch_verify_batches, launches_joined_by_world_size, not_verified, read_jsonl, ringbench, \
-    slow_when
+from helpers import not_verified, pool_verify_batches, read_jsonl, ringbench_here, slow_when
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 from ringbench.variants.engines import masks
 
@@ -108,25 +107,25 @@ def _extras(quick: bool) -> tuple:
     return EXTRAS[:2] if quick else EXTRAS
 
 
-def _launch(world_size: int, batches: list, folder) -> dict:
-    """One launch of ``world_size`` ranks over the cases of ``batches`` (quick or not), seen batch by batch."""
-    return launch_verify_batches("masks", world_size, batches, lambda w, quick: _cases(w, quick=quick), folder, LAUNCH_TIMEOUT_S[world_size])
-
-
 #: The launches, (world size, quick), in order: the sink cases take their variants by this order.
 LAUNCHES_AT = ((1, False), (2, True), (2, False), (4, False), (8, False))
 LAUNCHES = [slow_when(p, True) for p in LAUNCHES_AT]  # the quick one too: 15-22 s on two cores
 
 
-@pytest.fixture(scope="module")
-def launches(request, tmp_path_factory):
-    """The launches, lazily; world size 2's quick and full batches (no case in both) share one launch."""
-    return launches_joined_by_world_size(request, LAUNCHES_AT, lambda w, b: _launch(w, b, tmp_path_factory))
+def _batches(world_size: int, with_slow: bool) -> dict:
+    """The batches (quick or not) at ``world_size`` for the session's pooled launch, every one slow: none
+    unless the session runs the slow tests; world size 2's quick and full batches (no case in both) share it."""
+    return {quick: (_cases(world_size, quick=quick), LAUNCH_TIMEOUT_S[world_size])
+            for w, quick in LAUNCHES_AT if w == world_size and with_slow}
+
+
+pool_verify_batches(__name__, _batches)
 
 
 @pytest.fixture(scope="module", params=LAUNCHES, ids=lambda p: f"w{p[0]}{'-quick' if p[1] else ''}")
-def launch(request, launches) -> dict:
-    return launches(*request.param)
+def launch(request, verify_pool) -> dict:
+    """One batch's view of the session's launch at its world size (``helpers.VerifyPool``)."""
+    return verify_pool.get(__name__, *request.param)
 
 
 @pytest.mark.dist
@@ -167,10 +166,10 @@ def test_masks_verify_passes_every_family_and_file_on_every_variant(launch):
 def test_masks_cli_verify_reads_a_mask_file_and_fails_the_local_only_mask(tmp_path):
     """``--mask-file`` through the command line as a user runs it: the slices reach the records as the
     ``mask`` field (case_id from the slices), zigzag passes and the locally-masked fixture fails (exit 1)."""
-    done = ringbench("verify", "--device", "cpu", "--variant", "zigzag", "--variant", "mask_local_only",
-                     "--mask-file", str(DATA / "image_in_text.txt"), "--seqlen", "256", "--world-size", "2",
-                     "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--dtype", "bf16", "--out", str(tmp_path),
-                     cwd=tmp_path)
+    done = ringbench_here("verify", "--device", "cpu", "--variant", "zigzag", "--variant", "mask_local_only",
+                          "--mask-file", str(DATA / "image_in_text.txt"), "--seqlen", "256", "--world-size", "2",
+                          "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--dtype", "bf16", "--out", str(tmp_path),
+                          cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     by_variant = {r["spec"]["variant"]: r for r in read_jsonl(tmp_path / "verify.jsonl")}
     assert by_variant["zigzag"]["status"] == "ok" and by_variant["mask_local_only"]["status"] == "fail"
@@ -206,7 +205,7 @@ def test_masks_ring_sends_only_the_kv_some_rank_needs_and_counts_only_unmasked_f
     so the forward ring stops after one step (one K/V block sent per rank instead of three); FLOPs and
     the predicted work count only the chunks' causal pairs."""
     (tmp_path / "early.toml").write_text(EARLY_STOP)
-    done = ringbench("run", "--scenario", str(tmp_path / "early.toml"), "--json", "--out", str(tmp_path), cwd=tmp_path)
+    done = ringbench_here("run", "--scenario", str(tmp_path / "early.toml"), "--json", "--out", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     full, chunked = sorted((json.loads(line) for line in done.stdout.splitlines()), key=lambda r: r["spec"]["mask"])
     assert full["status"] == chunked["status"] == "ok"

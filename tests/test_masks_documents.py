@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import read_jsonl, ringbench, ringbench_here, slow_when, torchrun_cases
+from helpers import pool_verify_batches, read_jsonl, ringbench_here, slow_when
 from ringbench.case import work
 from ringbench.case.spec import CaseSpec, SpecError, canonical, default_fields, resolve_docs, resolve_mask, \
     resolve_options, validate
 from ringbench.variants.engines import masks
 
-CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
 DATA = Path(__file__).parent / "data" / "masks"
 #: Awkward lengths, every one a multiple of 2 * 4 (zigzag_varlen and usp_varlen at W=4): a document shorter
 #: than the prompt (24 < 40), one that starts mid-rank, a long last one.
@@ -196,15 +195,20 @@ def _cases(world_size: int) -> list[dict]:
     return out
 
 
+def _batches(world_size: int, with_slow: bool) -> dict:
+    """The module's one batch at ``world_size`` for the session's pooled launch (world size 2 is quick)."""
+    if world_size not in WORLD_SIZES or not (with_slow or world_size == 2):
+        return {}
+    return {None: (_cases(world_size), LAUNCH_TIMEOUT_S[world_size])}
+
+
+pool_verify_batches(__name__, _batches)
+
+
 @pytest.fixture(scope="module", params=[slow_when(w, w != 2) for w in WORLD_SIZES], ids=lambda w: f"w{w}")
-def launch(request, tmp_path_factory) -> dict:
-    world_size = request.param
-    cases = _cases(world_size)
-    stem = f"doc_masks_w{world_size}"
-    got = torchrun_cases(CASES_SCRIPT, cases, world_size, tmp_path_factory.mktemp(stem), stem,
-                         LAUNCH_TIMEOUT_S[world_size])
-    got["world_size"] = world_size
-    return got
+def launch(request, verify_pool) -> dict:
+    """The module's view of the session's launch at this world size (``helpers.VerifyPool``)."""
+    return verify_pool.get(__name__, request.param, None)
 
 
 @pytest.mark.dist
@@ -233,9 +237,9 @@ def test_documents_mask_verify_passes_on_every_varlen_engine(launch):
 def test_documents_mask_cli_verify_and_records(tmp_path):
     """``ringbench verify --docs ... --mask prefix:P`` as a user runs it: exit 0 for the varlen engines,
     the records carry the mask and the documents, and their predicted pairs sum to the per-document area."""
-    done = ringbench("verify", "--device", "cpu", "--kernel", "math", "--variant", "ring_varlen",
-                     "--variant", "llama3_varlen", "--docs", "96,24,136", "--mask", "prefix:40", "--seqlen", "256",
-                     "--world-size", "2", "--heads", "2", "--head-dim", "16", "--out", str(tmp_path), cwd=tmp_path)
+    done = ringbench_here("verify", "--device", "cpu", "--kernel", "math", "--variant", "ring_varlen",
+                          "--variant", "llama3_varlen", "--docs", "96,24,136", "--mask", "prefix:40", "--seqlen", "256",
+                          "--world-size", "2", "--heads", "2", "--head-dim", "16", "--out", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     records = read_jsonl(tmp_path / "verify.jsonl")
     assert {r["spec"]["variant"] for r in records} == {"ring_varlen", "llama3_varlen"}

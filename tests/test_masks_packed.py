@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import command_cases, read_jsonl, ringbench, ringbench_here, scenario_cases, scenario_of
+from helpers import command_cases, read_jsonl, ringbench_here, scenario_cases, scenario_of
 from ringbench.case import work
 from ringbench.case.spec import CaseSpec, SpecError, default_fields, pack_documents, resolve_docs, resolve_mask
 from ringbench.sweep import build
@@ -159,7 +159,7 @@ def test_batch_engines_verify_packed_documents_and_the_local_only_mask_fails(wor
     kernel, dtype = AT[world_size]
     (tmp_path / "packed.toml").write_text(SCENARIO.format(world_size=world_size, kernel=kernel, dtype=dtype,
                                                           variants=", ".join(f'"{n}"' for n in names)))
-    done = ringbench("verify", "--scenario", str(tmp_path / "packed.toml"), "--out", str(tmp_path), cwd=tmp_path)
+    done = ringbench_here("verify", "--scenario", str(tmp_path / "packed.toml"), "--out", str(tmp_path), cwd=tmp_path)
     assert done.returncode == (1 if broken else 0), done.stdout[-3000:] + done.stderr[-3000:]
     records = read_jsonl(tmp_path / "verify.jsonl")
     assert len(records) == len(names) * 6 and {r["kernel"] for r in records} == {kernel}  # never vacuous
@@ -185,8 +185,8 @@ def test_batch_engines_verify_packed_documents_and_the_local_only_mask_fails(wor
 def test_the_issues_commands_now_run(tmp_path):
     """The two commands of issue 26 item 2: zigzag over the whole packed row passes; zigzag_varlen with --batch 2
     is refused before launch (exit 2) with the batch engine as the fix."""
-    done = ringbench("verify", "--device", "cpu", "--kernel", "math", "--variant", "zigzag", "--docs", "96,64,96",
-                     "--seqlen", "256", "--world-size", "2", "--out", str(tmp_path), cwd=tmp_path)
+    done = ringbench_here("verify", "--device", "cpu", "--kernel", "math", "--variant", "zigzag", "--docs", "96,64,96",
+                          "--seqlen", "256", "--world-size", "2", "--out", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     [record] = read_jsonl(tmp_path / "verify.jsonl")
     assert record["status"] == "ok" and record["spec"]["mask"] == "docs:96,64,96;causal"
@@ -209,7 +209,7 @@ def test_packed_documents_compose_with_a_sink_a_bias_and_ring_balanced(tmp_path)
     scenario = tmp_path / "compose.toml"
     scenario.write_text(scenario_of(cases, "packed documents beside a sink, a bias and ring balanced"))
     assert [c.case_id() for c in scenario_cases("verify", scenario)] == [c.case_id() for c in cases]
-    done = ringbench("verify", "--scenario", str(scenario), "--out", str(tmp_path), cwd=tmp_path)
+    done = ringbench_here("verify", "--scenario", str(scenario), "--out", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = read_jsonl(tmp_path / "verify.jsonl")
     assert len(records) == 3 and all(r["status"] == "ok" for r in records)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import launch_verify_batches, launches_joined_by_world_size, not_verified, slow_when
+from helpers import not_verified, pool_verify_batches, slow_when
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 
 LAUNCH_TIMEOUT_S = {1: 240, 2: 300, 4: 420}
@@ -57,25 +57,25 @@ def _cases(world_size: int, quick: bool) -> list[dict]:
     return out
 
 
-def _launch(world_size: int, batches: list, folder) -> dict:
-    """One launch of ``world_size`` ranks over the cases of ``batches`` (quick or not), seen batch by batch."""
-    return launch_verify_batches("max_logit", world_size, batches, _cases, folder, LAUNCH_TIMEOUT_S[world_size])
-
-
 # World size 1 runs in process (tests/test_max_logit.py); the launches start at two ranks.
 LAUNCHES_AT = ((2, True), (2, False), (4, False))
 LAUNCHES = [slow_when(p, p != (2, True)) for p in LAUNCHES_AT]
 
 
-@pytest.fixture(scope="module")
-def launches(request, tmp_path_factory):
-    """The launches, lazily; in the whole suite world size 2's quick batch joins its full one: one launch."""
-    return launches_joined_by_world_size(request, LAUNCHES_AT, lambda w, b: _launch(w, b, tmp_path_factory))
+def _batches(world_size: int, with_slow: bool) -> dict:
+    """The batches (quick or not) at ``world_size`` for the session's pooled launch: the quick one alone
+    unless the session runs the slow tests too, where world size 2's quick batch joins its full one."""
+    return {quick: (_cases(world_size, quick), LAUNCH_TIMEOUT_S[world_size])
+            for w, quick in LAUNCHES_AT if w == world_size and (with_slow or quick)}
+
+
+pool_verify_batches(__name__, _batches)
 
 
 @pytest.fixture(scope="module", params=LAUNCHES, ids=lambda p: f"w{p[0]}{'-quick' if p[1] else ''}")
-def launch(request, launches) -> dict:
-    return launches(*request.param)
+def launch(request, verify_pool) -> dict:
+    """One batch's view of the session's launch at its world size (``helpers.VerifyPool``)."""
+    return verify_pool.get(__name__, *request.param)
 
 
 @pytest.mark.dist

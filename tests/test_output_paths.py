@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from ringbench.cli import app
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+#: Every launch here is a stand-in's: the CPU rate is measured once, not before each (conftest.py).
+pytestmark = pytest.mark.usefixtures("rate_measured_once")
 
 RUN = ["run", "--variant", "ring", "--device", "cpu", "--world-size", "2", "--seqlen", "1k"]
 VERIFY = ["verify", "--variant", "ring", "--device", "cpu", "--world-size", "2", "--seqlen", "1k"]

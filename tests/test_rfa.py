@@ -27,7 +27,7 @@ import sys
 import pytest
 import torch
 
-from helpers import command_cases, read_jsonl, ringbench, scenario_cases, scenario_of
+from helpers import command_cases, read_jsonl, ringbench_here, scenario_cases, scenario_of
 from ringbench.variants import VARIANTS, get_variant
 from ringbench.variants.peers import rfa, rfa_standin
 from ringbench.variants.kernels import KERNELS
@@ -309,7 +309,7 @@ def _as_one_command(task: str, commands: dict, folder) -> dict:
     scenario = folder / f"{task}.toml"
     scenario.write_text(scenario_of([c for cases in wanted.values() for c in cases], f"test_rfa's {task} commands"))
     assert [c.case_id() for c in scenario_cases(task, scenario)] == [c.case_id() for v in wanted.values() for c in v]
-    result = ringbench(task, "--scenario", str(scenario), "--out", str(folder), cwd=folder)
+    result = ringbench_here(task, "--scenario", str(scenario), "--out", str(folder), cwd=folder)
     records = {r["case_id"]: r for r in read_jsonl(folder / ("verify.jsonl" if task == "verify" else "runs.jsonl"))}
     return {"result": result, **{name: [records.get(c.case_id()) for c in cases] for name, cases in wanted.items()}}
 

@@ -12,7 +12,6 @@ group of one, in the quick run.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,9 +25,8 @@ from ringbench.variants import get_variant
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
 
-from helpers import cached, ringbench, ringbench_here, torchrun_cases
+from helpers import pool_verify_batches, ringbench, ringbench_here
 
-CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
 LAUNCH_TIMEOUT_S = {2: 200, 4: 300, 8: 500}
 SHAPE = dict(heads=4, kv_heads=2, head_dim=32, seqlen=256, seed=5, kernel="cpu")
 #: Documents every document-sharded variant takes at world size 8 (multiples of 16).
@@ -95,18 +93,25 @@ def _cases(world_size: int) -> tuple[list[dict], dict[str, str]]:
     return cases, refused
 
 
-@pytest.fixture(scope="module")
-def launches(tmp_path_factory):
-    """One torchrun launch per world size, run lazily and cached for the module."""
-    folder = tmp_path_factory.mktemp("sink_pad_cases")
+def _batches(world_size: int, with_slow: bool) -> dict:
+    """The module's one batch at ``world_size`` for the session's pooled launch (every launch is slow)."""
+    if not (with_slow and world_size in LAUNCH_TIMEOUT_S):
+        return {}
+    return {None: ([{"name": c["name"], "spec": c["spec"]} for c in _cases(world_size)[0]],
+                   LAUNCH_TIMEOUT_S[world_size])}
 
+
+pool_verify_batches(__name__, _batches)
+
+
+@pytest.fixture(scope="module")
+def launches(verify_pool):
+    """``get(world_size)``: the module's view of the session's launch at that world size (``helpers.VerifyPool``)."""
     def launch(world_size: int) -> dict:
         cases, refused = _cases(world_size)
-        ran = torchrun_cases(CASES_SCRIPT, [{"name": c["name"], "spec": c["spec"]} for c in cases],
-                             world_size, folder, f"w{world_size}", LAUNCH_TIMEOUT_S[world_size])
-        return {**ran, "cases": cases, "refused": refused}
+        return {**verify_pool.get(__name__, world_size, None), "cases": cases, "refused": refused}
 
-    return cached(launch)
+    return launch
 
 
 def _print(name: str, rec: dict) -> None:
@@ -383,8 +388,8 @@ def test_sinks_learnable_and_off_by_one_are_both_emulated():
 @pytest.mark.dist
 @pytest.mark.slow
 def test_padding_run_counts_real_tokens_and_times_the_sink(tmp_path):
-    proc = ringbench("run", "--variant", "llama3_varlen", "--world-size", "2", "--seqlen", "744", "--docs", "438,300",
-                     "--doc-pad", "8", "--sink", "learnable", "--iters", "2", "--warmup", "1", "--json", cwd=tmp_path)
+    proc = ringbench_here("run", "--variant", "llama3_varlen", "--world-size", "2", "--seqlen", "744", "--docs", "438,300",
+                          "--doc-pad", "8", "--sink", "learnable", "--iters", "2", "--warmup", "1", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import json
 

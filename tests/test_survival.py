@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers import SLOW_SWEEP, COMMAND_TIMEOUT_S, CLI_ENV, read_jsonl, ringbench
+from helpers import SLOW_SWEEP, COMMAND_TIMEOUT_S, CLI_ENV, read_jsonl, ringbench, ringbench_here
 from helpers import live_cmdlines_with
 from ringbench.sweep import lease
 from ringbench.cli import app
@@ -134,7 +134,7 @@ def test_survival_resume_is_refused_while_a_live_sweep_holds_the_results_file(tm
     out.mkdir()
     holder = _hold(out / "runs.jsonl", exclusive=False)
     try:
-        result = ringbench("run", *SMALL, "--out", str(out), "--resume", cwd=tmp_path)
+        result = ringbench_here("run", *SMALL, "--out", str(out), "--resume", cwd=tmp_path)
     finally:
         holder.kill()
         holder.wait()

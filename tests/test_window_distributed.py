@@ -12,14 +12,12 @@ Every world size is slow (2, a few cases, takes 5-7 s on two cores).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from helpers import not_verified, read_jsonl, ringbench_here, slow_when, torchrun_cases
+from helpers import not_verified, pool_verify_batches, read_jsonl, ringbench_here, slow_when
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 
-CASES_SCRIPT = Path(__file__).parent / "dist" / "verify_cases.py"
 LAUNCH_TIMEOUT_S = {1: 120, 2: 150, 4: 240, 8: 300}
 
 
@@ -83,14 +81,18 @@ def _cases(world_size: int) -> list[dict]:
     return [{"name": name, "spec": spec} for name, spec in out]
 
 
+def _batches(world_size: int, with_slow: bool) -> dict:
+    """The module's one batch at ``world_size`` for the session's pooled launch (every world size is slow)."""
+    return {None: (_cases(world_size), LAUNCH_TIMEOUT_S[world_size])} if with_slow and world_size in LAUNCH_TIMEOUT_S else {}
+
+
+pool_verify_batches(__name__, _batches)
+
+
 @pytest.fixture(scope="module", params=[slow_when(w, True) for w in (1, 2, 4, 8)], ids=lambda w: f"w{w}")
-def launch(request, tmp_path_factory) -> dict:
-    world_size = request.param
-    cases = _cases(world_size)
-    got = torchrun_cases(CASES_SCRIPT, cases, world_size, tmp_path_factory.mktemp(f"window_w{world_size}"),
-                         f"window_w{world_size}", LAUNCH_TIMEOUT_S[world_size])
-    got["world_size"], got["cases"] = world_size, {c["name"]: c["spec"] for c in cases}
-    return got
+def launch(request, verify_pool) -> dict:
+    """The module's view of the session's launch at this world size (``helpers.VerifyPool``)."""
+    return verify_pool.get(__name__, request.param, None)
 
 
 def test_window_verify_passes_every_case(launch):
