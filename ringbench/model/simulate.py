@@ -243,8 +243,11 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
 
 
 #: The share of a side-stream merge's or add's GPU time that still lands on the compute stream: it runs
-#: beside the next kernel, but takes SMs and memory bandwidth from it.
-SIDE_SHARE = 0.5
+#: beside the next kernel, but takes SMs and memory bandwidth from it. Fitted to the one A/B measured
+#: (H100, 2026-12-06, results/reference/2026-12-06-h100-b/call3/: emulated zigzag W=8 with flash-attn-4
+#: went from 2.826 to 2.766 ms at 16k and 8.374 to 8.297 ms at 32k, where 0.5 had predicted 2.5x and
+#: 4x those savings): about 0.8-0.875.
+SIDE_SHARE = 0.85
 
 
 def _side(T, S, H, work, on_side, join, parts):
