@@ -333,6 +333,17 @@ def pool_verify_batches(module: str, batches) -> None:
     POOLED_VERIFY[module] = batches
 
 
+def quick_and_full_batches(launches_at, cases, timeouts: dict):
+    """The ``batches(world_size, with_slow)`` of a module whose launches are ``(world size, quick)``
+    pairs: at ``world_size``, each pair's ``(cases(world_size, quick), timeouts[world_size])``, the
+    quick one alone unless the session runs the slow tests too (then world size 2's quick batch joins
+    its full one)."""
+    def batches(world_size: int, with_slow: bool) -> dict:
+        return {quick: (cases(world_size, quick), timeouts[world_size])
+                for w, quick in launches_at if w == world_size and (with_slow or quick)}
+    return batches
+
+
 class VerifyPool:
     """The ``verify_cases.py`` launches of every pooled module in this session: one launch per world size.
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import not_verified, pool_verify_batches, slow_when
+from helpers import not_verified, pool_verify_batches, quick_and_full_batches, slow_when
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 
 LAUNCH_TIMEOUT_S = {1: 240, 2: 300, 4: 420}
@@ -66,14 +66,7 @@ LAUNCHES_AT = ((1, False), (2, True), (2, False), (4, False))
 LAUNCHES = [slow_when(p, p != (2, True)) for p in LAUNCHES_AT]
 
 
-def _batches(world_size: int, with_slow: bool) -> dict:
-    """The batches (quick or not) at ``world_size`` for the session's pooled launch: the quick one alone
-    unless the session runs the slow tests too, where world size 2's quick batch joins its full one."""
-    return {quick: (_cases(world_size, quick), LAUNCH_TIMEOUT_S[world_size])
-            for w, quick in LAUNCHES_AT if w == world_size and (with_slow or quick)}
-
-
-pool_verify_batches(__name__, _batches)
+pool_verify_batches(__name__, quick_and_full_batches(LAUNCHES_AT, _cases, LAUNCH_TIMEOUT_S))
 
 
 @pytest.fixture(scope="module", params=LAUNCHES, ids=lambda p: f"w{p[0]}{'-quick' if p[1] else ''}")
