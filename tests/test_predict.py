@@ -380,6 +380,9 @@ def test_calibrate_on_cpu_end_to_end(tmp_path):
     assert kernel["timing"] == {"fwd": "cpu-clock", "bwd": "cpu-clock"}
     assert all(kernel["host_ms"][m] > 0 for m in C.MODES)
     assert all(raw["overheads"][k]["host_ms"] > 0 for k in ("merge", "add", "copy"))
+    # A Ulysses rank's head shape (half the heads) is measured on causal squares alone.
+    ranks = [s for s in kernel["surfaces"] if (s["heads"], s["kv_heads"]) == (2, 1)]
+    assert sorted((s["mode"], s["mask"]) for s in ranks) == [("bwd", "causal"), ("fwd", "causal")]
     cal = C.load(out)
     assert not cal.host_inclusive and cal.issue_ms("kernel", "cpu", "bwd") == kernel["host_ms"]["bwd"]
     res = ringbench("predict", "--calibration", str(out), "--gpu", str(out), "--variant", "zigzag", "--world-size",
@@ -628,6 +631,25 @@ def test_a_causal_call_of_few_heads_is_priced_at_its_own_rows():
                    for mode in ("fwd", "bwd"))
     whole, eighth = ms(32, 8), ms(4, 1)
     assert whole / 8 <= eighth <= 1.25 * whole / 8, (whole, eighth)
+
+
+def test_a_causal_call_of_few_heads_takes_a_measured_surface_of_its_own_heads():
+    """Where calibrate measured causal squares at a Ulysses rank's heads (Grid.rank_shapes), a causal call of
+    those heads is priced from them exactly, ahead of the occupancy rule; full calls, which have no such
+    surface, keep the whole shape's surface at scaled rows."""
+    from helpers import flat_calibration
+
+    whole, few = C.Shape(1, 32, 8, 128, 128, "bf16"), C.Shape(1, 4, 1, 128, 128, "bf16")
+    raw = flat_calibration(100e12, whole)
+    fast = flat_calibration(150e12, few)["kernels"]["cpu"]["surfaces"]
+    raw["kernels"]["cpu"]["surfaces"] += [s for s in fast if s["mask"] == "causal"]
+    cal = C.from_dict(raw, "test")
+    for mode in C.MODES:
+        causal = C.Call(mode, "causal", 256, 256, 256 * 257 / 2)
+        assert cal.kernel_ms("cpu", causal, few) == pytest.approx(C.call_flops(causal, few) / 150e12 * 1e3)
+        assert cal.kernel_ms("cpu", causal, whole) == pytest.approx(C.call_flops(causal, whole) / 100e12 * 1e3)
+        full = C.Call(mode, "full", 256, 256, 256 * 256)
+        assert cal.kernel_ms("cpu", full, few) == pytest.approx(C.call_flops(full, few) / 100e12 * 1e3)
 
 
 def test_a_causal_rate_past_the_largest_square_follows_the_diagonal_law():

@@ -51,6 +51,9 @@ class Grid:
         sizes: block rows (q and k) of the full points, and the causal points' sides.
         windows: the windows of the window points (each below the point's side).
         shapes: head shapes ``(heads, kv_heads, head_dim, head_dim_v)``.
+        rank_shapes: head shapes measured on causal squares only: what a Ulysses or USP rank keeps
+            of the first shape (its heads and K/V heads over the Ulysses degree), priced apart since
+            fewer heads per call run at another rate (``calibration`` module docstring).
         dtype: the input dtype's short name.
         iters, warmup: timed and untimed calls per point.
     """
@@ -61,15 +64,17 @@ class Grid:
     dtype: str
     iters: int
     warmup: int
+    rank_shapes: tuple[tuple[int, int, int, int], ...] = ()
 
 
 def default_grid(device_type: str) -> Grid:
     """The grid ``ringbench calibrate`` measures by default on ``cpu`` or ``cuda`` (module docstring)."""
     if device_type == "cpu":
         return Grid(sizes=(256, 512, 1024), windows=(256,), shapes=((4, 2, 32, 32),), dtype="fp32", iters=3,
-                    warmup=1)
+                    warmup=1, rank_shapes=((2, 1, 32, 32),))
     return Grid(sizes=(256, 512, 1024, 2048, 4096, 8192, 16384), windows=(512, 2048, 8192),
-                shapes=((32, 8, 128, 128), (64, 8, 128, 128), (16, 16, 64, 64)), dtype="bf16", iters=10, warmup=3)
+                shapes=((32, 8, 128, 128), (64, 8, 128, 128), (16, 16, 64, 64)), dtype="bf16", iters=10, warmup=3,
+                rank_shapes=((16, 4, 128, 128), (8, 2, 128, 128), (4, 1, 128, 128)))
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -116,7 +121,8 @@ def measure(*, device: str, kernels: list[str], grid: Grid, say: Callable[[str],
     out_kernels = {}
     for name in kernels:
         surfaces = []
-        for heads, kv_heads, head_dim, head_dim_v in grid.shapes:
+        for heads, kv_heads, head_dim, head_dim_v in grid.shapes + grid.rank_shapes:
+            causal_only = (heads, kv_heads, head_dim, head_dim_v) not in grid.shapes
             kernel = resolve_kernel(name, dev.type, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v)
             shape = Shape(1, heads, kv_heads, head_dim, head_dim_v, grid.dtype)
             scale = head_dim ** -0.5
@@ -135,14 +141,14 @@ def measure(*, device: str, kernels: list[str], grid: Grid, say: Callable[[str],
                 return fwd, bwd
 
             for a in grid.sizes:
-                for b in grid.sizes:
+                for b in () if causal_only else grid.sizes:
                     fwd, bwd = block(a, b, False)
                     points[("fwd", "full")].append(_point(fwd, q=a, k=b))
                     points[("bwd", "full")].append(_point(bwd, q=a, k=b))
                 fwd, bwd = block(a, a, True)
                 points[("fwd", "causal")].append(_point(fwd, q=a, k=a))
                 points[("bwd", "causal")].append(_point(bwd, q=a, k=a))
-                if kernel.takes_window:
+                if kernel.takes_window and not causal_only:
                     for w in grid.windows:
                         if w < a:
                             fwd, bwd = block(a, a, False, window=w)
@@ -162,6 +168,7 @@ def measure(*, device: str, kernels: list[str], grid: Grid, say: Callable[[str],
             "device_type": dev.type, "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             "source": f"measured {_dt.date.today().isoformat()} by ringbench calibrate on {name}",
             "grid": {"sizes": list(grid.sizes), "windows": list(grid.windows), "shapes": [list(s) for s in grid.shapes],
+                     "rank_shapes": [list(s) for s in grid.rank_shapes],
                      "dtype": grid.dtype, "iters": grid.iters, "warmup": grid.warmup},
             "elapsed_s": time.perf_counter() - started, "kernels": out_kernels,
             "overheads": {**overheads, "timing": _timing(timings.get("overheads", set()))}, "env": env}
