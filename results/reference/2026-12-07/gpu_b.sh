@@ -15,5 +15,5 @@ t verify_varlen 60 $V --variant ring_varlen --variant zigzag_varlen --variant ll
 t gputests 120 env RINGBENCH_TEST_VARIANTS=1 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_graphs.py tests/test_emulation.py
 
 # Last, if the slot allows: a calibration with the causal squares of a Ulysses rank's heads (Grid.rank_shapes).
-t calib 220 ringbench calibrate --device cuda --kernel flash-attn-4 --out /tmp/r/calibration.json
+STOP_S=360 t calib 220 ringbench calibrate --device cuda --kernel flash-attn-4 --out /tmp/r/calibration.json
 cp /tmp/r/calibration.json $OUT/ 2>/dev/null
