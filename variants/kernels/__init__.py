@@ -60,6 +60,8 @@ import torch
 
 from . import fa4
 from .common import _cuda_unavailable
+from .flex import _flex_backward, _flex_forward, _flex_unavailable
+from .flex import notes as _flex_notes
 from .flash_attn import (_fa4_backward, _fa4_backward_varlen, _fa4_forward, _fa4_forward_varlen, _fa4_version,
                          _flash_attn_backward, _flash_attn_backward_varlen, _flash_attn_forward,
                          _flash_attn_forward_varlen, _flash_attn_unavailable, _flash_attn_version)
@@ -72,7 +74,9 @@ from .torch_cuda import (_cudnn_backward, _cudnn_forward, _cudnn_notes, _cudnn_u
 Tensor = torch.Tensor
 
 #: Order in which ``auto`` picks a kernel on each device type.
-AUTO_ORDER = {"cuda": ("flash-attn-4", "flash-attn", "torch-flash", "cudnn", "math"), "cpu": ("cpu", "math")}
+#: flex comes after the CUDA kernels, so ``auto`` takes it only where they refuse (a bias, fp32 under a mask);
+#: on CPU flex is an unfused fallback, no faster than math, so ``auto`` keeps cpu then math there.
+AUTO_ORDER = {"cuda": ("flash-attn-4", "flash-attn", "torch-flash", "cudnn", "flex", "math"), "cpu": ("cpu", "math")}
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,11 @@ KERNELS: dict[str, Kernel] = {
         Kernel("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16, torch.float16), None, 1,
                _cpu_forward, _cpu_backward, forward_varlen=_cpu_forward_varlen,
                backward_varlen=_cpu_backward_varlen, takes_window=True),
+        Kernel("flex", "any", (*_HALF, torch.float32, torch.float64), 256, 8, _flex_forward, _flex_backward,
+               _flex_unavailable, no_varlen="its packed-documents form (a document mask_mod) is not wired up or verified",
+               head_dim_v=True, takes_mask=True, takes_bias=True, notes=_flex_notes,
+               no_window="ringbench gives it a sliding window as the mask window:L (--mask), not as a window call",
+               no_max_logit="ringbench does not read FlexAttention's max_scores, which this torch returns on CUDA only"),
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
                _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
                backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True, takes_mask=True,
