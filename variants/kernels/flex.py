@@ -190,9 +190,9 @@ def _flex_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: 
         ValueError: shapes the contract refuses, a mask with causal, a mask or bias of other positions,
             or a window (flex takes a window as a mask).
     """
-    with torch.no_grad():  # flex refuses inputs that require grad on CPU; the contract is explicit anyway
+    with torch.no_grad():  # and detached: flex refuses inputs that require grad on CPU, even under no_grad
         masked, score_mod, _ = _mods(q, k, v, causal, mask, bias, window)
-        out, lse = _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, masked, score_mod)
+        out, lse = _run(*(x.detach().transpose(1, 2) for x in (q, k, v)), softmax_scale, masked, score_mod)
     lse = lse.to(accumulation_dtype(q.dtype))
     return out.transpose(1, 2), lse.masked_fill(lse == math.inf, -math.inf)
 
