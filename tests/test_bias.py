@@ -181,6 +181,6 @@ def test_bias_predict_refuses_it_in_one_sentence(tmp_path):
     proc = ringbench_here("predict", "--variant", "zigzag", "--seqlen", "16k", "--bias", "alibi", "--gpu", "H200",
                           "--world-size", "2", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip() == ("bias alibi is not priced by the model yet (only the math kernel takes a bias, and "
-                                   "no calibration rates it); predict the case without --bias, or measure the bias "
+    assert proc.stderr.strip() == ("bias alibi is not priced by the model yet (no calibration rates the kernels that "
+                                   "take one, flex and math); predict the case without --bias, or measure the bias "
                                    "with ringbench run")

@@ -2,7 +2,7 @@
 
 Every backend takes q ``[B, Sq, Hq, D]`` and k, v ``[B, Sk, Hkv, D]`` (``Hq % Hkv == 0``) and
 returns ``out`` with q's shape and dtype and ``lse`` as float32 ``[B, Hq, Sq]`` (float64 for
-float64 inputs, which only the math and cpu kernels take): the natural
+float64 inputs, which only the math, cpu and flex kernels take): the natural
 log-sum-exp of each query row's scaled scores, ``-inf`` for a row that sees no key.
 Backends differ in their own lse layout and in how they mark empty rows; each backend's module
 converts at the boundary, so variants only ever see ringbench's layout.
@@ -31,13 +31,13 @@ A mask (``mask=``, a ``common.PositionMask``, on the kernels with ``Kernel.takes
 form only) gives every query row's and key row's global position and the predicate that says
 which pairs are seen; the call then passes ``causal=False`` and no window, and may be
 rectangular. A row that sees no key gets out 0 and lse ``-inf``. The math kernel reads the
-mask's dense boolean block; a FlexAttention kernel would make its ``mask_mod`` of the same
-positions and predicate. A kernel that takes a window but no mask (flash-attn-4, flash-attn,
+mask's dense boolean block; the flex kernel (FlexAttention) makes its ``mask_mod`` of the same
+positions and predicate, ``allows(q_pos[i], k_pos[j])``, and its ``BlockMask`` once per mask object. A kernel that takes a window but no mask (flash-attn-4, flash-attn,
 torch-flash, cpu) gets a mask's partial blocks from the engines as window calls instead, one per
 slice of the mask (``Kernel.by_slices``).
 
 A bias (``bias=``, a ``common.PositionBias``, on the kernels with ``Kernel.takes_bias``, batch
-form only: math) gives the global positions of the call's rows and keys and the whole-sequence
+form only: math, and flex as a ``score_mod``) gives the global positions of the call's rows and keys and the whole-sequence
 ``common.Bias`` (ALiBi's slopes, or a learnable tensor of TransformerEngine's post-scale shapes
 ``1hss``, ``bhss``, ``11ss``, ``111s``, ``b1ss``); its block is added to the scaled scores before
 the softmax, with causal, a window or a mask alike. Backward adds the call's ``d bias`` (the
@@ -46,9 +46,11 @@ gradient of the scores, summed over the bias's broadcast dimensions) into the bi
 
 This module holds :class:`Kernel`, the registry (:data:`KERNELS`, :data:`AUTO_ORDER`) and the one
 resolution of kernel names (:func:`check_kernel`, :func:`resolve_kernel`, :func:`as_kernel`). The
-backends are in ``kernel_reference.py`` (math, cpu), ``kernel_torch_cuda.py`` (torch-flash, cudnn,
-torch-efficient) and ``kernel_flash_attn.py`` (flash-attn, flash-attn-4 over ``fa4.py``); what
-they share in ``kernel_common.py``.
+backends are in ``reference.py`` (math, cpu), ``torch_cuda.py`` (torch-flash, cudnn,
+torch-efficient), ``flash_attn.py`` (flash-attn, flash-attn-4 over ``fa4.py``) and ``flex.py``
+(flex: PyTorch's FlexAttention, on CUDA and CPU, taking a mask and a bias; its backward recomputes
+the block and is given the global out and lse through the merge identity); what they share in
+``common.py``.
 """
 
 from __future__ import annotations
