@@ -55,7 +55,15 @@ def _keywords(mask: str, bias: Bias | None, q_pos, k_pos, s: int = S) -> tuple[b
     kw = {} if bias is None else {"bias": bias.at(q_pos, k_pos)}
     if mask in ("causal", ""):
         return mask == "causal", kw
-    return False, {**kw, "mask": PositionMask(q_pos, k_pos, masks.build(mask, s).allows, mask)}
+    return False, {**kw, "mask": _position_mask(mask, q_pos, k_pos, s)}
+
+
+def _position_mask(text: str, q_pos, k_pos, s: int = S, *, slices: bool = True) -> PositionMask:
+    """The PositionMask of mask ``text`` over ``s`` tokens, with its slices as data (as the engines give it,
+    ``masked.position_mask``) or, ``slices`` False, its predicate alone."""
+    built = masks.build(text, s)
+    data = tuple((x.q0, x.q1, x.k0, x.k1, x.lo, x.hi) for x in built.slices) if slices else None
+    return PositionMask(q_pos, k_pos, built.allows, text, slices=data)
 
 
 def _run(kernel, q, k, v, dout, causal, kw, bias: Bias | None, grad_dtype=torch.float64) -> dict:
@@ -146,14 +154,29 @@ def test_flex_gives_a_row_that_sees_no_key_out_0_lse_minus_inf_and_no_gradient()
     found = {}
     for kernel in (FLEX, MATH):
         bias = _bias("1hss", s=24)
-        kw = {"mask": PositionMask(q_pos, k_pos, masks.build("chunked:8", 24).allows, "chunked:8"),
-              "bias": bias.at(q_pos, k_pos)}
+        kw = {"mask": _position_mask("chunked:8", q_pos, k_pos, 24, slices=False), "bias": bias.at(q_pos, k_pos)}
         found[kernel.name] = _run(kernel, q, k, v, dout, False, kw, bias)
     got = found["flex"]
     assert torch.isneginf(got["lse"][:, :, :8]).all() and torch.isfinite(got["lse"][:, :, 8:]).all()
     assert not got["out"][:, :8].any() and not got["dq"][:, :8].any()
     assert all(torch.isfinite(t).all() for t in got.values() if t is not got["lse"])
     _assert_close(got, found["math"], 1e-10)
+
+
+@pytest.mark.parametrize("mask", [m for m in MASKS if ":" in m] + ["window:9,4"])
+def test_flex_mask_mod_from_the_slices_is_the_predicate(mask):
+    """The mask_mod that reads the slices as data (what compiles once per slice count) allows exactly the
+    pairs of the mask's predicate, over a block of queries 5..36 against keys 12..39."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from ringbench.variants.kernels import flex
+
+    q_pos, k_pos = torch.arange(5, 37), torch.arange(12, 40)
+    for slices in (True, False):
+        held = _position_mask(mask, q_pos, k_pos, slices=slices)
+        assert (held.slices is not None) == slices
+        got = create_mask(flex._position_mod(held), None, None, len(q_pos), len(k_pos), device="cpu")
+        assert torch.equal(got[0, 0], held.dense())
 
 
 def test_flex_keeps_one_block_mask_per_mask_object():
@@ -273,7 +296,7 @@ def test_flex_gpu_matches_math_by_the_kernel_rule(dtype, mask, bias_kind):
     for keys in halves:
         causal, kw = _keywords(mask, bias, every, every[keys], s)
         if causal:  # a rectangular block under causal is the mask "causal" by positions
-            causal, kw = False, {**kw, "mask": PositionMask(every, every[keys], masks.build("causal", s).allows)}
+            causal, kw = False, {**kw, "mask": _position_mask("causal", every, every[keys], s)}
         calls.append((keys, causal, kw))
         merge_(out, lse, *FLEX.forward(q, k[:, keys], v[:, keys], causal, SCALE, **kw))
     out = out.to(dtype)

@@ -103,7 +103,8 @@ def position_mask(mask: masks.Mask, q: bands.Run, k: bands.Run, device=None) -> 
     """The :class:`PositionMask` of query run ``q`` against key run ``k``: their positions and the
     mask's predicate over only the slices that meet them."""
     near = mask.within(q.start, _last(q) + 1, k.start, _last(k) + 1)
-    return PositionMask(positions(q, device), positions(k, device), near.allows, mask.text)
+    return PositionMask(positions(q, device), positions(k, device), near.allows, mask.text,
+                        slices=tuple((s.q0, s.q1, s.k0, s.k1, s.lo, s.hi) for s in near.slices))
 
 
 def dense_mask(mask: masks.Mask, device=None) -> Tensor:

@@ -77,10 +77,24 @@ def _causal_mod(b, h, i, j):
 
 def _position_mod(mask: PositionMask):
     q_pos, k_pos, allows = mask.q_pos, mask.k_pos, mask.allows
+    if mask.slices is None:
+        def mask_mod(b, h, i, j):
+            return allows(q_pos[i], k_pos[j])
+        return mask_mod
+    # The slices as data: python constants in the predicate would make dynamo compile once per mask.
+    far = 1 << 62
+    bounds = torch.tensor([[far if x is None and c == 5 else -far if x is None else x for c, x in enumerate(s)]
+                           for s in mask.slices], dtype=torch.int64, device=q_pos.device).reshape(-1, 6)
+    count = bounds.shape[0]
 
-    def mask_mod(b, h, i, j):
-        return allows(q_pos[i], k_pos[j])
-    return mask_mod
+    def sliced_mod(b, h, i, j):
+        q, k = q_pos[i], k_pos[j]
+        seen = q < 0  # no pair: positions are never negative
+        for s in range(count):
+            seen = seen | ((q >= bounds[s, 0]) & (q < bounds[s, 1]) & (k >= bounds[s, 2]) & (k < bounds[s, 3])
+                           & (k - q >= bounds[s, 4]) & (k - q <= bounds[s, 5]))
+        return seen
+    return sliced_mod
 
 
 def _create(mask_mod, sq: int, sk: int, device: torch.device):
