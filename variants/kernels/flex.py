@@ -82,9 +82,10 @@ def _position_mod(mask: PositionMask):
             return allows(q_pos[i], k_pos[j])
         return mask_mod
     # The slices as data: python constants in the predicate would make dynamo compile once per mask.
-    far = 1 << 62
-    bounds = torch.tensor([[far if x is None and c == 5 else -far if x is None else x for c, x in enumerate(s)]
-                           for s in mask.slices], dtype=torch.int64, device=q_pos.device).reshape(-1, 6)
+    far = 1 << 62  # an unbounded side of a band
+    bounds = torch.tensor([(q0, q1, k0, k1, -far if lo is None else lo, far if hi is None else hi)
+                           for q0, q1, k0, k1, lo, hi in mask.slices], dtype=torch.int64,
+                          device=q_pos.device).reshape(-1, 6)
     count = bounds.shape[0]
 
     def sliced_mod(b, h, i, j):
