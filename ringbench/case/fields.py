@@ -476,8 +476,8 @@ class CaseSpec:
                        "which can run here)", repeatable=True, check=_check_variant, metavar="NAME",
                        default_text="none; run needs one or --scenario, verify with neither checks the smoke scenario")
     kernel: str = row("the local attention kernel: flash-attn-4, flash-attn, torch-flash, cudnn, torch-efficient "
-                      "(cuda), cpu, flex (FlexAttention, cuda and cpu), math (any device), or auto: the first one available here that takes the dtype, "
-                      "head dims and form, flash-attn-4 first on CUDA (never auto once launched)", "auto", "auto",
+                      "(cuda), cpu, flex (FlexAttention, cuda and cpu), math (any device), or auto: the first one "
+                      "available here that takes the dtype, head dims and form, flash-attn-4 first on CUDA (never auto once launched)", "auto", "auto",
                       repeatable=True, check=_check_kernel_name, metavar="NAME")
     device: str = row("run on cuda (NCCL, one GPU per rank) or cpu (gloo)",
                       default_text="cuda when a GPU is visible, else cpu; a scenario that names its device (smoke "

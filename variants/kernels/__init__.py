@@ -27,22 +27,22 @@ in the varlen form), query i sees key j iff ``i + (n - m) - left <= j <= i + (n 
 and a window call may be rectangular. ringbench's variants pass ``causal=False`` with both
 sides given. ``window=None`` (the default) is the mask of ``causal`` alone.
 
-A mask (``mask=``, a ``common.PositionMask``, on the kernels with ``Kernel.takes_mask``, batch
-form only) gives every query row's and key row's global position and the predicate that says
-which pairs are seen; the call then passes ``causal=False`` and no window, and may be
-rectangular. A row that sees no key gets out 0 and lse ``-inf``. The math kernel reads the
-mask's dense boolean block; the flex kernel (FlexAttention) makes its ``mask_mod`` of the same
-positions and predicate, ``allows(q_pos[i], k_pos[j])``, and its ``BlockMask`` once per mask object. A kernel that takes a window but no mask (flash-attn-4, flash-attn,
-torch-flash, cpu) gets a mask's partial blocks from the engines as window calls instead, one per
-slice of the mask (``Kernel.by_slices``).
+A mask (``mask=``, a ``common.PositionMask``, on the kernels with ``Kernel.takes_mask``, batch form
+only) gives every query row's and key row's global position and the predicate that says which pairs
+are seen; the call then passes ``causal=False`` and no window, and may be rectangular. A row that
+sees no key gets out 0 and lse ``-inf``. The math kernel reads the mask's dense boolean block; the
+flex kernel (FlexAttention) makes its ``mask_mod`` of the same positions and predicate,
+``allows(q_pos[i], k_pos[j])``, and its ``BlockMask`` once per mask object. A kernel that takes a
+window but no mask (flash-attn-4, flash-attn, torch-flash, cpu) gets a mask's partial blocks from
+the engines as window calls instead, one per slice of the mask (``Kernel.by_slices``).
 
-A bias (``bias=``, a ``common.PositionBias``, on the kernels with ``Kernel.takes_bias``, batch
-form only: math, and flex as a ``score_mod``) gives the global positions of the call's rows and keys and the whole-sequence
-``common.Bias`` (ALiBi's slopes, or a learnable tensor of TransformerEngine's post-scale shapes
-``1hss``, ``bhss``, ``11ss``, ``111s``, ``b1ss``); its block is added to the scaled scores before
-the softmax, with causal, a window or a mask alike. Backward adds the call's ``d bias`` (the
-gradient of the scores, summed over the bias's broadcast dimensions) into the bias's open gradient
-(``Bias.open_grad``), which the engine reduces over its ranks.
+A bias (``bias=``, a ``common.PositionBias``, on the kernels with ``Kernel.takes_bias``, batch form
+only: math, and flex as a ``score_mod``) gives the global positions of the call's rows and keys and
+the whole-sequence ``common.Bias`` (ALiBi's slopes, or a learnable tensor of TransformerEngine's
+post-scale shapes ``1hss``, ``bhss``, ``11ss``, ``111s``, ``b1ss``); its block is added to the
+scaled scores before the softmax, with causal, a window or a mask alike. Backward adds the call's
+``d bias`` (the gradient of the scores, summed over the bias's broadcast dimensions) into the bias's
+open gradient (``Bias.open_grad``), which the engine reduces over its ranks.
 
 This module holds :class:`Kernel`, the registry (:data:`KERNELS`, :data:`AUTO_ORDER`) and the one
 resolution of kernel names (:func:`check_kernel`, :func:`resolve_kernel`, :func:`as_kernel`). The
@@ -234,10 +234,12 @@ KERNELS: dict[str, Kernel] = {
                _cpu_forward, _cpu_backward, forward_varlen=_cpu_forward_varlen,
                backward_varlen=_cpu_backward_varlen, takes_window=True),
         Kernel("flex", "any", (*_HALF, torch.float32, torch.float64), 256, 8, _flex_forward, _flex_backward,
-               _flex_unavailable, no_varlen="its packed-documents form (a document mask_mod) is not wired up or verified",
+               _flex_unavailable,
+               no_varlen="its packed-documents form (a document mask_mod) is not wired up or verified",
                head_dim_v=True, takes_mask=True, takes_bias=True, notes=_flex_notes,
                no_window="ringbench gives it a sliding window as the mask window:L (--mask), not as a window call",
-               no_max_logit="ringbench does not read FlexAttention's max_scores, which this torch returns on CUDA only"),
+               no_max_logit="ringbench does not read FlexAttention's max_scores, which this torch returns on "
+                            "CUDA only"),
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
                _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
                backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True, takes_mask=True,
