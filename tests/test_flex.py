@@ -8,8 +8,9 @@ ring's use of the backward: keys split in two blocks, the blocks' results merged
 backward given the merged out and lse, the gradients summed, equal to the whole row's; a block whose rows
 see no key (out 0, lse ``-inf``, zero gradient, no NaN). Where ``auto`` puts flex, and the kernel's one-
 sentence refusals. Then ``ringbench verify --kernel flex`` through the command line on two and four ranks
-(gloo), and on a GPU (``gpu``) the compiled flex against the float64 math kernel by the rule of
-``test_kernels_gpu.py``.
+(gloo). Last, bf16 and fp32 against the float64 math kernel by the rule of ``test_kernels_gpu.py`` (twice the
+math kernel's own error in that dtype, plus a floor), the two-block split again: on CPU, and on a GPU
+(``gpu``) with the compiled flex.
 """
 
 from __future__ import annotations
@@ -265,33 +266,39 @@ def test_flex_cli_verify_passes_under_a_mask_and_a_bias(tmp_path, world_size, va
         assert {"out", "lse", "dq", "dk", "dv"} <= tensors and ("dbias" in tensors) == (bias != "alibi")
 
 
-# --------------------------------------------------------------------------- on a GPU
+# --------------------------------------------------------------------------- in low precision, and on a GPU
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device is visible: this test runs flex on a GPU")
+#: The rule's device: CPU (flex's eager fallback, the CPU backward) and, on a GPU, CUDA (the compiled flex).
+DEVICES = [pytest.param("cpu"),
+           pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+               not torch.cuda.is_available(), reason="no CUDA device is visible: this case runs flex on a GPU")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
 @pytest.mark.parametrize("mask, bias_kind", [("prefix:100", "1hss"), ("chunked:96", "alibi"),
                                              ("global:8,window:64", ""), ("causal", "1hss")])
-def test_flex_gpu_matches_math_by_the_kernel_rule(dtype, mask, bias_kind):
-    """The compiled flex on CUDA, split in two key blocks as the ring calls it (merged by lse, backward with the
-    merged out and lse), against the math kernel in float64 on the same inputs, by ``test_kernels_gpu.py``'s
-    rule: within twice the error of the math kernel in the same dtype, plus its floor."""
+def test_flex_matches_math_by_the_kernel_rule_in_low_precision(device, dtype, mask, bias_kind):
+    """flex in bf16 and fp32 (compiled on CUDA), split in two key blocks as the ring calls it (merged by lse,
+    backward with the merged out and lse), against the math kernel in float64 on the same inputs, by
+    ``test_kernels_gpu.py``'s rule: within twice the error of the math kernel in the same dtype, plus its floor
+    (16 float32 ulps for lse and dbias)."""
     from test_kernels_gpu import _compare
 
-    s = 384
-    q, k, v, dout = _inputs("cuda", dtype, s=s)
-    every, halves = torch.arange(s, device="cuda"), (slice(0, s // 2), slice(s // 2, s))
+    s = 384 if device == "cuda" else 160  # two chunks of chunked:96 on CPU too, in a second or two a case
+    q, k, v, dout = _inputs(device, dtype, s=s)
+    every, halves = torch.arange(s, device=device), (slice(0, s // 2), slice(s // 2, s))
 
     def whole(kernel, x):
-        bias = _bias(bias_kind, "cuda", s)
+        bias = _bias(bias_kind, device, s)
         return _run(kernel, *x, *_keywords(mask, bias, every, every, s), bias,
                     grad_dtype=torch.float64 if x[0].dtype == torch.float64 else torch.float32)
 
     ref = whole(MATH, tuple(t.double() for t in (q, k, v, dout)))
     low = whole(MATH, (q, k, v, dout))
-    bias = _bias(bias_kind, "cuda", s)
-    out = torch.zeros(q.shape, dtype=torch.float32, device="cuda")
-    lse = torch.full((B, H, s), -math.inf, dtype=torch.float32, device="cuda")
+    bias = _bias(bias_kind, device, s)
+    out = torch.zeros(q.shape, dtype=torch.float32, device=device)
+    lse = torch.full((B, H, s), -math.inf, dtype=torch.float32, device=device)
     calls = []
     for keys in halves:
         causal, kw = _keywords(mask, bias, every, every[keys], s)

@@ -24,7 +24,8 @@ autograd takes the same upstream gradients.
 On CUDA the fast path is ``torch.compile(flex_attention)``, compiled once per process and per block
 shape on the first call (the warm-up iterations keep that out of the timed region); float64 runs
 flex's unfused eager path there. On CPU flex runs its eager, unfused fallback (any float dtype,
-float64 included).
+float64 included), given float32 copies of bf16 and fp16 inputs, since that fallback rounds their
+scores to the input dtype.
 
 Source: Dong, Feng, Guessous, Liang and He, "Flex Attention: A Programming Model for Generating
 Optimized Attention Kernels" (arXiv 2412.05496); the merge identity is the online-softmax
@@ -176,7 +177,8 @@ def _run(q, k, v, scale, masked, score_mod):
 
 def _dense(q, k, v, scale, mask, causal, score_mod):
     """The block as flex computes it, densely and differentiably (the CPU backward's recomputation):
-    out ``[B, Hq, Sq, Dv]`` in q's dtype and lse ``[B, Hq, Sq]`` (``-inf`` for a row that sees no key)."""
+    out ``[B, Hq, Sq, Dv]`` and lse ``[B, Hq, Sq]`` (``-inf`` for a row that sees no key), both in the
+    accumulation dtype, so the backward's ``rowsum(dout * o_b)`` is the out autograd differentiates."""
     B, Hq, Sq, _ = q.shape
     acc, groups, Sk = accumulation_dtype(q.dtype), Hq // k.shape[1], k.shape[2]
     kf, vf = (x.to(acc).repeat_interleave(groups, 1) for x in (k, v))
@@ -188,13 +190,13 @@ def _dense(q, k, v, scale, mask, causal, score_mod):
     seen = mask.dense().to(q.device) if mask is not None else _causal_mod(*grid) if causal else None
     if seen is None:
         lse = torch.logsumexp(scores, -1)
-        return (torch.exp(scores - lse[..., None]) @ vf).to(q.dtype), lse
+        return torch.exp(scores - lse[..., None]) @ vf, lse
     scores = scores.masked_fill(~seen, -math.inf)
     empty = ~seen.any(-1).expand(B, Hq, Sq)
     # Empty rows: their logsumexp taken over zeros, then masked, so no NaN reaches any gradient.
     lse = torch.logsumexp(scores.masked_fill(empty[..., None], 0), -1)
     p = torch.exp(scores - lse[..., None])
-    return (p @ vf).to(q.dtype), lse.masked_fill(empty, -math.inf)
+    return p @ vf, lse.masked_fill(empty, -math.inf)
 
 
 def _flex_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, *, window=None,
@@ -205,11 +207,14 @@ def _flex_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: 
         ValueError: shapes the contract refuses, a mask with causal, a mask or bias of other positions,
             or a window (flex takes a window as a mask).
     """
+    # CPU: flex's eager fallback multiplies q by k in their own dtype, rounding bf16 and fp16 scores to it,
+    # so it gets float32 copies (the fused CUDA kernel accumulates in float32 itself).
+    work = accumulation_dtype(q.dtype) if q.device.type == "cpu" else q.dtype
     with torch.no_grad():  # and detached: flex refuses inputs that require grad on CPU, even under no_grad
         masked, score_mod, _ = _mods(q, k, v, causal, mask, bias, window)
-        out, lse = _run(*(x.detach().transpose(1, 2) for x in (q, k, v)), softmax_scale, masked, score_mod)
+        out, lse = _run(*(x.detach().transpose(1, 2).to(work) for x in (q, k, v)), softmax_scale, masked, score_mod)
     lse = lse.to(accumulation_dtype(q.dtype))
-    return out.transpose(1, 2), lse.masked_fill(lse == math.inf, -math.inf)
+    return out.transpose(1, 2).to(q.dtype), lse.masked_fill(lse == math.inf, -math.inf)
 
 
 def _flex_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
