@@ -129,7 +129,7 @@ def test_bias_is_in_the_case_id_and_unbiased_ids_stay_what_they_were():
                        r"TransformerEngine's post-scale shapes 1hss, bhss, 11ss, 111s or b1ss \(b batch, h heads, "
                        r"s seqlen, 1 broadcast\); pass --bias with one of them$"),
     (dict(bias="1hss", kernel="cpu"), r"^the cpu kernel cannot take bias 1hss \(ringbench calls it without an additive "
-                                      r"score bias\); pass --kernel with one of math or auto$"),
+                                      r"score bias\); pass --kernel with one of flex, math or auto$"),
     (dict(bias="alibi", variant="zigzag_varlen", docs="32,32"),
      r"^zigzag_varlen cannot take bias alibi, since only ringbench's batch engines add a bias block by block; use one "
      r"of ring, zigzag, stripe, llama3, ulysses, usp$"),
@@ -146,7 +146,7 @@ def test_bias_refusals_name_the_value_and_the_rule(fields, message):
 def test_bias_taken_by_the_batch_engines_only():
     takers = sorted(n for n, v in VARIANTS.items() if "bias" in v.options)
     assert takers == sorted(["ring", "zigzag", "stripe", "llama3", "ulysses", "usp"])
-    assert [n for n, k in KERNELS.items() if k.takes_bias] == ["math"]
+    assert [n for n, k in KERNELS.items() if k.takes_bias] == ["flex", "math"]
 
 
 @pytest.mark.parametrize("args, value", [
@@ -181,6 +181,6 @@ def test_bias_predict_refuses_it_in_one_sentence(tmp_path):
     proc = ringbench_here("predict", "--variant", "zigzag", "--seqlen", "16k", "--bias", "alibi", "--gpu", "H200",
                           "--world-size", "2", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip() == ("bias alibi is not priced by the model yet (only the math kernel takes a bias, and "
-                                   "no calibration rates it); predict the case without --bias, or measure the bias "
+    assert proc.stderr.strip() == ("bias alibi is not priced by the model yet (no calibration rates the kernels that "
+                                   "take one, flex and math); predict the case without --bias, or measure the bias "
                                    "with ringbench run")

@@ -135,7 +135,7 @@ def harness(monkeypatch, tmp_path):
      r"^kernel 'cudnn' is not one rfa_zigzag runs with, since it brings its own attention calls; pass --kernel "
      r"flash-attn, torch-flash, cpu or math$"),
     (["run", "--variant", "rfa_zigzag", "--device", "cpu", "--kernel", "torch-flash"],
-     r"^kernel 'torch-flash' runs on cuda, not cpu; pass --kernel with one of cpu, math or auto$"),
+     r"^kernel 'torch-flash' runs on cuda, not cpu; pass --kernel with one of cpu, flex, math or auto$"),
     (["verify", "--variant", "rfa_zigzag", "--no-causal", "--seqlen", "1k"],
      r"^rfa_zigzag does not support non-causal attention; pass --causal$"),
     (["run", "--variant", "torch_cp", "--device", "cpu", "--kernel", "cpu"], r"^torch_cp cannot run on cpu"),

@@ -175,8 +175,8 @@ def test_validate_accepts_seqlen_the_layout_divides(variant, seqlen):
     ({"device": "tpu"}, r"^device 'tpu' is unknown; pass --device with one of cuda, cpu$"),
     ({"task": "bench"}, r"^task 'bench' is unknown"),
     ({"seqlen": MAX_SEQLEN * 2}, r"^seqlen 2147483648 is above the limit of 1073741824 tokens"),
-    ({"kernel": "torch-flash"}, r"^kernel 'torch-flash' runs on cuda, not cpu; pass --kernel with one of cpu, math "
-                                r"or auto$"),
+    ({"kernel": "torch-flash"}, r"^kernel 'torch-flash' runs on cuda, not cpu; pass --kernel with one of cpu, flex, "
+                                r"math or auto$"),
 ])
 def test_validate_refuses_bad_cpu_fields(change, pattern):
     with pytest.raises(SpecError, match=pattern):
@@ -246,10 +246,10 @@ def test_resolve_refuses_unavailable_cuda_kernel():
         resolve(cuda_case())
 
 
-@pytest.mark.parametrize("change", [{"dtype": "fp32"}, {"head_dim": 300}])
-def test_resolve_auto_skips_kernels_that_refuse_the_shape(change):
-    # Every fast cuda kernel takes only half dtypes and head dims up to 256.
-    assert resolve(cuda_case(kernel="auto", **change)).kernel == "math"
+@pytest.mark.parametrize("change, picked", [({"dtype": "fp32"}, "flex"), ({"head_dim": 300}, "math")])
+def test_resolve_auto_skips_kernels_that_refuse_the_shape(change, picked):
+    # The CUDA kernels take only half dtypes; flex, after them, fp32 too; none but math head dims above 256.
+    assert resolve(cuda_case(kernel="auto", **change)).kernel == picked
 
 
 # --------------------------------------------------------------------------- scenarios

@@ -476,8 +476,8 @@ class CaseSpec:
                        "which can run here)", repeatable=True, check=_check_variant, metavar="NAME",
                        default_text="none; run needs one or --scenario, verify with neither checks the smoke scenario")
     kernel: str = row("the local attention kernel: flash-attn-4, flash-attn, torch-flash, cudnn, torch-efficient "
-                      "(cuda), cpu, math (any device), or auto: the first one available here that takes the dtype, "
-                      "head dims and form, flash-attn-4 first on CUDA (never auto once launched)", "auto", "auto",
+                      "(cuda), cpu, flex (FlexAttention, cuda and cpu), math (any device), or auto: the first one "
+                      "available here that takes the dtype, head dims and form, flash-attn-4 first on CUDA (never auto once launched)", "auto", "auto",
                       repeatable=True, check=_check_kernel_name, metavar="NAME")
     device: str = row("run on cuda (NCCL, one GPU per rank) or cpu (gloo)",
                       default_text="cuda when a GPU is visible, else cpu; a scenario that names its device (smoke "
@@ -571,7 +571,7 @@ class CaseSpec:
                     "(b batch, h heads, s seqlen; 111s is one row of keys broadcast over the queries), drawn from the "
                     "seed (normal * 0.5), whose gradient verify checks too (dbias); composes with --mask, --window and "
                     "--sink; "
-                    "FLOPs unchanged; on the math kernel and the batch variants ring, zigzag, stripe, llama3, "
+                    "FLOPs unchanged; on the flex and math kernels and the batch variants ring, zigzag, stripe, llama3, "
                     "ulysses and usp", "", "", default_text="none", label="bias={}", optional=True,
                     check=_if_set(_check_bias), repeatable=True, metavar="|".join(BIAS_KINDS))
     max_logit: bool = row("also return the per-head maximum logit (TransformerEngine's return_max_logit, the "

@@ -586,8 +586,8 @@ def refusal(spec) -> str | None:
     if reason:
         return reason
     if getattr(spec, "bias", ""):
-        return (f"bias {spec.bias} is not priced by the model yet (only the math kernel takes a bias, and no "
-                "calibration rates it); predict the case without --bias, or measure the bias with ringbench run")
+        return (f"bias {spec.bias} is not priced by the model yet (no calibration rates the kernels that take "
+                "one, flex and math); predict the case without --bias, or measure the bias with ringbench run")
     if spec.sink != "none":
         return None  # the sink joins once per row: no step of its own worth pricing
     return None

@@ -82,26 +82,31 @@ def kernels_table() -> str:
     """The kernel table of ``docs/variants-and-kernels.md``: what each kernel declares in the registry.
 
     Columns: the kernel, its device type, the input dtypes it takes, its head-dim rule, whether it
-    has the packed-documents form, takes a sliding window, takes a value head dim apart from the
-    query/key one (``--head-dim-v``), returns the per-head max logit (``--max-logit``), whether its backward is bitwise repeatable as ringbench calls
-    it, and where ``auto`` tries it on each device (``-``: never).
+    has the packed-documents form, takes a sliding window, how it takes a mask (``--mask``: one call
+    per partial block with the block's mask, ``takes_mask``; one window call per slice,
+    ``by_slices``; or not), takes a bias (``--bias``), takes a value head dim apart from the
+    query/key one (``--head-dim-v``), returns the per-head max logit (``--max-logit``), whether its
+    backward is bitwise repeatable as ringbench calls it, and where ``auto`` tries it on each device
+    (``-``: never).
     """
     from ringbench.variants.kernels import AUTO_ORDER, DTYPE_NAMES, KERNELS
 
     def yes(flag: bool) -> str:
         return "yes" if flag else "no"
 
-    rows = ["| kernel | device | dtypes | head dim | packed documents | `--window` | `--head-dim-v` "
-            "| `--max-logit` | bitwise repeatable backward | `auto` tries it |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| kernel | device | dtypes | head dim | packed documents | `--window` | `--mask` | `--bias` "
+            "| `--head-dim-v` | `--max-logit` | bitwise repeatable backward | `auto` tries it |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, kernel in KERNELS.items():
         dtypes = ", ".join(short for dtype, short in DTYPE_NAMES.items() if dtype in kernel.dtypes)
         rule = [f"up to {kernel.max_head_dim}"] if kernel.max_head_dim else []
         rule += [f"a multiple of {kernel.head_dim_multiple}"] if kernel.head_dim_multiple > 1 else []
+        mask = "one call per block" if kernel.takes_mask else "one call per slice" if kernel.by_slices else "no"
         auto = [f"{_ordinal(order.index(name) + 1)} on {device}" for device, order in AUTO_ORDER.items()
                 if name in order]
         rows.append(f"| `{name}` | {kernel.device_type} | {dtypes} | {', '.join(rule) or 'any'} "
-                    f"| {yes(kernel.varlen)} | {yes(kernel.takes_window)} | {yes(kernel.head_dim_v)} "
+                    f"| {yes(kernel.varlen)} | {yes(kernel.takes_window)} | {mask} "
+                    f"| {yes(kernel.takes_bias)} | {yes(kernel.head_dim_v)} "
                     f"| {yes(kernel.takes_max_logit)} | {yes(not kernel.nondeterministic_backward)} | {', '.join(auto) or '-'} |")
     return "\n".join(rows) + "\n"
 

@@ -7,11 +7,11 @@ pair of the block from the runs alone (``masks.Mask.classify``, no torch):
 
 - empty: no kernel call;
 - full: a plain kernel call (``causal=False``, no mask), which any kernel takes;
-- partial: on a kernel that takes a mask (``Kernel.takes_mask``: math, whose dense block is
-  built on the first call and kept), one call with a :class:`~..kernels.common.PositionMask`
-  (the rows' global positions and the mask's predicate restricted to the slices that meet the
-  block); on a kernel that takes only windows (``by_slices``: flash-attn-4, flash-attn,
-  torch-flash, cpu), one call per slice that meets the block (:func:`slice_parts`): the mask's
+- partial: on a kernel that takes a mask (``Kernel.takes_mask``: math, whose dense block is built
+  on the first call and kept; flex, whose ``BlockMask`` is), one call with a
+  :class:`~..kernels.common.PositionMask` (the rows' global positions and the mask's predicate
+  restricted to the slices that meet the block); on a kernel that takes only windows (``by_slices``:
+  flash-attn-4, flash-attn, torch-flash, cpu), one call per slice that meets the block (:func:`slice_parts`): the mask's
   slices share no pair, and each slice is a band ``lo <= k - q <= hi`` inside a rectangle, so
   its pairs in the block are a flash-attn window over a sub-block (``bands.box_part``), and the
   calls' results merge by lse like a ring's steps. This is the slice form of MagiAttention's
@@ -103,7 +103,8 @@ def position_mask(mask: masks.Mask, q: bands.Run, k: bands.Run, device=None) -> 
     """The :class:`PositionMask` of query run ``q`` against key run ``k``: their positions and the
     mask's predicate over only the slices that meet them."""
     near = mask.within(q.start, _last(q) + 1, k.start, _last(k) + 1)
-    return PositionMask(positions(q, device), positions(k, device), near.allows, mask.text)
+    return PositionMask(positions(q, device), positions(k, device), near.allows, mask.text,
+                        slices=tuple((s.q0, s.q1, s.k0, s.k1, s.lo, s.hi) for s in near.slices))
 
 
 def dense_mask(mask: masks.Mask, device=None) -> Tensor:

@@ -2,7 +2,7 @@
 
 Every backend takes q ``[B, Sq, Hq, D]`` and k, v ``[B, Sk, Hkv, D]`` (``Hq % Hkv == 0``) and
 returns ``out`` with q's shape and dtype and ``lse`` as float32 ``[B, Hq, Sq]`` (float64 for
-float64 inputs, which only the math and cpu kernels take): the natural
+float64 inputs, which only the math, cpu and flex kernels take): the natural
 log-sum-exp of each query row's scaled scores, ``-inf`` for a row that sees no key.
 Backends differ in their own lse layout and in how they mark empty rows; each backend's module
 converts at the boundary, so variants only ever see ringbench's layout.
@@ -27,28 +27,30 @@ in the varlen form), query i sees key j iff ``i + (n - m) - left <= j <= i + (n 
 and a window call may be rectangular. ringbench's variants pass ``causal=False`` with both
 sides given. ``window=None`` (the default) is the mask of ``causal`` alone.
 
-A mask (``mask=``, a ``common.PositionMask``, on the kernels with ``Kernel.takes_mask``, batch
-form only) gives every query row's and key row's global position and the predicate that says
-which pairs are seen; the call then passes ``causal=False`` and no window, and may be
-rectangular. A row that sees no key gets out 0 and lse ``-inf``. The math kernel reads the
-mask's dense boolean block; a FlexAttention kernel would make its ``mask_mod`` of the same
-positions and predicate. A kernel that takes a window but no mask (flash-attn-4, flash-attn,
-torch-flash, cpu) gets a mask's partial blocks from the engines as window calls instead, one per
-slice of the mask (``Kernel.by_slices``).
+A mask (``mask=``, a ``common.PositionMask``, on the kernels with ``Kernel.takes_mask``, batch form
+only) gives every query row's and key row's global position and the predicate that says which pairs
+are seen; the call then passes ``causal=False`` and no window, and may be rectangular. A row that
+sees no key gets out 0 and lse ``-inf``. The math kernel reads the mask's dense boolean block; the
+flex kernel (FlexAttention) makes its ``mask_mod`` of the same positions and predicate,
+``allows(q_pos[i], k_pos[j])``, and its ``BlockMask`` once per mask object. A kernel that takes a
+window but no mask (flash-attn-4, flash-attn, torch-flash, cpu) gets a mask's partial blocks from
+the engines as window calls instead, one per slice of the mask (``Kernel.by_slices``).
 
-A bias (``bias=``, a ``common.PositionBias``, on the kernels with ``Kernel.takes_bias``, batch
-form only: math) gives the global positions of the call's rows and keys and the whole-sequence
-``common.Bias`` (ALiBi's slopes, or a learnable tensor of TransformerEngine's post-scale shapes
-``1hss``, ``bhss``, ``11ss``, ``111s``, ``b1ss``); its block is added to the scaled scores before
-the softmax, with causal, a window or a mask alike. Backward adds the call's ``d bias`` (the
-gradient of the scores, summed over the bias's broadcast dimensions) into the bias's open gradient
-(``Bias.open_grad``), which the engine reduces over its ranks.
+A bias (``bias=``, a ``common.PositionBias``, on the kernels with ``Kernel.takes_bias``, batch form
+only: math, and flex as a ``score_mod``) gives the global positions of the call's rows and keys and
+the whole-sequence ``common.Bias`` (ALiBi's slopes, or a learnable tensor of TransformerEngine's
+post-scale shapes ``1hss``, ``bhss``, ``11ss``, ``111s``, ``b1ss``); its block is added to the
+scaled scores before the softmax, with causal, a window or a mask alike. Backward adds the call's
+``d bias`` (the gradient of the scores, summed over the bias's broadcast dimensions) into the bias's
+open gradient (``Bias.open_grad``), which the engine reduces over its ranks.
 
 This module holds :class:`Kernel`, the registry (:data:`KERNELS`, :data:`AUTO_ORDER`) and the one
 resolution of kernel names (:func:`check_kernel`, :func:`resolve_kernel`, :func:`as_kernel`). The
-backends are in ``kernel_reference.py`` (math, cpu), ``kernel_torch_cuda.py`` (torch-flash, cudnn,
-torch-efficient) and ``kernel_flash_attn.py`` (flash-attn, flash-attn-4 over ``fa4.py``); what
-they share in ``kernel_common.py``.
+backends are in ``reference.py`` (math, cpu), ``torch_cuda.py`` (torch-flash, cudnn,
+torch-efficient), ``flash_attn.py`` (flash-attn, flash-attn-4 over ``fa4.py``) and ``flex.py``
+(flex: PyTorch's FlexAttention, on CUDA and CPU, taking a mask and a bias; its backward recomputes
+the block and is given the global out and lse through the merge identity); what they share in
+``common.py``.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ import torch
 
 from . import fa4
 from .common import _cuda_unavailable
+from .flex import _flex_backward, _flex_forward, _flex_unavailable
+from .flex import notes as _flex_notes
 from .flash_attn import (_fa4_backward, _fa4_backward_varlen, _fa4_forward, _fa4_forward_varlen, _fa4_version,
                          _flash_attn_backward, _flash_attn_backward_varlen, _flash_attn_forward,
                          _flash_attn_forward_varlen, _flash_attn_unavailable, _flash_attn_version)
@@ -72,7 +76,9 @@ from .torch_cuda import (_cudnn_backward, _cudnn_forward, _cudnn_notes, _cudnn_u
 Tensor = torch.Tensor
 
 #: Order in which ``auto`` picks a kernel on each device type.
-AUTO_ORDER = {"cuda": ("flash-attn-4", "flash-attn", "torch-flash", "cudnn", "math"), "cpu": ("cpu", "math")}
+#: flex comes after the CUDA kernels, so ``auto`` takes it only where they refuse (a bias, fp32 under a mask);
+#: on CPU flex is an unfused fallback, no faster than math, so ``auto`` keeps cpu then math there.
+AUTO_ORDER = {"cuda": ("flash-attn-4", "flash-attn", "torch-flash", "cudnn", "flex", "math"), "cpu": ("cpu", "math")}
 
 
 @dataclass(frozen=True)
@@ -227,6 +233,13 @@ KERNELS: dict[str, Kernel] = {
         Kernel("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16, torch.float16), None, 1,
                _cpu_forward, _cpu_backward, forward_varlen=_cpu_forward_varlen,
                backward_varlen=_cpu_backward_varlen, takes_window=True),
+        Kernel("flex", "any", (*_HALF, torch.float32, torch.float64), 256, 8, _flex_forward, _flex_backward,
+               _flex_unavailable,
+               no_varlen="its packed-documents form (a document mask_mod) is not wired up or verified",
+               head_dim_v=True, takes_mask=True, takes_bias=True, notes=_flex_notes,
+               no_window="ringbench gives it a sliding window as the mask window:L (--mask), not as a window call",
+               no_max_logit="ringbench does not read FlexAttention's max_scores, which this torch returns on "
+                            "CUDA only"),
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
                _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
                backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True, takes_mask=True,

@@ -123,10 +123,15 @@ class PositionMask:
         name: the mask's text, for messages.
         dense: the bool ``[Sq, Sk]`` block itself where the caller has it (built cheaper than by
             ``allows`` over every pair, such as ``masked.dense_mask`` for a whole row), or ``None``.
+        slices: the predicate as data where the caller has it: ``(q0, q1, k0, k1, lo, hi)`` per slice
+            (``masks.Slice``; ``allows`` is their union), ``None`` on an unbounded side of the band. flex's
+            compiled ``mask_mod`` reads them from a tensor, so it compiles once per slice count, not per
+            mask; ``None``: it calls ``allows``.
     """
 
-    def __init__(self, q_pos: Tensor, k_pos: Tensor, allows, name: str = "", dense: Tensor | None = None):
-        self.q_pos, self.k_pos, self.allows, self.name = q_pos, k_pos, allows, name
+    def __init__(self, q_pos: Tensor, k_pos: Tensor, allows, name: str = "", dense: Tensor | None = None,
+                 slices: tuple | None = None):
+        self.q_pos, self.k_pos, self.allows, self.name, self.slices = q_pos, k_pos, allows, name, slices
         if dense is not None and tuple(dense.shape) != (q_pos.numel(), k_pos.numel()):
             raise ValueError(f"the dense mask is {tuple(dense.shape)}, but the positions are {q_pos.numel()} queries "
                              f"and {k_pos.numel()} keys; build it over the same positions")
