@@ -125,7 +125,9 @@ def _bias_mod(bias: PositionBias, q: Tensor, k: Tensor, block: Tensor | None):
     acc = accumulation_dtype(q.dtype)
     if bias.bias.kind == "alibi":
         slopes = bias.bias.values if bias.heads is None else bias.bias.values[bias.heads]
-        slopes, q_pos, k_pos = slopes.to(q.device, acc), bias.q_pos.to(q.device), bias.k_pos.to(q.device)
+        # Copies: the mask_mod may capture these same position tensors, and dynamo's guards fail on a
+        # tensor captured twice under two names (IndexError in its aliasing guard, torch 2.13).
+        slopes, q_pos, k_pos = slopes.to(q.device, acc), bias.q_pos.to(q.device).clone(), bias.k_pos.to(q.device).clone()
 
         def alibi(score, b, h, i, j):
             return score - (slopes[h] * (q_pos[i] - k_pos[j]).abs().to(acc)).to(score.dtype)
