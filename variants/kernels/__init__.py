@@ -62,8 +62,7 @@ import torch
 
 from . import fa4
 from .common import _cuda_unavailable
-from .flex import (_flex_backward, _flex_fa4_backward, _flex_fa4_forward, _flex_fa4_unavailable, _flex_forward,
-                   _flex_unavailable)
+from .flex import _flex_backward, _flex_forward, _flex_unavailable
 from .flex import notes as _flex_notes
 from .flash_attn import (_fa4_backward, _fa4_backward_varlen, _fa4_forward, _fa4_forward_varlen, _fa4_version,
                          _flash_attn_backward, _flash_attn_backward_varlen, _flash_attn_forward,
@@ -241,12 +240,6 @@ KERNELS: dict[str, Kernel] = {
                no_window="ringbench gives it a sliding window as the mask window:L (--mask), not as a window call",
                no_max_logit="ringbench does not read FlexAttention's max_scores, which this torch returns on "
                             "CUDA only"),
-        Kernel("flex-fa4", "cuda", _HALF, 256, 8, _flex_fa4_forward, _flex_fa4_backward, _flex_fa4_unavailable,
-               no_varlen="its packed-documents form (a document mask_mod) is not wired up or verified",
-               takes_mask=True, notes=_flex_notes,
-               no_bias="FlexAttention's FLASH backend takes no captured tensor that needs a gradient, and ringbench "
-                       "gives it no bias",
-               no_window="ringbench gives it a sliding window as the mask window:L (--mask), not as a window call"),
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,
                _math_forward, _math_backward, forward_varlen=_math_forward_varlen,
                backward_varlen=_math_backward_varlen, head_dim_v=True, takes_window=True, takes_mask=True,

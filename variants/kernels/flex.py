@@ -169,14 +169,11 @@ def _mods(q, k, v, causal, mask, bias, window, learn: bool = False):
     return masked, None if bias is None else _bias_mod(bias, q, k, block), block
 
 
-def _run(q, k, v, scale, masked, score_mod, backend: str | None = None):
-    """flex over ``[B, H, S, D]`` views: out ``[B, Hq, Sq, Dv]`` and natural-log lse ``[B, Hq, Sq]``;
-    ``backend``: flex's ``kernel_options["BACKEND"]`` (``FLASH``: FlashAttention-4's kernels), or its default."""
+def _run(q, k, v, scale, masked, score_mod):
+    """flex over ``[B, H, S, D]`` views: out ``[B, Hq, Sq, Dv]`` and natural-log lse ``[B, Hq, Sq]``."""
     from torch.nn.attention.flex_attention import AuxRequest
-    options = {"kernel_options": {"BACKEND": backend}} if backend else {}
     out, aux = _flex(q.device, q.dtype)(q, k, v, score_mod=score_mod, block_mask=masked, scale=scale,
-                                        enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True),
-                                        **options)
+                                        enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True))
     return out, aux.lse
 
 
@@ -205,8 +202,7 @@ def _dense(q, k, v, scale, mask, causal, score_mod):
 
 
 def _flex_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, *, window=None,
-                  mask: PositionMask | None = None, bias: PositionBias | None = None,
-                  backend: str | None = None) -> tuple[Tensor, Tensor]:
+                  mask: PositionMask | None = None, bias: PositionBias | None = None) -> tuple[Tensor, Tensor]:
     """out ``[B, Sq, Hq, Dv]`` in q's dtype and lse float32 ``[B, Hq, Sq]`` (float64 for float64 inputs).
 
     Raises:
@@ -218,15 +214,14 @@ def _flex_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: 
     work = accumulation_dtype(q.dtype) if q.device.type == "cpu" else q.dtype
     with torch.no_grad():  # and detached: flex refuses inputs that require grad on CPU, even under no_grad
         masked, score_mod, _ = _mods(q, k, v, causal, mask, bias, window)
-        out, lse = _run(*(x.detach().transpose(1, 2).to(work) for x in (q, k, v)), softmax_scale, masked, score_mod,
-                        backend)
+        out, lse = _run(*(x.detach().transpose(1, 2).to(work) for x in (q, k, v)), softmax_scale, masked, score_mod)
     lse = lse.to(accumulation_dtype(q.dtype))
     return out.transpose(1, 2).to(q.dtype), lse.masked_fill(lse == math.inf, -math.inf)
 
 
 def _flex_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
                    softmax_scale: float, *, window=None, mask: PositionMask | None = None,
-                   bias: PositionBias | None = None, backend: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                   bias: PositionBias | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv in the inputs' dtypes of one block, ``out`` ``[B, Sq, Hq, Dv]`` and ``lse`` ``[B, Hq, Sq]``
     the global (merged) ones of its rows; a learnable ``bias`` with an open gradient gets the block's
     ``d bias`` added (``PositionBias.add_grad``).
@@ -244,7 +239,7 @@ def _flex_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
                        "this torch's FlexAttention has no CPU backward")
             o_b, l_b = _dense(qd, kd, vd, softmax_scale, mask, causal, score_mod)
         else:
-            o_b, l_b = _run(qd, kd, vd, softmax_scale, masked, score_mod, backend)
+            o_b, l_b = _run(qd, kd, vd, softmax_scale, masked, score_mod)
         l_now = l_b.detach().to(acc)
         weight = torch.where(l_now == -math.inf, 0, torch.exp(l_now - lse.to(acc)))
         do = dout.transpose(1, 2).to(acc)
@@ -255,22 +250,6 @@ def _flex_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     if learn:
         bias.add_grad(grads[3])
     return tuple(g.transpose(1, 2).to(x.dtype) for g, x in zip(grads[:3], (q, k, v)))
-
-
-def _flex_fa4_forward(q, k, v, causal, softmax_scale, **kw):
-    """:func:`_flex_forward` on FlexAttention's ``FLASH`` backend: FlashAttention-4's CuTe DSL kernels
-    with the mask as their ``mask_mod`` (CUDA, bf16/fp16, flash-attn-4 installed)."""
-    return _flex_forward(q, k, v, causal, softmax_scale, backend="FLASH", **kw)
-
-
-def _flex_fa4_backward(dout, q, k, v, out, lse, causal, softmax_scale, **kw):
-    """:func:`_flex_backward` on the ``FLASH`` backend (:func:`_flex_fa4_forward`)."""
-    return _flex_backward(dout, q, k, v, out, lse, causal, softmax_scale, backend="FLASH", **kw)
-
-
-def _flex_fa4_unavailable() -> str | None:
-    from . import fa4
-    return _flex_unavailable() or fa4.unavailable()
 
 
 def _flex_unavailable() -> str | None:

@@ -11,9 +11,7 @@ t flex_probe 100 python3 results/reference/2026-12-07/flex_probe.py 8192
 cp $L/flex_probe.txt $OUT/flex_probe.txt
 t flex_verify 90 $V --kernel flex --variant zigzag --variant llama3 --seqlen 4k --mask prefix:512 --bias alibi
 t flex_run 70 $R --kernel flex --variant zigzag --world-size 1 --seqlen 16k --mask prefix:2k
-t flexfa4_run 70 $R --kernel flex-fa4 --variant zigzag --world-size 1 --seqlen 16k --mask prefix:2k
 t fa4_mask_run 40 $R $FA --variant zigzag --world-size 1 --seqlen 16k --mask prefix:2k
-t flexfa4_verify 70 $V --kernel flex-fa4 --variant zigzag --seqlen 4k --mask prefix:512
 t m_bal 100 $R $FA --emulate $M --variant ring --layout balanced --world-size 8
 t m_w1 50 $R $FA $M --variant zigzag --world-size 1
 t verify 80 $V $FA --variant ring --variant zigzag --variant stripe --variant llama3 --variant ulysses --variant usp --seqlen 8k
