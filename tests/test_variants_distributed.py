@@ -1,23 +1,25 @@
 """The variants under real torchrun (gloo, CPU): one launch per world size runs a batch of cases.
 
-Each launch runs ``tests/dist/cases.py``, which writes one JSON line per case: the variant's
+Each case runs as ``tests/dist/cases.py`` runs it, which writes one JSON line per case: the variant's
 out, lse, dq, dk and dv checked with ``ringbench.rank.check.tolerance_check`` against the float64 math kernel
 and the single-device kernel (MEASUREMENT.md's rule). The tests below assert each case's expected
 outcome, the extra property each case exists for, and that every case was checked.
 
 The cases come from public reports (FIELD.md, "What users of these systems hit").
+
+The launches are the session's pooled ``tests/dist/verify_cases.py`` ones (``helpers.VerifyPool``, the
+``verify_pool`` fixture): that script runs a case without a ``spec`` through ``cases.py``'s own code, rank 0
+on one thread as there, so a world size's start-up (torchrun and every rank importing torch) is paid once
+for these cases and the other pooled modules' verify cases.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 
-from helpers import cached, slow_when, torchrun_cases
+from helpers import pool_verify_batches, slow_when
 
-CASES_SCRIPT = Path(__file__).parent / "dist" / "cases.py"
 WORLD_SIZES = (1, 2, 4, 8)
 #: Seconds a launch may take before it is killed (the W=8 launch carries the large case).
 LAUNCH_TIMEOUT_S = {1: 120, 2: 120, 4: 150, 8: 240}
@@ -77,19 +79,22 @@ CASE_BY_NAME = {c["name"]: c for c in CASES}
 assert len(CASE_BY_NAME) == len(CASES), "case names must be unique"
 
 
-def _launch(world_size: int, folder: Path) -> dict:
-    """Run every case of ``world_size`` in one torchrun launch; return its records and log."""
+def _batches(world_size: int, with_slow: bool) -> dict:
+    """The one batch at ``world_size`` (every case of it) for the session's pooled launch; none where the
+    session runs none of the slow tests (every launch is slow)."""
     cases = [{k: v for k, v in c.items() if k not in ("world_size", "expect")}
              for c in CASES if c["world_size"] == world_size]
-    return torchrun_cases(CASES_SCRIPT, cases, world_size, folder, f"cases_w{world_size}",
-                          LAUNCH_TIMEOUT_S[world_size])
+    return {"all": (cases, LAUNCH_TIMEOUT_S[world_size])} if with_slow and cases else {}
+
+
+pool_verify_batches(__name__, _batches)
 
 
 @pytest.fixture(scope="module")
-def launches(tmp_path_factory):
-    """One torchrun launch per world size, run lazily and cached for the module."""
-    folder = tmp_path_factory.mktemp("dist_cases")
-    return cached(lambda world_size: _launch(world_size, folder))
+def launches(verify_pool):
+    """``get(world_size)``: the launch of every case of that world size, as the session's pooled launch
+    (``helpers.VerifyPool``) gives it: these cases' records, the launch's return code, timeout and log tail."""
+    return lambda world_size: verify_pool.get(__name__, world_size, "all")
 
 
 def _record(launches, name: str) -> dict:
