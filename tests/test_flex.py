@@ -218,9 +218,9 @@ def test_flex_comes_after_the_cuda_kernels_and_before_math_in_auto():
 @pytest.mark.parametrize("rules, pattern", [
     (dict(varlen=True), r"^the flex kernel has no varlen form in ringbench \(its packed-documents form .*\); "
                         r"pass --kernel with one of cpu, math or auto$"),
-    (dict(window=True), r"^the flex kernel cannot take a sliding window \(ringbench gives it a sliding window as "
-                        r"the mask window:L \(--mask\), not as a window call\); pass --kernel with one of cpu, "
-                        r"math or auto$"),
+    (dict(window=True), r"^the flex kernel cannot take a sliding window \(it takes masks by position, and a one-sided "
+                        r"window \(--window L, --mask window:L\) runs as window calls; window:L,R and "
+                        r"global:G,window:L run on it\); pass --kernel with one of cpu, math or auto$"),
     (dict(max_logit=True), r"^the flex kernel cannot return the per-head max logit \(.*max_scores.*\), which "
                            r"--max-logit needs; pass --kernel math$"),
     (dict(head_dim=512), r"^head_dim 512 exceeds 256, the largest the flex kernel takes; pass another --head-dim "
@@ -235,7 +235,7 @@ def test_flex_refusals_are_one_sentence_naming_the_value_and_rule(rules, pattern
 def test_flex_refuses_a_window_call_and_a_mask_with_causal():
     q, k, v, _ = _inputs()
     every = torch.arange(S)
-    with pytest.raises(ValueError, match=r"the flex kernel takes no window \(\(8, 0\)\); pass the mask window:L"):
+    with pytest.raises(ValueError, match=r"the flex kernel takes no window call \(\(8, 0\)\); a one-sided window runs on"):
         FLEX.forward(q, k, v, False, SCALE, window=(8, 0))
     _, kw = _keywords("prefix:10", None, every, every)
     with pytest.raises(ValueError, match="a call with a mask takes neither causal=True nor a window"):

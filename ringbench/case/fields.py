@@ -506,7 +506,7 @@ class CaseSpec:
                       commands=("run",), check=_ZERO_OR_MORE)
     seed: int = row("seed of the random inputs (0 to 2^63 - 1)", 0, 0, in_case_id=False, check=_check_seed)
     head_dim_v: int = row("channels per value head (Dv) where they differ from head_dim, as in MLA (192/128); out "
-                          "has Dv channels; 0: the same as head_dim. Only some kernels take it (flash-attn-4, math)",
+                          "has Dv channels; 0: the same as head_dim. Only some kernels take it (flash-attn-4, flex, math)",
                           0, 0, default_text="head_dim", label="Dv={}", optional=True, check=_ZERO_OR_MORE)
     layout: str = row("the layout of the sequence over the ranks, for variants that take several (llama3: zigzag or "
                       "contiguous; llama3_varlen: contiguous, or balanced: each document cut head-tail, which "
@@ -555,8 +555,8 @@ class CaseSpec:
                     "or bi-causal). causal, full and window:L are written as --causal, --no-causal and --window; "
                     "the others set causal false (the mask alone decides) and take no --causal or --window; with "
                     "--docs it applies inside each document, positions from 0 (slices: over the packed row, cut at "
-                    "the documents); FLOPs count the unmasked pairs; partial blocks run on the math kernel's dense mask or "
-                    "as one window call per slice on a kernel that takes a window (flash-attn-4, torch-flash, cpu)",
+                    "the documents); FLOPs count the unmasked pairs; partial blocks run on the math kernel's dense mask, as flex's mask_mod, "
+                    "or as one window call per slice on a kernel that takes a window (flash-attn-4, flash-attn, torch-flash, cpu)",
                     "", "", default_text="the mask of --causal and "
                     "--window", optional=True, parse=MASK, check=_if_set(lambda name, value: parse_mask(value)),
                     repeatable=True, file_option="--mask-file", file_parse=MASK_FILE,

@@ -237,7 +237,7 @@ KERNELS: dict[str, Kernel] = {
                _flex_unavailable,
                no_varlen="its packed-documents form (a document mask_mod) is not wired up or verified",
                head_dim_v=True, takes_mask=True, takes_bias=True, notes=_flex_notes,
-               no_window="ringbench gives it a sliding window as the mask window:L (--mask), not as a window call",
+               no_window="it takes masks by position, and a one-sided window (--window L, --mask window:L) runs as window calls; window:L,R and global:G,window:L run on it",
                no_max_logit="ringbench does not read FlexAttention's max_scores, which this torch returns on "
                             "CUDA only"),
         Kernel("math", "any", (torch.float64, torch.float32, torch.bfloat16, torch.float16), None, 1,

@@ -152,7 +152,8 @@ def _bias_block(bias: PositionBias, q: Tensor, k: Tensor) -> Tensor:
 def _mods(q, k, v, causal, mask, bias, window, learn: bool = False):
     """(block mask or None, score_mod or None, the bias block or None) of one call, checked."""
     if window is not None:
-        raise ValueError(f"the flex kernel takes no window ({window}); pass the mask window:L (--mask) instead")
+        raise ValueError(f"the flex kernel takes no window call ({window}); a one-sided window runs on a kernel that "
+                         "takes window calls (flash-attn-4, torch-flash, cpu, math)")
     if mask is not None:
         _check_shapes(q, k, v, False)
         check_mask(mask, q, k, causal, None)
