@@ -1,4 +1,4 @@
-# 2026-12-07, call 3 (after the wheel calls): issue 25's strong-scaling cases on the card this session got,
+# 2026-12-07, call 3 (after the wheel calls; not run this session, no H200 started): issue 25's strong-scaling cases on the card
 # with the side-stream merges and every reference replayed: world size 1 baselines, emulated W=8
 # (zigzag 16k/32k/128k, stripe 32k, torch-flash 16k), W=32 64k, W=2, and the other engines at W=8 64k
 # with a profile.
