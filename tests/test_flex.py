@@ -7,8 +7,7 @@ plain causal and no mask, each without a bias, with ALiBi and with a learnable `
 ring's use of the backward: keys split in two blocks, the blocks' results merged by lse, each block's
 backward given the merged out and lse, the gradients summed, equal to the whole row's; a block whose rows
 see no key (out 0, lse ``-inf``, zero gradient, no NaN). Where ``auto`` puts flex, and the kernel's one-
-sentence refusals. Then ``ringbench verify --kernel flex`` through the command line on two and four ranks
-(gloo). Last, bf16 and fp32 against the float64 math kernel by the rule of ``test_kernels_gpu.py`` (twice the
+sentence refusals. Then verify with the flex kernel on two and four ranks (gloo), in the session's shared launches. Last, bf16 and fp32 against the float64 math kernel by the rule of ``test_kernels_gpu.py`` (twice the
 math kernel's own error in that dtype, plus a floor), the two-block split again: on CPU, and on a GPU
 (``gpu``) with the compiled flex.
 """
@@ -22,7 +21,8 @@ import math
 import pytest
 import torch
 
-from helpers import read_jsonl, ringbench_here
+from helpers import not_verified, pool_verify_batches
+from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 from ringbench.variants.engines import masks
 from ringbench.variants.kernels import AUTO_ORDER, KERNELS, resolve_kernel
 from ringbench.variants.kernels.common import Bias, PositionMask, alibi_slopes, bias_tensor_shape, merge_
@@ -244,27 +244,49 @@ def test_flex_refuses_a_window_call_and_a_mask_with_causal():
 
 # --------------------------------------------------------------------------- through the command line
 
+#: The verify cases at two and four ranks: (variants, mask, bias).
+VERIFIED = {2: (("ring", "zigzag", "llama3", "ulysses"), "prefix:40", "1hss"),
+            4: (("stripe", "usp", "ring"), "shared-prefix:28,answers=2", "alibi")}
+
+
+def _verify_spec(variant: str, world_size: int, mask: str, bias: str) -> dict:
+    base = {**default_fields("cpu", 0), "task": "verify", "variant": variant, "kernel": "flex", "seqlen": 128,
+            "world_size": world_size, "heads": 4, "kv_heads": 2, "head_dim": 16, "dtype": "fp32", "mask": mask,
+            "bias": bias}
+    case = resolve_options(canonical(resolve_mask(CaseSpec(**base))))
+    validate(case, visible_gpus=0)
+    return case.to_dict()
+
+
+def _verify_batches(world_size: int, with_slow: bool) -> dict:
+    # Slow only: the session's launch at that world size (helpers.VerifyPool) takes these cases beside the
+    # other modules', so they cost no launch of their own.
+    if not with_slow or world_size not in VERIFIED:
+        return {}
+    variants, mask, bias = VERIFIED[world_size]
+    return {"flex": ([{"name": v, "spec": _verify_spec(v, world_size, mask, bias)} for v in variants], 300)}
+
+
+pool_verify_batches(__name__, _verify_batches)
+
+
 @pytest.mark.dist
-@pytest.mark.slow  # one launch of two ranks and one of four through the CLI, about 15 s each on two cores
-@pytest.mark.parametrize("world_size, variants, mask, bias", [
-    (2, ("ring", "zigzag", "llama3", "ulysses"), "prefix:40", "1hss"),
-    (4, ("stripe", "usp", "ring"), "shared-prefix:28,answers=2", "alibi"),
-], ids=["w2-prefix-1hss", "w4-shared-prefix-alibi"])
-def test_flex_cli_verify_passes_under_a_mask_and_a_bias(tmp_path, world_size, variants, mask, bias):
-    """``ringbench verify --kernel flex`` with a mask and a bias on real torchrun (gloo, CPU): every variant
-    passes every tensor (out, lse, dq, dk, dv, and dbias for the learnable one) against the float64 math kernel,
-    and the records name the kernel and its notes."""
-    done = ringbench_here("verify", "--device", "cpu", *(a for v in variants for a in ("--variant", v)),
-                          "--kernel", "flex", "--mask", mask, "--bias", bias, "--seqlen", "128",
-                          "--world-size", str(world_size), "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
-                          "--dtype", "fp32", "--out", str(tmp_path), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    records = read_jsonl(tmp_path / "verify.jsonl")
-    assert sorted(r["spec"]["variant"] for r in records) == sorted(variants)
-    for rec in records:
-        assert rec["status"] == "ok" and rec["spec"]["kernel"] == "flex", rec.get("reason")
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", sorted(VERIFIED), ids=lambda w: f"w{w}")
+def test_flex_verify_passes_under_a_mask_and_a_bias(verify_pool, world_size):
+    """verify with the flex kernel, a mask and a bias on real torchrun (gloo, CPU): every variant passes every
+    tensor (out, lse, dq, dk, dv, and dbias for the learnable one) against the float64 reference."""
+    launch = verify_pool.get(__name__, world_size, "flex")
+    records = launch["records"]
+    assert not launch["timed_out"] and set(records) == set(launch["expected"]), launch["log_tail"]
+    assert sorted(records) == sorted(VERIFIED[world_size][0])
+    assert not not_verified(records), not_verified(records)
+    for name, rec in records.items():
+        spec = launch["cases"][name]
+        assert spec["kernel"] == "flex" and rec["cp_active"] is True, name
         tensors = {c["tensor"] for c in rec["checks"] if c["passed"]}
-        assert {"out", "lse", "dq", "dk", "dv"} <= tensors and ("dbias" in tensors) == (bias != "alibi")
+        assert {"out", "lse", "dq", "dk", "dv"} <= tensors, name
+        assert ("dbias" in tensors) == (spec["bias"] != "alibi"), name
 
 
 # --------------------------------------------------------------------------- in low precision, and on a GPU
