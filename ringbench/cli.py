@@ -853,7 +853,7 @@ def calibrate_command(
         grid = calibrate.default_grid(device)
         # By default not math (the reference) nor flex (compiled per block shape, minutes over the grid): name them.
         names = list(dict.fromkeys(kernel or [])) or [
-            n for n in AUTO_ORDER[device] if n not in ("math", "flex") and KERNELS[n].unavailable() is None]
+            n for n in AUTO_ORDER[device] if n != "math" and KERNELS[n].unavailable() is None]
         for name in names:
             try:
                 resolve_kernel(name, device)

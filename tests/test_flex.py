@@ -198,20 +198,17 @@ def _everywhere(registry: dict) -> dict:
     return {n: dataclasses.replace(kern, unavailable=lambda: None) for n, kern in registry.items()}
 
 
-def test_flex_comes_after_the_cuda_kernels_and_before_math_in_auto():
-    """On CUDA ``auto`` keeps flash-attn-4 for plain causal bf16 and for a mask (window calls), and takes flex
-    where only a bias-taking kernel can (a bias) or the CUDA kernels refuse the dtype under a mask (fp32);
-    on CPU flex is no faster than math, so ``auto`` keeps cpu and math."""
-    order = AUTO_ORDER["cuda"]
-    assert order.index("flex") == len(order) - 2 and order[-1] == "math" and "flex" not in AUTO_ORDER["cpu"]
+def test_flex_is_named_never_picked_by_auto():
+    """``auto`` never picks flex (it compiles each block shape on CUDA, and one GPU case fails): flash-attn-4
+    keeps plain causal bf16 and masks (window calls), math takes a bias or fp32; ``--kernel flex`` takes both."""
+    assert "flex" not in AUTO_ORDER["cuda"] and "flex" not in AUTO_ORDER["cpu"]
     every = _everywhere(KERNELS)
     pick = lambda **rules: resolve_kernel("auto", "cuda", head_dim=128, kernels=every, **rules).name  # noqa: E731
     assert pick(dtype=torch.bfloat16) == "flash-attn-4"
     assert pick(dtype=torch.bfloat16, mask="prefix:512") == "flash-attn-4"
-    assert pick(dtype=torch.bfloat16, bias="alibi") == "flex"
-    assert pick(dtype=torch.float32, mask="prefix:512", bias="1hss") == "flex"
-    assert pick(dtype=torch.float64, bias="1hss") == "flex"
-    assert resolve_kernel("auto", "cpu", dtype=torch.float32, bias="1hss").name == "math"
+    assert pick(dtype=torch.bfloat16, bias="alibi") == "math"
+    assert pick(dtype=torch.float32, mask="prefix:512", bias="1hss") == "math"
+    assert resolve_kernel("flex", "cuda", head_dim=128, kernels=every, dtype=torch.bfloat16, bias="alibi").name == "flex"
     assert resolve_kernel("flex", "cpu", dtype=torch.float64, mask="prefix:10", bias="alibi") is FLEX
 
 

@@ -320,9 +320,7 @@ def test_kernels_auto_for_a_varlen_call_picks_only_a_kernel_with_a_varlen_form(d
         assert resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=192, head_dim_v=128,
                               kernels=kernels).name == "flash-attn-4"
         assert resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=192, head_dim_v=128,
-                              kernels=without).name == "flex"
-        assert resolve_kernel("auto", "cuda", dtype=torch.bfloat16, head_dim=192, head_dim_v=128,
-                              kernels={n: k for n, k in without.items() if n != "flex"}).name == "math"
+                              kernels=without).name == "math"
 
 
 def test_kernels_auto_says_why_no_kernel_fits():
