@@ -851,7 +851,7 @@ def calibrate_command(
             raise SpecError("device cuda needs a visible GPU and none is visible; run on a GPU machine or pass "
                             "--device cpu")
         grid = calibrate.default_grid(device)
-        # By default not math (the reference) nor flex (compiled per block shape, minutes over the grid): name them.
+        # By default the kernels auto may pick but math (the reference); flex, which auto never picks, is named.
         names = list(dict.fromkeys(kernel or [])) or [
             n for n in AUTO_ORDER[device] if n != "math" and KERNELS[n].unavailable() is None]
         for name in names:

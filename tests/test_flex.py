@@ -21,7 +21,7 @@ import math
 import pytest
 import torch
 
-from helpers import not_verified, pool_verify_batches
+from helpers import kernel_rule_problem, not_verified, pool_verify_batches
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 from ringbench.variants.engines import masks
 from ringbench.variants.kernels import AUTO_ORDER, KERNELS, resolve_kernel
@@ -303,7 +303,6 @@ def test_flex_matches_math_by_the_kernel_rule_in_low_precision(device, dtype, ma
     backward with the merged out and lse), against the math kernel in float64 on the same inputs, by
     ``test_kernels_gpu.py``'s rule: within twice the error of the math kernel in the same dtype, plus its floor
     (16 float32 ulps for lse and dbias)."""
-    from test_kernels_gpu import _compare
 
     if (device, dtype, mask, bias_kind) == ("cuda", torch.bfloat16, "causal", "1hss"):
         # Strict: a fix makes this fail, and the note in docs/variants-and-kernels.md goes with it.
@@ -346,7 +345,7 @@ def test_flex_matches_math_by_the_kernel_rule_in_low_precision(device, dtype, ma
     got["dk"], got["dv"] = got["dk"].to(dtype), got["dv"].to(dtype)
     if bias is not None and bias.learnable:
         got["dbias"] = bias.close_grad()
-    failed = [p for p in (_compare(t, got[t], low[t], ref[t]) for t in ref) if p]
+    failed = [p for p in (kernel_rule_problem(t, got[t], low[t], ref[t]) for t in ref) if p]
     assert not failed, "flex breaks the rule: " + " | ".join(failed)
 
 

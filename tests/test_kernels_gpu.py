@@ -10,7 +10,7 @@ fp16 and fp32 that the kernel takes.
 The rule is FlashAttention's test rule: the reference is the math kernel on the same inputs in
 float64; the kernel's max error against it must be within twice the max error of the math kernel
 run in the same low dtype (float32 accumulation, one rounding to the dtype at the end), plus a
-small floor: ``FLOOR_ULPS`` of the dtype the tensor comes back in, units in the last place at the
+small floor: ``helpers.FLOOR_ULPS`` of the dtype the tensor comes back in, units in the last place at the
 largest reference value (1 for bf16 and fp16, whose error is the final rounding; 16 for float32,
 lse included, where the kernel's and the math kernel's sums over up to 1025 keys differ by a few
 ulps and the math kernel's own error is no wider). lse (float32 always) must be ``-inf`` exactly
@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from ringbench.variants.kernels import KERNELS
+from helpers import kernel_rule_problem
 
 Tensor = torch.Tensor
 
@@ -52,10 +53,6 @@ DOCS = {
     "rect": ((33, 257, 700), (97, 257, 1025)),
     "empty": ((0, 97, 64, 100), (50, 97, 0, 60)),
 }
-#: The floor of the rule, in units in the last place of the largest reference value, by the dtype
-#: a tensor comes back in. On an H200 (PyTorch 2.11, cuDNN 9.19) the worst ratio of error to
-#: allowance was 0.71 in bf16 and fp16 and 0.51 in float32 (torch-efficient's dq).
-FLOOR_ULPS = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 16}
 
 NO_CUDA_REASON = "no CUDA device is visible: these tests run the CUDA kernels on a GPU"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA_REASON)]
@@ -91,31 +88,6 @@ def _randn(*shape: int, dtype: torch.dtype, gen: torch.Generator) -> Tensor:
     return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
 
 
-def _compare(label: str, got: Tensor, low: Tensor, ref: Tensor) -> str | None:
-    """Print the kernel's and the low-precision math kernel's differences from the float64
-    reference; return why ``got`` breaks the rule, or ``None``."""
-    problems = []
-    neg_inf = torch.isneginf(ref)
-    if not torch.equal(torch.isneginf(got), neg_inf):
-        problems.append(f"-inf at {int((torch.isneginf(got) != neg_inf).sum())} positions that differ from the reference's")
-    finite = ~neg_inf
-    ref_f = ref[finite]
-    diff = (got.double()[finite] - ref_f).abs()
-    base = (low.double()[finite] - ref_f).abs()
-    if diff.numel() == 0:
-        print(f"{label:>4}: no finite reference values")
-        return "; ".join(problems) or None
-    ulp = torch.finfo(got.dtype).eps * max(float(ref_f.abs().max()), torch.finfo(got.dtype).tiny)
-    allowed = 2 * float(base.max()) + FLOOR_ULPS[got.dtype] * ulp
-    err = float(diff.max())  # nan where the kernel gave nan: fails below
-    print(f"{label:>4}: max {err:.3e} mean {float(diff.mean()):.3e} | math in {str(low.dtype)[6:]}: "
-          f"max {float(base.max()):.3e} mean {float(base.mean()):.3e} | allowed {allowed:.3e} "
-          f"(ratio {err / allowed:.2f}) | max|ref| {float(ref_f.abs().max()):.3e}")
-    if not err <= allowed:
-        problems.append(f"max error {err:.3e} > allowed {allowed:.3e}")
-    return f"{label}: " + "; ".join(problems) if problems else None
-
-
 def _check_contract(name: str, dtype: torch.dtype, q: Tensor, k: Tensor, out: Tensor, lse: Tensor,
                     grads: tuple[Tensor, Tensor, Tensor]) -> None:
     B, S, Hq, _ = q.shape
@@ -126,7 +98,7 @@ def _check_contract(name: str, dtype: torch.dtype, q: Tensor, k: Tensor, out: Te
 
 
 def _assert_rule(name: str, got: tuple, low: tuple, ref: tuple) -> None:
-    failed = [p for p in (_compare(t, g, lo, r) for t, g, lo, r in zip(("out", "lse", "dq", "dk", "dv"), got, low, ref))
+    failed = [p for p in (kernel_rule_problem(t, g, lo, r) for t, g, lo, r in zip(("out", "lse", "dq", "dk", "dv"), got, low, ref))
               if p]
     assert not failed, f"the {name} kernel breaks the rule: " + " | ".join(failed)
 
