@@ -652,6 +652,28 @@ def test_a_causal_call_of_few_heads_takes_a_measured_surface_of_its_own_heads():
         assert cal.kernel_ms("cpu", full, few) == pytest.approx(C.call_flops(full, few) / 100e12 * 1e3)
 
 
+def test_a_causal_call_of_few_heads_past_its_squares_takes_the_whole_shapes_rate():
+    """Past the largest square of a few-heads causal surface, whose rate rose between its last squares as
+    it filled the GPU, a call is priced by the surface of the most heads of the same GQA ratio (its rise
+    the diagonal's alone), not by the few-heads rise carried on (a Ulysses rank at 64k on the H100 was
+    priced 22% fast so). Up to that square the few-heads surface still prices it."""
+    from helpers import flat_calibration
+
+    whole, few = C.Shape(1, 32, 8, 128, 128, "bf16"), C.Shape(1, 4, 1, 128, 128, "bf16")
+    raw = flat_calibration(100e12, whole)
+    rising = flat_calibration(150e12, few)["kernels"]["cpu"]["surfaces"]
+    for surface in rising:  # half the rate below the largest square: a steep rise into it
+        for point in surface["points"]:
+            if point["q"] < 512:
+                point.update({key: 2 * point[key] for key in ("time_ms", "lo_ms", "hi_ms")})
+    raw["kernels"]["cpu"]["surfaces"] += [s for s in rising if s["mask"] == "causal"]
+    cal = C.from_dict(raw, "test")
+    for mode in C.MODES:
+        inside, past = (C.Call(mode, "causal", s, s, s * (s + 1) / 2) for s in (512, 4096))
+        assert cal.kernel_ms("cpu", inside, few) == pytest.approx(C.call_flops(inside, few) / 150e12 * 1e3)
+        assert cal.kernel_ms("cpu", past, few) == pytest.approx(C.call_flops(past, few) / 100e12 * 1e3)
+
+
 def test_a_causal_rate_past_the_largest_square_follows_the_diagonal_law():
     """calibration._causal_beyond: a rate that rose between the two largest causal squares goes on
     rising past them as r_inf (1 - c / s), never above r_inf; one that fell stays flat."""
