@@ -129,13 +129,15 @@ def _bias_mod(bias: PositionBias, q: Tensor, k: Tensor, block: Tensor | None):
         # tensor captured twice under two names (IndexError in its aliasing guard, torch 2.13).
         slopes, q_pos, k_pos = slopes.to(q.device, acc), bias.q_pos.to(q.device).clone(), bias.k_pos.to(q.device).clone()
 
+        # No cast back to score's dtype: flex traces score_mod with a score of q's dtype (bf16), and a
+        # cast in the graph would round the bias to bf16 inside the kernel, whose scores are float32.
         def alibi(score, b, h, i, j):
-            return score - (slopes[h] * (q_pos[i] - k_pos[j]).abs().to(acc)).to(score.dtype)
+            return score - slopes[h] * (q_pos[i] - k_pos[j]).abs().to(acc)
         return alibi
     nb, nh, nq = block.shape[:3]
 
     def learnable(score, b, h, i, j):
-        return score + block[b if nb > 1 else 0, h if nh > 1 else 0, i if nq > 1 else 0, j].to(score.dtype)
+        return score + block[b if nb > 1 else 0, h if nh > 1 else 0, i if nq > 1 else 0, j]
     return learnable
 
 
