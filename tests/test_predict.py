@@ -674,6 +674,52 @@ def test_a_causal_call_of_few_heads_past_its_squares_takes_the_whole_shapes_rate
         assert cal.kernel_ms("cpu", past, few) == pytest.approx(C.call_flops(past, few) / 100e12 * 1e3)
 
 
+def test_a_window_call_open_to_every_key_left_of_the_diagonal_is_priced_as_causal():
+    """A window call whose band reaches every key (a prefix mask's causal rows after the prompt: q <= k,
+    window >= k) is a causal call to the kernel and takes the causal rate; a narrow window keeps the
+    window surface's. (Priced at the widest measured band, W=1 prefix:8k at 64k came out 8% slow.)"""
+    from helpers import flat_calibration
+
+    shape = C.Shape(1, 32, 8, 128, 128, "bf16")
+    raw = flat_calibration(100e12, shape)
+    for mode in C.MODES:
+        points = []
+        for q in (64, 128, 256, 512):
+            for w in (32, 64, 128):
+                t = C.call_flops(C.Call(mode, "window", q, q, C.point_pairs("window", q, q, w)), shape) / 50e12 * 1e3
+                points.append({"q": q, "k": q, "window": w, "time_ms": t, "lo_ms": t, "hi_ms": t})
+        raw["kernels"]["cpu"]["surfaces"].append(C.surface_dict(mode, "window", shape, points))
+    cal = C.from_dict(raw, "test")
+    q, k = 384, 512
+    for mode in C.MODES:
+        open_band = C.Call(mode, "window", q, k, q * (k - q) + q * (q + 1) / 2, window=k)
+        assert cal.kernel_ms("cpu", open_band, shape) == pytest.approx(
+            C.call_flops(open_band, shape) / 100e12 * 1e3, rel=1e-9)
+        narrow = C.Call(mode, "window", 256, 256, C.point_pairs("window", 256, 256, 64), window=64)
+        assert cal.kernel_ms("cpu", narrow, shape) == pytest.approx(C.call_flops(narrow, shape) / 50e12 * 1e3)
+
+
+def test_a_causal_document_of_a_varlen_call_pays_its_own_diagonal():
+    """In one varlen call the call's rows set how full the GPU is, and each causal document pays the causal
+    square's share of the full rate at its own rows: short documents, whose diagonal tiles are a larger
+    share, cost more per FLOP than one long one (zigzag_varlen's 512-row pieces came out 10-19% fast)."""
+    from helpers import flat_calibration
+
+    shape = C.Shape(1, 32, 8, 128, 128, "bf16")
+    raw = flat_calibration(100e12, shape)
+    for surface in raw["kernels"]["cpu"]["surfaces"]:  # causal squares up to 64 rows at half the full rate
+        if surface["mask"] == "causal":
+            for point in surface["points"]:
+                if point["q"] <= 64:
+                    point.update({key: 2 * point[key] for key in ("time_ms", "lo_ms", "hi_ms")})
+    cal = C.from_dict(raw, "test")
+    for mode in C.MODES:
+        short = C.Call(mode, "causal", 512, 512, 8 * 64 * 65 / 2, docs=tuple((64, 64, 64 * 65 / 2) for _ in range(8)))
+        long = C.Call(mode, "causal", 512, 512, 512 * 513 / 2, docs=((512, 512, 512 * 513 / 2),))
+        assert cal.kernel_ms("cpu", short, shape) == pytest.approx(C.call_flops(short, shape) / 50e12 * 1e3)
+        assert cal.kernel_ms("cpu", long, shape) == pytest.approx(C.call_flops(long, shape) / 100e12 * 1e3)
+
+
 def test_a_causal_rate_past_the_largest_square_follows_the_diagonal_law():
     """calibration._causal_beyond: a rate that rose between the two largest causal squares goes on
     rising past them as r_inf (1 - c / s), never above r_inf; one that fell stays flat."""
