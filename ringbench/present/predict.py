@@ -51,8 +51,9 @@ def _path(record: dict) -> str:
 
 #: The footnote of an efficiency above 1 (docs/methodology.md, Efficiency, says more).
 EFFICIENCY_NOTE = ("* efficiency above 1: the reference is the same kernel on one rank's share of the sequence, run "
-                   "as one causal block, while a ring rank runs mostly full blocks, which the kernel runs at a "
-                   "higher rate; compare TFLOP/s per GPU (docs/methodology.md, Efficiency).")
+                   "as one causal block, while a rank runs other shapes that the kernel runs at a higher rate (a "
+                   "ring rank mostly full blocks, a Ulysses rank one causal call over the whole sequence at fewer "
+                   "heads); compare TFLOP/s per GPU (docs/methodology.md, Efficiency).")
 
 
 def efficiency_cell(value) -> str:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 import weakref
 
 import torch
@@ -62,14 +63,22 @@ def _compiled():
 
 
 def _flex(device: torch.device, dtype: torch.dtype):
-    from torch.nn.attention.flex_attention import flex_attention
     if device.type == "cuda" and dtype != torch.float64:
         _NOTES.add("flex: torch.compile(flex_attention), compiled on the first call of each block shape, "
                    "which the warm-up iterations keep out of the timed region")
         return _compiled()
     _NOTES.add(f"flex on {device.type} ({str(dtype).removeprefix('torch.')}): FlexAttention's eager, unfused "
                "fallback")
-    return flex_attention
+    return _eager
+
+
+def _eager(*args, **kwargs):
+    # The eager fallback is chosen here and named in the record's notes; torch's warning that it runs
+    # without torch.compile would only repeat that, in a dozen lines on every command's console.
+    from torch.nn.attention.flex_attention import flex_attention
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile", category=UserWarning)
+        return flex_attention(*args, **kwargs)
 
 
 def _causal_mod(b, h, i, j):
