@@ -340,8 +340,11 @@ def variants_command(
     from ringbench.present.formatting import compact_table, mask_column
     from ringbench.case.spec import detect_device
     from ringbench.variants import VARIANTS, list_variants
+    from ringbench.variants.kernels import KERNELS
 
     device, _ = detect_device()
+    # A varlen variant takes any kernel with a varlen form, so its column names them (flex has none).
+    varlen_kernels = [name for name, k in KERNELS.items() if k.varlen]
     rows = []
     for name in list_variants():
         v = VARIANTS[name]
@@ -350,7 +353,8 @@ def variants_command(
                      "form": "varlen" if v.varlen else "batch",
                      "masks": [m for m, ok in (("causal", v.causal), ("non-causal", v.non_causal)) if ok],
                      "any_mask": "mask" in v.options,
-                     "kernels": list(v.kernels) or None, "available": reason is None, "reason": reason,
+                     "kernels": list(v.kernels) or (varlen_kernels if v.varlen else None),
+                     "available": reason is None, "reason": reason,
                      "summary": v.summary})
     if json_out:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows))

@@ -565,3 +565,19 @@ def test_cli_two_mask_files_of_as_many_slices_read_apart_in_tables(harness, tmp_
         bare = masks.unnamed(record["spec"]["mask"])
         assert masks.build(bare, 96).slices == masks.build(record["spec"]["mask"], 96).slices
         assert record["case_id"] == CaseSpec.from_dict({**record["spec"], "mask": bare}).case_id()
+
+
+def test_cli_variants_names_the_kernels_a_varlen_variant_takes(tmp_path):
+    """A varlen variant's kernel column read "any", though flex has no varlen form and is refused there: it
+    names the kernels with one, and a batch variant of ours still reads any."""
+    from helpers import ringbench_here
+    from ringbench.variants.kernels import KERNELS
+
+    listing = ringbench_here("variants", "--json", cwd=tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    rows = {row["variant"]: row for row in map(json.loads, listing.stdout.splitlines())}
+    with_varlen = [name for name, kernel in KERNELS.items() if kernel.varlen]
+    assert "flex" not in with_varlen and "math" in with_varlen
+    for name in ("ring_varlen", "zigzag_varlen", "llama3_varlen", "ulysses_varlen", "usp_varlen"):
+        assert rows[name]["kernels"] == with_varlen, rows[name]
+    assert rows["zigzag"]["kernels"] is None
