@@ -750,3 +750,18 @@ def test_merges_beside_the_kernels_save_all_but_their_stolen_share():
     saved = in_line["per_rank_time_ms"][0] - beside["per_rank_time_ms"][0]
     assert saved == pytest.approx((1 - SIDE_SHARE) * sum(merges[:-1]), rel=1e-6)
     assert schedule.programs(spec)[0] == progs  # a cpu case merges in line
+
+
+def test_a_prediction_says_where_its_calls_are_past_the_calibrated_blocks():
+    """Calls with more rows than the calibration measured are priced by extrapolation, and the prediction
+    says so in a note naming both sizes; a case inside the measured blocks has no such note."""
+    cal = C.from_dict(_flat_calibration(), "test")  # blocks of 8 to 512 rows
+
+    def notes(seqlen: int) -> list[str]:
+        fields = predict_case(_spec("zigzag", 2, seqlen), calibration=cal, kernel="cpu", cluster=_cluster(2, 1e6))
+        return [n for n in fields["prediction"]["notes"] if "past the calibration's largest block" in n]
+
+    assert notes(512) == []
+    assert notes(4096) == ["calls of up to 2048 rows are past the calibration's largest block (512 rows): a causal "
+                           "call's rate there follows the diagonal's law through the two largest squares, any other "
+                           "takes the largest block's rate"]

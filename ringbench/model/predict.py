@@ -277,7 +277,7 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
             by_class[cls] = max(by_class.get(cls, 0.0), nbytes)
     fwd_ms = max((t.fwd_ms if t.fwd_ms is not None else t.total_ms) for t in mid) if spec.mode == "fwd_bwd" else time_ms
     parts = {p: mid[slowest].parts[p] for p in PARTS}
-    notes = _notes(spec, calibration, kernel)
+    notes = _notes(spec, calibration, kernel) + _past_grid_notes(progs[slowest], calibration, kernel)
     peak = memory.peak_gib(spec, ulysses_degree=layout.ulysses_degree)
     return {
         "predicted": True,
@@ -322,6 +322,23 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
             "notes": notes,
         },
     }
+
+
+def _past_grid_notes(program: list, cal: Calibration, kernel: str) -> list[str]:
+    """A note where the slowest rank's kernel calls have more rows than the calibration measured."""
+    kcal = cal.kernel(kernel)
+    beyond, largest = 0, 0
+    for op, shape in program:
+        if isinstance(op, schedule.Compute) and op.kind == "kernel":
+            surface, _ = kcal.surface(op.call.mode, op.call.mask, shape)
+            top = max(p["q"] for p in surface.points)
+            if op.call.q > top:
+                beyond, largest = max(beyond, op.call.q), top
+    if not beyond:
+        return []
+    return [f"calls of up to {beyond} rows are past the calibration's largest block ({largest} rows): a causal "
+            "call's rate there follows the diagonal's law through the two largest squares, any other takes "
+            "the largest block's rate"]
 
 
 def _notes(spec, cal: Calibration, kernel: str) -> list[str]:
