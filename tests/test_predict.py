@@ -765,3 +765,19 @@ def test_a_prediction_says_where_its_calls_are_past_the_calibrated_blocks():
     assert notes(4096) == ["calls of up to 2048 rows are past the calibration's largest block (512 rows): a causal "
                            "call's rate there follows the diagonal's law through the two largest squares, any other "
                            "takes the largest block's rate"]
+
+
+def test_a_cpu_calibration_says_its_link_is_assumed(tmp_path):
+    """A cpu calibration has no fabric row of its own, so the default NVLink row it is priced with is titled
+    as assumed, with the option that names a link; a GPU of the table keeps its own row's title."""
+    from ringbench.model.target import target
+
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(_flat_calibration()), encoding="utf-8")
+    cpu = target(gpu=None, calibrations=[path], cluster_file=None, gpus_per_node=4, nodes=None, fabric=None,
+                 dtype="fp32")
+    assert cpu.cluster(4).describe().endswith("(NVLink 4 (H100 and H200 SXM), assumed: no link is known for cpu; "
+                                              "pass --fabric)")
+    gpu = target(gpu="H100", calibrations=[], cluster_file=None, gpus_per_node=8, nodes=None, fabric=None,
+                 dtype="bf16")
+    assert "assumed" not in gpu.cluster(8).describe()

@@ -12,7 +12,7 @@ Torch-free. Source: issue 24.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
@@ -108,12 +108,20 @@ def target(*, gpu: Optional[str], calibrations: list[Path], cluster_file: Option
         a, b = _fabric_names(fabric)
         intra = link(a, table, link_class="intra-node")
         inter = link(b, table, link_class="inter-node") if b else None
-    intra = intra or given.get("intra") or _measured(calibration, "intra-node") or link(
-        (info.intra if info and info.intra else DEFAULT_INTRA), table)
-    inter = inter or given.get("inter") or _measured(calibration, "inter-node") or link(
-        (info.inter if info and info.inter else DEFAULT_INTER), table)
+    intra = intra or given.get("intra") or _measured(calibration, "intra-node") or _default(
+        info.intra if info and info.intra else None, DEFAULT_INTRA, table, name)
+    inter = inter or given.get("inter") or _measured(calibration, "inter-node") or _default(
+        info.inter if info and info.inter else None, DEFAULT_INTER, table, name)
     return Target(name, info, calibration, gpus_per_node or given.get("gpus_per_node"),
                   nodes or given.get("nodes"), intra, inter, uuid.uuid4().hex)
+
+
+def _default(own: Optional[str], fallback: str, table: dict, gpu: str) -> Link:
+    """The GPU's own fabric row, or ``fallback``'s, titled as assumed (a cpu calibration has no link)."""
+    if own:
+        return link(own, table)
+    row = link(fallback, table)
+    return replace(row, title=f"{row.title}, assumed: no link is known for {gpu}; pass --fabric")
 
 
 def _measured(cal: Calibration, link_class: str) -> Link | None:
