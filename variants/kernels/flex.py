@@ -67,8 +67,9 @@ def _flex(device: torch.device, dtype: torch.dtype):
         _NOTES.add("flex: torch.compile(flex_attention), compiled on the first call of each block shape, "
                    "which the warm-up iterations keep out of the timed region")
         return _compiled()
-    _NOTES.add(f"flex on {device.type} ({str(dtype).removeprefix('torch.')}): FlexAttention's eager, unfused "
-               "fallback")
+    _NOTES.add("flex on cpu: FlexAttention's eager, unfused fallback (bf16 and fp16 inputs as float32 copies)"
+               if device.type == "cpu" else
+               f"flex on {device.type} ({str(dtype).removeprefix('torch.')}): FlexAttention's eager, unfused fallback")
     return _eager
 
 
