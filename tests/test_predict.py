@@ -781,3 +781,23 @@ def test_a_cpu_calibration_says_its_link_is_assumed(tmp_path):
     gpu = target(gpu="H100", calibrations=[], cluster_file=None, gpus_per_node=8, nodes=None, fabric=None,
                  dtype="bf16")
     assert "assumed" not in gpu.cluster(8).describe()
+
+
+def test_an_emulated_rank_pays_the_copies_that_stand_for_its_collectives():
+    """run --emulate makes a rank's collectives device copies on its compute stream: an all-gather copies every
+    member's shard (read and written), a reduce-scatter its own shard, and an all-to-all is one cat in place of
+    the packing copy, the exchange and the joining copy (one of the two copies around it comes off); the ring's
+    point-to-point copies run on a side stream and add nothing."""
+    from ringbench.model.predict import emulated_copies_ms
+
+    raw = _flat_calibration()
+    raw["overheads"]["copy"] = {"fixed_ms": 0.01, "gib_s": 1.0, "host_ms": 0.0}
+    cal = C.from_dict(raw, "test")
+    gib = 2 ** 30
+    group = (0, 1, 2, 3)
+    program = [(schedule.Post("g", "all_gather", "fwd", 0, gib / 8, group), None),
+               (schedule.Post("r", "reduce_scatter", "bwd", 0, gib / 4, group), None),
+               (schedule.Post("a", "all_to_all", "fwd", 0, gib / 2, group), None),
+               (schedule.Post("p", "p2p", "fwd", 0, gib, group, 1, 3), None)]
+    # 0.01 ms + 1 s per GiB moved: 2 x 4 x 1/8, 2 x 1/4, and minus 2 x 1/2 GiB.
+    assert emulated_copies_ms(program, cal) == pytest.approx((0.01 + 1e3) + (0.01 + 500) - (0.01 + 1e3))

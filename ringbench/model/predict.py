@@ -307,7 +307,8 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
             "slowest_rank": slowest,
             "busy_max_over_mean": max(busy) / (sum(busy) / W) if sum(busy) > 0 else None,
             # Each rank alone, with free and instant transfers: what run --emulate measures.
-            "compute_only_ms": max(t.parts["compute"] + t.parts["overhead"] for t in mid),
+            "compute_only_ms": max(t.parts["compute"] + t.parts["overhead"] + emulated_copies_ms(prog, calibration)
+                                   for t, prog in zip(mid, progs)),
             "bytes_by_link_class": by_class,
             "interval": {"time_ms": interval, "tflops_per_gpu": [tflops(interval[1]), tflops(interval[0])],
                          "efficiency": [eff_lo, eff_hi]},
@@ -322,6 +323,27 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
             "notes": notes,
         },
     }
+
+
+def emulated_copies_ms(program: list, cal: Calibration) -> float:
+    """What ``run --emulate`` adds to a rank's compute and overhead for its collectives, ms
+    (``variants/instruments/emulation.py``, on the compute stream): an all-gather copies every
+    member's shard into place and a reduce-scatter its own shard, each read and written; an
+    all-to-all is one ``torch.cat`` of the parts in place of ``engines.comm.all_to_all``'s packing
+    copy, the exchange and its joining copy, so one of the two copies the program holds around it
+    (``schedule.ulysses_program``'s ``swap``) comes off. The ring's point-to-point copies run beside
+    the compute (a side stream) and add nothing."""
+    total = 0.0
+    for op, _ in program:
+        if not isinstance(op, schedule.Post):
+            continue
+        if op.op == "all_gather":
+            total += cal.overhead_ms("copy", 2 * len(op.group) * op.nbytes)
+        elif op.op == "reduce_scatter":
+            total += cal.overhead_ms("copy", 2 * op.nbytes)
+        elif op.op == "all_to_all":
+            total -= cal.overhead_ms("copy", 2 * op.nbytes)
+    return total
 
 
 def _past_grid_notes(program: list, cal: Calibration, kernel: str) -> list[str]:
