@@ -512,6 +512,7 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     target, and the model's refusals of the others (``schedule.refusal``: a peer, a mask an engine's
     steps are not walked under), one sentence each; every case refused is refused with the first."""
     from ringbench.model import schedule
+    from ringbench.case.spec import kernel_refusal
     from ringbench.model.target import world_sizes
     from ringbench.sweep import build
 
@@ -537,6 +538,14 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
             refused.append(reason)
             continue
         tgt.kernel(spec.kernel)  # a kernel the calibration lacks is refused here, before any prediction
+        if spec.kernel == "auto":
+            # auto: the first calibrated kernel that takes the case, as run's auto takes the first available one.
+            reasons = {name: kernel_refusal(spec, name) for name in tgt.calibration.kernels}
+            takes = [name for name, why in reasons.items() if why is None]
+            if not takes:
+                refused.append(next(iter(reasons.values())))
+                continue
+            spec = spec.replace(kernel=takes[0])
         kept.append(spec)
     if not kept:
         raise SpecError(refused[0])

@@ -801,3 +801,19 @@ def test_an_emulated_rank_pays_the_copies_that_stand_for_its_collectives():
                (schedule.Post("p", "p2p", "fwd", 0, gib, group, 1, 3), None)]
     # 0.01 ms + 1 s per GiB moved: 2 x 4 x 1/8, 2 x 1/4, and minus 2 x 1/2 GiB.
     assert emulated_copies_ms(program, cal) == pytest.approx((0.01 + 1e3) + (0.01 + 500) - (0.01 + 1e3))
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--gpu", "V100"), "gpu V100 has no dense bf16 peak in the peaks table (ringbench/model/gpus.toml), so no "
+                        "calibration can be scaled to it; pass --dtype fp16, or a calibration file of it"),
+    (("--gpu", "H100", "--dtype", "fp64"), "dtype fp64 is not supported by the flash-attn-4 kernel, which takes bf16 "
+                                           "and fp16; pass --dtype bf16"),
+    (("--gpu", "H100", "--head-dim", "512"), "head_dim 512 exceeds 256, the largest the flash-attn-4 kernel takes; "
+                                             "pass another --head-dim or --kernel"),
+])
+def test_predict_refuses_what_no_calibrated_kernel_or_peak_takes(tmp_path, args, says):
+    """A GPU with no peak in the case's dtype (V100 in bf16) was a traceback; --kernel auto priced fp64 or a
+    512-wide head on flash-attn-4, which refuses both when named. Each is now one sentence, exit 2."""
+    res = ringbench_here("predict", "--variant", "zigzag", "--world-size", "8", "--seqlen", "64k", *args, cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.strip() == says

@@ -306,17 +306,23 @@ def _named_kernel(name: str):
         raise SpecError(str(exc)) from None
 
 
-def _check_kernel(spec: CaseSpec, kernel) -> None:
-    """Refuse a kernel that cannot take ``spec``'s device, head dim, dtype or packed documents
-    (the rules of ``variants.kernels.check_kernel``, the ones ``auto`` resolves by)."""
+def kernel_refusal(spec: CaseSpec, name: str) -> str | None:
+    """Why the kernel ``name`` cannot take ``spec``'s device, head dim, dtype, packed documents, window,
+    mask, bias or max logit (``variants.kernels.check_kernel``'s rules, the ones ``auto`` resolves
+    by), in one sentence, or None."""
     import torch
 
     from ringbench.variants.kernels import check_kernel
 
-    reason = check_kernel(kernel, spec.device, dtype=getattr(torch, DTYPES[spec.dtype]), head_dim=spec.head_dim,
-                          head_dim_v=spec.value_head_dim(), varlen=get_variant(spec.variant).varlen,
-                          window=bool(spec.window), mask=masks.label(spec.mask) if spec.mask else "",
-                          bias=spec.bias, max_logit=spec.max_logit)
+    return check_kernel(_named_kernel(name), spec.device, dtype=getattr(torch, DTYPES[spec.dtype]),
+                        head_dim=spec.head_dim, head_dim_v=spec.value_head_dim(),
+                        varlen=get_variant(spec.variant).varlen, window=bool(spec.window),
+                        mask=masks.label(spec.mask) if spec.mask else "", bias=spec.bias, max_logit=spec.max_logit)
+
+
+def _check_kernel(spec: CaseSpec, kernel) -> None:
+    """Refuse a kernel that cannot take ``spec`` (:func:`kernel_refusal`'s rules)."""
+    reason = kernel_refusal(spec, kernel.name)
     if reason:
         raise SpecError(reason)
 

@@ -97,6 +97,9 @@ def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tu
         raise SpecError(f"no GPU calibration is at hand to derive {target.name} from; run ringbench calibrate on a "
                         "GPU and pass the file with --calibration")
     want = _peak(target.datasheet, dtype)
+    if not want:
+        raise SpecError(f"gpu {target.name} has no dense {dtype} peak in the peaks table (ringbench/model/gpus.toml), "
+                        "so no calibration can be scaled to it; pass --dtype fp16, or a calibration file of it")
     import math
 
     cal, sheet = min(known, key=lambda cs: abs(math.log(_peak(cs[1], dtype) / want)))
