@@ -602,6 +602,8 @@ def test_advise_refuses_a_top_below_one_and_exits_2_when_every_candidate_is_refu
     res = _advise(tmp_path, "--world-size", "3")  # 1k tokens: no multiple of 3 (nor of 6) to cut
     assert res.returncode == 2, res.stdout
     assert res.stderr.strip().startswith("every one of the ") and "so nothing was ranked" in res.stderr
+    # Nothing was dropped for memory, so the table's verdict says refused, not "no candidate fits".
+    assert "Every candidate was refused" in res.stdout and "fits in the GPU's memory" not in res.stdout
 
 
 def test_advise_offers_no_layout_that_needs_a_mask_it_cannot_take():

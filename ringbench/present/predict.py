@@ -191,8 +191,10 @@ def print_advice(ranked: list, console: Console | None = None, *, top: int, clus
             console.print(Text(f"  {c.commands['run']}"))
         if "NODE_RANK" in best.commands["run"]:
             console.print(Text("  (on every node, NODE_RANK its index and HOST node 0's address)", style="dim"))
-    else:
+    elif any(c.record for c in ranked):
         console.print(Text("No candidate fits in the GPU's memory.", style="red"))
+    else:
+        console.print(Text("Every candidate was refused (reasons below).", style="red"))
     dropped = [c for c in ranked if c.record and not c.fits]
     for c in dropped:
         console.print(Text(f"dropped: {c.label}: {c.reason}", style="yellow"))
