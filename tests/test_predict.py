@@ -266,7 +266,8 @@ def test_predict_json_records_are_marked_predicted(tmp_path):
     assert rec["spec"]["world_size"] == 2 and rec["kernel"] == "cpu"
     m = 256
     assert rec["time_ms"] == pytest.approx(_ms(m * (m + 1) / 2) + _ms(m * m), rel=1e-4)
-    assert rec["prediction"]["validated_error"].startswith("not yet within its bounds")
+    # A cpu calibration's records are checked nowhere, and the prediction says so.
+    assert rec["prediction"]["validated_error"].startswith("not validated on cpu")
 
 
 @pytest.mark.slow
@@ -575,20 +576,31 @@ def test_advise_asks_git_once_and_predicts_with_the_collector_paused(tmp_path, m
     assert collecting and not any(collecting) and gc.isenabled()
 
 
-def test_the_models_error_is_check_a_measured_median_never_below_its_bound(tmp_path, monkeypatch):
-    """advise widens by what validation measured (8% today), not by the 3% it is held to; a missing
-    or smaller measurement falls back to the bound, and predict's note gives the numbers."""
+def test_the_models_error_is_its_devices_measured_median_never_below_its_bound(tmp_path, monkeypatch):
+    """advise widens by what validation measured on the calibration's own device (or on the device a
+    derived calibration comes from, saying so), not by the 3% it is held to, nor by another card's check;
+    a missing or smaller measurement falls back to the bound, and predict's note gives the numbers."""
     from ringbench.model import predict as pr
 
+    def cal(device, derived_from=None):
+        return C.from_dict({**_flat_calibration(), "device": device, "device_type": "cuda"}, "test") if not \
+            derived_from else C.derive(cal(derived_from), device, rate_scale=1.0, memory_scale=1.0)
+
+    a, b = cal("GPU A"), cal("GPU B")
     monkeypatch.setattr(pr, "VALIDATED", tmp_path / "validated.json")
-    assert pr.model_error() == pr.MEDIAN_BOUND and pr.validated_error().startswith("not validated")
-    (tmp_path / "validated.json").write_text(json.dumps({"median_error": 0.08, "worst_error": 2.9, "records": 42,
-                                                         "median_bound": 0.03, "worst_bound": 0.08, "passed": False}))
-    assert pr.model_error() == 0.08
-    assert "median error of 8.0% and a worst of 290.0% over 42" in pr.validated_error()
-    (tmp_path / "validated.json").write_text(json.dumps({"median_error": 0.01, "worst_error": 0.05, "records": 40,
-                                                         "passed": True}))
-    assert pr.model_error() == pr.MEDIAN_BOUND and pr.validated_error().startswith("within its bounds")
+    assert pr.model_error(a) == pr.MEDIAN_BOUND and pr.validated_error(a).startswith("not validated on GPU A")
+    check = {"check": "a", "median_bound": 0.03, "worst_bound": 0.08}
+    (tmp_path / "validated.json").write_text(json.dumps({"checks": [
+        {**check, "device": "GPU A", "median_error": 0.08, "worst_error": 2.9, "records": 42, "passed": False},
+        {**check, "device": "GPU B", "median_error": 0.01, "worst_error": 0.05, "records": 40, "passed": True}]}))
+    assert pr.model_error(a) == 0.08 and pr.model_error(b) == pr.MEDIAN_BOUND
+    assert "on GPU A finds a median error of 8.0% and a worst of 290.0% over 42" in pr.validated_error(a)
+    assert pr.validated_error(b).startswith("within its bounds")
+    derived = cal("GPU C", derived_from="GPU B")
+    assert pr.model_error(derived) == pr.MEDIAN_BOUND
+    assert "(this calibration is derived from it, and not checked itself)" in pr.validated_error(derived)
+    assert pr.validated_error(derived).startswith("not yet within its bounds")
+    assert pr.model_error() == 0.08  # no calibration: the largest of every check's
 
 
 def test_advise_refuses_a_top_below_one_and_exits_2_when_every_candidate_is_refused(tmp_path):

@@ -62,13 +62,14 @@ class Candidate:
     reason: str = ""
     commands: dict = field(default_factory=dict)
     tied: bool = False
+    error: float = 0.0  # the model's own error for its calibration (predict.model_error), set by advise
 
     @property
     def band(self) -> tuple[float, float]:
         """Its time's interval (ms): the calibration's 10th to 90th percentile calls, widened by the
         model's own error (:func:`predict.model_error`); what ranking compares."""
         lo, hi = self.record["prediction"]["interval"]["time_ms"]
-        error = model_error()
+        error = self.error or model_error()
         return lo * (1 - error), hi * (1 + error)
 
     @property
@@ -233,6 +234,7 @@ def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target,
             from ringbench.records.build import build as build_record
 
             c.record = build_record(spec, run_id=tgt.run_id, status="ok", fields=fields, env=tgt.env())
+            c.error = model_error(tgt.calibration)
             c.fits = memory_gib is None or c.record["peak_allocated_gib"] <= MEMORY_SHARE * memory_gib
     ranked = rank(cands)
     for c in cands:
@@ -252,7 +254,7 @@ def entry(c: Candidate, rank: Optional[int]) -> dict[str, Any]:
     return {"rank": rank, "candidate": c.label, "fields": c.fields, "placement": c.placement,
             "refused": c.refusal, "fits": c.fits if c.record else None, "reason": c.reason or c.refusal,
             "tied_with_best": c.tied if ranked else None, "interval_ms": list(c.band) if ranked else None,
-            "model_error": model_error() if ranked else None, "prediction": c.record,
+            "model_error": (c.error or model_error()) if ranked else None, "prediction": c.record,
             "commands": c.commands or None}
 
 

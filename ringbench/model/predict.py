@@ -46,24 +46,50 @@ def _validated() -> dict:
         return {}
 
 
-def model_error() -> float:
+def _checks() -> list[dict]:
+    """The checks ``validated.json`` holds, one per device with a check of its own records."""
+    checks = _validated().get("checks")
+    return [c for c in checks if isinstance(c, dict) and isinstance(c.get("median_error"), (int, float))
+            and isinstance(c.get("worst_error"), (int, float))] if isinstance(checks, list) else []
+
+
+def _check_of(cal: Calibration | None) -> tuple[dict | None, str | None]:
+    """The check of ``cal``'s device (of the device it was derived from, for a derived one), and that
+    device's name where it is another's; (None, None) where none was made."""
+    if cal is None:
+        return None, None
+    device = cal.derived_from or cal.device
+    check = next((c for c in _checks() if c.get("device") == device), None)
+    return check, (device if cal.derived_from else None)
+
+
+def model_error(cal: Calibration | None = None) -> float:
     """The model's own relative error that advise widens each interval by before it calls one
-    candidate faster than another: check (a)'s measured median error (``validated.json``), or
-    :data:`MEDIAN_BOUND` where the measurement is smaller or missing, never less than the bound."""
-    measured = _validated().get("median_error")
-    return max(MEDIAN_BOUND, float(measured)) if isinstance(measured, (int, float)) else MEDIAN_BOUND
+    candidate faster than another: the measured median error of the check of ``cal``'s device
+    (``validated.json``; the largest of every check's where that device has none, or no ``cal``
+    is given), never less than :data:`MEDIAN_BOUND`."""
+    check, _ = _check_of(cal)
+    medians = [check["median_error"]] if check else [c["median_error"] for c in _checks()]
+    return max([MEDIAN_BOUND, *map(float, medians)])
 
 
-def validated_error() -> str:
-    """What ``prediction.validated_error`` says: check (a)'s result in numbers, and how to read the figures."""
-    v = _validated()
-    if not isinstance(v.get("median_error"), (int, float)) or not isinstance(v.get("worst_error"), (int, float)):
-        return "not validated: docs/validation.md has no result for check (a), so read every figure as an estimate"
-    found = (f"docs/validation.md's check (a) finds a median error of {100 * v['median_error']:.1f}% and a worst of "
-             f"{100 * v['worst_error']:.1f}% over {v.get('records')} measured records")
-    if v.get("passed"):
+def validated_error(cal: Calibration | None = None) -> str:
+    """What ``prediction.validated_error`` says: the result of docs/validation.md's check of ``cal``'s
+    device in numbers (of the device it was derived from, saying so), and how to read the figures."""
+    check, source = _check_of(cal)
+    if check is None:
+        where = f" on {cal.device}" if cal is not None else ""
+        return (f"not validated{where}: docs/validation.md checks no records of its calibration, so read every "
+                "figure as an estimate")
+    found = (f"docs/validation.md's check ({check.get('check')}) on {check['device']} finds a median error of "
+             f"{100 * check['median_error']:.1f}% and a worst of {100 * check['worst_error']:.1f}% over "
+             f"{check.get('records')} measured records")
+    if source:
+        found += " (this calibration is derived from it, and not checked itself)"
+    if check.get("passed") and not source:
         return f"within its bounds: {found}"
-    bounds = f"median {100 * v.get('median_bound', MEDIAN_BOUND):g}%, worst {100 * v.get('worst_bound', 0):g}%"
+    bounds = (f"median {100 * check.get('median_bound', MEDIAN_BOUND):g}%, "
+              f"worst {100 * (check.get('worst_bound') or 0):g}%")
     return f"not yet within its bounds ({bounds}): {found}, so read every figure as an estimate"
 
 
@@ -319,7 +345,7 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
             "calibration": calibration.provenance(),
             "cluster": cluster.describe(),
             "memory": "estimated from shapes (ringbench/model/memory.py)",
-            "validated_error": validated_error(),
+            "validated_error": validated_error(calibration),
             "notes": notes,
         },
     }

@@ -159,10 +159,12 @@ def print_advice(ranked: list, console: Console | None = None, *, top: int, clus
                       number(r["peak_allocated_gib"], ".1f"), c.reason)
     console.print(Text(cluster, style="bold"))
     console.print(table)
-    error = f"{100 * model_error():.1f}%"
+    priced = next((c for c in ranked if c.record), None)
+    error = f"{100 * (priced.error if priced and priced.error else model_error()):.1f}%"
     notes = [f"intervals: the calibration's 10th to 90th percentile calls, widened by the model's own error "
-             f"({error}: the median of docs/validation.md's check (a), or its 3% bound if larger); the model is "
-             f"{validated_error()}."]
+             f"({error}: the median of docs/validation.md's check of this GPU's calibration, or its 3% bound if "
+             f"larger); the model is "
+             f"{(priced.record['prediction'].get('validated_error') if priced else None) or validated_error()}."]
     if any(c.tied for c in shown):
         notes.append("=: tied with #1, its interval overlapping #1's; the model cannot order them.")
     if any((c.record["efficiency"] or 0) > 1 for c in shown):
