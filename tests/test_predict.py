@@ -831,3 +831,14 @@ def test_predict_refuses_what_no_calibrated_kernel_or_peak_takes(tmp_path, args,
     res = ringbench_here("predict", "--variant", "zigzag", "--world-size", "8", "--seqlen", "64k", *args, cwd=tmp_path)
     assert res.returncode == 2, res.stdout + res.stderr
     assert res.stderr.strip() == says
+
+
+@pytest.mark.parametrize("peer, ours", [("rfa_ring", "ring"), ("rfa_stripe", "stripe"), ("yc_ulysses", "ulysses"),
+                                        ("yc_usp", "usp"), ("yc_ring", "zigzag"), ("torch_cp", "zigzag"),
+                                        ("rfa_llama3_varlen", "llama3_varlen")])
+def test_a_peers_refusal_names_the_ringbench_variant_to_predict_instead(peer, ours):
+    """The refusal named a layout as if it were a variant ("ringbench's contiguous variant"); it names the
+    ringbench variant of the peer's own name and layout, or else of its layout, form and Ulysses use."""
+    extra = {"docs": "512,512"} if peer.endswith("varlen") else {}
+    reason = schedule.refusal(_spec(peer, 2, 1024, **extra))
+    assert reason.endswith(f"predict ringbench's {ours} instead, of the same layout"), reason

@@ -573,6 +573,17 @@ def mask_refusal(spec) -> str | None:
     return reason
 
 
+def _own_twin(peer) -> str:
+    """The ringbench variant closest to ``peer``: its own name without the library's prefix where that is one
+    of the same layout, else the first of the same layout, form and Ulysses use."""
+    from ringbench.variants import VARIANTS, list_variants
+
+    ours = [VARIANTS[n] for n in list_variants() if not VARIANTS[n].peer]
+    named = [v for v in ours if v.name == peer.name.split("_", 1)[-1] and v.layout == peer.layout]
+    alike = [v for v in ours if (v.layout, v.varlen, bool(v.ulysses)) == (peer.layout, peer.varlen, bool(peer.ulysses))]
+    return (named or alike or [VARIANTS["zigzag"]])[0].name
+
+
 def refusal(spec) -> str | None:
     """Why the model cannot walk ``spec``'s schedule, in one sentence, or ``None``."""
     variant = VARIANTS.get(spec.variant)
@@ -580,8 +591,8 @@ def refusal(spec) -> str | None:
         return f"variant {spec.variant!r} is not one the model knows"
     if variant.peer:
         return (f"{spec.variant} is a peer, and its schedule is its own library's code, not a ringbench plan the "
-                f"model can walk, so it is not predicted; predict ringbench's {variant.layout} variant of the same "
-                "layout instead")
+                f"model can walk, so it is not predicted; predict ringbench's {_own_twin(variant)} instead, of the "
+                "same layout")
     reason = mask_refusal(spec)
     if reason:
         return reason
