@@ -581,3 +581,14 @@ def test_cli_variants_names_the_kernels_a_varlen_variant_takes(tmp_path):
     for name in ("ring_varlen", "zigzag_varlen", "llama3_varlen", "ulysses_varlen", "usp_varlen"):
         assert rows[name]["kernels"] == with_varlen, rows[name]
     assert rows["zigzag"]["kernels"] is None
+
+
+def test_predicts_option_help_keeps_ranges_and_ellipses_whole():
+    """predict's option texts drop their sentences about --scenario, and the split at full stops took
+    "p - L + 1 .. p" and "type;..." for sentence ends, printing "p - L + 1 . p" and "type;."."""
+    from ringbench.case import fields, options
+
+    texts = {name: options._option_help(fields.BY_NAME[name], scenario=False) for name in ("mask", "bias", "window")}
+    assert "p - L + 1 .. p" in texts["mask"] and "type;..." in texts["mask"] and "scenario" not in texts["mask"]
+    assert "h = 0 .. H-1" in texts["bias"]
+    assert ". ." not in " ".join(texts.values()) and "...." not in " ".join(texts.values())

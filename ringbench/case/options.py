@@ -67,10 +67,12 @@ def _option_help(field: fields.Field, scenario: bool = True) -> str:
         # Clauses (after "; ") or whole sentences about scenarios; "Default: none; run needs one or
         # --scenario" keeps "Default: none."
         kept = []
-        for sentence in re.split(r"(?<=\.) ", text):
-            clauses = [c for c in sentence.rstrip(".").split("; ") if "scenario" not in c]
+        # A sentence ends at one full stop before a capital ("p - L + 1 .. p" and "type;..." stay whole).
+        for sentence in re.split(r"(?<=[^.]\.) (?=[A-Z])", text):
+            stop = sentence.endswith(".") and not sentence.endswith("..")
+            clauses = [c for c in (sentence[:-1] if stop else sentence).split("; ") if "scenario" not in c]
             if clauses:
-                kept.append("; ".join(clauses) + ".")
+                kept.append("; ".join(clauses) + ("." if stop else ""))
         text = " ".join(kept)
     return text
 
