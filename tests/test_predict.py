@@ -842,3 +842,16 @@ def test_a_peers_refusal_names_the_ringbench_variant_to_predict_instead(peer, ou
     extra = {"docs": "512,512"} if peer.endswith("varlen") else {}
     reason = schedule.refusal(_spec(peer, 2, 1024, **extra))
     assert reason.endswith(f"predict ringbench's {ours} instead, of the same layout"), reason
+
+
+def test_predict_and_advise_refuse_more_ranks_than_the_model_walks(tmp_path):
+    """4096 ranks ran for minutes and were killed for memory at 23 GB (the walk grows with the square of
+    the ranks): above MAX_RANKS both commands refuse in one sentence, exit 2, before walking anything."""
+    from ringbench.model.target import MAX_RANKS
+
+    for command in (("predict", "--variant", "ring"), ("advise", "--preset", "llama3-70b")):
+        res = ringbench_here(*command, "--gpu", "H100", "--nodes", str(2 * MAX_RANKS // 8), "--seqlen", "16M",
+                             cwd=tmp_path)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert res.stderr.strip().startswith(f"world_size {2 * MAX_RANKS} is above {MAX_RANKS}, the most ranks the "
+                                             "model walks"), res.stderr

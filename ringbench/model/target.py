@@ -25,6 +25,8 @@ from ringbench.model.gpus import Gpu, calibration_for
 
 #: Where a cluster's shape comes from when nothing is given: one node of 8 GPUs.
 DEFAULT_GPUS_PER_NODE, DEFAULT_NODES = 8, 1
+#: The most ranks predict and advise walk (a 1024-rank ring took about 100 s and 4 GB on one CPU core).
+MAX_RANKS = 1024
 #: The links of a GPU that ``gpus.toml`` does not know.
 DEFAULT_INTRA, DEFAULT_INTER = "nvlink4", "ib-ndr"
 
@@ -144,9 +146,13 @@ def world_sizes(given: Optional[list[int]], tgt: Target) -> list[int]:
             that disagrees with ``--nodes``.
     """
     per = tgt.gpus_per_node or DEFAULT_GPUS_PER_NODE
-    if not given:
-        return [per * (tgt.nodes or DEFAULT_NODES)]
+    given = list(given or [per * (tgt.nodes or DEFAULT_NODES)])
     for w in given:
+        if w > MAX_RANKS:
+            raise SpecError(f"world_size {w} is above {MAX_RANKS}, the most ranks the model walks: it steps "
+                            "through every rank's plan, whose ring steps grow with the ranks, so time and memory "
+                            f"grow with their square (minutes and GBs past {MAX_RANKS}); pass --world-size or "
+                            f"--nodes for {MAX_RANKS} GPUs or fewer")
         if w > per and w % per:
             raise SpecError(f"world_size {w} is more than one node of {per} GPUs but not a multiple of "
                             f"gpus_per_node {per}, and every node holds gpus_per_node ranks; pass --world-size "
@@ -154,4 +160,4 @@ def world_sizes(given: Optional[list[int]], tgt: Target) -> list[int]:
         if tgt.nodes is not None and w != per * tgt.nodes:
             raise SpecError(f"world_size {w} disagrees with nodes {tgt.nodes} x gpus_per_node {per} = "
                             f"{per * tgt.nodes}; pass one of --world-size and --nodes")
-    return list(given)
+    return given
