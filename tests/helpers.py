@@ -430,3 +430,55 @@ def kernel_rule_problem(label: str, got, low, ref) -> str | None:
     if not err <= allowed:
         problems.append(f"max error {err:.3e} > allowed {allowed:.3e}")
     return f"{label}: " + "; ".join(problems) if problems else None
+
+
+#: The modules whose ``ringbench verify`` commands are pooled (:class:`CliVerifyPool`): module name ->
+#: ``cases(world_size)``, the cases that module's commands build at that world size (``[]``: none there).
+POOLED_CLI_VERIFY: dict = {}
+
+
+def pool_cli_verify(module: str, cases) -> None:
+    """Put a module's ``ringbench verify`` cases in the session's pool (:class:`CliVerifyPool`), at its import."""
+    POOLED_CLI_VERIFY[module] = cases
+
+
+def scenario_text_cases(text: str) -> list:
+    """The cases ``ringbench verify --scenario`` builds from a scenario file of ``text``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "scenario.toml"
+        path.write_text(text)
+        return scenario_cases("verify", path)
+
+
+class CliVerifyPool:
+    """Every pooled module's ``ringbench verify`` cases of one world size in one command of this session.
+
+    Each module's cases all pass (its command exited 0), so together they exit 0 too: one launch per world
+    size, not one per module and world size (a launch's start, torchrun and every rank importing torch, is
+    most of such a command). The command line still runs in full (``--scenario`` of exactly those cases,
+    :func:`scenario_of`), and the cases of modules the session does not run are left out.
+    ``get(module, world_size)``: ``{"result": the command's CompletedProcess, "records": that module's
+    records, in its case order (None where one is missing)}``.
+    """
+
+    def __init__(self, session, folder):
+        self.session, self.folder, self.done = session, folder, {}
+
+    def get(self, module: str, world_size: int) -> dict:
+        if world_size not in self.done:
+            running = {item.module.__name__ for item in self.session.items}
+            folder = self.folder.mktemp(f"cli_verify_w{world_size}")
+            wanted = {name: cases(world_size) for name, cases in POOLED_CLI_VERIFY.items()
+                      if name in running or name == module}
+            joined = list({c.case_id(): c for cases in wanted.values() for c in cases}.values())
+            scenario = folder / "pool.toml"
+            scenario.write_text(scenario_of(joined, f"the pooled verify cases at world size {world_size}"))
+            assert [c.case_id() for c in scenario_cases("verify", scenario)] == [c.case_id() for c in joined]
+            result = ringbench_here("verify", "--scenario", str(scenario), "--out", str(folder), cwd=folder)
+            written = folder / "verify.jsonl"
+            records = {r["case_id"]: r for r in read_jsonl(written)} if written.exists() else {}
+            self.done[world_size] = (result, records, wanted)
+        result, records, wanted = self.done[world_size]
+        return {"result": result, "records": [records.get(c.case_id()) for c in wanted[module]]}

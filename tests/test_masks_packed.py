@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import command_cases, read_jsonl, ringbench_here, scenario_cases, scenario_of
+from helpers import command_cases, pool_cli_verify, read_jsonl, ringbench_here
 from ringbench.case import work
 from ringbench.case.spec import CaseSpec, SpecError, default_fields, pack_documents, resolve_docs, resolve_mask
 from ringbench.sweep import build
@@ -196,22 +196,26 @@ def test_the_issues_commands_now_run(tmp_path):
     assert done.returncode == 2 and "use a batch variant" in done.stderr, done.stdout + done.stderr
 
 
+def _composed_cases() -> list:
+    """The two verify commands' cases, as the command line builds them."""
+    common = {"device": "cpu", "kernel": "math", "docs": "96,64,96", "seqlen": 256, "world_size": [4], "head_dim": 16}
+    return command_cases("verify", {**common, "variant": ["zigzag", "usp"], "mask": "prefix:16", "sink": "learnable",
+                                    "bias": "1hss", "heads": 4}) + \
+        command_cases("verify", {**common, "variant": ["ring"], "layout": "balanced", "heads": 2})
+
+
+# The session's pooled verify command of world size 4 runs them (helpers.CliVerifyPool).
+pool_cli_verify(__name__, lambda world_size: _composed_cases() if world_size == 4 else [])
+
+
 @pytest.mark.dist
-@pytest.mark.slow  # one launch of four ranks through the CLI
-def test_packed_documents_compose_with_a_sink_a_bias_and_ring_balanced(tmp_path):
+@pytest.mark.slow  # a share of the session's pooled launch of four ranks through the CLI
+def test_packed_documents_compose_with_a_sink_a_bias_and_ring_balanced(cli_verify_pool):
     """The document mask composes as any mask does: a learnable sink (dsink checked) and a learnable bias (dbias
     checked) on zigzag and usp, and ring's mask planner over the whole row."""
-    # The two verify commands' cases, as the command line builds them, in one command: one launch of four ranks.
-    common = {"device": "cpu", "kernel": "math", "docs": "96,64,96", "seqlen": 256, "world_size": [4], "head_dim": 16}
-    cases = command_cases("verify", {**common, "variant": ["zigzag", "usp"], "mask": "prefix:16", "sink": "learnable",
-                                     "bias": "1hss", "heads": 4}) + \
-        command_cases("verify", {**common, "variant": ["ring"], "layout": "balanced", "heads": 2})
-    scenario = tmp_path / "compose.toml"
-    scenario.write_text(scenario_of(cases, "packed documents beside a sink, a bias and ring balanced"))
-    assert [c.case_id() for c in scenario_cases("verify", scenario)] == [c.case_id() for c in cases]
-    done = ringbench_here("verify", "--scenario", str(scenario), "--out", str(tmp_path), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = read_jsonl(tmp_path / "verify.jsonl")
+    got = cli_verify_pool.get(__name__, 4)
+    assert got["result"].returncode == 0, got["result"].stdout[-3000:] + got["result"].stderr[-3000:]
+    records = got["records"]
     assert len(records) == 3 and all(r["status"] == "ok" for r in records)
     checked = {c["tensor"] for r in records[:2] for c in r["checks"]}
     assert {"dsink", "dbias"} <= checked, checked
