@@ -67,6 +67,14 @@ def verify_pool(request, tmp_path_factory):
     return VerifyPool(request.session, tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def cli_verify_pool(request, tmp_path_factory):
+    """The session's pooled ``ringbench verify`` commands (``helpers.CliVerifyPool``): one per world size."""
+    from helpers import CliVerifyPool
+
+    return CliVerifyPool(request.session, tmp_path_factory)
+
+
 @pytest.fixture
 def rate_measured_once(monkeypatch):
     """The CPU's matmul rate measured once in this process, not again before each launch.

@@ -430,3 +430,66 @@ def kernel_rule_problem(label: str, got, low, ref) -> str | None:
     if not err <= allowed:
         problems.append(f"max error {err:.3e} > allowed {allowed:.3e}")
     return f"{label}: " + "; ".join(problems) if problems else None
+
+
+#: The modules whose ``ringbench verify`` commands are pooled (:class:`CliVerifyPool`): module name (or
+#: ``module:part``, where a module pools two sets of cases) ->
+#: ``(cases(world_size), exit code)``: the cases that module's commands build at that world size (``[]``: none
+#: there), and the exit code its commands give (0: every case passes; 1: some are meant to fail), or a function
+#: of the world size that gives it.
+POOLED_CLI_VERIFY: dict = {}
+
+
+def pool_cli_verify(module: str, cases, exit_code: int = 0) -> None:
+    """Put a module's ``ringbench verify`` cases in the session's pool (:class:`CliVerifyPool`), at its import."""
+    POOLED_CLI_VERIFY[module] = (cases, exit_code)
+
+
+def scenario_text_cases(text: str) -> list:
+    """The cases ``ringbench verify --scenario`` builds from a scenario file of ``text``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "scenario.toml"
+        path.write_text(text)
+        return scenario_cases("verify", path)
+
+
+class CliVerifyPool:
+    """Every pooled module's ``ringbench verify`` cases of one world size and exit code in one command of this session.
+
+    Modules whose cases all pass (their commands exit 0) share one command, and modules whose commands exit 1
+    (some cases meant to fail) another, so each command's exit code is still the one each module's own gave: one
+    launch per world size and exit code, not one per module and world size (a launch's start, torchrun and every
+    rank importing torch, is most of such a command). The command line still runs in full (``--scenario`` of
+    exactly those cases, :func:`scenario_of`; ``--yes``, since the joined sweep's estimate is longer), and the
+    cases of modules the session does not run are left out. ``get(module, world_size)``: ``{"result": the
+    command's CompletedProcess, "records": that module's records, in its case order (None where one is missing)}``.
+    """
+
+    def __init__(self, session, folder):
+        self.session, self.folder, self.done = session, folder, {}
+
+    @staticmethod
+    def _exit_code(module: str, world_size: int) -> int:
+        code = POOLED_CLI_VERIFY[module][1]
+        return code(world_size) if callable(code) else code
+
+    def get(self, module: str, world_size: int) -> dict:
+        exit_code = self._exit_code(module, world_size)
+        if (exit_code, world_size) not in self.done:
+            running = {item.module.__name__ for item in self.session.items}
+            folder = self.folder.mktemp(f"cli_verify_w{world_size}_exit{exit_code}")
+            wanted = {name: cases(world_size) for name, (cases, _) in POOLED_CLI_VERIFY.items()
+                      if self._exit_code(name, world_size) == exit_code
+                      and (name.split(":")[0] in running or name == module)}
+            joined = list({c.case_id(): c for cases in wanted.values() for c in cases}.values())
+            scenario = folder / "pool.toml"
+            scenario.write_text(scenario_of(joined, f"the pooled verify cases at world size {world_size}"))
+            assert [c.case_id() for c in scenario_cases("verify", scenario)] == [c.case_id() for c in joined]
+            result = ringbench_here("verify", "--scenario", str(scenario), "--out", str(folder), "--yes", cwd=folder)
+            written = folder / "verify.jsonl"
+            records = {r["case_id"]: r for r in read_jsonl(written)} if written.exists() else {}
+            self.done[exit_code, world_size] = (result, records, wanted)
+        result, records, wanted = self.done[exit_code, world_size]
+        return {"result": result, "records": [records.get(c.case_id()) for c in wanted[module]]}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import read_jsonl, ringbench_here, slow_when
+from helpers import pool_cli_verify, ringbench_here, scenario_text_cases, slow_when
 
 from ringbench.errors import SpecError
 from ringbench.case.spec import CaseSpec, validate
@@ -31,15 +31,17 @@ def _scenario(world_size: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The session's pooled verify command of each world size runs them (helpers.CliVerifyPool).
+pool_cli_verify(__name__, lambda world_size: scenario_text_cases(_scenario(world_size)) if world_size in (2, 4) else [])
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("world_size", [slow_when(2, True), slow_when(4, True)])  # 6 s and more on two cores
-def test_every_variant_passes_verify_with_a_value_head_dim_of_its_own(tmp_path, world_size):
-    (tmp_path / "mla.toml").write_text(_scenario(world_size))
-    proc = ringbench_here("verify", "--scenario", str(tmp_path / "mla.toml"), "--out", str(tmp_path / "out"),
-                          cwd=tmp_path)
-    print(proc.stdout[-3000:], proc.stderr[-2000:])
-    assert proc.returncode == 0
-    records = read_jsonl(tmp_path / "out" / "verify.jsonl")
+def test_every_variant_passes_verify_with_a_value_head_dim_of_its_own(cli_verify_pool, world_size):
+    got = cli_verify_pool.get(__name__, world_size)
+    print(got["result"].stdout[-3000:], got["result"].stderr[-2000:])
+    assert got["result"].returncode == 0
+    records = got["records"]
     assert len(records) == 3 * len(BATCH + VARLEN)
     for rec in records:
         assert rec["spec"]["head_dim_v"] == 32 and rec["status"] == "ok", rec["reason"]

@@ -10,21 +10,31 @@ from pathlib import Path
 
 import pytest
 
-from helpers import read_jsonl, ringbench_here, slow_when
+from helpers import command_cases, pool_cli_verify, slow_when
+from ringbench.case.fields import read_mask_file
 
 DATA = Path(__file__).parent / "data" / "masks"
 
 
+def _cases(world_size: int) -> list:
+    """The cases of ``verify --device cpu --kernel math --dtype fp64 --variant ring --layout balanced`` under two
+    masks and a mask file, at ``world_size``."""
+    return command_cases("verify", {"device": "cpu", "kernel": "math", "dtype": "fp64", "variant": ["ring"],
+                                    "layout": "balanced", "seqlen": 256, "world_size": [world_size],
+                                    "mask": ["shared-prefix:64,answers=4", "prefix:96",
+                                             read_mask_file(str(DATA / "image_in_text.txt"))]})
+
+
+# The session's pooled verify command of each world size runs them (helpers.CliVerifyPool).
+pool_cli_verify(__name__, lambda world_size: _cases(world_size) if world_size in (2, 4, 8) else [])
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("world_size", [slow_when(2, True), slow_when(4, True), slow_when(8, True)])  # W=2: 11 s
-def test_ring_balanced_verifies_under_masks(tmp_path, world_size):
-    out = tmp_path / "out"
-    proc = ringbench_here("verify", "--device", "cpu", "--kernel", "math", "--dtype", "fp64", "--variant", "ring",
-                          "--layout", "balanced", "--mask", "shared-prefix:64,answers=4", "--mask", "prefix:96",
-                          "--mask-file", str(DATA / "image_in_text.txt"), "--seqlen", "256",
-                          "--world-size", str(world_size), "--out", str(out), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout
-    records = read_jsonl(out / "verify.jsonl")
+def test_ring_balanced_verifies_under_masks(cli_verify_pool, world_size):
+    got = cli_verify_pool.get(__name__, world_size)
+    assert got["result"].returncode == 0, got["result"].stdout
+    records = got["records"]
     assert len(records) == 3
     for r in records:
         assert r["status"] == "ok" and r["spec"]["layout"] == "balanced", r["reason"]

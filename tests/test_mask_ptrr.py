@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import command_cases, read_jsonl, ringbench_here, scenario_cases, scenario_of
+from helpers import command_cases, pool_cli_verify
 from ringbench.variants.engines import layouts, mask_balance, masked, masks
 
 
@@ -64,24 +64,29 @@ def test_ring_refuses_ptrr_without_a_mask():
     assert VARIANTS["zigzag"].check(seqlen=256, world_size=4, causal=True, layout="ptrr", mask="prefix:16")
 
 
-@pytest.mark.dist
-@pytest.mark.slow  # one launch of four ranks through the CLI, about 15 s on two cores
-def test_ring_ptrr_verifies_under_a_mask_and_documents(tmp_path):
+def _verified_cases() -> list:
     """Two verify commands' cases (fp32 under two masks at 1024 tokens; bf16 packed documents under a chunked
-    mask, batch 2), as the command line builds them, in one command: one launch of four ranks, not two."""
+    mask, batch 2), as the command line builds them."""
     common = {"device": "cpu", "kernel": "math", "variant": ["ring"], "layout": "ptrr", "world_size": [4],
               "heads": 2, "head_dim": 16}
-    cases = command_cases("verify", {**common, "dtype": "fp32", "mask": ["prefix:96", "shared-prefix:64,answers=4"],
-                                     "seqlen": 1024}) + \
+    return command_cases("verify", {**common, "dtype": "fp32", "mask": ["prefix:96", "shared-prefix:64,answers=4"],
+                                    "seqlen": 1024}) + \
         command_cases("verify", {**common, "dtype": "bf16", "docs": "96,64,96", "mask": "chunked:24", "batch": 2,
                                  "seqlen": 256})
-    scenario = tmp_path / "ptrr.toml"
-    scenario.write_text(scenario_of(cases, "ring --layout ptrr under masks and documents"))
-    assert [c.case_id() for c in scenario_cases("verify", scenario)] == [c.case_id() for c in cases]
-    out = tmp_path / "out"
-    proc = ringbench_here("verify", "--scenario", str(scenario), "--out", str(out), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = read_jsonl(out / "verify.jsonl")
+
+
+# The session's pooled verify command of world size 4 runs them (helpers.CliVerifyPool).
+pool_cli_verify(__name__, lambda world_size: _verified_cases() if world_size == 4 else [])
+
+
+@pytest.mark.dist
+@pytest.mark.slow  # a share of the session's pooled launch of four ranks through the CLI
+def test_ring_ptrr_verifies_under_a_mask_and_documents(cli_verify_pool):
+    """Two verify commands' cases in one command (the session's pooled one of four ranks)."""
+    cases = _verified_cases()
+    got = cli_verify_pool.get(__name__, 4)
+    assert got["result"].returncode == 0, got["result"].stdout + got["result"].stderr
+    records = got["records"]
     assert len(records) == 3 and [r["case_id"] for r in records] == [c.case_id() for c in cases]
     for r in records:
         assert r["status"] == "ok" and r["spec"]["layout"] == "ptrr", r["reason"]

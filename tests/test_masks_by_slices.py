@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import read_jsonl, ringbench_here
+from helpers import command_cases, pool_cli_verify
 from ringbench.variants.engines import bands, masked, masks
 from ringbench.variants.kernels import KERNELS
 
@@ -96,16 +96,28 @@ def test_by_slices_one_device_matches_the_dense_float64_mask(text, dtype):
         assert (got.double() - want).abs().max() <= tol * (1 + want.abs().max()), text
 
 
+BY_SLICES_VARIANTS = ("ring", "zigzag", "stripe", "llama3", "ulysses", "usp", "mask_local_only")
+
+
+def _by_slices_cases() -> list:
+    """``verify --kernel cpu --world-size 4 ... --mask shared-prefix:28,answers=4 --mask chunked:24`` of every batch
+    engine and the local-only mask, as the command line builds it."""
+    return command_cases("verify", {"device": "cpu", "kernel": "cpu", "world_size": [4], "seqlen": 256, "heads": 8,
+                                    "kv_heads": 2, "head_dim": 16, "dtype": "bf16",
+                                    "mask": ["shared-prefix:28,answers=4", "chunked:24"],
+                                    "variant": list(BY_SLICES_VARIANTS)})
+
+
+# The session's pooled verify command of world size 4 with failing cases runs them (helpers.CliVerifyPool).
+pool_cli_verify(__name__, lambda world_size: _by_slices_cases() if world_size == 4 else [], exit_code=1)
+
+
 @pytest.mark.dist
-@pytest.mark.slow  # one launch of four ranks through the CLI
-def test_by_slices_verify_passes_every_batch_engine_on_the_cpu_kernel_and_the_local_only_mask_fails(tmp_path):
-    variants = ("ring", "zigzag", "stripe", "llama3", "ulysses", "usp", "mask_local_only")
-    args = ["verify", "--device", "cpu", "--kernel", "cpu", "--world-size", "4", "--seqlen", "256", "--heads", "8",
-            "--kv-heads", "2", "--head-dim", "16", "--dtype", "bf16", "--mask", "shared-prefix:28,answers=4",
-            "--mask", "chunked:24", "--out", str(tmp_path), "--yes"]
-    done = ringbench_here(*args, *[a for v in variants for a in ("--variant", v)], cwd=tmp_path)
-    records = read_jsonl(tmp_path / "verify.jsonl")
-    assert done.returncode == 1 and len(records) == 2 * len(variants), done.stdout + done.stderr
+@pytest.mark.slow  # a share of the session's pooled launch of four ranks through the CLI
+def test_by_slices_verify_passes_every_batch_engine_on_the_cpu_kernel_and_the_local_only_mask_fails(cli_verify_pool):
+    got = cli_verify_pool.get(__name__, 4)
+    done, records = got["result"], got["records"]
+    assert done.returncode == 1 and len(records) == 2 * len(BY_SLICES_VARIANTS), done.stdout + done.stderr
     for r in records:
         assert r["kernel"] == "cpu", r["kernel"]
         ok = r["status"] == "ok" and all(c["passed"] for c in r["checks"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import command_cases, read_jsonl, ringbench_here, scenario_cases, scenario_of
+from helpers import command_cases, pool_cli_verify, read_jsonl, ringbench_here, scenario_text_cases
 from ringbench.case import work
 from ringbench.case.spec import CaseSpec, SpecError, default_fields, pack_documents, resolve_docs, resolve_mask
 from ringbench.sweep import build
@@ -147,21 +147,32 @@ batch = [1, 2]
 AT = {2: ("math", "fp32"), 4: ("cpu", "bf16")}
 
 
+def _packed_names(world_size: int) -> list[str]:
+    return [*BATCH_ENGINES, *(["mask_local_only"] if world_size >= 2 else [])]
+
+
+def _packed_cases(world_size: int) -> list:
+    kernel, dtype = AT[world_size]
+    return scenario_text_cases(SCENARIO.format(world_size=world_size, kernel=kernel, dtype=dtype,
+                                               variants=", ".join(f'"{n}"' for n in _packed_names(world_size))))
+
+
+# The session's pooled verify command with failing cases of each world size runs them (helpers.CliVerifyPool).
+pool_cli_verify(__name__, lambda world_size: _packed_cases(world_size) if world_size in AT else [], exit_code=1)
+
+
 @pytest.mark.dist
-@pytest.mark.slow  # one launch of W ranks through the CLI: 36 cases (42 at W >= 2)
+@pytest.mark.slow  # a share of the session's pooled launch of W ranks through the CLI: 36 cases (42 at W >= 2)
 @pytest.mark.parametrize("world_size", [2, 4], ids=lambda w: f"w{w}")  # W=1: the quick in-process tests
-def test_batch_engines_verify_packed_documents_and_the_local_only_mask_fails(world_size, tmp_path):
+def test_batch_engines_verify_packed_documents_and_the_local_only_mask_fails(world_size, cli_verify_pool):
     """Every batch engine passes verify (the max rule and the block decomposition on every tensor) with documents
     that straddle ranks, alone and under a mask inside each, batch 1 and 2, in a dtype and kernel per world
     size (:data:`AT`); the locally-masked fixture fails on out at every world size from 2 (exit 1)."""
-    broken = world_size >= 2
-    names = [*BATCH_ENGINES, *(["mask_local_only"] if broken else [])]
-    kernel, dtype = AT[world_size]
-    (tmp_path / "packed.toml").write_text(SCENARIO.format(world_size=world_size, kernel=kernel, dtype=dtype,
-                                                          variants=", ".join(f'"{n}"' for n in names)))
-    done = ringbench_here("verify", "--scenario", str(tmp_path / "packed.toml"), "--out", str(tmp_path), cwd=tmp_path)
-    assert done.returncode == (1 if broken else 0), done.stdout[-3000:] + done.stderr[-3000:]
-    records = read_jsonl(tmp_path / "verify.jsonl")
+    names = _packed_names(world_size)
+    kernel = AT[world_size][0]
+    got = cli_verify_pool.get(__name__, world_size)
+    done, records = got["result"], got["records"]
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert len(records) == len(names) * 6 and {r["kernel"] for r in records} == {kernel}  # never vacuous
     by_name = {f"{r['spec']['variant']}/{r['spec']['mask']}/B{r['spec']['batch']}": r
                for r in records}
@@ -196,22 +207,26 @@ def test_the_issues_commands_now_run(tmp_path):
     assert done.returncode == 2 and "use a batch variant" in done.stderr, done.stdout + done.stderr
 
 
+def _composed_cases() -> list:
+    """The two verify commands' cases, as the command line builds them."""
+    common = {"device": "cpu", "kernel": "math", "docs": "96,64,96", "seqlen": 256, "world_size": [4], "head_dim": 16}
+    return command_cases("verify", {**common, "variant": ["zigzag", "usp"], "mask": "prefix:16", "sink": "learnable",
+                                    "bias": "1hss", "heads": 4}) + \
+        command_cases("verify", {**common, "variant": ["ring"], "layout": "balanced", "heads": 2})
+
+
+# The session's pooled verify command of world size 4 runs them (helpers.CliVerifyPool).
+pool_cli_verify(f"{__name__}:compose", lambda world_size: _composed_cases() if world_size == 4 else [])
+
+
 @pytest.mark.dist
-@pytest.mark.slow  # one launch of four ranks through the CLI
-def test_packed_documents_compose_with_a_sink_a_bias_and_ring_balanced(tmp_path):
+@pytest.mark.slow  # a share of the session's pooled launch of four ranks through the CLI
+def test_packed_documents_compose_with_a_sink_a_bias_and_ring_balanced(cli_verify_pool):
     """The document mask composes as any mask does: a learnable sink (dsink checked) and a learnable bias (dbias
     checked) on zigzag and usp, and ring's mask planner over the whole row."""
-    # The two verify commands' cases, as the command line builds them, in one command: one launch of four ranks.
-    common = {"device": "cpu", "kernel": "math", "docs": "96,64,96", "seqlen": 256, "world_size": [4], "head_dim": 16}
-    cases = command_cases("verify", {**common, "variant": ["zigzag", "usp"], "mask": "prefix:16", "sink": "learnable",
-                                     "bias": "1hss", "heads": 4}) + \
-        command_cases("verify", {**common, "variant": ["ring"], "layout": "balanced", "heads": 2})
-    scenario = tmp_path / "compose.toml"
-    scenario.write_text(scenario_of(cases, "packed documents beside a sink, a bias and ring balanced"))
-    assert [c.case_id() for c in scenario_cases("verify", scenario)] == [c.case_id() for c in cases]
-    done = ringbench_here("verify", "--scenario", str(scenario), "--out", str(tmp_path), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = read_jsonl(tmp_path / "verify.jsonl")
+    got = cli_verify_pool.get(f"{__name__}:compose", 4)
+    assert got["result"].returncode == 0, got["result"].stdout[-3000:] + got["result"].stderr[-3000:]
+    records = got["records"]
     assert len(records) == 3 and all(r["status"] == "ok" for r in records)
     checked = {c["tensor"] for r in records[:2] for c in r["checks"]}
     assert {"dsink", "dbias"} <= checked, checked

@@ -5,9 +5,10 @@ The unit tests check the stand-in against what ring-flash-attn 0.1.8 reads (sign
 tuples, lse layouts, buffers written in place), that no ``flash_attn`` module is visible to any
 other code, and that where flash-attn is installed (a fake package here, since no build exists
 for this machine) the real one is chosen. The torchrun tests run the CLI as a user does: the
-cases of their verify commands in one ``verify --scenario`` of exactly those cases, and the
-cases of their run commands in one ``run --scenario`` (one launch per world size each, where a
-command each took eight CLI processes and ten launches); all are marked slow.
+cases of their verify commands in the session's pooled ``verify --scenario`` of each world size
+(``helpers.CliVerifyPool``, beside other modules' cases), and the cases of their run commands in
+one ``run --scenario`` (one launch per world size each, where a command each took eight CLI
+processes and ten launches); all are marked slow.
 
 What the package gets wrong, recorded as ``fail`` and asserted here so a fixed release shows up:
 rfa_ring's backward returns dq as bfloat16 whatever the input dtype (``ring_flash_attn.py``:
@@ -27,7 +28,7 @@ import sys
 import pytest
 import torch
 
-from helpers import command_cases, read_jsonl, ringbench_here, scenario_cases, scenario_of
+from helpers import command_cases, pool_cli_verify, read_jsonl, ringbench_here, scenario_cases, scenario_of
 from ringbench.variants import VARIANTS, get_variant
 from ringbench.variants.peers import rfa, rfa_standin
 from ringbench.variants.kernels import KERNELS
@@ -314,9 +315,33 @@ def _as_one_command(task: str, commands: dict, folder) -> dict:
     return {"result": result, **{name: [records.get(c.case_id()) for c in cases] for name, cases in wanted.items()}}
 
 
+def _verify_cases(world_size: int) -> dict:
+    """The verify commands' cases at ``world_size``, by command."""
+    return {name: [c for c in command_cases("verify", given) if c.world_size == world_size]
+            for name, given in VERIFY.items()}
+
+
+#: The world sizes of the verify commands, and where some of their cases fail (fp32 at 2 and 4, fp16 at 2).
+VERIFY_WORLD_SIZES = (2, 4, 8)
+FAILING_AT = (2, 4)
+
+# The session's pooled verify command of each world size runs them (helpers.CliVerifyPool), beside the other
+# modules' cases of the same exit code: 1 where the package's failing cases are, else 0.
+pool_cli_verify(__name__, lambda world_size: [c for cases in _verify_cases(world_size).values() for c in cases],
+                exit_code=lambda world_size: 1 if world_size in FAILING_AT else 0)
+
+
 @pytest.fixture(scope="module")
-def verified(tmp_path_factory):
-    return _as_one_command("verify", VERIFY, tmp_path_factory.mktemp("rfa_verify"))
+def verified(cli_verify_pool):
+    """``{"results": {world_size: that world size's command}, name: [that command's records, in its case order]}``."""
+    out = {"results": {}, **{name: [] for name in VERIFY}}
+    for world_size in VERIFY_WORLD_SIZES:
+        got = cli_verify_pool.get(__name__, world_size)
+        out["results"][world_size] = got["result"]
+        records = iter(got["records"])
+        for name, cases in _verify_cases(world_size).items():
+            out[name] += [next(records) for _ in cases]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -327,8 +352,10 @@ def ran(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.dist
 def test_rfa_verify_exits_1_for_the_failing_cases_and_notes_what_served_them(verified):
-    assert verified["result"].returncode == 1, verified["result"].stderr  # the fp32 and fp16 cases fail
-    assert f"note: {SERVED_BY_CPU}" in verified["result"].stdout
+    for world_size, result in verified["results"].items():
+        # The fp32 and fp16 cases fail (at W = 2 and 4); the pooled command of W = 8 holds passing cases only.
+        assert result.returncode == (1 if world_size in FAILING_AT else 0), result.stderr
+        assert f"note: {SERVED_BY_CPU}" in result.stdout
 
 
 @pytest.mark.slow

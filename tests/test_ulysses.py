@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from helpers import cached, ringbench_here
+from helpers import pool_cli_verify, ringbench_here, scenario_text_cases
 from ringbench.case.spec import CaseSpec, default_fields, expand_ulysses_degree
 from ringbench.variants import VARIANTS, default_ulysses_degree, factorizations, ulysses_rule
 from ringbench.variants.engines import layouts
@@ -138,23 +138,24 @@ def _scenario(world_size: int) -> str:
     return "\n".join(lines)
 
 
-@pytest.fixture(scope="module")
-def verified(tmp_path_factory):
-    """``verify --scenario`` of one world size's cases (at W=4 with yunchang's peers beside them,
-    :data:`YC_SCENARIO`: one launch for both), run lazily and cached for the module: its exit code,
-    stderr and records."""
-    def make(world_size: int) -> dict:
-        folder = tmp_path_factory.mktemp(f"ulysses_w{world_size}")
-        scenario = folder / "ulysses.toml"
-        text = _scenario(world_size)
-        if world_size == 4:
-            text += YC_CASES
-        scenario.write_text(text)
-        proc = ringbench_here("verify", "--scenario", str(scenario), "--out", str(folder), "--json", cwd=folder)
-        records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-        return {"returncode": proc.returncode, "stderr": proc.stderr, "records": records}
+def _pooled_cases(world_size: int) -> list:
+    """One world size's cases, at W=4 with yunchang's peers beside them (:data:`YC_CASES`)."""
+    return scenario_text_cases(_scenario(world_size) + (YC_CASES if world_size == 4 else ""))
 
-    return cached(make)
+
+pool_cli_verify(__name__, _pooled_cases)
+
+
+@pytest.fixture(scope="module")
+def verified(cli_verify_pool):
+    """``verify --scenario`` of one world size's cases (at W=4 with yunchang's peers beside them,
+    :data:`YC_CASES`), in the session's pooled command of that world size (``helpers.CliVerifyPool``):
+    its exit code, stderr and these cases' records."""
+    def get(world_size: int) -> dict:
+        got = cli_verify_pool.get(__name__, world_size)
+        return {"returncode": got["result"].returncode, "stderr": got["result"].stderr, "records": got["records"]}
+
+    return get
 
 
 @pytest.mark.dist

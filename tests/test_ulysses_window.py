@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import read_jsonl, ringbench_here
+from helpers import pool_cli_verify, scenario_text_cases
 
 SCENARIO = """
 description = "windows through ulysses and usp"
@@ -40,15 +40,17 @@ dtype = "bf16"
 """
 
 
+# The session's pooled verify command of world size 4 runs them (helpers.CliVerifyPool).
+pool_cli_verify(__name__, lambda world_size: scenario_text_cases(SCENARIO) if world_size == 4 else [])
+
+
 @pytest.mark.dist
 @pytest.mark.slow
-def test_ulysses_and_usp_take_a_window_at_every_factorization(tmp_path):
-    (tmp_path / "w.toml").write_text(SCENARIO)
-    proc = ringbench_here("verify", "--scenario", str(tmp_path / "w.toml"), "--out", str(tmp_path / "out"),
-                          cwd=tmp_path)
-    print(proc.stdout[-3000:], proc.stderr[-2000:])
-    assert proc.returncode == 0
-    records = read_jsonl(tmp_path / "out" / "verify.jsonl")
+def test_ulysses_and_usp_take_a_window_at_every_factorization(cli_verify_pool):
+    got = cli_verify_pool.get(__name__, 4)
+    print(got["result"].stdout[-3000:], got["result"].stderr[-2000:])
+    assert got["result"].returncode == 0
+    records = got["records"]
     seen = sorted((r["spec"]["variant"], r["spec"]["ulysses_degree"]) for r in records)
     assert seen == [("ulysses", 0), ("ulysses_varlen", 0), ("usp", 1), ("usp", 2), ("usp", 2), ("usp", 4),
                     ("usp_varlen", 2)]
