@@ -16,7 +16,7 @@ from helpers import ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields, resolve_mask
 from ringbench.case.work import attention_flops, pairs_per_rank
 from ringbench.errors import SpecError
-from ringbench.variants.engines import bands, masks
+from ringbench.variants.engines import bands, masked, masks
 
 DATA = Path(__file__).parent / "data" / "masks"
 FILES = ("magi_varlen_block_causal", "two_sided_window", "image_in_text")
@@ -495,3 +495,29 @@ def test_masks_cp_active_reason_is_short_in_verify_table_and_whole_in_the_record
     assert "another rank" not in table and len(table.splitlines()) <= 18, table
     assert cp_reasons.short(cp_reasons.no_document_crossing()) == "local"
     assert local["cp_active_reason"] == sentence  # the record is not rewritten
+
+
+def test_masks_coalesced_slices_hold_the_same_pairs_in_fewer_calls():
+    # A shared prompt's answers see the prompt through one slice, so a stripe rank makes one window
+    # call for them per step, not one per answer; the pairs are the same, position by position.
+    S, W = 512, 8
+    m = masks.build("shared-prefix:64,answers=7", S)
+    assert len(m.slices) == 1 + 1 + 7
+    assert masks.Slice(64, S, 0, 64) in m.slices
+    stripe = [bands.Run(0, r, W, S // W) for r in range(W)]
+    calls = [len(masked.slice_parts(m, q, k)) for q in stripe for k in stripe]
+    assert max(calls) == 1 + 1 + 7
+    pos = torch.arange(S)
+    for text in ("shared-prefix:64,answers=7", "prefix:40", "chunked:24", "global:4,window:24",
+                 "slices:0,128,0,128,full;128,256,0,128,full;0,128,128,256,full;128,256,128,256,causal;"
+                 "256,512,0,256,full;256,512,256,512,bi-causal"):
+        raw = masks._family_slices(text, S) if not text.startswith("slices:") else [
+            masks.Slice.of_kind(*e) for e in masks._entries(text)]
+        before = torch.zeros(S, S, dtype=torch.bool)
+        for s in raw:
+            before |= s.allows(pos[:, None], pos[None, :])
+        assert torch.equal(masks.build(text, S).allows(pos[:, None], pos[None, :]), before), text
+        assert masks.build(text, S).area() == int(before.sum()), text
+    # The four full quarters of the slices text above are one slice; the causal one stays apart.
+    assert masks.Slice(0, 256, 0, 128) in masks.build("slices:0,128,0,128,full;128,256,0,128,full;"
+                                                       "0,128,128,256,full;128,256,128,256,causal", 256).slices

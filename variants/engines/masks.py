@@ -537,13 +537,47 @@ def build(text: str, seqlen: int) -> Mask:
 
 
 def _slices(text: str, seqlen: int) -> tuple[Slice, ...]:
-    """The slices of mask ``text`` (canonical) over ``seqlen`` tokens, unchecked."""
+    """The slices of mask ``text`` (canonical) over ``seqlen`` tokens, unchecked, :func:`coalesced`."""
     if text.startswith("docs:"):
         docs, inner = packed_parts(text)
         return documents(inner, docs).slices
     if text.startswith("slices:"):
-        return tuple(Slice.of_kind(*e) for e in _entries(text))
-    return tuple(_family_slices(text, seqlen))
+        return coalesced(Slice.of_kind(*e) for e in _entries(text))
+    return coalesced(_family_slices(text, seqlen))
+
+
+def coalesced(slices) -> tuple[Slice, ...]:
+    """``slices`` with every two that share a band and a key range over abutting query ranges (or a
+    query range over abutting key ranges) made one: the same pairs in fewer slices, so a kernel
+    that takes windows makes fewer, larger calls (a shared prompt's answers see the prompt in one
+    call, not one per answer). Exact: a band's bounds are offsets ``k - q``, the same on both sides."""
+    out = list(slices)
+    while True:
+        before = len(out)
+        for along in ("q", "k"):
+            out = _joined(out, along)
+        if len(out) == before:
+            return tuple(out)
+
+
+def _joined(slices: list[Slice], along: str) -> list[Slice]:
+    """One pass of :func:`coalesced` along the query (``q``) or key (``k``) axis."""
+    lo, hi = (0, 1) if along == "q" else (2, 3)
+    groups: dict[tuple, list[Slice]] = {}
+    for s in slices:
+        groups.setdefault(tuple(x for i, x in enumerate(s) if i not in (lo, hi)), []).append(s)
+    out = []
+    for group in groups.values():
+        group.sort(key=lambda s: s[lo])
+        run = group[0]
+        for s in group[1:]:
+            if s[lo] == run[hi]:
+                run = run._replace(**{f"{along}1": s[hi]})
+            else:
+                out.append(run)
+                run = s
+        out.append(run)
+    return out
 
 
 def _family_slices(text: str, S: int) -> list[Slice]:
@@ -669,11 +703,11 @@ def documents(text: str, docs: tuple[int, ...]) -> Mask:
     if reason:
         raise ValueError(reason)
     if text.startswith("slices:"):
-        return Mask(text, sum(docs), tuple(_document_cut([Slice.of_kind(*e) for e in _entries(text)], docs)), docs)
+        return Mask(text, sum(docs), coalesced(_document_cut([Slice.of_kind(*e) for e in _entries(text)], docs)), docs)
     out = []
     for a, n in zip(_offsets(docs), docs):
         if n:
-            out += [_shifted(s, a) for s in _family_slices(text, n) if s.area()]
+            out += [_shifted(s, a) for s in coalesced(_family_slices(text, n)) if s.area()]
     return Mask(text, sum(docs), tuple(out), docs)
 
 
