@@ -537,10 +537,11 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
         if reason:
             refused.append(reason)
             continue
-        tgt.kernel(spec.kernel)  # a kernel the calibration lacks is refused here, before any prediction
+        tgt.kernel(spec.kernel)  # a kernel the calibration lacks or the GPU cannot run is refused here
         if spec.kernel == "auto":
-            # auto: the first calibrated kernel that takes the case, as run's auto takes the first available one.
-            reasons = {name: kernel_refusal(spec, name) for name in tgt.calibration.kernels}
+            # auto: the first calibrated kernel that the GPU runs and that takes the case, as run's auto takes
+            # the first available one.
+            reasons = {name: kernel_refusal(spec, name) for name in tgt.kernels()}
             takes = [name for name, why in reasons.items() if why is None]
             if not takes:
                 refused.append(next(iter(reasons.values())))
@@ -779,8 +780,8 @@ def advise_command(
         tgt = _prediction_target(shape, gpu=gpu, calibration=calibration, cluster=cluster,
                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
         kernels = list(dict.fromkeys(kernel or tgt.calibration.kernels))
-        for name in kernels:
-            tgt.kernel(name)
+        for name in kernels:  # one the GPU cannot run is listed as refused, with the reason
+            tgt.calibration.kernel(name)
         from ringbench.model import advise as adv
         from ringbench.model.target import world_sizes
         from ringbench.sweep import build
@@ -866,7 +867,7 @@ def calibrate_command(
         grid = calibrate.default_grid(device)
         # By default the kernels auto may pick but math (the reference); flex, which auto never picks, is named.
         names = list(dict.fromkeys(kernel or [])) or [
-            n for n in AUTO_ORDER[device] if n != "math" and KERNELS[n].unavailable() is None]
+            n for n in AUTO_ORDER[device] if n != "math" and KERNELS[n].why_unavailable() is None]
         for name in names:
             try:
                 resolve_kernel(name, device)

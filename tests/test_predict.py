@@ -818,7 +818,7 @@ def test_an_emulated_rank_pays_the_copies_that_stand_for_its_collectives():
 
 
 @pytest.mark.parametrize("args, says", [
-    (("--gpu", "V100"), "gpu V100 has no dense bf16 peak in the peaks table (ringbench/model/gpus.toml), so no "
+    (("--gpu", "V100"), "gpu V100 has no dense bf16 peak in the peaks table (ringbench/rank/peaks.py), so no "
                         "calibration can be scaled to it; pass --dtype fp16, or a calibration file of it"),
     (("--gpu", "H100", "--dtype", "fp64"), "dtype fp64 is not supported by the flash-attn-4 kernel, which takes bf16 "
                                            "and fp16; pass --dtype bf16"),
@@ -855,3 +855,73 @@ def test_predict_and_advise_refuse_more_ranks_than_the_model_walks(tmp_path):
         assert res.returncode == 2, res.stdout + res.stderr
         assert res.stderr.strip().startswith(f"world_size {2 * MAX_RANKS} is above {MAX_RANKS}, the most ranks the "
                                              "model walks"), res.stderr
+
+
+# --------------------------------------------------------------------------- kernels a GPU cannot run
+
+@pytest.mark.parametrize("kernel, runs, refused", [
+    ("flash-attn-4", ("sm90", "sm100", "sm120"), ("sm89", "sm80", "sm70", "gfx942")),
+    ("flash-attn", ("sm80", "sm89", "sm90"), ("sm75", "sm70", "gfx90a")),
+    ("torch-flash", ("sm80", "sm86", "sm100"), ("sm75", "gfx942")),
+    ("cudnn", ("sm80", "sm90"), ("sm70", "gfx942")),
+    ("math", ("sm70", "gfx942"), ()),
+])
+def test_kernel_architecture_rule_runs_on_its_archs_only(kernel, runs, refused):
+    from ringbench.variants.kernels import KERNELS
+
+    for arch in runs:
+        assert KERNELS[kernel].check_arch(arch) is None, (kernel, arch)
+    for arch in refused:
+        reason = KERNELS[kernel].check_arch(arch, "gpu X")
+        assert reason.startswith(f"gpu X ({arch}) cannot run the {kernel} kernel, which runs on NVIDIA GPUs of sm"), reason
+
+
+def test_every_gpu_of_the_peaks_table_has_an_architecture():
+    import re
+
+    from ringbench.rank.peaks import DATASHEETS
+
+    assert DATASHEETS
+    for sheet in DATASHEETS:
+        assert re.fullmatch(r"sm\d{2,3}|gfx9\w+", sheet.arch), sheet
+
+
+@pytest.mark.parametrize("gpu, says", [
+    ("A100", "gpu A100 (sm80) cannot run the flash-attn-4 kernel, which runs on NVIDIA GPUs of sm90 or newer only"),
+    ("L4", "gpu L4 (sm89) cannot run the flash-attn-4 kernel, which runs on NVIDIA GPUs of sm90 or newer only"),
+    ("MI300X", "gpu MI300X (gfx942) cannot run the flash-attn-4 kernel"),
+])
+def test_predict_refuses_a_named_kernel_the_gpu_cannot_run(tmp_path, gpu, says):
+    """--gpu A100 --kernel flash-attn-4 priced FlashAttention-4 from the H100's calibration scaled by peak
+    ratio, though it runs on Hopper and Blackwell only: one sentence, exit 2."""
+    res = ringbench_here("predict", "--variant", "zigzag", "--world-size", "8", "--seqlen", "16k", "--gpu", gpu,
+                         "--kernel", "flash-attn-4", cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    message = " ".join(res.stderr.split())
+    assert message.startswith(says) and message.count(". ") == 0 and "Traceback" not in res.stderr, message
+    assert message.endswith("pass --kernel with one of torch-flash or auto" if gpu != "MI300X"
+                            else "pass another --gpu"), message
+
+
+def test_predict_auto_takes_the_first_calibrated_kernel_the_gpu_runs(tmp_path):
+    res = ringbench_here("predict", "--variant", "zigzag", "--world-size", "8", "--seqlen", "16k", "--gpu", "A100",
+                         "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (rec,) = [json.loads(line) for line in res.stdout.splitlines()]
+    assert rec["kernel"] == "torch-flash"
+    res = ringbench_here("predict", "--variant", "zigzag", "--world-size", "8", "--seqlen", "16k", "--gpu", "MI300X",
+                         cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.strip().startswith("gpu MI300X (gfx942) runs none of the calibration's kernels (flash-attn-4 "
+                                         "needs NVIDIA sm90 or newer, torch-flash needs NVIDIA sm80 or newer)")
+
+
+def test_advise_lists_a_kernel_the_gpu_cannot_run_as_refused(tmp_path):
+    res = ringbench_here("advise", "--preset", "llama3-8b", "--seqlen", "16k", "--gpu", "A100", "--world-size", "8",
+                         "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    entries = [json.loads(line) for line in res.stdout.splitlines()]
+    fa4 = [e for e in entries if e["fields"]["kernel"] == "flash-attn-4"]
+    assert fa4 and all(e["refused"].startswith("gpu A100 (sm80) cannot run the flash-attn-4 kernel") for e in fa4)
+    ranked = [e for e in entries if e["rank"]]
+    assert ranked and {e["fields"]["kernel"] for e in ranked} == {"torch-flash"}

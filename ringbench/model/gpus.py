@@ -98,7 +98,7 @@ def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tu
                         "GPU and pass the file with --calibration")
     want = _peak(target.datasheet, dtype)
     if not want:
-        raise SpecError(f"gpu {target.name} has no dense {dtype} peak in the peaks table (ringbench/model/gpus.toml), "
+        raise SpecError(f"gpu {target.name} has no dense {dtype} peak in the peaks table (ringbench/rank/peaks.py), "
                         "so no calibration can be scaled to it; pass --dtype fp16, or a calibration file of it")
     import math
 
