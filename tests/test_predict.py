@@ -925,3 +925,24 @@ def test_advise_lists_a_kernel_the_gpu_cannot_run_as_refused(tmp_path):
     assert fa4 and all(e["refused"].startswith("gpu A100 (sm80) cannot run the flash-attn-4 kernel") for e in fa4)
     ranked = [e for e in entries if e["rank"]]
     assert ranked and {e["fields"]["kernel"] for e in ranked} == {"torch-flash"}
+
+
+def test_against_says_how_to_calibrate_a_kernel_the_calibration_lacks(tmp_path):
+    """A record measured with cudnn (in no shipped calibration) or on cpu said "pass --kernel", which
+    --against refuses; it says the record cannot be checked against the calibration and how to calibrate
+    its kernel."""
+    ref = Path(__file__).resolve().parents[1] / "results/reference/2026-12-01-h200-fa4/runs-w1.jsonl"
+    records = [json.loads(line) for line in ref.read_text(encoding="utf-8").splitlines()]
+    cudnn = next(r for r in records if r.get("kernel") == "cudnn" and r["status"] == "ok")
+    fa4 = next(r for r in records if r.get("kernel") == "flash-attn-4" and r["status"] == "ok")
+    cpu = json.loads(json.dumps(cudnn))
+    cpu["kernel"] = cpu["spec"]["kernel"] = "cpu"
+    cpu["spec"].update(device="cpu", dtype="fp32", seqlen=4096)
+    cpu["env"].update(gpu_name=None, gpu_count=0)
+    path = _write(tmp_path / "runs.jsonl", "".join(json.dumps(r) + "\n" for r in (cudnn, cpu, fa4)))
+    res = ringbench_here("predict", "--against", str(path), "--bound", "900%", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    reasons = [json.loads(line).get("reason") for line in res.stdout.splitlines()][:2]
+    for reason, kernel in zip(reasons, ("cudnn", "cpu")):
+        assert "pass --kernel" not in reason and "cannot be checked against" in reason, reason
+        assert reason.endswith(f"with ringbench calibrate --kernel {kernel} and pass the file with --calibration"), reason
