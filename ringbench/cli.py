@@ -29,6 +29,7 @@ from ringbench.errors import RingbenchError, SpecError
 from ringbench.variants import plural
 from ringbench.case.fields import BY_NAME as FIELD_ROWS, DEVICES
 from ringbench.case.types import Refused
+from ringbench.model.target import MAX_RANKS
 from ringbench.case.options import (JSON_HELP, JUNIT_HELP, NNODES_HELP, NODE_RANK_HELP, OUT_HELP, RDZV_ENDPOINT_HELP,
                                     RDZV_ID_HELP, RESUME_HELP, SCENARIO_HELP, TIMEOUT_HELP, YES_HELP)
 
@@ -578,10 +579,23 @@ _CLUSTER = typer.Option(None, "--cluster", metavar="FILE", help=CLUSTER_HELP)
 _CALIBRATION = typer.Option(None, "--calibration", metavar="FILE", help=CALIBRATION_HELP)
 
 
+#: predict's own texts for the case options that mean something else in a prediction than in a run.
+PREDICT_CASE_HELPS = {
+    "device": ("The calibration's device type, cuda or cpu; a prediction runs nothing, so another is refused. "
+               "Default: the calibration's."),
+    "world_size": WORLD_SIZE_HELP.replace(" Default:", f" Repeat for several: one case per value; above {MAX_RANKS} "
+                                          "ranks (the most the model walks) it is refused. Default:"),
+    "cuda_graph": ("Price each iteration replayed as one CUDA graph (on: no host cost after its one launch), eager "
+                   "(off), or as run's auto would choose (auto: replayed only at world size 1, where the host is the "
+                   "slower and the replay is predicted faster); records say which in cuda_graph and "
+                   "cuda_graph_note. Default: auto."),
+}
+
+
 # predict measures nothing: the options of how to measure stay out of its help (and --emulate, --profile
-# are refused in a sentence of their own).
-@options.with_case_options("run", hidden=("iters", "warmup", "emulate", "profile", "min_time_ms", "flush_l2"),
-                          scenario=False)
+# are refused in a sentence of their own); --seed only draws a run's inputs.
+@options.with_case_options("run", hidden=("iters", "warmup", "emulate", "profile", "min_time_ms", "flush_l2", "seed"),
+                          scenario=False, helps=PREDICT_CASE_HELPS)
 def predict(
     case: dict,
     gpu: Optional[str] = _GPU,

@@ -946,3 +946,20 @@ def test_against_says_how_to_calibrate_a_kernel_the_calibration_lacks(tmp_path):
     for reason, kernel in zip(reasons, ("cudnn", "cpu")):
         assert "pass --kernel" not in reason and "cannot be checked against" in reason, reason
         assert reason.endswith(f"with ringbench calibrate --kernel {kernel} and pass the file with --calibration"), reason
+
+
+def test_predict_help_says_what_device_world_size_and_cuda_graph_mean_in_a_prediction(tmp_path):
+    """predict --help showed run's texts: --device "Run on cuda (NCCL...)", --world-size "Default: cuda every
+    visible GPU, cpu 2" (predict's is gpus-per-node x nodes), --seed and --cuda-graph as if it ran anything."""
+    def help_text(command):
+        res = ringbench_here(command, "--help", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        return " ".join(" ".join(line.strip("│ ") for line in res.stdout.splitlines()).split())
+
+    text = help_text("predict")
+    assert "--seed" not in text and "every visible GPU" not in text and "(NCCL, one GPU per rank)" not in text, text
+    assert "The calibration's device type, cuda or cpu" in text, text
+    assert "Repeat for several: one case per value; above 1024 ranks" in text and "gpus-per-node x nodes." in text
+    assert "Price each iteration replayed as one CUDA graph" in text
+    run = help_text("run")  # run keeps its own texts
+    assert "every visible GPU" in run and "--seed" in run and "(NCCL, one GPU per rank)" in run
