@@ -656,7 +656,7 @@ def predict(
             if out.suffix.lower() != ".jsonl":
                 raise SpecError(f"--out {str(out)!r} must end in .jsonl, the records' format; pass --out such as "
                                 "results/predicted.jsonl")
-            options.check_output("--out", out, ())
+            options.check_output("--out", out, (), example="results/predicted.jsonl")
         tgt = _prediction_target(case, gpu=gpu, calibration=calibration, cluster=cluster,
                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
         cases, refused = _predicted_cases(case, tgt)
@@ -868,7 +868,7 @@ def calibrate_command(
         if out.suffix.lower() != ".json":
             raise SpecError(f"--out {str(out)!r} must end in .json, the calibration's format; pass --out such as "
                             "results/calibration.json")
-        options.check_output("--out", out, ())
+        options.check_output("--out", out, (), example="results/calibration.json")
         from ringbench.case.spec import detect_device
         from ringbench.model import calibrate
         from ringbench.variants.kernels import AUTO_ORDER, KERNELS, resolve_kernel

@@ -963,3 +963,24 @@ def test_predict_help_says_what_device_world_size_and_cuda_graph_mean_in_a_predi
     assert "Price each iteration replayed as one CUDA graph" in text
     run = help_text("run")  # run keeps its own texts
     assert "every visible GPU" in run and "--seed" in run and "(NCCL, one GPU per rank)" in run
+
+
+@pytest.mark.parametrize("args, says", [
+    (("calibrate", "--device", "cpu", "--out", "taken.json"),
+     "--out 'taken.json' cannot be written (it is a folder); pass --out with a writable file path, such as "
+     "results/calibration.json"),
+    (("predict", "--variant", "zigzag", "--gpu", "H100", "--out", "taken.jsonl"),
+     "--out 'taken.jsonl' cannot be written (it is a folder); pass --out with a writable file path, such as "
+     "results/predicted.jsonl"),
+    (("predict", "--variant", "zigzag", "--gpu", "missing.json"),
+     "calibration 'missing.json' cannot be read (No such file or directory); pass --gpu with a GPU of the peaks "
+     "table (H100, A100...) or a file ringbench calibrate wrote"),
+], ids=["calibrate-out", "predict-out", "gpu-file"])
+def test_calibration_and_prediction_files_are_refused_with_their_own_fix(tmp_path, args, says):
+    """calibrate --out offered compare.md as its example, and a --gpu file that was not there said
+    "pass --calibration"."""
+    (tmp_path / "taken.json").mkdir()
+    (tmp_path / "taken.jsonl").mkdir()
+    res = ringbench_here(*args, cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert " ".join(res.stderr.split()) == says

@@ -316,16 +316,20 @@ def check_out(out: Path, junit_xml: Optional[Path], files: tuple[str, ...] = ())
                             "with a writable file path, such as results/verify.xml")
 
 
-def check_output(option: str, path: Optional[Path], suffixes: tuple[str, ...]) -> None:
+def check_output(option: str, path: Optional[Path], suffixes: tuple[str, ...], example: str = "") -> None:
     """Refuse an output file with a wrong suffix, or one that could not be written (a folder, a
-    read-only file, a folder that cannot be made or written in), before any work."""
+    read-only file, a folder that cannot be made or written in), before any work. ``example``: the
+    file the fix offers (default: compare's, ``compare`` with the first suffix).
+
+    Raises:
+        SpecError: one sentence naming the option, the path and the rule."""
     if path is None:
         return
     if suffixes and path.suffix.lower() not in suffixes:
         raise SpecError(f"{option} {str(path)!r} must end in {', '.join(suffixes[:-1])} or {suffixes[-1]}, which "
-                        f"names the format; pass a file such as compare{suffixes[0]}")
+                        f"names the format; pass a file such as {example or 'compare' + suffixes[0]}")
     reason = _unwritable_file(path)
     if reason:
-        example = "compare" + (suffixes[0] if suffixes else {"--to-parquet": ".parquet"}.get(option, ".md"))
+        example = example or "compare" + (suffixes[0] if suffixes else {"--to-parquet": ".parquet"}.get(option, ".md"))
         raise SpecError(f"{option} {str(path)!r} cannot be written ({reason}); pass {option} with a writable file "
                         f"path, such as {example}")

@@ -79,7 +79,7 @@ def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tu
         SpecError: an unknown GPU, no calibration at all, or a calibrated device whose peaks are unknown.
     """
     if gpu.endswith(".json") or Path(gpu).is_file():
-        cal = cal_mod.load(Path(gpu))
+        cal = cal_mod.load(Path(gpu), "--gpu")
         sheet = match_datasheet(cal.device)
         return cal, (find_gpu(sheet.name) if sheet else None)
     for cal in calibrations:  # a device named as its calibration names it (cpu, NVIDIA H200)
