@@ -873,7 +873,8 @@ def test_kernel_architecture_rule_runs_on_its_archs_only(kernel, runs, refused):
         assert KERNELS[kernel].check_arch(arch) is None, (kernel, arch)
     for arch in refused:
         reason = KERNELS[kernel].check_arch(arch, "gpu X")
-        assert reason.startswith(f"gpu X ({arch}) cannot run the {kernel} kernel, which runs on NVIDIA GPUs of sm"), reason
+        assert reason.startswith(f"gpu X ({arch}) cannot run the {kernel} kernel, which runs on NVIDIA GPUs of "
+                                 "sm"), reason
 
 
 def test_every_gpu_of_the_peaks_table_has_an_architecture():
@@ -945,7 +946,8 @@ def test_against_says_how_to_calibrate_a_kernel_the_calibration_lacks(tmp_path):
     reasons = [json.loads(line).get("reason") for line in res.stdout.splitlines()][:2]
     for reason, kernel in zip(reasons, ("cudnn", "cpu")):
         assert "pass --kernel" not in reason and "cannot be checked against" in reason, reason
-        assert reason.endswith(f"with ringbench calibrate --kernel {kernel} and pass the file with --calibration"), reason
+        assert reason.endswith(f"with ringbench calibrate --kernel {kernel} and pass the file with "
+                               "--calibration"), reason
 
 
 def test_predict_help_says_what_device_world_size_and_cuda_graph_mean_in_a_prediction(tmp_path):
