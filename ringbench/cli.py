@@ -29,6 +29,7 @@ from ringbench.errors import RingbenchError, SpecError
 from ringbench.variants import plural
 from ringbench.case.fields import BY_NAME as FIELD_ROWS, DEVICES
 from ringbench.case.types import Refused
+from ringbench.model.target import MAX_RANKS
 from ringbench.case.options import (JSON_HELP, JUNIT_HELP, NNODES_HELP, NODE_RANK_HELP, OUT_HELP, RDZV_ENDPOINT_HELP,
                                     RDZV_ID_HELP, RESUME_HELP, SCENARIO_HELP, TIMEOUT_HELP, YES_HELP)
 
@@ -537,10 +538,11 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
         if reason:
             refused.append(reason)
             continue
-        tgt.kernel(spec.kernel)  # a kernel the calibration lacks is refused here, before any prediction
+        tgt.kernel(spec.kernel)  # a kernel the calibration lacks or the GPU cannot run is refused here
         if spec.kernel == "auto":
-            # auto: the first calibrated kernel that takes the case, as run's auto takes the first available one.
-            reasons = {name: kernel_refusal(spec, name) for name in tgt.calibration.kernels}
+            # auto: the first calibrated kernel that the GPU runs and that takes the case, as run's auto takes
+            # the first available one.
+            reasons = {name: kernel_refusal(spec, name) for name in tgt.kernels()}
             takes = [name for name, why in reasons.items() if why is None]
             if not takes:
                 refused.append(next(iter(reasons.values())))
@@ -577,10 +579,23 @@ _CLUSTER = typer.Option(None, "--cluster", metavar="FILE", help=CLUSTER_HELP)
 _CALIBRATION = typer.Option(None, "--calibration", metavar="FILE", help=CALIBRATION_HELP)
 
 
+#: predict's own texts for the case options that mean something else in a prediction than in a run.
+PREDICT_CASE_HELPS = {
+    "device": ("The calibration's device type, cuda or cpu; a prediction runs nothing, so another is refused. "
+               "Default: the calibration's."),
+    "world_size": WORLD_SIZE_HELP.replace(" Default:", f" Repeat for several: one case per value; above {MAX_RANKS} "
+                                          "ranks (the most the model walks) it is refused. Default:"),
+    "cuda_graph": ("Price each iteration replayed as one CUDA graph (on: no host cost after its one launch), eager "
+                   "(off), or as run's auto would choose (auto: replayed only at world size 1, where the host is the "
+                   "slower and the replay is predicted faster); records say which in cuda_graph and "
+                   "cuda_graph_note. Default: auto."),
+}
+
+
 # predict measures nothing: the options of how to measure stay out of its help (and --emulate, --profile
-# are refused in a sentence of their own).
-@options.with_case_options("run", hidden=("iters", "warmup", "emulate", "profile", "min_time_ms", "flush_l2"),
-                          scenario=False)
+# are refused in a sentence of their own); --seed only draws a run's inputs.
+@options.with_case_options("run", hidden=("iters", "warmup", "emulate", "profile", "min_time_ms", "flush_l2", "seed"),
+                          scenario=False, helps=PREDICT_CASE_HELPS)
 def predict(
     case: dict,
     gpu: Optional[str] = _GPU,
@@ -641,7 +656,7 @@ def predict(
             if out.suffix.lower() != ".jsonl":
                 raise SpecError(f"--out {str(out)!r} must end in .jsonl, the records' format; pass --out such as "
                                 "results/predicted.jsonl")
-            options.check_output("--out", out, ())
+            options.check_output("--out", out, (), example="results/predicted.jsonl")
         tgt = _prediction_target(case, gpu=gpu, calibration=calibration, cluster=cluster,
                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
         cases, refused = _predicted_cases(case, tgt)
@@ -779,8 +794,8 @@ def advise_command(
         tgt = _prediction_target(shape, gpu=gpu, calibration=calibration, cluster=cluster,
                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
         kernels = list(dict.fromkeys(kernel or tgt.calibration.kernels))
-        for name in kernels:
-            tgt.kernel(name)
+        for name in kernels:  # one the GPU cannot run is listed as refused, with the reason
+            tgt.calibration.kernel(name)
         from ringbench.model import advise as adv
         from ringbench.model.target import world_sizes
         from ringbench.sweep import build
@@ -853,7 +868,7 @@ def calibrate_command(
         if out.suffix.lower() != ".json":
             raise SpecError(f"--out {str(out)!r} must end in .json, the calibration's format; pass --out such as "
                             "results/calibration.json")
-        options.check_output("--out", out, ())
+        options.check_output("--out", out, (), example="results/calibration.json")
         from ringbench.case.spec import detect_device
         from ringbench.model import calibrate
         from ringbench.variants.kernels import AUTO_ORDER, KERNELS, resolve_kernel
@@ -866,7 +881,7 @@ def calibrate_command(
         grid = calibrate.default_grid(device)
         # By default the kernels auto may pick but math (the reference); flex, which auto never picks, is named.
         names = list(dict.fromkeys(kernel or [])) or [
-            n for n in AUTO_ORDER[device] if n != "math" and KERNELS[n].unavailable() is None]
+            n for n in AUTO_ORDER[device] if n != "math" and KERNELS[n].why_unavailable() is None]
         for name in names:
             try:
                 resolve_kernel(name, device)

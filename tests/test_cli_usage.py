@@ -280,7 +280,7 @@ def test_predict_help_says_nothing_of_scenarios_it_does_not_take():
     result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["predict", "--help"])
     assert result.exit_code == 0
     assert "scenario" not in result.stdout.lower()
-    assert "Default: cuda when a GPU is visible, else cpu." in result.stdout  # the clause before it stays
+    assert "one case per value. Default: none.  " in result.stdout  # --variant: the clause before it stays
     assert "--scenario" in CliRunner(env={"COLUMNS": "200"}).invoke(app, ["run", "--help"]).stdout
 
 

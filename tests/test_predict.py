@@ -818,7 +818,7 @@ def test_an_emulated_rank_pays_the_copies_that_stand_for_its_collectives():
 
 
 @pytest.mark.parametrize("args, says", [
-    (("--gpu", "V100"), "gpu V100 has no dense bf16 peak in the peaks table (ringbench/model/gpus.toml), so no "
+    (("--gpu", "V100"), "gpu V100 has no dense bf16 peak in the peaks table (ringbench/rank/peaks.py), so no "
                         "calibration can be scaled to it; pass --dtype fp16, or a calibration file of it"),
     (("--gpu", "H100", "--dtype", "fp64"), "dtype fp64 is not supported by the flash-attn-4 kernel, which takes bf16 "
                                            "and fp16; pass --dtype bf16"),
@@ -855,3 +855,134 @@ def test_predict_and_advise_refuse_more_ranks_than_the_model_walks(tmp_path):
         assert res.returncode == 2, res.stdout + res.stderr
         assert res.stderr.strip().startswith(f"world_size {2 * MAX_RANKS} is above {MAX_RANKS}, the most ranks the "
                                              "model walks"), res.stderr
+
+
+# --------------------------------------------------------------------------- kernels a GPU cannot run
+
+@pytest.mark.parametrize("kernel, runs, refused", [
+    ("flash-attn-4", ("sm90", "sm100", "sm120"), ("sm89", "sm80", "sm70", "gfx942")),
+    ("flash-attn", ("sm80", "sm89", "sm90"), ("sm75", "sm70", "gfx90a")),
+    ("torch-flash", ("sm80", "sm86", "sm100"), ("sm75", "gfx942")),
+    ("cudnn", ("sm80", "sm90"), ("sm70", "gfx942")),
+    ("math", ("sm70", "gfx942"), ()),
+])
+def test_kernel_architecture_rule_runs_on_its_archs_only(kernel, runs, refused):
+    from ringbench.variants.kernels import KERNELS
+
+    for arch in runs:
+        assert KERNELS[kernel].check_arch(arch) is None, (kernel, arch)
+    for arch in refused:
+        reason = KERNELS[kernel].check_arch(arch, "gpu X")
+        assert reason.startswith(f"gpu X ({arch}) cannot run the {kernel} kernel, which runs on NVIDIA GPUs of "
+                                 "sm"), reason
+
+
+def test_every_gpu_of_the_peaks_table_has_an_architecture():
+    import re
+
+    from ringbench.rank.peaks import DATASHEETS
+
+    assert DATASHEETS
+    for sheet in DATASHEETS:
+        assert re.fullmatch(r"sm\d{2,3}|gfx9\w+", sheet.arch), sheet
+
+
+@pytest.mark.parametrize("gpu, says", [
+    ("A100", "gpu A100 (sm80) cannot run the flash-attn-4 kernel, which runs on NVIDIA GPUs of sm90 or newer only"),
+    ("L4", "gpu L4 (sm89) cannot run the flash-attn-4 kernel, which runs on NVIDIA GPUs of sm90 or newer only"),
+    ("MI300X", "gpu MI300X (gfx942) cannot run the flash-attn-4 kernel"),
+])
+def test_predict_refuses_a_named_kernel_the_gpu_cannot_run(tmp_path, gpu, says):
+    """--gpu A100 --kernel flash-attn-4 priced FlashAttention-4 from the H100's calibration scaled by peak
+    ratio, though it runs on Hopper and Blackwell only: one sentence, exit 2."""
+    res = ringbench_here("predict", "--variant", "zigzag", "--world-size", "8", "--seqlen", "16k", "--gpu", gpu,
+                         "--kernel", "flash-attn-4", cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    message = " ".join(res.stderr.split())
+    assert message.startswith(says) and message.count(". ") == 0 and "Traceback" not in res.stderr, message
+    assert message.endswith("pass --kernel with one of torch-flash or auto" if gpu != "MI300X"
+                            else "pass another --gpu"), message
+
+
+def test_predict_auto_takes_the_first_calibrated_kernel_the_gpu_runs(tmp_path):
+    res = ringbench_here("predict", "--variant", "zigzag", "--world-size", "8", "--seqlen", "16k", "--gpu", "A100",
+                         "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (rec,) = [json.loads(line) for line in res.stdout.splitlines()]
+    assert rec["kernel"] == "torch-flash"
+    res = ringbench_here("predict", "--variant", "zigzag", "--world-size", "8", "--seqlen", "16k", "--gpu", "MI300X",
+                         cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.strip().startswith("gpu MI300X (gfx942) runs none of the calibration's kernels (flash-attn-4 "
+                                         "needs NVIDIA sm90 or newer, torch-flash needs NVIDIA sm80 or newer)")
+
+
+def test_advise_lists_a_kernel_the_gpu_cannot_run_as_refused(tmp_path):
+    res = ringbench_here("advise", "--preset", "llama3-8b", "--seqlen", "16k", "--gpu", "A100", "--world-size", "8",
+                         "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    entries = [json.loads(line) for line in res.stdout.splitlines()]
+    fa4 = [e for e in entries if e["fields"]["kernel"] == "flash-attn-4"]
+    assert fa4 and all(e["refused"].startswith("gpu A100 (sm80) cannot run the flash-attn-4 kernel") for e in fa4)
+    ranked = [e for e in entries if e["rank"]]
+    assert ranked and {e["fields"]["kernel"] for e in ranked} == {"torch-flash"}
+
+
+def test_against_says_how_to_calibrate_a_kernel_the_calibration_lacks(tmp_path):
+    """A record measured with cudnn (in no shipped calibration) or on cpu said "pass --kernel", which
+    --against refuses; it says the record cannot be checked against the calibration and how to calibrate
+    its kernel."""
+    ref = Path(__file__).resolve().parents[1] / "results/reference/2026-12-01-h200-fa4/runs-w1.jsonl"
+    records = [json.loads(line) for line in ref.read_text(encoding="utf-8").splitlines()]
+    cudnn = next(r for r in records if r.get("kernel") == "cudnn" and r["status"] == "ok")
+    fa4 = next(r for r in records if r.get("kernel") == "flash-attn-4" and r["status"] == "ok")
+    cpu = json.loads(json.dumps(cudnn))
+    cpu["kernel"] = cpu["spec"]["kernel"] = "cpu"
+    cpu["spec"].update(device="cpu", dtype="fp32", seqlen=4096)
+    cpu["env"].update(gpu_name=None, gpu_count=0)
+    path = _write(tmp_path / "runs.jsonl", "".join(json.dumps(r) + "\n" for r in (cudnn, cpu, fa4)))
+    res = ringbench_here("predict", "--against", str(path), "--bound", "900%", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    reasons = [json.loads(line).get("reason") for line in res.stdout.splitlines()][:2]
+    for reason, kernel in zip(reasons, ("cudnn", "cpu")):
+        assert "pass --kernel" not in reason and "cannot be checked against" in reason, reason
+        assert reason.endswith(f"with ringbench calibrate --kernel {kernel} and pass the file with "
+                               "--calibration"), reason
+
+
+def test_predict_help_says_what_device_world_size_and_cuda_graph_mean_in_a_prediction(tmp_path):
+    """predict --help showed run's texts: --device "Run on cuda (NCCL...)", --world-size "Default: cuda every
+    visible GPU, cpu 2" (predict's is gpus-per-node x nodes), --seed and --cuda-graph as if it ran anything."""
+    def help_text(command):
+        res = ringbench_here(command, "--help", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        return " ".join(" ".join(line.strip("│ ") for line in res.stdout.splitlines()).split())
+
+    text = help_text("predict")
+    assert "--seed" not in text and "every visible GPU" not in text and "(NCCL, one GPU per rank)" not in text, text
+    assert "The calibration's device type, cuda or cpu" in text, text
+    assert "Repeat for several: one case per value; above 1024 ranks" in text and "gpus-per-node x nodes." in text
+    assert "Price each iteration replayed as one CUDA graph" in text
+    run = help_text("run")  # run keeps its own texts
+    assert "every visible GPU" in run and "--seed" in run and "(NCCL, one GPU per rank)" in run
+
+
+@pytest.mark.parametrize("args, says", [
+    (("calibrate", "--device", "cpu", "--out", "taken.json"),
+     "--out 'taken.json' cannot be written (it is a folder); pass --out with a writable file path, such as "
+     "results/calibration.json"),
+    (("predict", "--variant", "zigzag", "--gpu", "H100", "--out", "taken.jsonl"),
+     "--out 'taken.jsonl' cannot be written (it is a folder); pass --out with a writable file path, such as "
+     "results/predicted.jsonl"),
+    (("predict", "--variant", "zigzag", "--gpu", "missing.json"),
+     "calibration 'missing.json' cannot be read (No such file or directory); pass --gpu with a GPU of the peaks "
+     "table (H100, A100...) or a file ringbench calibrate wrote"),
+], ids=["calibrate-out", "predict-out", "gpu-file"])
+def test_calibration_and_prediction_files_are_refused_with_their_own_fix(tmp_path, args, says):
+    """calibrate --out offered compare.md as its example, and a --gpu file that was not there said
+    "pass --calibration"."""
+    (tmp_path / "taken.json").mkdir()
+    (tmp_path / "taken.jsonl").mkdir()
+    res = ringbench_here(*args, cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert " ".join(res.stderr.split()) == says

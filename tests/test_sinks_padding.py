@@ -355,7 +355,7 @@ GPU_KERNELS = tuple(name for name, kern in KERNELS.items() if kern.device_type =
 def test_sinks_learnable_passes_verify_at_w1_on_each_cuda_kernel(tmp_path, kernel):
     """zigzag and llama3 with a learnable sink on one GPU, bf16, Llama-3-8B heads; and, on a kernel
     with a varlen form, zigzag_varlen with padded documents and the sink."""
-    reason = KERNELS[kernel].unavailable()
+    reason = KERNELS[kernel].why_unavailable()
     if reason:
         pytest.skip(f"{kernel}: {reason}")
     common = ["--device", "cuda", "--world-size", "1", "--kernel", kernel, "--dtype", "bf16", "--heads", "32",

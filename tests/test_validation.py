@@ -463,6 +463,23 @@ def test_validation_page_is_what_its_command_writes_now():
         assert "**pass**" in row or "**fail**" in row, row
 
 
+def test_validation_command_says_the_page_is_up_to_date_when_nothing_changed(tmp_path, monkeypatch, capsys):
+    """``python -m ringbench.present.validation`` printed nothing when it changed nothing, which reads as
+    if it had not run."""
+    from ringbench.present import validation
+
+    monkeypatch.setattr(validation, "run_all", lambda: (None, None))
+    monkeypatch.setattr(validation, "generate", lambda results: "| (a) | table |")
+    monkeypatch.setattr(validation, "validated", lambda *checks: "{}")
+    page = tmp_path / "validation.md"
+    page.write_text("# page\n<!-- validation:begin -->\nold\n<!-- validation:end -->\n", encoding="utf-8")
+    assert validation.main([str(page)]) == 0
+    assert capsys.readouterr().out.startswith(f"rewrote the validation tables of {page}")
+    assert validation.main([str(page)]) == 0
+    assert capsys.readouterr().out.strip() == (f"{page} is up to date: its validation tables are what the checks "
+                                               "give now")
+
+
 @pytest.mark.parametrize("mask, seqlen", [
     (["--mask-file", str(Path(__file__).parent / "data" / "masks" / "image_in_text.txt")], "1k"),  # blind rows at 1k
     (["--mask", "shared-prefix:40,answers=5"], "1k"),  # 984 tokens do not split into 5 answers

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.gpu
 
 def _kernel(name):
     kern = KERNELS[name]
-    reason = kern.unavailable()
+    reason = kern.why_unavailable()
     if reason:
         pytest.skip(f"kernel {name} is unavailable here: {reason}")
     return kern

@@ -82,18 +82,22 @@ def _file_name(field: fields.Field) -> str:
     return f"{field.name}_file"
 
 
-def _case_parameters(command: str, hidden: tuple[str, ...] = (), scenario: bool = True) -> list[inspect.Parameter]:
+def _case_parameters(command: str, hidden: tuple[str, ...] = (), scenario: bool = True,
+                     helps: dict[str, str] | None = None) -> list[inspect.Parameter]:
     """One typer option per field that ``command`` takes, in table order (a field with a
     ``file_option`` has that one too, right after its own); the fields named in ``hidden`` are
     left out of ``--help`` (still parsed, so the command can refuse them in its own sentence);
-    ``scenario``: whether the command takes --scenario (``_option_help``)."""
+    ``scenario``: whether the command takes --scenario (``_option_help``); ``helps``: field ->
+    the command's own help text, where the field means something else there (predict's --device)."""
+    helps = helps or {}
     params = []
     for f in fields.fields_of(command):
         # A typed field's text is parsed once, here, by its type (fields.Field.value_type), whose
         # refusal is ringbench's one sentence, not the parser's box; the help shows the text.
         kind = str if f.value_type is not None else f.type
         annotation = Optional[List[kind]] if f.repeatable else Optional[kind]
-        option = typer.Option(None, *f.option.split(" "), help=_option_help(f, scenario), show_default=False,
+        option = typer.Option(None, *f.option.split(" "), help=helps.get(f.name) or _option_help(f, scenario),
+                              show_default=False,
                               parser=f.value_type, metavar=f.value_name, hidden=f.name in hidden)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=annotation))
@@ -123,10 +127,12 @@ def _with_files(case: dict[str, Any]) -> dict[str, Any]:
     return case
 
 
-def with_case_options(command: str, hidden: tuple[str, ...] = (), scenario: bool = True) -> Callable:
+def with_case_options(command: str, hidden: tuple[str, ...] = (), scenario: bool = True,
+                      helps: dict[str, str] | None = None) -> Callable:
     """Give a typer command every case option of ``command`` (``run`` or ``verify``), those of the
     fields in ``hidden`` left out of its ``--help``; ``scenario=False`` for a command without
-    --scenario, whose option texts then say nothing of scenarios.
+    --scenario, whose option texts then say nothing of scenarios; ``helps``: field -> the command's
+    own text for the options whose meaning or default differ there (predict's --world-size).
 
     The decorated function takes ``case``: the options given, field -> value (a list for the
     repeatable ones), the others left out; then its own parameters.
@@ -135,7 +141,7 @@ def with_case_options(command: str, hidden: tuple[str, ...] = (), scenario: bool
         hints = typing.get_type_hints(func)
         own = [p.replace(annotation=hints[p.name], kind=inspect.Parameter.KEYWORD_ONLY)
                for p in inspect.signature(func).parameters.values() if p.name != "case"]
-        case_params = _case_parameters(command, hidden, scenario)
+        case_params = _case_parameters(command, hidden, scenario, helps)
         names = [p.name for p in case_params]
 
         @functools.wraps(func)
@@ -310,16 +316,20 @@ def check_out(out: Path, junit_xml: Optional[Path], files: tuple[str, ...] = ())
                             "with a writable file path, such as results/verify.xml")
 
 
-def check_output(option: str, path: Optional[Path], suffixes: tuple[str, ...]) -> None:
+def check_output(option: str, path: Optional[Path], suffixes: tuple[str, ...], example: str = "") -> None:
     """Refuse an output file with a wrong suffix, or one that could not be written (a folder, a
-    read-only file, a folder that cannot be made or written in), before any work."""
+    read-only file, a folder that cannot be made or written in), before any work. ``example``: the
+    file the fix offers (default: compare's, ``compare`` with the first suffix).
+
+    Raises:
+        SpecError: one sentence naming the option, the path and the rule."""
     if path is None:
         return
     if suffixes and path.suffix.lower() not in suffixes:
         raise SpecError(f"{option} {str(path)!r} must end in {', '.join(suffixes[:-1])} or {suffixes[-1]}, which "
-                        f"names the format; pass a file such as compare{suffixes[0]}")
+                        f"names the format; pass a file such as {example or 'compare' + suffixes[0]}")
     reason = _unwritable_file(path)
     if reason:
-        example = "compare" + (suffixes[0] if suffixes else {"--to-parquet": ".parquet"}.get(option, ".md"))
+        example = example or "compare" + (suffixes[0] if suffixes else {"--to-parquet": ".parquet"}.get(option, ".md"))
         raise SpecError(f"{option} {str(path)!r} cannot be written ({reason}); pass {option} with a writable file "
                         f"path, such as {example}")

@@ -216,6 +216,9 @@ def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target,
     priced: dict = {}  # the programs' segments and prices, shared by the kernels and placements of a case
     with _collector_paused():
         for c in cands:
+            c.refusal = tgt.kernel_refusal(c.fields["kernel"])  # a kernel the GPU cannot run
+            if c.refusal:
+                continue
             try:
                 spec = build(c.fields)
             except SpecError as exc:

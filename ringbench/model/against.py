@@ -159,6 +159,11 @@ def record_target(rec: dict, *, gpu: Optional[str] = None, calibrations: Sequenc
     """
     from ringbench.model.target import target
 
+    kernel = rec.get("kernel") or rec["spec"].get("kernel")
+    if not (gpu or record_gpu(rec) or calibrations):  # a cpu run names no GPU, and no cpu calibration ships
+        raise SpecError(f"it ran on {rec['spec'].get('device') or 'a machine of no GPU'} with kernel {kernel!r}, which "
+                        "no shipped calibration holds, so it cannot be checked against one; calibrate it on that "
+                        f"machine with ringbench calibrate --kernel {kernel} and pass the file with --calibration")
     return target(gpu=gpu or record_gpu(rec), calibrations=list(calibrations), cluster_file=cluster_file,
                   gpus_per_node=gpus_per_node or record_gpus_per_node(rec), nodes=nodes, fabric=fabric,
                   dtype=rec["spec"].get("dtype") or "bf16")
@@ -194,7 +199,7 @@ def compare(records: list[dict], *, target_of: Callable[[dict], Any] = record_ta
                 targets[key] = target_of(rec)
             tgt = targets[key]
             # Priced as it ran: replayed as a CUDA graph, or eager; merges beside the kernels or in line.
-            fields = predict_case(spec, calibration=tgt.calibration, kernel=tgt.kernel(spec.kernel),
+            fields = predict_case(spec, calibration=tgt.calibration, kernel=_kernel(spec.kernel, tgt),
                                   cluster=tgt.cluster(spec.world_size), graph=bool(rec.get("cuda_graph")),
                                   side=side_merges(rec))
         except (SpecError, schedule.Unpredictable) as exc:
@@ -207,6 +212,22 @@ def compare(records: list[dict], *, target_of: Callable[[dict], Any] = record_ta
                      "path": {part: ms / fields["time_ms"] for part, ms in path.items()},
                      "calibration": fields["prediction"]["calibration"]})
     return rows
+
+
+def _kernel(name: str, tgt) -> str:
+    """The calibrated kernel a record is priced with: its own (``Target.kernel``).
+
+    Raises:
+        SpecError: a kernel the calibration lacks, with how to calibrate it (``--against`` takes no
+            --kernel, so the calibration's own fix would not do).
+    """
+    cal = tgt.calibration
+    if name != "auto" and name not in cal.kernels:
+        raise SpecError(f"kernel {name!r} is not in the calibration of {cal.device}, which holds "
+                        f"{', '.join(cal.kernels)}, so its records cannot be checked against it; calibrate it on the "
+                        f"machine they ran on with ringbench calibrate --kernel {name} and pass the file with "
+                        "--calibration")
+    return tgt.kernel(name)
 
 
 def none_predicted(rows: list[dict], paths: Sequence[Path]) -> Optional[str]:

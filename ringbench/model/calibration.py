@@ -495,8 +495,8 @@ def from_dict(raw: Any, where: str) -> Calibration:
         raise _bad(where, f"lacks or mistypes a field ({type(exc).__name__}: {exc})") from None
 
 
-def load(path: Path) -> Calibration:
-    """Read a calibration file.
+def load(path: Path, option: str = "--calibration") -> Calibration:
+    """Read a calibration file, given with ``option`` (``--calibration``, or ``--gpu``, which also takes one).
 
     Raises:
         SpecError: an unreadable file, bad JSON, or :func:`from_dict`'s refusals.
@@ -505,8 +505,9 @@ def load(path: Path) -> Calibration:
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
+        alternative = "a GPU of the peaks table (H100, A100...) or " if option == "--gpu" else ""
         raise SpecError(f"calibration {where} cannot be read ({exc.strerror or type(exc).__name__}); pass "
-                        "--calibration with a file ringbench calibrate wrote") from None
+                        f"{option} with {alternative}a file ringbench calibrate wrote") from None
     except json.JSONDecodeError as exc:
         raise SpecError(f"calibration {where} is not JSON ({exc.msg} at line {exc.lineno}); pass a file "
                         "ringbench calibrate wrote") from None

@@ -79,7 +79,7 @@ def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tu
         SpecError: an unknown GPU, no calibration at all, or a calibrated device whose peaks are unknown.
     """
     if gpu.endswith(".json") or Path(gpu).is_file():
-        cal = cal_mod.load(Path(gpu))
+        cal = cal_mod.load(Path(gpu), "--gpu")
         sheet = match_datasheet(cal.device)
         return cal, (find_gpu(sheet.name) if sheet else None)
     for cal in calibrations:  # a device named as its calibration names it (cpu, NVIDIA H200)
@@ -98,7 +98,7 @@ def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tu
                         "GPU and pass the file with --calibration")
     want = _peak(target.datasheet, dtype)
     if not want:
-        raise SpecError(f"gpu {target.name} has no dense {dtype} peak in the peaks table (ringbench/model/gpus.toml), "
+        raise SpecError(f"gpu {target.name} has no dense {dtype} peak in the peaks table (ringbench/rank/peaks.py), "
                         "so no calibration can be scaled to it; pass --dtype fp16, or a calibration file of it")
     import math
 

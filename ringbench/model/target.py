@@ -58,13 +58,46 @@ class Target:
         per = min(per, world_size)
         return Cluster(self.gpu_name, per, world_size // per, self.intra, self.inter)
 
+    def kernel_refusal(self, name: str) -> str | None:
+        """Why the GPU cannot run kernel ``name`` (its architecture against the kernel's, ``Kernel.min_sm``),
+        in one sentence without a fix, or ``None`` (a GPU of no known architecture, a cpu calibration)."""
+        arch = self.gpu.datasheet.arch if self.gpu else None
+        if arch is None:
+            return None
+        from ringbench.variants.kernels import KERNELS  # imports torch
+
+        kernel = KERNELS.get(name)
+        return kernel.check_arch(arch, f"gpu {self.gpu_name}") if kernel else None
+
+    def kernels(self) -> list[str]:
+        """The calibration's kernels that the GPU can run, in the calibration's order."""
+        return [name for name in self.calibration.kernels if self.kernel_refusal(name) is None]
+
     def kernel(self, name: str) -> str:
-        """The calibrated kernel a case runs with: ``auto`` is the calibration's first.
+        """The calibrated kernel a case runs with: ``auto`` is the first of the calibration's that the
+        GPU can run.
 
         Raises:
-            SpecError: a kernel the calibration does not hold.
+            SpecError: a kernel the calibration does not hold or the GPU cannot run; ``auto`` where
+                the GPU runs none of the calibration's.
         """
-        return self.calibration.kernel(name).name
+        if name == "auto":
+            runs = self.kernels()
+            if not runs:
+                from ringbench.variants.kernels import KERNELS
+
+                needs = [f"{n} needs NVIDIA sm{KERNELS[n].min_sm} or newer" for n in self.calibration.kernels]
+                raise SpecError(f"gpu {self.gpu_name} ({self.gpu.datasheet.arch}) runs none of the calibration's "
+                                f"kernels ({', '.join(needs)}); pass --gpu with a GPU that runs one, or a "
+                                "calibration measured on it (ringbench calibrate there, then --calibration FILE)")
+            return runs[0]
+        name = self.calibration.kernel(name).name
+        why = self.kernel_refusal(name)
+        if why:
+            runs = self.kernels()
+            fix = f"pass --kernel with one of {', '.join(runs)} or auto" if runs else "pass another --gpu"
+            raise SpecError(f"{why}; {fix}")
+        return name
 
     @cached_property
     def _git_commit(self) -> Optional[str]:

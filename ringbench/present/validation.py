@@ -321,7 +321,8 @@ def generate(root: Path = ROOT, results: Optional[tuple] = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Rewrite the generated block of the validation page (``argv[0]``, default :data:`PAGE`) and, with
-    the default page, ``ringbench/model/validated.json``; returns 0."""
+    the default page, ``ringbench/model/validated.json``; says what it rewrote, or that both are up to
+    date; returns 0."""
     from ringbench.present.doc_tables import refresh
 
     args = sys.argv[1:] if argv is None else argv
@@ -337,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args and found != written:
         VALIDATED.write_text(written, encoding="utf-8")
         print(f"rewrote {VALIDATED}")
+    if new == text and (args or found == written):  # a silent run read as a failure to run at all
+        print(f"{page} is up to date: its validation tables are what the checks give now"
+              + ("" if args else f", and so is {VALIDATED.name}"))
     return 0
 
 

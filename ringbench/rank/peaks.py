@@ -48,6 +48,9 @@ class Datasheet:
         bf16, fp16, tf32, fp32, fp64: the dense peaks (see the module docstring); None where
             the datasheet gives none.
         source: the document the figures come from.
+        arch: the GPU's architecture, as the kernels' requirements name it (:data:`ARCH_SOURCE`):
+            ``sm<major><minor>``, its CUDA compute capability (``sm90`` is 9.0, Hopper), or an AMD
+            GPU's LLVM target (``gfx942``).
     """
 
     name: str
@@ -58,6 +61,7 @@ class Datasheet:
     fp32: Optional[float]
     fp64: Optional[float]
     source: str
+    arch: str
 
     def peak(self, dtype: str) -> Optional[float]:
         """The bound for a case in ``dtype``: fp32 takes the TF32 figure where there is one."""
@@ -65,6 +69,10 @@ class Datasheet:
             return self.tf32 if self.tf32 is not None else self.fp32
         return getattr(self, dtype)
 
+
+#: Where each entry's ``arch`` comes from.
+ARCH_SOURCE = ("NVIDIA's CUDA GPUs list (developer.nvidia.com/cuda-gpus) and the CUDA C++ Programming Guide's "
+               "compute capabilities; AMD's ROCm GPU hardware specifications (LLVM target)")
 
 _NV = "NVIDIA datasheet"
 _AMD = "AMD Instinct datasheet"
@@ -74,42 +82,42 @@ _AMD = "AMD Instinct datasheet"
 #: takes the SXM figures, the highest of the family).
 DATASHEETS: tuple[Datasheet, ...] = (
     # Blackwell: per-GPU figures of the HGX B200 and GB200 NVL72 datasheets.
-    Datasheet("GB200", r"\bGB200\b", 2500, 2500, 1250, 80, 45, "NVIDIA GB200 NVL72 datasheet, per GPU"),
-    Datasheet("B200", r"\bB200\b", 2250, 2250, 1100, 80, 40, "NVIDIA HGX B200 datasheet, per GPU"),
+    Datasheet("GB200", r"\bGB200\b", 2500, 2500, 1250, 80, 45, "NVIDIA GB200 NVL72 datasheet, per GPU", "sm100"),
+    Datasheet("B200", r"\bB200\b", 2250, 2250, 1100, 80, 40, "NVIDIA HGX B200 datasheet, per GPU", "sm100"),
     # Hopper.
-    Datasheet("GH200", r"\bGH200\b", 989.4, 989.4, 494.7, 67, 67, f"{_NV} (GH200 Grace Hopper)"),
-    Datasheet("H200 NVL", r"\bH200\b.*\bNVL\b", 835.5, 835.5, 417.5, 60, 60, f"{_NV} (H200 NVL)"),
-    Datasheet("H200 SXM", r"\bH200\b", 989.4, 989.4, 494.7, 67, 67, f"{_NV} (H200 SXM)"),
-    Datasheet("H100 NVL", r"\bH100\b.*\bNVL\b", 835.5, 835.5, 417.5, 60, 60, f"{_NV} (H100 NVL)"),
-    Datasheet("H100 PCIe", r"\bH100\b.*\bPCIe\b", 756.5, 756.5, 378, 51.2, 51.2, f"{_NV} (H100 PCIe)"),
-    Datasheet("H100 SXM", r"\bH100\b", 989.4, 989.4, 494.7, 66.9, 66.9, f"{_NV} (H100 SXM)"),
-    Datasheet("H800 PCIe", r"\bH800\b.*\bPCIe\b", 756.5, 756.5, 378, 51.2, 0.8, f"{_NV} (H800 PCIe)"),
-    Datasheet("H800 SXM", r"\bH800\b", 989.4, 989.4, 494.7, 66.9, 1, f"{_NV} (H800 SXM)"),
-    Datasheet("H20", r"\bH20\b", 148, 148, 74, 44, 1, f"{_NV} (H20)"),
+    Datasheet("GH200", r"\bGH200\b", 989.4, 989.4, 494.7, 67, 67, f"{_NV} (GH200 Grace Hopper)", "sm90"),
+    Datasheet("H200 NVL", r"\bH200\b.*\bNVL\b", 835.5, 835.5, 417.5, 60, 60, f"{_NV} (H200 NVL)", "sm90"),
+    Datasheet("H200 SXM", r"\bH200\b", 989.4, 989.4, 494.7, 67, 67, f"{_NV} (H200 SXM)", "sm90"),
+    Datasheet("H100 NVL", r"\bH100\b.*\bNVL\b", 835.5, 835.5, 417.5, 60, 60, f"{_NV} (H100 NVL)", "sm90"),
+    Datasheet("H100 PCIe", r"\bH100\b.*\bPCIe\b", 756.5, 756.5, 378, 51.2, 51.2, f"{_NV} (H100 PCIe)", "sm90"),
+    Datasheet("H100 SXM", r"\bH100\b", 989.4, 989.4, 494.7, 66.9, 66.9, f"{_NV} (H100 SXM)", "sm90"),
+    Datasheet("H800 PCIe", r"\bH800\b.*\bPCIe\b", 756.5, 756.5, 378, 51.2, 0.8, f"{_NV} (H800 PCIe)", "sm90"),
+    Datasheet("H800 SXM", r"\bH800\b", 989.4, 989.4, 494.7, 66.9, 1, f"{_NV} (H800 SXM)", "sm90"),
+    Datasheet("H20", r"\bH20\b", 148, 148, 74, 44, 1, f"{_NV} (H20)", "sm90"),
     # Ampere: the PCIe and SXM boards, 40 and 80 GB, share their peaks.
-    Datasheet("A100", r"\bA100\b", 312, 312, 156, 19.5, 19.5, f"{_NV} (A100, SXM and PCIe, 40 and 80 GB)"),
-    Datasheet("A800", r"\bA800\b", 312, 312, 156, 19.5, 19.5, f"{_NV} (A800, SXM and PCIe, 40 and 80 GB)"),
-    Datasheet("RTX A6000", r"\bRTX A6000\b", 154.8, 154.8, 77.4, 38.7, None, f"{_NV} (RTX A6000)"),
+    Datasheet("A100", r"\bA100\b", 312, 312, 156, 19.5, 19.5, f"{_NV} (A100, SXM and PCIe, 40 and 80 GB)", "sm80"),
+    Datasheet("A800", r"\bA800\b", 312, 312, 156, 19.5, 19.5, f"{_NV} (A800, SXM and PCIe, 40 and 80 GB)", "sm80"),
+    Datasheet("RTX A6000", r"\bRTX A6000\b", 154.8, 154.8, 77.4, 38.7, None, f"{_NV} (RTX A6000)", "sm86"),
     # Ada Lovelace. The L40's fp32-accumulate rate is half its fp16-accumulate rate; the L40S's is not.
-    Datasheet("L40S", r"\bL40S\b", 366, 366, 183, 91.6, None, f"{_NV} (L40S)"),
-    Datasheet("L40", r"\bL40\b", 181.05, 362.1, 90.5, 90.5, None, f"{_NV} (L40)"),
-    Datasheet("L4", r"\bL4\b", 121, 121, 60, 30.3, None, f"{_NV} (L4)"),
+    Datasheet("L40S", r"\bL40S\b", 366, 366, 183, 91.6, None, f"{_NV} (L40S)", "sm89"),
+    Datasheet("L40", r"\bL40\b", 181.05, 362.1, 90.5, 90.5, None, f"{_NV} (L40)", "sm89"),
+    Datasheet("L4", r"\bL4\b", 121, 121, 60, 30.3, None, f"{_NV} (L4)", "sm89"),
     Datasheet("RTX 6000 Ada", r"\bRTX 6000 Ada\b", 364.2, 364.2, 182.1, 91.1, None,
-              "NVIDIA Ada Lovelace architecture whitepaper (RTX 6000 Ada)"),
+              "NVIDIA Ada Lovelace architecture whitepaper (RTX 6000 Ada)", "sm89"),
     Datasheet("GeForce RTX 4090", r"\bRTX 4090\b", 165.2, 330.3, 82.6, 82.6, None,
-              "NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090)"),
+              "NVIDIA Ada Lovelace architecture whitepaper (GeForce RTX 4090)", "sm89"),
     # Volta and Turing: no bf16 tensor cores, so bf16 is measured.
-    Datasheet("V100S", r"\bV100S\b", None, 130, None, 16.4, 8.2, f"{_NV} (V100S PCIe)"),
-    Datasheet("V100", r"\bV100\b", None, 125, None, 15.7, 7.8, f"{_NV} (V100 SXM2)"),
-    Datasheet("T4", r"\bT4\b", None, 65, None, 8.1, None, f"{_NV} (T4)"),
+    Datasheet("V100S", r"\bV100S\b", None, 130, None, 16.4, 8.2, f"{_NV} (V100S PCIe)", "sm70"),
+    Datasheet("V100", r"\bV100\b", None, 125, None, 15.7, 7.8, f"{_NV} (V100 SXM2)", "sm70"),
+    Datasheet("T4", r"\bT4\b", None, 65, None, 8.1, None, f"{_NV} (T4)", "sm75"),
     # AMD Instinct, as ROCm's torch names them ("AMD Instinct MI300X"); fp32 and fp64 are the
     # matrix peaks. ROCm may name an MI250X "AMD Instinct MI250X / MI250": the MI250X wins.
-    Datasheet("MI325X", r"\bMI325X\b", 1307.4, 1307.4, 653.7, 163.4, 163.4, f"{_AMD} (MI325X)"),
-    Datasheet("MI300X", r"\bMI300X\b", 1307.4, 1307.4, 653.7, 163.4, 163.4, f"{_AMD} (MI300X)"),
-    Datasheet("MI300A", r"\bMI300A\b", 980.6, 980.6, 490.3, 122.6, 122.6, f"{_AMD} (MI300A)"),
-    Datasheet("MI250X", r"\bMI250X\b", 383, 383, None, 95.7, 95.7, f"{_AMD} (MI250X)"),
-    Datasheet("MI250", r"\bMI250\b", 362.1, 362.1, None, 90.5, 90.5, f"{_AMD} (MI250)"),
-    Datasheet("MI210", r"\bMI210\b", 181, 181, None, 45.3, 45.3, f"{_AMD} (MI210)"),
+    Datasheet("MI325X", r"\bMI325X\b", 1307.4, 1307.4, 653.7, 163.4, 163.4, f"{_AMD} (MI325X)", "gfx942"),
+    Datasheet("MI300X", r"\bMI300X\b", 1307.4, 1307.4, 653.7, 163.4, 163.4, f"{_AMD} (MI300X)", "gfx942"),
+    Datasheet("MI300A", r"\bMI300A\b", 980.6, 980.6, 490.3, 122.6, 122.6, f"{_AMD} (MI300A)", "gfx942"),
+    Datasheet("MI250X", r"\bMI250X\b", 383, 383, None, 95.7, 95.7, f"{_AMD} (MI250X)", "gfx90a"),
+    Datasheet("MI250", r"\bMI250\b", 362.1, 362.1, None, 90.5, 90.5, f"{_AMD} (MI250)", "gfx90a"),
+    Datasheet("MI210", r"\bMI210\b", 181, 181, None, 45.3, 45.3, f"{_AMD} (MI210)", "gfx90a"),
 )
 
 

@@ -61,7 +61,7 @@ from typing import Callable, Mapping
 import torch
 
 from . import fa4
-from .common import _cuda_unavailable
+from .common import _cuda_unavailable, device_arch
 from .flex import _flex_backward, _flex_forward, _flex_unavailable
 from .flex import notes as _flex_notes
 from .flash_attn import (_fa4_backward, _fa4_backward_varlen, _fa4_forward, _fa4_forward_varlen, _fa4_version,
@@ -123,6 +123,9 @@ class Kernel:
             repeatable, with the source that documents it; empty where it is (``cpu``, ``math``).
             ``verify --repeat`` records it and does not fail gradients (dq, dk, dv) that differ
             between repeats for it, unless ``--require-deterministic``; out or lse that differ fail.
+        min_sm: the oldest NVIDIA architecture it runs on, as ``sm<major><minor>`` reads (90: compute
+            capability 9.0, Hopper); such a kernel runs on no AMD GPU. ``None``: no architecture rule.
+        arch_rule: where ``min_sm`` comes from, for the sentence that refuses a GPU below it.
     """
 
     name: str
@@ -147,6 +150,24 @@ class Kernel:
     no_bias: str = "ringbench calls it without an additive score bias"
     takes_max_logit: bool = False
     no_max_logit: str = "its op returns out and lse only, never the scores' maximum"
+    min_sm: int | None = None
+    arch_rule: str = ""
+
+    def check_arch(self, arch: str, gpu: str = "this GPU") -> str | None:
+        """Why the kernel cannot run on ``gpu``, whose architecture is ``arch`` (``sm90``, ``gfx942``:
+        ``ringbench.rank.peaks.Datasheet.arch``), in one sentence without a fix, or ``None`` when it can."""
+        if self.min_sm is None:
+            return None
+        if arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= self.min_sm:
+            return None
+        return (f"{gpu} ({arch}) cannot run the {self.name} kernel, which runs on NVIDIA GPUs of sm{self.min_sm} "
+                f"or newer only ({self.arch_rule})")
+
+    def why_unavailable(self) -> str | None:
+        """Why the kernel cannot run on this machine (the visible GPU's architecture against
+        :attr:`min_sm`, then :attr:`unavailable`), or ``None`` when it can."""
+        arch = device_arch() if self.min_sm is not None else None
+        return (self.check_arch(arch) if arch else None) or self.unavailable()
 
     @property
     def any_mask(self) -> bool:
@@ -207,25 +228,34 @@ _NONDET_TORCH = ("PyTorch's {op} warns that '{name} defaults to a non-determinis
                  "(aten/src/ATen/native/transformers/cuda/attention_backward.cu); ringbench does not call "
                  "torch.use_deterministic_algorithms(True)")
 
+# Where the CUDA kernels' oldest architecture is stated (Kernel.min_sm).
+_ARCH_FA4 = ("flash-attn-4's package description: 'a CuTeDSL-based implementation of FlashAttention for Hopper "
+             "and Blackwell GPUs'")
+_ARCH_FA2 = "flash-attn's README: FlashAttention-2 supports Ampere, Ada and Hopper GPUs"
+_ARCH_TORCH = "PyTorch's {check} in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp"
+
 KERNELS: dict[str, Kernel] = {
     k.name: k
     for k in (
         Kernel("flash-attn-4", "cuda", _HALF, 256, 8, _fa4_forward, _fa4_backward, fa4.unavailable,
                _fa4_forward_varlen, _fa4_backward_varlen, nondeterministic_backward=_NONDET_FA4, head_dim_v=True,
-               takes_window=True,
+               takes_window=True, min_sm=90, arch_rule=_ARCH_FA4,
                version=_fa4_version, notes=fa4.notes),
         Kernel("flash-attn", "cuda", _HALF, 256, 8, _flash_attn_forward, _flash_attn_backward,
                _flash_attn_unavailable, _flash_attn_forward_varlen, _flash_attn_backward_varlen,
-               nondeterministic_backward=_NONDET_FLASH_ATTN, version=_flash_attn_version, takes_window=True),
+               nondeterministic_backward=_NONDET_FLASH_ATTN, version=_flash_attn_version, takes_window=True,
+               min_sm=80, arch_rule=_ARCH_FA2),
         Kernel("torch-flash", "cuda", _HALF, 256, 8, _torch_flash_forward, _torch_flash_backward,
                _torch_flash_unavailable, _torch_flash_forward_varlen, _torch_flash_backward_varlen,
                nondeterministic_backward=_NONDET_TORCH.format(name="Flash Attention", op="_flash_attention_backward"),
-               takes_window=True),
+               takes_window=True, min_sm=80,
+               arch_rule=_ARCH_TORCH.format(check="check_flash_attention_hardware_support")),
         Kernel("cudnn", "cuda", _HALF, 128, 8, _cudnn_forward, _cudnn_backward, _cudnn_unavailable,
                no_varlen="cuDNN's ragged-offset attention is not wired up or verified",
                nondeterministic_backward=_NONDET_TORCH.format(name="cuDNN Attention", op="_cudnn_attention_backward"),
                version=lambda: f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}",
-               notes=_cudnn_notes, no_window="PyTorch's cuDNN attention op takes no window size"),
+               notes=_cudnn_notes, no_window="PyTorch's cuDNN attention op takes no window size",
+               min_sm=80, arch_rule=_ARCH_TORCH.format(check="check_cudnn_hardware_support")),
         Kernel("torch-efficient", "cuda", (*_HALF, torch.float32), 128, 8, _efficient_forward, _efficient_backward,
                _cuda_unavailable, no_varlen="the memory-efficient op's varlen form is not wired up or verified",
                nondeterministic_backward=_NONDET_TORCH.format(name="Memory Efficient attention",
@@ -324,7 +354,7 @@ def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None 
 
 
 def _unavailable(kernel: Kernel) -> str | None:
-    reason = kernel.unavailable()
+    reason = kernel.why_unavailable()
     return f"kernel {kernel.name!r} is unavailable here: {reason}; pass another --kernel or auto" if reason else None
 
 

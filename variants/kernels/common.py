@@ -336,6 +336,17 @@ def check_mask(mask: PositionMask, q: Tensor, k: Tensor, causal: bool, window) -
                          f"{q.shape[1]} query and {k.shape[1]} key rows; build it from the call's rows")
 
 
+def device_arch() -> str | None:
+    """The visible GPU's architecture as ``Kernel.check_arch`` reads it: ``sm<major><minor>`` (``sm90``)
+    on CUDA, its LLVM target (``gfx942``) on ROCm; ``None`` where no GPU is visible."""
+    if not torch.cuda.is_available():
+        return None
+    if torch.version.hip:
+        return torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm{major}{minor}"
+
+
 def _cuda_unavailable() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device is visible"

@@ -50,13 +50,10 @@ def version() -> str | None:
 
 
 def unavailable() -> str | None:
-    """Why FlashAttention-4 cannot run here (no CUDA, a GPU older than sm90, no package), or ``None``."""
+    """Why FlashAttention-4 cannot run here (no CUDA, no package), or ``None``; a GPU older than sm90 is
+    refused by the kernel's declared architecture (``Kernel.min_sm``)."""
     if not torch.cuda.is_available():
         return "no CUDA device is visible"
-    major, minor = torch.cuda.get_device_capability()
-    if major < 9:
-        return (f"FlashAttention-4 needs compute capability 9.0 (Hopper) or newer, and this GPU has "
-                f"{major}.{minor}")
     try:
         _interface()
     except Exception as exc:  # an import failure is a reason, never a crash

@@ -56,10 +56,8 @@ def _torch_flash_backward(dout, q, k, v, out, lse, causal, softmax_scale, *, win
 
 
 def _torch_flash_unavailable() -> str | None:
-    reason = _cuda_unavailable()
-    if reason is None and torch.cuda.get_device_capability() < (8, 0):
-        return "PyTorch's FlashAttention-2 needs compute capability 8.0 or newer"
-    return reason
+    # The GPU's architecture is the registry's rule (Kernel.min_sm), checked before this.
+    return _cuda_unavailable()
 
 
 #: Whether this build's FlashAttention-2 varlen lse is padded ``[N, H, max_seqlen_q]`` (older
@@ -179,9 +177,7 @@ def _cudnn_unavailable() -> str | None:
     reason = _cuda_unavailable()
     if reason is None and not torch.backends.cudnn.is_available():
         return "PyTorch was built without cuDNN"
-    if reason is None and torch.cuda.get_device_capability() < (8, 0):
-        return "cuDNN attention needs compute capability 8.0 or newer"
-    return reason
+    return reason  # the GPU's architecture is the registry's rule (Kernel.min_sm)
 
 
 # --------------------------------------------------------------------------- torch-efficient
