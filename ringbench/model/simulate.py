@@ -159,12 +159,21 @@ def price(segs: list[list], *, calibration: Calibration, kernel: str, whiches: t
         ops = [segs[r][j][1] for r in range(W)]
         post = None
         if isinstance(ops[0], Post):  # what play asks of every rank's transfer, once per program
-            post = ((ops[0].op, ops[0].nbytes, tuple((op.send_to, op.recv_from, op.group) for op in ops)),
-                    np.array([op.phase == "bwd" for op in ops]))
+            post = (_post_key(ops), np.array([op.phase == "bwd" for op in ops]))
         calls += kernel_t[at].sum(axis=0)
         segments.append((work_t[at].transpose(0, 2, 1), host_t[at].astype(float), has_t[at].astype(bool),
                          kernel_t[at].astype(bool), bwd_t[at].astype(bool), ops, lane_t[at].astype(int), post))
     return Priced(tuple(whiches), calibration.launch_ms, segments, [int(c) for c in calls])
+
+
+def _post_key(ops: list) -> tuple:
+    """What names the pattern of one transfer of every rank (:func:`_pattern`'s cache): its op and size,
+    each rank's peers, and each rank's group as an index into the distinct group tuples (a ring's ranks
+    share one tuple of W ranks: hashing every rank's would be W² per transfer)."""
+    groups: dict = {}
+    which = tuple(groups.setdefault(id(op.group), (len(groups), op.group))[0] for op in ops)
+    return (ops[0].op, ops[0].nbytes, tuple(op.send_to for op in ops), tuple(op.recv_from for op in ops),
+            tuple(g for _, g in groups.values()), which)
 
 
 def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lambda r: r,
