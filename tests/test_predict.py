@@ -986,3 +986,35 @@ def test_calibration_and_prediction_files_are_refused_with_their_own_fix(tmp_pat
     res = ringbench_here(*args, cwd=tmp_path)
     assert res.returncode == 2, res.stdout + res.stderr
     assert " ".join(res.stderr.split()) == says
+
+
+@pytest.mark.parametrize("variant,degree", [("zigzag", 0), ("usp", 4), ("llama3", 0)])
+def test_play_counts_each_ranks_bytes_and_calls_as_its_program_holds_them(variant, degree):
+    """``simulate.play`` sums every rank's bytes per link class over the whole cluster at once, and
+    ``price`` counts kernel calls from its table of distinct ops: each rank's figures, and the order
+    of its classes (as it first met them), are those of its own program recounted transfer by transfer."""
+    from ringbench.model import simulate
+
+    W = 16
+    spec = _spec(variant, W, 1024, mode="fwd_bwd", heads=8, kv_heads=4,
+                 **({"ulysses_degree": degree} if degree else {}))
+    progs, _ = schedule.programs(spec)
+    intra = Link("in", "in", "intra-node", 100.0, 0.0, (), "test")
+    inter = Link("out", "out", "inter-node", 10.0, 0.0, (), "test")
+    cluster = Cluster("cpu", 4, 4, intra, inter)
+    place = (lambda r: (r % 4) * 4 + r // 4) if degree else (lambda r: r)  # usp's groups across the nodes
+    cal = C.from_dict(_flat_calibration(), "test")
+    got = simulate.simulate(progs, calibration=cal, kernel="cpu", cluster=cluster, place=place)["mid"]
+
+    def link(a, b):
+        return cluster.link(place(a), place(b))
+
+    for r, prog in enumerate(progs):
+        by: dict = {}
+        for op, _ in prog:
+            if isinstance(op, schedule.Post):
+                for cls, nbytes in simulate._by_class(op, r, link).items():
+                    by[cls] = by.get(cls, 0.0) + nbytes
+        assert list(got[r].bytes_by_class.items()) == list(by.items()), r
+        assert got[r].kernel_calls == sum(isinstance(op, schedule.Compute) and op.kind == "kernel" for op, _ in prog)
+    assert variant != "usp" or len(got[0].bytes_by_class) == 2  # a2a inside a node, the ring across them

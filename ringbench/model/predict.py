@@ -245,6 +245,13 @@ def predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluste
     Raises:
         schedule.Unpredictable: a case whose schedule the model does not walk.
     """
+    with schedule.paused_gc():
+        return _predict_case(spec, calibration=calibration, kernel=kernel, cluster=cluster, place=place,
+                             programs=programs, cache=cache, graph=graph, side=side)
+
+
+def _predict_case(spec, *, calibration: Calibration, kernel: str, cluster: Cluster, place: str, programs: tuple | None,
+                  cache: dict | None, graph: bool | None, side: bool | None) -> dict[str, Any]:
     progs, layout = programs if programs is not None else schedule.programs(spec, side=side)
     where = placement(cluster, layout, place)
     cache = {} if cache is None else cache

@@ -32,6 +32,9 @@ Source: issue 24 ("the model is the engines' own schedule").
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
 import importlib
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -93,6 +96,19 @@ class Layout:
 
     ulysses_degree: int
     ring_degree: int
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """The cyclic garbage collector paused for a block: a walk builds W² small tuples, none in a cycle,
+    and each collection would scan them all again (most of predict's time at hundreds of ranks)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Unpredictable(ValueError):
@@ -204,8 +220,41 @@ def ring_steps(layout: str, seqlen_local: int, ring_rank: int, ring_degree: int,
 
     module, name = PLANS.get(layout, PLANS["contiguous"])  # balanced, ptrr: the mask's own parts, no plan
     plan = getattr(importlib.import_module(f"ringbench.variants.engines.{module}"), name)
-    return ring.steps_for(plan, layout, seqlen_local, ring_rank, ring_degree, causal, window=window,
-                          doc_lengths=doc_lengths, device="cpu", mask=mask, by_slices=mask is not None)
+    return _memo(ring.steps_for(plan, layout, seqlen_local, ring_rank, ring_degree, causal, window=window,
+                                doc_lengths=doc_lengths, device="cpu", mask=mask, by_slices=mask is not None))
+
+
+def _memo(steps):
+    """``steps`` asked once per ``(step, source)``: the forward ring counts its blocks and walks them, and
+    the backward walks them again (three plan calls per step otherwise, W² of them per case)."""
+    seen: dict = {}
+
+    def memo(step: int, source: int):
+        key = (step, source)
+        if key not in seen:
+            seen[key] = steps(step, source)
+        return seen[key]
+
+    if hasattr(steps, "n_steps"):  # a window's or mask's ring, which may end early
+        memo.n_steps = steps.n_steps
+    return memo
+
+
+@functools.lru_cache(maxsize=4096)
+def _slice_calls(q: tuple, kv: tuple, causal: bool, mode: str, seqlen_local: int) -> tuple[Call, ...]:
+    # step_calls of a batch step, by value: every rank's plan gives one of a few blocks.
+    from ringbench.variants.engines.ring import Step
+
+    return tuple(step_calls(Step(slice(*q), slice(*kv), causal), mode, seqlen_local))
+
+
+def _block_calls(block, mode: str, seqlen_local: int) -> list[Call]:
+    """:func:`step_calls` of ``block``, those of a batch step (slices, no parts) kept between ranks."""
+    if block.parts or block.cu_q is not None or not (isinstance(block.q, slice) and isinstance(block.kv, slice)):
+        return step_calls(block, mode, seqlen_local)
+    q, kv = block.q, block.kv
+    return list(_slice_calls((q.start, q.stop, q.step), (kv.start, kv.stop, kv.step), block.causal, mode,
+                             seqlen_local))
 
 
 def ring_forward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, shape: Shape, esize: int,
@@ -222,7 +271,7 @@ def ring_forward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, sh
             ops.append(Post(f"{tag}f", "p2p", "fwd", step, kv_bytes, ring, ring[(me + 1) % R], ring[(me - 1) % R]))
         block = steps(step, (me - step) % R)
         if block is not None:
-            calls = step_calls(block, "fwd", seqlen_local)
+            calls = _block_calls(block, "fwd", seqlen_local)
             ops += [Compute("kernel", "fwd", step, c) for c in calls]
             if block.parts and not _whole(block.parts, seqlen_local):  # window.attend folds its parts
                 ops += [Compute("merge", "fwd", step, nbytes=_merge_bytes(c.q, shape, esize)) for c in calls]
@@ -262,7 +311,7 @@ def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, s
             ops.append(Post(f"{tag}b", "p2p", "bwd", i, kv_bytes * esize, ring, nxt, prv))
         block = steps((me - source) % R, source)
         if block is not None:
-            calls = step_calls(block, "bwd", seqlen_local)
+            calls = _block_calls(block, "bwd", seqlen_local)
             ops += [Compute("kernel", "bwd", i, c) for c in calls]
             if block.parts and not _whole(block.parts, seqlen_local):  # window.attend_backward sums its parts
                 ops += [Compute("add", "bwd", i, nbytes=_add_bytes(c.q, c.k, shape, esize)) for c in calls]
@@ -270,7 +319,7 @@ def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, s
             break
         if i > 0:
             ops.append(Wait(f"{tag}d"))
-        ops += [op._replace(side=side) for op in _step_add(block, i, dq_held, i > 0, seqlen_local, shape, esize)]
+        ops += _step_add(block, i, dq_held, i > 0, seqlen_local, shape, esize, side)
         dq_held = dq_held or block is not None
         hop = esize if (i == 0 and not windowed) else 4
         ops.append(Post(f"{tag}d", "p2p", "bwd", i, kv_bytes * hop, ring, nxt, prv, side=side))
@@ -284,7 +333,8 @@ def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, s
     return ops
 
 
-def _step_add(block, step: int, dq_held: bool, incoming: bool, seqlen_local: int, shape: Shape, esize: int) -> list:
+def _step_add(block, step: int, dq_held: bool, incoming: bool, seqlen_local: int, shape: Shape, esize: int,
+              side: bool = False) -> list:
     """The one add launch of a backward step (``ring._accumulate``), or none: a sum is launched
     for dq where a running dq is held or the block's rows are not all of them, and for dK/dV where
     a partial came in or the block's keys are not all of them; the first term over every row is
@@ -300,7 +350,7 @@ def _step_add(block, step: int, dq_held: bool, incoming: bool, seqlen_local: int
             rows_kv, launched = _rows(block.kv, seqlen_local), True
     elif incoming:
         launched = True  # the partial passed on as it came
-    return [Compute("add", "bwd", step, nbytes=_add_bytes(rows_q, rows_kv, shape, esize))] if launched else []
+    return [Compute("add", "bwd", step, nbytes=_add_bytes(rows_q, rows_kv, shape, esize), side=side)] if launched else []
 
 
 # --------------------------------------------------------------------------- all-gather (llama3, llama3_varlen)
@@ -616,6 +666,11 @@ def programs(spec, *, ulysses_degree: int | None = None, side: bool | None = Non
     reason = refusal(spec)
     if reason:
         raise Unpredictable(reason)
+    with paused_gc():
+        return _programs(spec, ulysses_degree, side)
+
+
+def _programs(spec, ulysses_degree: int | None, side: bool | None) -> tuple[list[list], Layout]:
     from ringbench.case.spec import padded_docs
 
     variant = get_variant(spec.variant)

@@ -24,9 +24,12 @@ transfer from the cluster's link between the two ranks (``fabric``): ring collec
 group's ring, an all-to-all sends ``1/U`` of the tensor to each peer, over each link class at
 once.
 
-The programs are priced once (:func:`price`, per kernel) and played (:func:`play`, per cluster
-and placement) with every rank and every quantile at once in numpy arrays, so a world size of
-hundreds plays in well under a second. Torch-free.
+The programs are priced once (:func:`price`, per kernel: each distinct op once, every rank's slot
+an index into that table) and played (:func:`play`, per cluster and placement) with every rank and
+every quantile at once in numpy arrays. Walking, pricing and playing are still W ranks of O(W)
+Python ops each: a zigzag case, walk included, took about 2 s at 256 ranks, 8 s at 512 and 30 s at
+1024 on a two-core machine (the window's and mask's own steps cost more: ``window.RingParts``
+asks every pair of ranks, on every rank). Torch-free.
 
 Source: issue 24.
 """
@@ -44,6 +47,8 @@ from ringbench.model.schedule import Compute, Post
 
 #: The parts of a rank's time, in the order tables show them.
 PARTS = ("compute", "overhead", "comm", "wait")
+#: More link classes than one transfer of one rank could send over (orders each rank's classes).
+_CLASSES = 1024
 
 
 @dataclass
@@ -69,7 +74,9 @@ class Priced:
             (op slot, quantile, rank): ``work`` ms, and over (op slot, rank): ``host`` (ms the
             host takes to issue the op), ``has`` (the rank has an op there), ``kernel`` (it is a
             kernel call), ``bwd`` (it is backward's); then that communication op of every rank
-            (``None`` after the last).
+            (``None`` after the last); ``lane`` over (op slot, rank): 0 the compute stream, 1 the
+            side stream, 2 a join; and for a :class:`Post`, ``(key, bwd)``: what names its pattern
+            of peers and sizes, and over ranks whether it is backward's (else ``None``).
         kernel_calls: per rank.
     """
 
@@ -113,8 +120,11 @@ def segments(programs: list[list]) -> list[list]:
 def price(segs: list[list], *, calibration: Calibration, kernel: str, whiches: tuple[str, ...] = ("mid",)) -> Priced:
     """Cost every compute op of the :func:`segments` of the programs at each quantile of ``whiches``."""
     W, Q = len(segs), len(whiches)
-    cache: dict = {}
     issue: dict = {}
+    # Every distinct op is described once, in a table; a segment's slots hold indices into it (0: no op),
+    # since ranks share a few kinds of op (the same call at the same step) however many ranks there are.
+    table = [((0.0,) * Q, 0.0, False, False, False, 0)]  # work, host, has, kernel, bwd, lane
+    index: dict = {}
 
     def host_cost(op: Compute) -> float:
         if op.kind == "join":
@@ -124,37 +134,47 @@ def price(segs: list[list], *, calibration: Calibration, kernel: str, whiches: t
             issue[key] = calibration.issue_ms(op.kind, kernel, key[1] or "fwd")
         return issue[key]
 
-    def cost(op: Compute, shape) -> tuple:
-        key = (op.kind, op.call, shape, op.nbytes)
-        if key not in cache:
-            cache[key] = tuple(0.0 if op.kind == "join" else calibration.kernel_ms(kernel, op.call, shape, w)
-                               if op.kind == "kernel" else calibration.overhead_ms(op.kind, op.nbytes, w)
-                               for w in whiches)
-        return cache[key]
+    def describe(op: Compute, shape) -> tuple:
+        work = tuple(0.0 if op.kind == "join" else calibration.kernel_ms(kernel, op.call, shape, w)
+                     if op.kind == "kernel" else calibration.overhead_ms(op.kind, op.nbytes, w) for w in whiches)
+        lane = 2 if op.kind == "join" else int(op.side)  # 0 the compute stream, 1 the side stream, 2 a join
+        return work, host_cost(op), True, op.kind == "kernel", op.phase == "bwd", lane
 
-    segments, calls = [], [0] * W
-    none = (0.0,) * Q
+    slots = []
     for j in range(len(segs[0])):
+        rows = [segs[r][j][0] for r in range(W)]
+        at = [[0] * W for _ in range(max(map(len, rows)))]
+        for r, row in enumerate(rows):
+            for k, (op, shape) in enumerate(row):
+                key = (op.kind, op.call, shape, op.nbytes, op.phase, op.side)
+                u = index.get(key)
+                if u is None:
+                    u = index[key] = len(table)
+                    table.append(describe(op, shape))
+                at[k][r] = u
+        slots.append(np.array(at, dtype=np.intp).reshape(len(at), W))
+    work_t, host_t, has_t, kernel_t, bwd_t, lane_t = (np.array(col) for col in zip(*table))
+    work_t = work_t.reshape(len(table), Q)
+    segments, calls = [], np.zeros(W, dtype=int)
+    for j, at in enumerate(slots):
         ops = [segs[r][j][1] for r in range(W)]
-        K = max(len(segs[r][j][0]) for r in range(W))
-        work = [[none] * W for _ in range(K)]
-        host = [[0.0] * W for _ in range(K)]
-        has = [[False] * W for _ in range(K)]
-        is_kernel = [[False] * W for _ in range(K)]
-        bwd = [[False] * W for _ in range(K)]
-        lane = [[0] * W for _ in range(K)]  # 0 the compute stream, 1 the side stream, 2 a join
-        for r in range(W):
-            for k, (op, shape) in enumerate(segs[r][j][0]):
-                work[k][r] = cost(op, shape)
-                host[k][r] = host_cost(op)
-                has[k][r], is_kernel[k][r], bwd[k][r] = True, op.kind == "kernel", op.phase == "bwd"
-                lane[k][r] = 2 if op.kind == "join" else int(op.side)
-                calls[r] += op.kind == "kernel"
-        work_a = np.array(work, dtype=float).reshape(K, W, Q).transpose(0, 2, 1) if K else np.zeros((0, Q, W))
-        segments.append((work_a, np.array(host, dtype=float).reshape(K, W), np.array(has, dtype=bool).reshape(K, W),
-                         np.array(is_kernel, dtype=bool).reshape(K, W), np.array(bwd, dtype=bool).reshape(K, W), ops,
-                         np.array(lane, dtype=int).reshape(K, W)))
-    return Priced(tuple(whiches), calibration.launch_ms, segments, calls)
+        post = None
+        if isinstance(ops[0], Post):  # what play asks of every rank's transfer, once per program
+            post = (_post_key(ops), np.array([op.phase == "bwd" for op in ops]))
+        calls += kernel_t[at].sum(axis=0)
+        segments.append((work_t[at].transpose(0, 2, 1), host_t[at].astype(float), has_t[at].astype(bool),
+                         kernel_t[at].astype(bool), bwd_t[at].astype(bool), ops, lane_t[at].astype(int), post))
+    return Priced(tuple(whiches), calibration.launch_ms, segments, [int(c) for c in calls])
+
+
+def _post_key(ops: list) -> tuple:
+    """What names the pattern of one transfer of every rank (:func:`_pattern`'s cache): its op and size,
+    each rank's peers, and each rank's group as an index into the distinct group tuples (a ring's ranks
+    share one tuple of W ranks: hashing every rank's would be W² per transfer)."""
+    groups: dict = {}
+    which = tuple(groups.setdefault(id(op.group), (len(groups), op.group))[0] for op in ops)
+    return (ops[0].op, ops[0].nbytes, tuple(op.send_to for op in ops), tuple(op.recv_from for op in ops),
+            tuple(g for _, g in groups.values()), which)
 
 
 def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lambda r: r,
@@ -176,7 +196,10 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
     links: dict[tuple[int, int], Link] = {}
     patterns: dict = {}
     sent = np.zeros(W)
-    classes: list[dict] = [dict() for _ in range(W)]
+    # Bytes per link class, each an array over ranks, and where each rank first sent over it (transfer
+    # number, then place in that transfer's classes), which orders each rank's classes as it met them.
+    by_class: dict[str, np.ndarray] = {}
+    first: dict[str, np.ndarray] = {}
 
     def link(a: int, b: int) -> Link:
         if (a, b) not in links:
@@ -188,7 +211,7 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
         if first.any():
             fwd_at[:, first] = T[:, first]
 
-    for work, host, has, is_kernel, bwd, ops, lane in priced.segments:
+    for n, (work, host, has, is_kernel, bwd, ops, lane, post) in enumerate(priced.segments):
         for k in range(work.shape[0]):
             mark_bwd(has[k] & bwd[k])
             if not graph:
@@ -203,12 +226,12 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
         if ops[0] is None:
             continue
         if isinstance(ops[0], Post):
-            mark_bwd(np.array([op.phase == "bwd" for op in ops]))
+            key, post_bwd = post
+            mark_bwd(post_bwd)
             H += post_host  # the host issues the transfer too
             ready = np.maximum(np.maximum(T, H), free)
             if ops[0].side:  # issued from the side stream, after the adds it sends
                 ready = np.maximum(ready, S)
-            key = (ops[0].op, ops[0].nbytes, tuple((op.send_to, op.recv_from, op.group) for op in ops))
             if key not in patterns:
                 patterns[key] = _pattern(ops, link, place, cluster)
             how = patterns[key]
@@ -224,9 +247,12 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
             free = ends
             done[ops[0].channel] = (ends, spans)
             sent += how["sent"]
-            for r, by in enumerate(how["classes"]):
-                for cls, nbytes in by.items():
-                    classes[r][cls] = classes[r].get(cls, 0.0) + nbytes
+            for cls, nbytes, place_in in how["classes"]:
+                if cls not in by_class:
+                    by_class[cls], first[cls] = np.zeros(W), np.full(W, np.inf)
+                by_class[cls] += nbytes  # 0.0 where a rank sends none over cls: its sum is unchanged
+                new = (place_in >= 0) & np.isinf(first[cls])
+                first[cls][new] = n * _CLASSES + place_in[new]
         else:
             end, span = done[ops[0].channel]
             idle = np.maximum(0.0, end - T)
@@ -234,6 +260,8 @@ def play(priced: Priced, *, cluster: Cluster, place: Callable[[int], int] = lamb
             parts["comm"] += exposed
             parts["wait"] += idle - exposed
             T = np.maximum(T, end)
+    classes = [{cls: float(by_class[cls][r]) for cls in sorted((c for c in first if first[c][r] < np.inf),
+                                                                 key=lambda c: first[c][r])} for r in range(W)]
     out = {}
     for i, w in enumerate(priced.whiches):
         out[w] = [RankTime(total_ms=float(T[i, r]), fwd_ms=None if np.isnan(fwd_at[i, r]) else float(fwd_at[i, r]),
@@ -276,7 +304,7 @@ def issue_and_run_ms(priced: Priced, rank: int = 0, which: int = 0) -> tuple[flo
     (transfers at ``launch_ms``) and the GPU's time to run the compute ops, at quantile index
     ``which``; what ``run --cuda-graph auto`` compares (``rank.graphs.issue_and_run_ms``)."""
     host = gpu = 0.0
-    for work, cost, has, _, _, ops, _ in priced.segments:
+    for work, cost, has, _, _, ops, _, _ in priced.segments:
         host += float(cost[:, rank].sum()) + (priced.launch_ms if ops[0] is not None and isinstance(ops[0], Post)
                                               else 0.0)
         gpu += float(np.where(has[:, rank], work[:, which, rank], 0.0).sum())
@@ -286,8 +314,14 @@ def issue_and_run_ms(priced: Priced, rank: int = 0, which: int = 0) -> tuple[flo
 def _pattern(ops: list, link, place, cluster: Cluster) -> dict:
     """What one transfer of every rank costs and sends: durations, groups, bytes per rank and class."""
     W = len(ops)
-    out: dict = {"sent": np.array([_sent_bytes(op) for op in ops]),
-                 "classes": [_by_class(op, r, link) for r, op in enumerate(ops)]}
+    out: dict = {"sent": np.array([_sent_bytes(op) for op in ops]), "classes": []}
+    # per link class: the bytes each rank sends over it, and its place among that rank's classes (-1: none)
+    for r, op in enumerate(ops):
+        for place_in, (cls, nbytes) in enumerate(_by_class(op, r, link).items()):
+            if cls not in [c for c, _, _ in out["classes"]]:
+                out["classes"].append((cls, np.zeros(W), np.full(W, -1)))
+            _, sent, where = next(c for c in out["classes"] if c[0] == cls)
+            sent[r], where[r] = nbytes, place_in
     if ops[0].op == "p2p":
         out["to"] = np.array([op.send_to for op in ops])
         out["from"] = np.array([op.recv_from for op in ops])
