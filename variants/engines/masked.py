@@ -39,7 +39,7 @@ import torch
 
 from . import bands, mask_balance, masks
 from ..kernels.common import PositionMask
-from .window import RingParts, attend, attend_backward
+from .window import RingParts, attend, attend_backward, ring_reach
 
 Tensor = torch.Tensor
 
@@ -265,7 +265,17 @@ def ring_steps(mask: masks.Mask, layout: str, seqlen_local: int, rank: int, worl
 
     runs = layout_runs(mask, layout, seqlen_local * world_size, world_size)
     return part_steps(RingParts(rank, world_size, lambda r, source, mine: parts(mask, runs[r], runs[source], device,
-                                                                                 mine, r, source, by_slices)))
+                                                                                 mine, r, source, by_slices),
+                                reach=_reach(mask, layout, seqlen_local, world_size, device, parts, by_slices)))
+
+
+@functools.lru_cache(maxsize=16)
+def _reach(mask: masks.Mask, layout: str, seqlen_local: int, world_size: int, device, parts: Parts,
+           by_slices: bool) -> int:
+    # The ring's length is the same for every rank: worked out once per case, not once per rank.
+    runs = layout_runs(mask, layout, seqlen_local * world_size, world_size)
+    return ring_reach(world_size, lambda r, source: bool(parts(mask, runs[r], runs[source], device, False, r, source,
+                                                               by_slices)))
 
 
 def gathered_blocks(mask: masks.Mask, chunks: list[tuple[slice, int, int]], chunk: int, seqlen: int,

@@ -21,6 +21,7 @@ travel the whole ring back to their owner; its steps outside the window make no 
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import torch
@@ -58,25 +59,46 @@ class RingParts:
         parts_of: ``(r, source, mine) -> parts``: the parts of rank r's queries against the K/V
             block of rank ``source``, empty where none; ``mine`` is False for the other ranks, whose
             parts are only asked whether there are any (so they may be cheaper stand-ins).
+        reach: the ring's length where the caller has it (:func:`ring_reach`, the same for every
+            rank, so worked out once per case); None: worked out here from ``parts_of``.
 
     Attributes:
         n_steps: ring steps until the last one in which some rank has a part (at least 1).
     """
 
-    def __init__(self, rank: int, world_size: int, parts_of: Callable[[int, int, bool], Sequence]):
+    def __init__(self, rank: int, world_size: int, parts_of: Callable[[int, int, bool], Sequence],
+                 reach: int | None = None):
         self.parts = {}
-        self.n_steps = 1
-        for r in range(world_size):
-            for step in range(world_size):
-                source = (r - step) % world_size
-                parts = parts_of(r, source, r == rank)
-                if parts:
-                    self.n_steps = max(self.n_steps, step + 1)
-                    if r == rank:
-                        self.parts[step] = parts
+        for step in range(world_size):
+            parts = parts_of(rank, (rank - step) % world_size, True)
+            if parts:
+                self.parts[step] = parts
+        if reach is None:
+            reach = ring_reach(world_size, lambda r, source: bool(parts_of(r, source, False)))
+        self.n_steps = max([reach, *(step + 1 for step in self.parts)])
 
     def __call__(self, step: int, source: int):
         return self.parts.get(step)
+
+
+def ring_reach(world_size: int, any_parts: Callable[[int, int], bool]) -> int:
+    """Ring steps until the last one in which some rank has a part (at least 1): every rank runs
+    that many, so the ring's transfers pair up. ``any_parts(r, source)``: whether rank r's queries
+    meet rank ``source``'s keys. Each rank is scanned from the last step down to the reach found so
+    far, so a short ring (a narrow window) costs about ``world_size`` questions per rank."""
+    reach = 1
+    for r in range(world_size):
+        for step in range(world_size - 1, reach - 1, -1):
+            if any_parts(r, (r - step) % world_size):
+                reach = step + 1
+                break
+    return reach
+
+
+@functools.lru_cache(maxsize=16)
+def _window_reach(runs: tuple, window: int) -> int:
+    # Kept per case: every rank of one ring asks the same question.
+    return ring_reach(len(runs), lambda r, source: bool(bands.block_parts(runs[r], runs[source], window)))
 
 
 class WindowParts(RingParts):
@@ -89,8 +111,9 @@ class WindowParts(RingParts):
     """
 
     def __init__(self, runs_of: Callable[[int], Sequence[bands.Run]], rank: int, world_size: int, window: int):
-        runs = [list(runs_of(r)) for r in range(world_size)]
-        super().__init__(rank, world_size, lambda r, source, mine: bands.block_parts(runs[r], runs[source], window))
+        runs = tuple(tuple(runs_of(r)) for r in range(world_size))
+        super().__init__(rank, world_size, lambda r, source, mine: bands.block_parts(runs[r], runs[source], window),
+                         reach=_window_reach(runs, window))
 
 
 def _whole(parts, q: Tensor, k: Tensor) -> bool:
