@@ -65,6 +65,25 @@ def test_by_slices_the_calls_of_every_block_hold_exactly_the_masks_pairs_once(te
     assert blocks == 3 * (1 + 4 + 16 + 64)
 
 
+@pytest.mark.parametrize("inner, docs", [("full", (32, 1, 95)), ("prefix:10", (7, 25, 1, 95)),
+                                         ("window:20,5", (7, 25, 1, 95)), ("causal", (1, 63, 1, 63))])
+def test_by_slices_a_one_token_document_makes_no_empty_call(inner, docs):
+    # A batch engine's layout over the packed row: under stripe a one-token document's key sits on one
+    # rank only, and the others' blocks must not call the kernel on no keys (a crash, found trying
+    # verify --docs 32,1,31 --no-causal on stripe as a new user would).
+    mask = masks.build(masks.packed(docs, inner), 128)
+    dense = masked.dense_mask(mask)
+    for layout, world_size in itertools.product(("contiguous", "zigzag", "stripe"), (2, 4)):
+        runs = [bands.layout_runs(layout, 128, r, world_size) for r in range(world_size)]
+        for r, source in itertools.product(range(world_size), repeat=2):
+            qpos = torch.cat([masked.positions(x) for x in runs[r]])
+            kpos = torch.cat([masked.positions(x) for x in runs[source]])
+            parts = masked.block_parts(mask, runs[r], runs[source], by_slices=True)
+            assert all(p.q[1] > p.q[0] and p.kv[1] > p.kv[0] for p in parts), (layout, world_size, r, source, parts)
+            got = _cover(parts, len(qpos), len(kpos))
+            assert got.max() <= 1 and torch.equal(got.bool(), dense[qpos][:, kpos]), (layout, world_size, r, source)
+
+
 def test_by_slices_prefix_makes_at_most_two_calls_a_block_and_chunked_one_a_chunk():
     runs = bands.layout_runs("contiguous", 256, 0, 1)
     assert len(masked.block_parts(masks.build("prefix:40", 256), runs, runs, by_slices=True)) == 2

@@ -126,6 +126,8 @@ def box_part(q: Run, k: Run, rows: tuple[int, int], keys: tuple[int, int], lo: i
     if i0 > i1 or (lo is not None and hi is not None and lo > hi):  # a window narrower than the stride can miss a run
         return None
     j0, j1 = j0 if lo is None else max(j0, lo + i0), j1 if hi is None else min(j1, hi + i1)
+    if j0 > j1:  # no key of the run inside the slice (a one-token document another rank holds)
+        return None
     mq, nk = i1 - i0 + 1, j1 - j0 + 1
     hi, lo = None if hi is None else hi + i0 - j0, None if lo is None else lo + i0 - j0
     right = None if hi is None or hi >= nk - 1 else hi - (nk - mq)
