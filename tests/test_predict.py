@@ -1018,3 +1018,12 @@ def test_play_counts_each_ranks_bytes_and_calls_as_its_program_holds_them(varian
         assert list(got[r].bytes_by_class.items()) == list(by.items()), r
         assert got[r].kernel_calls == sum(isinstance(op, schedule.Compute) and op.kind == "kernel" for op, _ in prog)
     assert variant != "usp" or len(got[0].bytes_by_class) == 2  # a2a inside a node, the ring across them
+
+
+def test_predict_table_says_which_row_is_which_mask(tmp_path):
+    # Three masks of one variant were three rows all labelled "zigzag W=8 flash-attn-4" (found trying
+    # predict as a new user would); each row now names what sets it apart.
+    res = ringbench_here("predict", "--variant", "zigzag", "--world-size", "8", "--seqlen", "64k", "--gpu", "H100",
+                         "--mask", "chunked:8k", "--mask", "global:64,window:4k", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "mask=chunked:8192" in res.stdout and "mask=global:64,window:4096" in res.stdout, res.stdout

@@ -61,6 +61,19 @@ def efficiency_cell(value) -> str:
     return number(value, ".3f") + ("*" if value is not None and value > 1 else "")
 
 
+def _what_differs(records: list[dict]) -> list[str]:
+    """Per record, the words of its case label (``case_label``: seqlen, heads, mask, window, documents...)
+    that not every record shares, less what the variant cell shows: so rows of one variant under
+    several masks or lengths say which is which."""
+    from ringbench.present.report import case_label
+
+    words = [case_label(r).split() for r in records]
+    common = set.intersection(*map(set, words)) if words else set()
+    shown = [{text(record_field(r, "variant")), f"W={record_field(r, 'world_size')}", text(r.get("kernel"))}
+             for r in records]
+    return [" ".join(w for w in ws if w not in common and w not in seen) for ws, seen in zip(words, shown)]
+
+
 def print_predict_table(records: list[dict], console: Console | None = None) -> None:
     """One row per predicted record: the time with its interval under it, forward over backward
     ms, TFLOP/s per GPU, efficiency, estimated peak memory, GiB sent inside a node over GiB sent
@@ -74,12 +87,13 @@ def print_predict_table(records: list[dict], console: Console | None = None) -> 
     for header in ("ms\n(interval)", "fwd ms\nbwd ms", "TFLOP/s\n/GPU", "eff.", "peak\nGiB", "GiB intra\ninter",
                    "path %\nc/o/x/w"):
         table.add_column(header, justify="right", no_wrap=True)
-    for r in records:
+    apart = _what_differs(records)
+    for r, extra in zip(records, apart):
         p = r["prediction"]
         lo, hi = p["interval"]["time_ms"]
         by_class = p["bytes_by_link_class"]
         table.add_row(
-            f"{variant_cell(r)}\nW={record_field(r, 'world_size')} {text(r.get('kernel'))}",
+            f"{variant_cell(r)}\nW={record_field(r, 'world_size')} {text(r.get('kernel'))}" + (f"\n{extra}" if extra else ""),
             f"{milliseconds(r['time_ms'])}\n{milliseconds(lo)}-{milliseconds(hi)}",
             f"{milliseconds(p['fwd_ms'])}\n{milliseconds(p['bwd_ms'])}",
             rate(r["tflops_per_gpu"]), efficiency_cell(r["efficiency"]), number(r["peak_allocated_gib"], ".2f"),
