@@ -9,6 +9,7 @@ bad cluster files are refused in one sentence; advise lists the Ulysses degrees 
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import replace as dc_replace
 
 import pytest
@@ -1018,3 +1019,49 @@ def test_play_counts_each_ranks_bytes_and_calls_as_its_program_holds_them(varian
         assert list(got[r].bytes_by_class.items()) == list(by.items()), r
         assert got[r].kernel_calls == sum(isinstance(op, schedule.Compute) and op.kind == "kernel" for op, _ in prog)
     assert variant != "usp" or len(got[0].bytes_by_class) == 2  # a2a inside a node, the ring across them
+
+
+class _KeptLaunches:
+    """A launcher that keeps the cases it is handed and runs none of them (``ringbench_here``'s ``launcher``)."""
+
+    def __init__(self):
+        self.cases = []
+
+    def launch(self, cases, **_):
+        self.cases += cases
+        raise RuntimeError("launches are kept, not run, in this test")
+
+
+def test_advise_prints_verify_and_run_commands_of_varlen_candidates_that_pass_the_checks(tmp_path):
+    """advise dropped --docs from every verify command it shortened to 32k, which verify then refused
+    (exit 2: the case has no documents): the printed commands pass the pre-launch checks, and verify's
+    documents, scaled to its seqlen, are multiples of what each variant needs."""
+    cal = _write(tmp_path / "cal.json", json.dumps(_flat_calibration()))
+    res = ringbench_here("advise", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--dtype", "fp32",
+                         "--seqlen", "64k", "--docs", "1000,7192,57344", "--mode", "fwd", "--calibration", str(cal),
+                         "--world-size", "4", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    entries = [json.loads(line) for line in res.stdout.splitlines()]
+    ranked = [e for e in entries if e["rank"]]
+    assert {e["fields"]["variant"] for e in ranked} >= {"ring_varlen", "zigzag_varlen", "llama3_varlen"}
+    for e in ranked:
+        for task, command in e["commands"].items():
+            kept = _KeptLaunches()
+            got = ringbench_here(*shlex.split(command)[1:], "--out", str(tmp_path / "out"), cwd=tmp_path,
+                                 launcher=kept)
+            assert got.returncode != 2 and kept.cases, (command, got.stderr)
+            assert kept.cases[0]["docs"], command
+            if task == "verify":
+                assert kept.cases[0]["seqlen"] == 32 * 1024, command
+
+
+def test_advise_scales_documents_to_the_verify_seqlen_in_multiples():
+    from ringbench.model.advise import scaled_docs
+
+    assert scaled_docs([64 * 1024, 64 * 1024], 32 * 1024, 8) == [16 * 1024, 16 * 1024]
+    assert scaled_docs([1000, 7192, 57344], 32768, 8) == [496, 3600, 28672]
+    # Documents that shrink below one multiple merge into their neighbour; the row stays filled.
+    assert scaled_docs([1, 1, 65534], 32768, 16) == [32768]
+    for docs, total, multiple in (([3000, 500, 12288, 115284], 32768, 16), ([7] * 100, 64, 8)):
+        got = scaled_docs(docs, total, multiple)
+        assert sum(got) == total and all(d > 0 and d % multiple == 0 for d in got), got
