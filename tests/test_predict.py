@@ -1065,3 +1065,15 @@ def test_advise_scales_documents_to_the_verify_seqlen_in_multiples():
     for docs, total, multiple in (([3000, 500, 12288, 115284], 32768, 16), ([7] * 100, 64, 8)):
         got = scaled_docs(docs, total, multiple)
         assert sum(got) == total and all(d > 0 and d % multiple == 0 for d in got), got
+
+
+@pytest.mark.parametrize("dtype", [[], ["--dtype", "fp16"]], ids=["bf16", "fp16"])
+def test_predict_says_no_calibrated_kernel_runs_on_a_v100_whatever_the_dtype(tmp_path, dtype):
+    """--gpu V100 said "pass --dtype fp16" (it has no bf16 peak), and with it came a second refusal: no
+    calibrated kernel runs on sm70. The first sentence gives the advice that works."""
+    res = ringbench_here("predict", "--variant", "ring", "--seqlen", "32k", "--gpu", "V100", *dtype, cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    message = " ".join(res.stderr.split())
+    assert message.startswith("gpu V100 (sm70) runs none of the calibration's kernels (flash-attn-4 needs NVIDIA "
+                              "sm90 or newer"), message
+    assert "--dtype" not in message and message.endswith("then --calibration FILE)"), message

@@ -98,6 +98,10 @@ def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tu
                         "GPU and pass the file with --calibration")
     want = _peak(target.datasheet, dtype)
     if not want:
+        # Another dtype's peak helps only where a calibrated kernel runs on the GPU at all.
+        none_runs = runs_none(gpu, target, [name for cal, _ in known for name in cal.kernels])
+        if none_runs:
+            raise SpecError(none_runs)
         raise SpecError(f"gpu {target.name} has no dense {dtype} peak in the peaks table (ringbench/rank/peaks.py), "
                         "so no calibration can be scaled to it; pass --dtype fp16, or a calibration file of it")
     import math
@@ -107,3 +111,18 @@ def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tu
     memory = (target.hbm_gb_s / source.hbm_gb_s) if target.hbm_gb_s and source.hbm_gb_s else 1.0
     derived = cal_mod.derive(cal, target.name, rate_scale=want / _peak(sheet, dtype), memory_scale=memory)
     return derived, target
+
+
+def runs_none(name: str, gpu: Gpu, kernels: list[str]) -> str | None:
+    """Why ``gpu`` (given as ``name``) runs none of the calibrated ``kernels`` (its architecture
+    against each kernel's ``min_sm``), in one sentence with the fix, or ``None`` where it runs one
+    (or its architecture, or every kernel's, is unknown). Imports torch (the kernels' registry)."""
+    from ringbench.variants.kernels import KERNELS
+
+    arch = gpu.datasheet.arch
+    known = [KERNELS[k] for k in dict.fromkeys(kernels) if k in KERNELS]
+    if arch is None or not known or any(k.check_arch(arch) is None for k in known):
+        return None
+    needs = ", ".join(f"{k.name} needs NVIDIA sm{k.min_sm} or newer" for k in known)
+    return (f"gpu {name} ({arch}) runs none of the calibration's kernels ({needs}); pass --gpu with a GPU that runs "
+            "one, or a calibration measured on it (ringbench calibrate there, then --calibration FILE)")
