@@ -734,7 +734,9 @@ def advise_command(
     window: Optional[int] = typer.Option(None, "--window", metavar="TOKENS", help="A causal sliding window of this many "
                                          "keys.", parser=FIELD_ROWS["window"].value_type),
     sink: Optional[str] = typer.Option(None, "--sink", metavar="learnable|off-by-one", help="An attention sink: learnable or off-by-one."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="bf16|fp16", help="bf16 or fp16. Default: bf16."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="bf16|fp16|fp32", help="bf16, fp16 or fp32: one "
+                                        "that a kernel of the calibration takes (the GPU kernels: bf16 and fp16; "
+                                        "the cpu kernel: fp32), else it is refused. Default: bf16."),
     mode: Optional[str] = typer.Option(None, "--mode", metavar="fwd|fwd_bwd", help="fwd or fwd_bwd. Default: fwd_bwd."),
     kernel: Optional[List[str]] = typer.Option(None, "--kernel", metavar="NAME", help="Only this kernel; repeat for several. "
                                                "Default: every kernel of the calibration that takes the shape."),
@@ -797,6 +799,10 @@ def advise_command(
         for name in kernels:  # one the GPU cannot run is listed as refused, with the reason
             tgt.calibration.kernel(name)
         from ringbench.model import advise as adv
+
+        reason = adv.dtype_refusal(shape.get("dtype"), kernels)
+        if reason:
+            raise SpecError(reason)
         from ringbench.model.target import world_sizes
         from ringbench.sweep import build
 
@@ -814,6 +820,14 @@ def advise_command(
     memory_gib = tgt.gpu.memory_gib if tgt.gpu else None
     ranked = adv.advise(cands, build=lambda fields: build_at(fields, world_size), tgt=tgt, world_size=world_size,
                         memory_gib=memory_gib)
+    if ranked and all(c.refusal for c in ranked):  # a refusal: no table, no note on a model that priced nothing
+        from ringbench.present.predict import refusal_lines
+
+        for line in refusal_lines(ranked):
+            _note(line)
+        _error(f"every one of the {plural(len(ranked), 'candidate')} is refused at this shape and cluster, so "
+               "nothing was ranked; change what the refusals above name")
+        raise typer.Exit(EXIT_USAGE)
     if json_out:
         order = {id(c): i + 1 for i, c in enumerate(c for c in ranked if c.record and c.fits)}
         sys.stdout.write("".join(json.dumps(adv.entry(c, order.get(id(c)))) + "\n" for c in ranked))
@@ -822,10 +836,6 @@ def advise_command(
 
         print_advice(ranked, Console(), top=top, cluster=tgt.cluster(world_size).describe(),
                      calibration=tgt.calibration.provenance())
-    if ranked and all(c.refusal for c in ranked):
-        _error(f"every one of the {plural(len(ranked), 'candidate')} is refused at this shape and cluster (the first: "
-               f"{ranked[0].refusal}), so nothing was ranked; change what the refusals name")
-        raise typer.Exit(EXIT_USAGE)
     if plot is not None:
         _advise_plot(plot, ranked, shape, tgt, world_size, build_at, memory_gib)
     raise typer.Exit(EXIT_OK)

@@ -614,9 +614,10 @@ def test_advise_refuses_a_top_below_one_and_exits_2_when_every_candidate_is_refu
                                       "shows; pass --top 5, say")
     res = _advise(tmp_path, "--world-size", "3")  # 1k tokens: no multiple of 3 (nor of 6) to cut
     assert res.returncode == 2, res.stdout
-    assert res.stderr.strip().startswith("every one of the ") and "so nothing was ranked" in res.stderr
-    # Nothing was dropped for memory, so the table's verdict says refused, not "no candidate fits".
-    assert "Every candidate was refused" in res.stdout and "fits in the GPU's memory" not in res.stdout
+    *refusals, verdict = res.stderr.strip().splitlines()
+    assert verdict.startswith("every one of the ") and "so nothing was ranked" in verdict
+    # A refusal: no table, no verdict on memory, only the refusals (one line per reason) and the verdict.
+    assert res.stdout == "" and refusals and all(line.startswith("refused: ") for line in refusals), res.stderr
 
 
 def test_advise_offers_no_layout_that_needs_a_mask_it_cannot_take():
@@ -1077,3 +1078,29 @@ def test_predict_says_no_calibrated_kernel_runs_on_a_v100_whatever_the_dtype(tmp
     assert message.startswith("gpu V100 (sm70) runs none of the calibration's kernels (flash-attn-4 needs NVIDIA "
                               "sm90 or newer"), message
     assert "--dtype" not in message and message.endswith("then --calibration FILE)"), message
+
+
+@pytest.mark.parametrize("args", [["--world-size", "3"], ["--gpu", "MI300X"], ["--gpu", "A100", "--kernel",
+                                                                                "flash-attn-4"]])
+def test_advise_refusing_every_candidate_prints_no_table_and_no_validation_note(tmp_path, args):
+    """Every candidate refused printed an empty table and a note that the model is not validated (the
+    H100's calibration is), the refusal sentence last after many lines; now the refusals, one line per
+    reason, then the verdict, exit 2."""
+    gpu = [] if "--gpu" in args else ["--gpu", "H100"]
+    res = ringbench_here("advise", "--preset", "llama3-8b", "--seqlen", "128k", *gpu, *args, cwd=tmp_path)
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    *refusals, verdict = res.stderr.strip().splitlines()
+    assert refusals and all(line.startswith("refused: ") for line in refusals), res.stderr
+    assert verdict.startswith("every one of the ") and "validated" not in res.stderr
+
+
+def test_advise_refuses_a_dtype_no_calibrated_kernel_takes_before_anything(tmp_path):
+    """--help said bf16|fp16 while fp32 was taken, then refused per candidate under an empty table."""
+    res = ringbench_here("advise", "--preset", "llama3-8b", "--seqlen", "128k", "--gpu", "H100", "--dtype", "fp32",
+                         cwd=tmp_path)
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    assert res.stderr.strip() == ("dtype fp32 is taken by none of the calibration's kernels (flash-attn-4 takes "
+                                  "bf16 and fp16; torch-flash takes bf16 and fp16), and advise ranks only what a "
+                                  "kernel runs; pass --dtype bf16")
+    help_text = " ".join(ringbench_here("advise", "--help", cwd=tmp_path).stdout.split())
+    assert "bf16|fp16|fp32" in help_text and "the cpu kernel: fp32" in help_text

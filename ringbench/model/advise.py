@@ -118,6 +118,23 @@ def candidates(shape: dict, *, world_size: int, nodes: int, kernels: list[str], 
     return out
 
 
+def dtype_refusal(dtype: Optional[str], kernels: list[str]) -> Optional[str]:
+    """Why none of ``kernels`` (calibrated kernel names) takes ``dtype`` (``--dtype``'s name; ``None``:
+    bf16), in one sentence with the fix, or ``None``: every candidate would be refused for it alone.
+    Imports torch (the kernels' registry)."""
+    from ringbench.variants.kernels import DTYPE_NAMES, KERNELS
+
+    takes = {n: [short for d, short in DTYPE_NAMES.items() if d in KERNELS[n].dtypes] for n in kernels
+             if n in KERNELS}
+    dtype = dtype or "bf16"
+    if not takes or any(dtype in names for names in takes.values()):
+        return None
+    each = "; ".join(f"{n} takes {' and '.join(names)}" for n, names in takes.items())
+    first = next(iter(takes.values()))[0]
+    return (f"dtype {dtype} is taken by none of the calibration's kernels ({each}), and advise ranks only what a "
+            f"kernel runs; pass --dtype {first}")
+
+
 def _reason(rec: dict, best: Optional[dict], *, tied: bool = False, ties: int = 0) -> str:
     """Why ``rec`` wins or loses; ``tied``: it is a runner-up tied with ``best``; ``ties``: (for the
     best) how many runners-up are tied with it."""
