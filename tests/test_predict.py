@@ -1104,3 +1104,16 @@ def test_advise_refuses_a_dtype_no_calibrated_kernel_takes_before_anything(tmp_p
                                   "kernel runs; pass --dtype bf16")
     help_text = " ".join(ringbench_here("advise", "--help", cwd=tmp_path).stdout.split())
     assert "bf16|fp16|fp32" in help_text and "the cpu kernel: fp32" in help_text
+
+
+@pytest.mark.parametrize("command", [["predict", "--variant", "ring", "--seqlen", "32k"],
+                                     ["advise", "--preset", "llama3-8b", "--seqlen", "32k"]])
+def test_a_cluster_files_unknown_gpu_is_refused_naming_the_file_and_its_key(tmp_path, command):
+    """gpu = "Z9000" in a cluster file said "pass --gpu ...", naming neither the file nor its key."""
+    path = _write(tmp_path / "cluster.toml", 'gpu = "Z9000"\n')
+    res = ringbench_here(*command, "--cluster", str(path), cwd=tmp_path)
+    assert res.returncode == 2, res.stdout
+    message = " ".join(res.stderr.split())
+    assert message.startswith(f"cluster file {str(path)!r}: gpu 'Z9000' is not in the peaks table; set its gpu to "
+                              "one of "), message
+    assert message.count(". ") == 0 and "Traceback" not in res.stderr, message

@@ -132,7 +132,8 @@ def target(*, gpu: Optional[str], calibrations: list[Path], cluster_file: Option
     if name is None:
         raise SpecError("no GPU was given; pass --gpu with a GPU such as H100 (or a calibration file), or a --cluster "
                         "file whose gpu names one")
-    calibration, info = calibration_for(name, cals, dtype)
+    where = f"cluster file {str(cluster_file)!r}" if gpu is None and "gpu" in given else ""
+    calibration, info = calibration_for(name, cals, dtype, where)
     intra = inter = None
     if fabric is not None:
         a, b = _fabric_names(fabric)
