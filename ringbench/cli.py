@@ -508,6 +508,10 @@ def _prediction_target(case: dict, *, gpu, calibration, cluster, gpus_per_node, 
                   nodes=nodes, fabric=fabric, dtype=dtype)
 
 
+#: The case options of how a run measures: predict, which measures nothing, refuses them.
+MEASURING = ("emulate", "profile", "iters", "warmup", "min_time_ms", "flush_l2")
+
+
 def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     """The cases of predict's options at every world size asked, built as run builds them, for the
     target, and the model's refusals of the others (``schedule.refusal``: a peer, a mask an engine's
@@ -517,10 +521,10 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     from ringbench.model.target import world_sizes
     from ringbench.sweep import build
 
-    for name, why in (("emulate", "is a way to measure, and predict measures nothing"),
-                      ("profile", "is a way to measure, and predict measures nothing")):
-        if case.get(name):
-            raise SpecError(f"--{name} {why}; drop --{name}")
+    for name in MEASURING:
+        if case.get(name) is not None and case[name] is not False:  # 0 too: --warmup 0 still measures
+            option = f"--{name.replace('_', '-')}"
+            raise SpecError(f"{option} is a way to measure, and predict measures nothing; drop {option}")
     device = tgt.calibration.device_type
     if case.get("device", device) != device:
         raise SpecError(f"device {case['device']!r} is not the calibration's ({device}, {tgt.calibration.source}); "
@@ -589,13 +593,14 @@ PREDICT_CASE_HELPS = {
                    "(off), or as run's auto would choose (auto: replayed only at world size 1, where the host is the "
                    "slower and the replay is predicted faster); records say which in cuda_graph and "
                    "cuda_graph_note. Default: auto."),
+    "seed": ("The seed that draws the documents of --doc-dist (0 to 2^63 - 1); a prediction draws no other "
+             "input, so without --doc-dist it changes nothing. Default: 0."),
 }
 
 
-# predict measures nothing: the options of how to measure stay out of its help (and --emulate, --profile
-# are refused in a sentence of their own); --seed only draws a run's inputs.
-@options.with_case_options("run", hidden=("iters", "warmup", "emulate", "profile", "min_time_ms", "flush_l2", "seed"),
-                          scenario=False, helps=PREDICT_CASE_HELPS)
+# predict measures nothing: the options of how to measure stay out of its help, and each is refused in
+# a sentence of its own (MEASURING); --seed stays, since it draws --doc-dist's documents.
+@options.with_case_options("run", hidden=MEASURING, scenario=False, helps=PREDICT_CASE_HELPS)
 def predict(
     case: dict,
     gpu: Optional[str] = _GPU,

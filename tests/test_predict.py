@@ -1117,3 +1117,25 @@ def test_a_cluster_files_unknown_gpu_is_refused_naming_the_file_and_its_key(tmp_
     assert message.startswith(f"cluster file {str(path)!r}: gpu 'Z9000' is not in the peaks table; set its gpu to "
                               "one of "), message
     assert message.count(". ") == 0 and "Traceback" not in res.stderr, message
+
+
+@pytest.mark.parametrize("option", [["--iters", "5"], ["--warmup", "0"], ["--min-time-ms", "100"], ["--flush-l2"],
+                                    ["--emulate"], ["--profile"]])
+def test_predict_refuses_every_option_of_how_to_measure_in_one_sentence(tmp_path, option):
+    """--iters, --warmup, --min-time-ms and --flush-l2 were taken in silence (exit 0) where --emulate and
+    --profile were refused: each is refused the same way."""
+    res = ringbench_here("predict", "--variant", "ring", "--seqlen", "32k", "--gpu", "H100", *option, cwd=tmp_path)
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    assert res.stderr.strip() == f"{option[0]} is a way to measure, and predict measures nothing; drop {option[0]}"
+
+
+def test_predict_help_shows_seed_which_draws_the_documents_of_doc_dist(tmp_path):
+    shown = " ".join(ringbench_here("predict", "--help", cwd=tmp_path).stdout.split())
+    assert "--seed INT The seed that draws the documents of --doc-dist" in shown.replace("│ ", "").replace(" │", "")
+    times = set()
+    for seed in ("0", "1"):
+        res = ringbench_here("predict", "--variant", "llama3_varlen", "--seqlen", "32k", "--doc-dist",
+                             "lognormal:mean=4k,sigma=1", "--gpu", "H100", "--seed", seed, "--json", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        times.add(json.loads(res.stdout)["spec"]["docs"])
+    assert len(times) == 2  # the seed draws other documents
