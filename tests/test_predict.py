@@ -820,8 +820,11 @@ def test_an_emulated_rank_pays_the_copies_that_stand_for_its_collectives():
 
 
 @pytest.mark.parametrize("args, says", [
-    (("--gpu", "V100"), "gpu V100 has no dense bf16 peak in the peaks table (ringbench/rank/peaks.py), so no "
-                        "calibration can be scaled to it; pass --dtype fp16, or a calibration file of it"),
+    # No bf16 peak, but --dtype fp16 is no fix: no calibrated kernel runs on sm70.
+    (("--gpu", "V100"), "gpu V100 (sm70) runs none of the calibration's kernels (flash-attn-4 needs NVIDIA sm90 or "
+                        "newer, torch-flash needs NVIDIA sm80 or newer, cudnn needs NVIDIA sm80 or newer); pass --gpu "
+                        "with a GPU that runs one, or a calibration measured on it (ringbench calibrate there, then "
+                        "--calibration FILE)"),
     (("--gpu", "H100", "--dtype", "fp64"), "dtype fp64 is not supported by the flash-attn-4 kernel, which takes bf16 "
                                            "and fp16; pass --dtype bf16"),
     (("--gpu", "H100", "--head-dim", "512"), "head_dim 512 exceeds 256, the largest the flash-attn-4 kernel takes; "
