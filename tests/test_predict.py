@@ -957,14 +957,16 @@ def test_against_says_how_to_calibrate_a_kernel_the_calibration_lacks(tmp_path):
 
 def test_predict_help_says_what_device_world_size_and_cuda_graph_mean_in_a_prediction(tmp_path):
     """predict --help showed run's texts: --device "Run on cuda (NCCL...)", --world-size "Default: cuda every
-    visible GPU, cpu 2" (predict's is gpus-per-node x nodes), --seed and --cuda-graph as if it ran anything."""
+    visible GPU, cpu 2" (predict's is gpus-per-node x nodes), --cuda-graph as if it ran anything; --seed, hidden
+    though it draws --doc-dist's documents, is shown with what it does in a prediction."""
     def help_text(command):
         res = ringbench_here(command, "--help", cwd=tmp_path)
         assert res.returncode == 0, res.stderr
         return " ".join(" ".join(line.strip("│ ") for line in res.stdout.splitlines()).split())
 
     text = help_text("predict")
-    assert "--seed" not in text and "every visible GPU" not in text and "(NCCL, one GPU per rank)" not in text, text
+    assert "every visible GPU" not in text and "(NCCL, one GPU per rank)" not in text, text
+    assert "--seed INT The seed that draws the documents of --doc-dist" in text, text  # not run's random inputs
     assert "The calibration's device type, cuda or cpu" in text, text
     assert "Repeat for several: one case per value; above 1024 ranks" in text and "gpus-per-node x nodes." in text
     assert "Price each iteration replayed as one CUDA graph" in text
