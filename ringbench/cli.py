@@ -508,6 +508,10 @@ def _prediction_target(case: dict, *, gpu, calibration, cluster, gpus_per_node, 
                   nodes=nodes, fabric=fabric, dtype=dtype)
 
 
+#: The case options of how a run measures: predict, which measures nothing, refuses them.
+MEASURING = ("emulate", "profile", "iters", "warmup", "min_time_ms", "flush_l2")
+
+
 def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     """The cases of predict's options at every world size asked, built as run builds them, for the
     target, and the model's refusals of the others (``schedule.refusal``: a peer, a mask an engine's
@@ -517,10 +521,10 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     from ringbench.model.target import world_sizes
     from ringbench.sweep import build
 
-    for name, why in (("emulate", "is a way to measure, and predict measures nothing"),
-                      ("profile", "is a way to measure, and predict measures nothing")):
-        if case.get(name):
-            raise SpecError(f"--{name} {why}; drop --{name}")
+    for name in MEASURING:
+        if case.get(name) is not None and case[name] is not False:  # 0 too: --warmup 0 still measures
+            option = f"--{name.replace('_', '-')}"
+            raise SpecError(f"{option} is a way to measure, and predict measures nothing; drop {option}")
     device = tgt.calibration.device_type
     if case.get("device", device) != device:
         raise SpecError(f"device {case['device']!r} is not the calibration's ({device}, {tgt.calibration.source}); "
@@ -589,13 +593,14 @@ PREDICT_CASE_HELPS = {
                    "(off), or as run's auto would choose (auto: replayed only at world size 1, where the host is the "
                    "slower and the replay is predicted faster); records say which in cuda_graph and "
                    "cuda_graph_note. Default: auto."),
+    "seed": ("The seed that draws the documents of --doc-dist (0 to 2^63 - 1); a prediction draws no other "
+             "input, so without --doc-dist it changes nothing. Default: 0."),
 }
 
 
-# predict measures nothing: the options of how to measure stay out of its help (and --emulate, --profile
-# are refused in a sentence of their own); --seed only draws a run's inputs.
-@options.with_case_options("run", hidden=("iters", "warmup", "emulate", "profile", "min_time_ms", "flush_l2", "seed"),
-                          scenario=False, helps=PREDICT_CASE_HELPS)
+# predict measures nothing: the options of how to measure stay out of its help, and each is refused in
+# a sentence of its own (MEASURING); --seed stays, since it draws --doc-dist's documents.
+@options.with_case_options("run", hidden=MEASURING, scenario=False, helps=PREDICT_CASE_HELPS)
 def predict(
     case: dict,
     gpu: Optional[str] = _GPU,
@@ -734,7 +739,9 @@ def advise_command(
     window: Optional[int] = typer.Option(None, "--window", metavar="TOKENS", help="A causal sliding window of this many "
                                          "keys.", parser=FIELD_ROWS["window"].value_type),
     sink: Optional[str] = typer.Option(None, "--sink", metavar="learnable|off-by-one", help="An attention sink: learnable or off-by-one."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="bf16|fp16", help="bf16 or fp16. Default: bf16."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="bf16|fp16|fp32", help="bf16, fp16 or fp32: one "
+                                        "that a kernel of the calibration takes (the GPU kernels: bf16 and fp16; "
+                                        "the cpu kernel: fp32), else it is refused. Default: bf16."),
     mode: Optional[str] = typer.Option(None, "--mode", metavar="fwd|fwd_bwd", help="fwd or fwd_bwd. Default: fwd_bwd."),
     kernel: Optional[List[str]] = typer.Option(None, "--kernel", metavar="NAME", help="Only this kernel; repeat for several. "
                                                "Default: every kernel of the calibration that takes the shape."),
@@ -797,6 +804,10 @@ def advise_command(
         for name in kernels:  # one the GPU cannot run is listed as refused, with the reason
             tgt.calibration.kernel(name)
         from ringbench.model import advise as adv
+
+        reason = adv.dtype_refusal(shape.get("dtype"), kernels)
+        if reason:
+            raise SpecError(reason)
         from ringbench.model.target import world_sizes
         from ringbench.sweep import build
 
@@ -814,6 +825,14 @@ def advise_command(
     memory_gib = tgt.gpu.memory_gib if tgt.gpu else None
     ranked = adv.advise(cands, build=lambda fields: build_at(fields, world_size), tgt=tgt, world_size=world_size,
                         memory_gib=memory_gib)
+    if ranked and all(c.refusal for c in ranked):  # a refusal: no table, no note on a model that priced nothing
+        from ringbench.present.predict import refusal_lines
+
+        for line in refusal_lines(ranked):
+            _note(line)
+        _error(f"every one of the {plural(len(ranked), 'candidate')} is refused at this shape and cluster, so "
+               "nothing was ranked; change what the refusals above name")
+        raise typer.Exit(EXIT_USAGE)
     if json_out:
         order = {id(c): i + 1 for i, c in enumerate(c for c in ranked if c.record and c.fits)}
         sys.stdout.write("".join(json.dumps(adv.entry(c, order.get(id(c)))) + "\n" for c in ranked))
@@ -822,10 +841,6 @@ def advise_command(
 
         print_advice(ranked, Console(), top=top, cluster=tgt.cluster(world_size).describe(),
                      calibration=tgt.calibration.provenance())
-    if ranked and all(c.refusal for c in ranked):
-        _error(f"every one of the {plural(len(ranked), 'candidate')} is refused at this shape and cluster (the first: "
-               f"{ranked[0].refusal}), so nothing was ranked; change what the refusals name")
-        raise typer.Exit(EXIT_USAGE)
     if plot is not None:
         _advise_plot(plot, ranked, shape, tgt, world_size, build_at, memory_gib)
     raise typer.Exit(EXIT_OK)

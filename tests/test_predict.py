@@ -9,6 +9,7 @@ bad cluster files are refused in one sentence; advise lists the Ulysses degrees 
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import replace as dc_replace
 
 import pytest
@@ -613,9 +614,10 @@ def test_advise_refuses_a_top_below_one_and_exits_2_when_every_candidate_is_refu
                                       "shows; pass --top 5, say")
     res = _advise(tmp_path, "--world-size", "3")  # 1k tokens: no multiple of 3 (nor of 6) to cut
     assert res.returncode == 2, res.stdout
-    assert res.stderr.strip().startswith("every one of the ") and "so nothing was ranked" in res.stderr
-    # Nothing was dropped for memory, so the table's verdict says refused, not "no candidate fits".
-    assert "Every candidate was refused" in res.stdout and "fits in the GPU's memory" not in res.stdout
+    *refusals, verdict = res.stderr.strip().splitlines()
+    assert verdict.startswith("every one of the ") and "so nothing was ranked" in verdict
+    # A refusal: no table, no verdict on memory, only the refusals (one line per reason) and the verdict.
+    assert res.stdout == "" and refusals and all(line.startswith("refused: ") for line in refusals), res.stderr
 
 
 def test_advise_offers_no_layout_that_needs_a_mask_it_cannot_take():
@@ -818,8 +820,11 @@ def test_an_emulated_rank_pays_the_copies_that_stand_for_its_collectives():
 
 
 @pytest.mark.parametrize("args, says", [
-    (("--gpu", "V100"), "gpu V100 has no dense bf16 peak in the peaks table (ringbench/rank/peaks.py), so no "
-                        "calibration can be scaled to it; pass --dtype fp16, or a calibration file of it"),
+    # No bf16 peak, but --dtype fp16 is no fix: no calibrated kernel runs on sm70.
+    (("--gpu", "V100"), "gpu V100 (sm70) runs none of the calibration's kernels (flash-attn-4 needs NVIDIA sm90 or "
+                        "newer, torch-flash needs NVIDIA sm80 or newer, cudnn needs NVIDIA sm80 or newer); pass --gpu "
+                        "with a GPU that runs one, or a calibration measured on it (ringbench calibrate there, then "
+                        "--calibration FILE)"),
     (("--gpu", "H100", "--dtype", "fp64"), "dtype fp64 is not supported by the flash-attn-4 kernel, which takes bf16 "
                                            "and fp16; pass --dtype bf16"),
     (("--gpu", "H100", "--head-dim", "512"), "head_dim 512 exceeds 256, the largest the flash-attn-4 kernel takes; "
@@ -952,14 +957,16 @@ def test_against_says_how_to_calibrate_a_kernel_the_calibration_lacks(tmp_path):
 
 def test_predict_help_says_what_device_world_size_and_cuda_graph_mean_in_a_prediction(tmp_path):
     """predict --help showed run's texts: --device "Run on cuda (NCCL...)", --world-size "Default: cuda every
-    visible GPU, cpu 2" (predict's is gpus-per-node x nodes), --seed and --cuda-graph as if it ran anything."""
+    visible GPU, cpu 2" (predict's is gpus-per-node x nodes), --cuda-graph as if it ran anything; --seed, hidden
+    though it draws --doc-dist's documents, is shown with what it does in a prediction."""
     def help_text(command):
         res = ringbench_here(command, "--help", cwd=tmp_path)
         assert res.returncode == 0, res.stderr
         return " ".join(" ".join(line.strip("│ ") for line in res.stdout.splitlines()).split())
 
     text = help_text("predict")
-    assert "--seed" not in text and "every visible GPU" not in text and "(NCCL, one GPU per rank)" not in text, text
+    assert "every visible GPU" not in text and "(NCCL, one GPU per rank)" not in text, text
+    assert "--seed INT The seed that draws the documents of --doc-dist" in text, text  # not run's random inputs
     assert "The calibration's device type, cuda or cpu" in text, text
     assert "Repeat for several: one case per value; above 1024 ranks" in text and "gpus-per-node x nodes." in text
     assert "Price each iteration replayed as one CUDA graph" in text
@@ -1027,3 +1034,122 @@ def test_predict_table_says_which_row_is_which_mask(tmp_path):
                          "--mask", "chunked:8k", "--mask", "global:64,window:4k", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "mask=chunked:8192" in res.stdout and "mask=global:64,window:4096" in res.stdout, res.stdout
+
+
+class _KeptLaunches:
+    """A launcher that keeps the cases it is handed and runs none of them (``ringbench_here``'s ``launcher``)."""
+
+    def __init__(self):
+        self.cases = []
+
+    def launch(self, cases, **_):
+        self.cases += cases
+        raise RuntimeError("launches are kept, not run, in this test")
+
+
+def test_advise_prints_verify_and_run_commands_of_varlen_candidates_that_pass_the_checks(tmp_path):
+    """advise dropped --docs from every verify command it shortened to 32k, which verify then refused
+    (exit 2: the case has no documents): the printed commands pass the pre-launch checks, and verify's
+    documents, scaled to its seqlen, are multiples of what each variant needs."""
+    cal = _write(tmp_path / "cal.json", json.dumps(_flat_calibration()))
+    res = ringbench_here("advise", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--dtype", "fp32",
+                         "--seqlen", "64k", "--docs", "1000,7192,57344", "--mode", "fwd", "--calibration", str(cal),
+                         "--world-size", "4", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    entries = [json.loads(line) for line in res.stdout.splitlines()]
+    ranked = [e for e in entries if e["rank"]]
+    assert {e["fields"]["variant"] for e in ranked} >= {"ring_varlen", "zigzag_varlen", "llama3_varlen"}
+    for e in ranked:
+        for task, command in e["commands"].items():
+            kept = _KeptLaunches()
+            got = ringbench_here(*shlex.split(command)[1:], "--out", str(tmp_path / "out"), cwd=tmp_path,
+                                 launcher=kept)
+            assert got.returncode != 2 and kept.cases, (command, got.stderr)
+            assert kept.cases[0]["docs"], command
+            if task == "verify":
+                assert kept.cases[0]["seqlen"] == 32 * 1024, command
+
+
+def test_advise_scales_documents_to_the_verify_seqlen_in_multiples():
+    from ringbench.model.advise import scaled_docs
+
+    assert scaled_docs([64 * 1024, 64 * 1024], 32 * 1024, 8) == [16 * 1024, 16 * 1024]
+    assert scaled_docs([1000, 7192, 57344], 32768, 8) == [496, 3600, 28672]
+    # Documents that shrink below one multiple merge into their neighbour; the row stays filled.
+    assert scaled_docs([1, 1, 65534], 32768, 16) == [32768]
+    for docs, total, multiple in (([3000, 500, 12288, 115284], 32768, 16), ([7] * 100, 64, 8)):
+        got = scaled_docs(docs, total, multiple)
+        assert sum(got) == total and all(d > 0 and d % multiple == 0 for d in got), got
+
+
+@pytest.mark.parametrize("dtype", [[], ["--dtype", "fp16"]], ids=["bf16", "fp16"])
+def test_predict_says_no_calibrated_kernel_runs_on_a_v100_whatever_the_dtype(tmp_path, dtype):
+    """--gpu V100 said "pass --dtype fp16" (it has no bf16 peak), and with it came a second refusal: no
+    calibrated kernel runs on sm70. The first sentence gives the advice that works."""
+    res = ringbench_here("predict", "--variant", "ring", "--seqlen", "32k", "--gpu", "V100", *dtype, cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    message = " ".join(res.stderr.split())
+    assert message.startswith("gpu V100 (sm70) runs none of the calibration's kernels (flash-attn-4 needs NVIDIA "
+                              "sm90 or newer"), message
+    assert "--dtype" not in message and message.endswith("then --calibration FILE)"), message
+
+
+@pytest.mark.parametrize("args", [["--world-size", "3"], ["--gpu", "MI300X"], ["--gpu", "A100", "--kernel",
+                                                                                "flash-attn-4"]])
+def test_advise_refusing_every_candidate_prints_no_table_and_no_validation_note(tmp_path, args):
+    """Every candidate refused printed an empty table and a note that the model is not validated (the
+    H100's calibration is), the refusal sentence last after many lines; now the refusals, one line per
+    reason, then the verdict, exit 2."""
+    gpu = [] if "--gpu" in args else ["--gpu", "H100"]
+    res = ringbench_here("advise", "--preset", "llama3-8b", "--seqlen", "128k", *gpu, *args, cwd=tmp_path)
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    *refusals, verdict = res.stderr.strip().splitlines()
+    assert refusals and all(line.startswith("refused: ") for line in refusals), res.stderr
+    assert verdict.startswith("every one of the ") and "validated" not in res.stderr
+
+
+def test_advise_refuses_a_dtype_no_calibrated_kernel_takes_before_anything(tmp_path):
+    """--help said bf16|fp16 while fp32 was taken, then refused per candidate under an empty table."""
+    res = ringbench_here("advise", "--preset", "llama3-8b", "--seqlen", "128k", "--gpu", "H100", "--dtype", "fp32",
+                         cwd=tmp_path)
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    assert res.stderr.strip() == ("dtype fp32 is taken by none of the calibration's kernels (flash-attn-4 takes "
+                                  "bf16 and fp16; torch-flash takes bf16 and fp16), and advise ranks only what a "
+                                  "kernel runs; pass --dtype bf16")
+    help_text = " ".join(ringbench_here("advise", "--help", cwd=tmp_path).stdout.split())
+    assert "bf16|fp16|fp32" in help_text and "the cpu kernel: fp32" in help_text
+
+
+@pytest.mark.parametrize("command", [["predict", "--variant", "ring", "--seqlen", "32k"],
+                                     ["advise", "--preset", "llama3-8b", "--seqlen", "32k"]])
+def test_a_cluster_files_unknown_gpu_is_refused_naming_the_file_and_its_key(tmp_path, command):
+    """gpu = "Z9000" in a cluster file said "pass --gpu ...", naming neither the file nor its key."""
+    path = _write(tmp_path / "cluster.toml", 'gpu = "Z9000"\n')
+    res = ringbench_here(*command, "--cluster", str(path), cwd=tmp_path)
+    assert res.returncode == 2, res.stdout
+    message = " ".join(res.stderr.split())
+    assert message.startswith(f"cluster file {str(path)!r}: gpu 'Z9000' is not in the peaks table; set its gpu to "
+                              "one of "), message
+    assert message.count(". ") == 0 and "Traceback" not in res.stderr, message
+
+
+@pytest.mark.parametrize("option", [["--iters", "5"], ["--warmup", "0"], ["--min-time-ms", "100"], ["--flush-l2"],
+                                    ["--emulate"], ["--profile"]])
+def test_predict_refuses_every_option_of_how_to_measure_in_one_sentence(tmp_path, option):
+    """--iters, --warmup, --min-time-ms and --flush-l2 were taken in silence (exit 0) where --emulate and
+    --profile were refused: each is refused the same way."""
+    res = ringbench_here("predict", "--variant", "ring", "--seqlen", "32k", "--gpu", "H100", *option, cwd=tmp_path)
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    assert res.stderr.strip() == f"{option[0]} is a way to measure, and predict measures nothing; drop {option[0]}"
+
+
+def test_predict_help_shows_seed_which_draws_the_documents_of_doc_dist(tmp_path):
+    shown = " ".join(ringbench_here("predict", "--help", cwd=tmp_path).stdout.split())
+    assert "--seed INT The seed that draws the documents of --doc-dist" in shown.replace("│ ", "").replace(" │", "")
+    times = set()
+    for seed in ("0", "1"):
+        res = ringbench_here("predict", "--variant", "llama3_varlen", "--seqlen", "32k", "--doc-dist",
+                             "lognormal:mean=4k,sigma=1", "--gpu", "H100", "--seed", seed, "--json", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        times.add(json.loads(res.stdout)["spec"]["docs"])
+    assert len(times) == 2  # the seed draws other documents

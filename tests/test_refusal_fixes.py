@@ -353,3 +353,18 @@ def test_refusal_of_a_mask_onto_a_scenario_window_names_the_scenarios_window():
     with pytest.raises(SpecError, match="pass one of them"):  # both given by the user: still theirs to choose
         build.cases_for("verify", {"device": "cpu", "variant": ["zigzag"], "mask": ["causal"], "window": [64],
                                    "seqlen": [512], "world_size": [2]}, resolve_kernels=False, machine=("cpu", 0))
+
+
+@pytest.mark.parametrize("variant, layout, fix", [
+    ("zigzag", "balanced", "drop --layout, or use --variant ring --layout balanced"),
+    ("stripe", "zigzag", "drop --layout, or use --variant zigzag"),
+    ("ring_varlen", "zigzag", "drop --layout, or use --variant zigzag_varlen"),
+    ("ulysses_varlen", "balanced", "drop --layout, or use --variant llama3_varlen --layout balanced"),
+])
+def test_a_layout_a_one_layout_variant_refuses_says_what_to_do(variant, layout, fix):
+    """"layout 'balanced' is not one zigzag takes; choose zigzag" named the variant's own layout, which is
+    no fix: the sentence says to drop --layout or use a variant that takes the layout."""
+    docs = {"docs": "2k,2k"} if VARIANTS[variant].varlen else {}
+    message = _refusal(variant=variant, layout=layout, seqlen=4096, world_size=2, **docs)
+    assert message == (f"layout {layout!r} is not one {variant} takes, since it lays the sequence out as "
+                       f"{VARIANTS[variant].layout} only; {fix}")

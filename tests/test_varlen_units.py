@@ -467,3 +467,17 @@ def test_attention_flops_sum_over_documents():
     assert one == attention_flops(batch=1, seqlen=4096, heads=32, head_dim=128, causal=True, mode="fwd_bwd")
     with pytest.raises(ValueError, match=r"documents sum to 8192 but seqlen is 65536"):
         attention_flops(batch=1, seqlen=65536, heads=1, head_dim=1, causal=True, mode="fwd", docs=[8192])
+
+
+@pytest.mark.parametrize("variant, seqlen", [("llama3_varlen", 4096), ("ring_varlen", 65536), ("zigzag_varlen", 24576)])
+def test_a_varlen_case_without_documents_offers_documents_that_fill_its_seqlen(variant, seqlen):
+    """The refusal offered --docs 3000,500,12k "(lengths that sum to --seqlen)", which summed to none of
+    them: its example fills the case's seqlen, and the case takes it."""
+    spec = varlen_spec(variant, world_size=2, seqlen=seqlen).replace(docs="")
+    with pytest.raises(SpecError) as got:
+        validate(spec, visible_gpus=0)
+    example = re.search(r"pass --docs such as (\S+) \(lengths that sum to seqlen (\d+) tokens\)", str(got.value))
+    assert example and int(example[2]) == seqlen, str(got.value)
+    docs = parse_docs(example[1])
+    assert sum(docs) == seqlen
+    validate(spec.replace(docs=example[1]), visible_gpus=0)

@@ -192,8 +192,26 @@ class Layouts(Option):
 
 
 def _refuse_layout(variant, value, takers) -> str:
-    allowed = variant.options["layout"].choices if "layout" in variant.options else (variant.layout,)
-    return f"layout {value!r} is not one {variant.name} takes; choose {' or '.join(allowed)}"
+    if "layout" in variant.options:
+        return f"layout {value!r} is not one {variant.name} takes; choose {' or '.join(variant.options['layout'].choices)}"
+    # A variant of one layout: choosing it again is no fix, so say what is.
+    return (f"layout {value!r} is not one {variant.name} takes, since it lays the sequence out as {variant.layout} "
+            f"only; drop --layout{_layout_taker(variant, value)}")
+
+
+def _layout_taker(variant, value) -> str:
+    """``, or use --variant NAME --layout VALUE`` for the first variant of ``variant``'s form (batch or
+    varlen, not a peer) that takes layout ``value``, as its own or as an option; ``""`` where none does."""
+    from .registry import VARIANTS  # the registry imports these rules; read at refusal time only
+
+    for other in VARIANTS.values():
+        if other.peer or other.varlen != variant.varlen or other is variant:
+            continue
+        if other.layout == value:
+            return f", or use --variant {other.name}"
+        if value in getattr(other.options.get("layout"), "choices", ()):
+            return f", or use --variant {other.name} --layout {value}"
+    return ""
 
 
 @dataclass(frozen=True)

@@ -644,6 +644,20 @@ def document_refusal(given: Mapping[str, Any], world_sizes: list[int] | None = N
     return f"{head} of {rule}; {', '.join(offered[:-1])}{', or ' if len(offered) > 1 else ''}{offered[-1]}"
 
 
+def _no_docs_message(spec: CaseSpec, variant) -> str:
+    """The refusal of a varlen case without documents, its example documents filling the case's seqlen
+    (the model's, under --model), each a multiple of what the variant needs."""
+    n = variant.seqlen_multiple(spec.world_size)
+    first = max(n, spec.seqlen // 4 // n * n)
+    example = (f"{format_size(first)},{format_size(spec.seqlen - first)}" if first < spec.seqlen
+               else format_size(spec.seqlen))
+    whose = f"model {spec.hf_model}'s" if spec.hf_model else "seqlen"
+    mean = max(n, spec.seqlen // 4) if spec.hf_model else max(n, min(4096, spec.seqlen // 4))
+    return (f"{spec.variant} attends packed documents, but the case has none; pass --docs such as {example} "
+            f"(lengths that sum to {whose} {spec.seqlen} tokens) or --doc-dist "
+            f"lognormal:mean={format_size(mean)},sigma=1")
+
+
 def _check_docs(spec: CaseSpec, variant) -> None:
     """Refuse documents a case's variant cannot take, or a varlen case without them (the padding
     and the per-document multiple of the documents --docs gives are :func:`check_fields`'s)."""
@@ -680,17 +694,8 @@ def _check_docs(spec: CaseSpec, variant) -> None:
                             f"takes no documents; {f'use {others}, or ' if others else ''}drop "
                             f"--{given.replace('_', '-')}")
         return
-    if docs is None and spec.hf_model:
-        # The model fixes seqlen: documents that fill it, each a multiple of what the variant needs.
-        n = variant.seqlen_multiple(spec.world_size)
-        first = max(n, spec.seqlen // 4 // n * n)
-        example = f"{first},{spec.seqlen - first}" if first < spec.seqlen else str(spec.seqlen)
-        raise SpecError(f"{spec.variant} attends packed documents, but the case has none; pass --docs {example} "
-                        f"(lengths that sum to model {spec.hf_model}'s {spec.seqlen} tokens) or --doc-dist "
-                        f"lognormal:mean={max(n, spec.seqlen // 4)},sigma=1")
     if docs is None:
-        raise SpecError(f"{spec.variant} attends packed documents, but the case has none; pass --docs 3000,500,12k "
-                        "(lengths that sum to --seqlen) or --doc-dist lognormal:mean=4k,sigma=1")
+        raise SpecError(_no_docs_message(spec, variant))
     if spec.batch != 1:
         packers = names(masks_documents)
         raise SpecError(f"batch {spec.batch} is not 1, but {spec.variant} packs the documents into one row; "

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ringbench.case.fields import format_size
+from ringbench.case.fields import format_size, parse_docs
 from ringbench.model import schedule
 from ringbench.model.predict import model_error, predict_case
 from ringbench.model.target import Target
@@ -118,6 +118,23 @@ def candidates(shape: dict, *, world_size: int, nodes: int, kernels: list[str], 
     return out
 
 
+def dtype_refusal(dtype: Optional[str], kernels: list[str]) -> Optional[str]:
+    """Why none of ``kernels`` (calibrated kernel names) takes ``dtype`` (``--dtype``'s name; ``None``:
+    bf16), in one sentence with the fix, or ``None``: every candidate would be refused for it alone.
+    Imports torch (the kernels' registry)."""
+    from ringbench.variants.kernels import DTYPE_NAMES, KERNELS
+
+    takes = {n: [short for d, short in DTYPE_NAMES.items() if d in KERNELS[n].dtypes] for n in kernels
+             if n in KERNELS}
+    dtype = dtype or "bf16"
+    if not takes or any(dtype in names for names in takes.values()):
+        return None
+    each = "; ".join(f"{n} takes {' and '.join(names)}" for n, names in takes.items())
+    first = next(iter(takes.values()))[0]
+    return (f"dtype {dtype} is taken by none of the calibration's kernels ({each}), and advise ranks only what a "
+            f"kernel runs; pass --dtype {first}")
+
+
 def _reason(rec: dict, best: Optional[dict], *, tied: bool = False, ties: int = 0) -> str:
     """Why ``rec`` wins or loses; ``tied``: it is a runner-up tied with ``best``; ``ties``: (for the
     best) how many runners-up are tied with it."""
@@ -148,7 +165,9 @@ def commands(c: Candidate, *, world_size: int, nodes: int) -> dict[str, str]:
 
     ``run`` measures the very case at the cluster's size (with ``--nnodes``, run on every node with
     its own ``--node-rank`` and the same ``--rdzv-endpoint``); ``verify`` checks it at the same world
-    size at a seqlen its float64 reference can hold (at most :data:`VERIFY_SEQLEN`).
+    size at a seqlen its float64 reference can hold (at most :data:`VERIFY_SEQLEN`), a varlen case's
+    ``--docs`` scaled to that seqlen (:func:`scaled_docs`, each a multiple of what the variant cuts
+    every document into) and its ``--doc-dist`` as given (documents drawn to that seqlen).
     """
     f = c.fields
     args = ["--variant", f["variant"], "--world-size", str(world_size)]
@@ -167,9 +186,26 @@ def commands(c: Candidate, *, world_size: int, nodes: int) -> dict[str, str]:
     run = ["ringbench", "run", *args, "--seqlen", format_size(seqlen), *docs, *nodes_args]
     multiple = 2 * world_size
     small = max(multiple, min(seqlen, VERIFY_SEQLEN) // multiple * multiple)
-    verify_docs = docs if small == seqlen else []
-    verify = ["ringbench", "verify", *args, "--seqlen", format_size(small), *verify_docs, *nodes_args]
+    if small != seqlen and f.get("docs"):  # a varlen case verifies its documents, shortened with the sequence
+        each = VARIANTS[f["variant"]].seqlen_multiple(world_size) if VARIANTS[f["variant"]].shard_by_document else 1
+        docs = ["--docs", ",".join(map(format_size, scaled_docs(parse_docs(f["docs"]), small, each)))]
+    verify = ["ringbench", "verify", *args, "--seqlen", format_size(small), *docs, *nodes_args]
     return {"run": shlex.join(run), "verify": shlex.join(verify)}
+
+
+def scaled_docs(docs: list[int], total: int, multiple: int) -> list[int]:
+    """Document lengths (tokens) of the same proportions as ``docs`` that sum to ``total`` tokens,
+    each a positive multiple of ``multiple``: each boundary of the row moved to the nearest multiple
+    at the new length, so documents that shrink to nothing merge into their neighbour.
+    ``total`` must be a multiple of ``multiple``."""
+    whole, bounds, sum_so_far = sum(docs), [0], 0
+    for length in docs[:-1]:
+        sum_so_far += length
+        bound = round(sum_so_far * total / whole / multiple) * multiple
+        if bounds[-1] < bound < total:
+            bounds.append(bound)
+    bounds.append(total)
+    return [b - a for a, b in zip(bounds, bounds[1:])]
 
 
 def rank(cands: list[Candidate]) -> list[Candidate]:

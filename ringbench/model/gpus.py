@@ -50,16 +50,20 @@ def _gpu_rows() -> dict:
     return tomllib.loads(text)
 
 
-def find_gpu(name: str) -> Gpu:
-    """The GPU ``name`` names in the peaks table.
+def find_gpu(name: str, where: str = "") -> Gpu:
+    """The GPU ``name`` names in the peaks table; ``where``: the cluster file that names it, if one does.
 
     Raises:
-        SpecError: no entry's pattern matches it.
+        SpecError: no entry's pattern matches it (naming ``where`` and its ``gpu`` key, if given).
     """
     sheet = match_datasheet(name) or match_datasheet(f"NVIDIA {name}")
     if sheet is None:
-        raise SpecError(f"gpu {name!r} is not in the peaks table; pass --gpu with one of "
-                        f"{', '.join(d.name for d in DATASHEETS)}, or a calibration file (.json)")
+        names = ", ".join(d.name for d in DATASHEETS)
+        if where:
+            raise SpecError(f"{where}: gpu {name!r} is not in the peaks table; set its gpu to one of {names}, or a "
+                            "calibration file (.json), or pass --gpu")
+        raise SpecError(f"gpu {name!r} is not in the peaks table; pass --gpu with one of {names}, or a calibration "
+                        "file (.json)")
     row = _gpu_rows().get(sheet.name, {})
     return Gpu(sheet.name, sheet, row.get("memory_gib"), row.get("hbm_gb_s"), row.get("intra"), row.get("inter"))
 
@@ -68,8 +72,10 @@ def _peak(sheet: Datasheet, dtype: str) -> float | None:
     return sheet.peak(dtype) or sheet.peak("bf16")
 
 
-def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tuple[Calibration, Gpu | None]:
-    """The calibration that prices ``gpu`` (a peaks-table name, or a calibration file), and the GPU.
+def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str,
+                    where: str = "") -> tuple[Calibration, Gpu | None]:
+    """The calibration that prices ``gpu`` (a peaks-table name, or a calibration file), and the GPU;
+    ``where``: the cluster file that names ``gpu``, if one does (its refusal names the file).
 
     Among ``calibrations`` (the ``--calibration`` files, then the shipped ones) the first whose
     device is that GPU is taken as it is; else the one whose GPU's dense peak for ``dtype`` is
@@ -86,7 +92,7 @@ def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tu
         if cal.device.lower() == gpu.lower():
             sheet = match_datasheet(cal.device)
             return cal, (find_gpu(sheet.name) if sheet else None)
-    target = find_gpu(gpu)
+    target = find_gpu(gpu, where)
     for cal in calibrations:
         sheet = match_datasheet(cal.device)
         if sheet is not None and sheet.name == target.name:
@@ -98,6 +104,10 @@ def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tu
                         "GPU and pass the file with --calibration")
     want = _peak(target.datasheet, dtype)
     if not want:
+        # Another dtype's peak helps only where a calibrated kernel runs on the GPU at all.
+        none_runs = runs_none(gpu, target, [name for cal, _ in known for name in cal.kernels])
+        if none_runs:
+            raise SpecError(none_runs)
         raise SpecError(f"gpu {target.name} has no dense {dtype} peak in the peaks table (ringbench/rank/peaks.py), "
                         "so no calibration can be scaled to it; pass --dtype fp16, or a calibration file of it")
     import math
@@ -107,3 +117,18 @@ def calibration_for(gpu: str, calibrations: list[Calibration], dtype: str) -> tu
     memory = (target.hbm_gb_s / source.hbm_gb_s) if target.hbm_gb_s and source.hbm_gb_s else 1.0
     derived = cal_mod.derive(cal, target.name, rate_scale=want / _peak(sheet, dtype), memory_scale=memory)
     return derived, target
+
+
+def runs_none(name: str, gpu: Gpu, kernels: list[str]) -> str | None:
+    """Why ``gpu`` (given as ``name``) runs none of the calibrated ``kernels`` (its architecture
+    against each kernel's ``min_sm``), in one sentence with the fix, or ``None`` where it runs one
+    (or its architecture, or every kernel's, is unknown). Imports torch (the kernels' registry)."""
+    from ringbench.variants.kernels import KERNELS
+
+    arch = gpu.datasheet.arch
+    known = [KERNELS[k] for k in dict.fromkeys(kernels) if k in KERNELS]
+    if arch is None or not known or any(k.check_arch(arch) is None for k in known):
+        return None
+    needs = ", ".join(f"{k.name} needs NVIDIA sm{k.min_sm} or newer" for k in known)
+    return (f"gpu {name} ({arch}) runs none of the calibration's kernels ({needs}); pass --gpu with a GPU that runs "
+            "one, or a calibration measured on it (ringbench calibrate there, then --calibration FILE)")

@@ -21,7 +21,7 @@ from ringbench.errors import SpecError
 from ringbench.model import calibration as cal_mod
 from ringbench.model.calibration import Calibration
 from ringbench.model.fabric import Cluster, Link, _row, fabric_table, link, load_cluster
-from ringbench.model.gpus import Gpu, calibration_for
+from ringbench.model.gpus import Gpu, calibration_for, runs_none
 
 #: Where a cluster's shape comes from when nothing is given: one node of 8 GPUs.
 DEFAULT_GPUS_PER_NODE, DEFAULT_NODES = 8, 1
@@ -84,12 +84,7 @@ class Target:
         if name == "auto":
             runs = self.kernels()
             if not runs:
-                from ringbench.variants.kernels import KERNELS
-
-                needs = [f"{n} needs NVIDIA sm{KERNELS[n].min_sm} or newer" for n in self.calibration.kernels]
-                raise SpecError(f"gpu {self.gpu_name} ({self.gpu.datasheet.arch}) runs none of the calibration's "
-                                f"kernels ({', '.join(needs)}); pass --gpu with a GPU that runs one, or a "
-                                "calibration measured on it (ringbench calibrate there, then --calibration FILE)")
+                raise SpecError(runs_none(self.gpu_name, self.gpu, self.calibration.kernels))
             return runs[0]
         name = self.calibration.kernel(name).name
         why = self.kernel_refusal(name)
@@ -137,7 +132,8 @@ def target(*, gpu: Optional[str], calibrations: list[Path], cluster_file: Option
     if name is None:
         raise SpecError("no GPU was given; pass --gpu with a GPU such as H100 (or a calibration file), or a --cluster "
                         "file whose gpu names one")
-    calibration, info = calibration_for(name, cals, dtype)
+    where = f"cluster file {str(cluster_file)!r}" if gpu is None and "gpu" in given else ""
+    calibration, info = calibration_for(name, cals, dtype, where)
     intra = inter = None
     if fabric is not None:
         a, b = _fabric_names(fabric)

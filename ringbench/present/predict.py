@@ -151,6 +151,15 @@ def print_against(rows: list[dict], summary: dict, console: Console | None = Non
     console.print(Text(line, style="green" if summary["passed"] else "red"))
 
 
+def refusal_lines(refused: list) -> list[str]:
+    """``refused: WHO: REASON``, one line per reason, naming the candidates (without their kernel) it refuses."""
+    out = []
+    for reason in dict.fromkeys(c.refusal for c in refused):
+        who = ", ".join(dict.fromkeys(c.label.split(",")[0] for c in refused if c.refusal == reason))
+        out.append(f"refused: {who}: {reason}")
+    return out
+
+
 def print_advice(ranked: list, console: Console | None = None, *, top: int, cluster: str, calibration: str) -> None:
     """``ringbench advise``: the best ``top`` candidates with their figures and why each wins or loses
     (``=`` marks those tied with the first within the model's error), what decides between tied ones,
@@ -209,15 +218,12 @@ def print_advice(ranked: list, console: Console | None = None, *, top: int, clus
             console.print(Text("  (on every node, NODE_RANK its index and HOST node 0's address)", style="dim"))
     elif any(c.record for c in ranked):
         console.print(Text("No candidate fits in the GPU's memory.", style="red"))
-    else:
-        console.print(Text("Every candidate was refused (reasons below).", style="red"))
     dropped = [c for c in ranked if c.record and not c.fits]
     for c in dropped:
         console.print(Text(f"dropped: {c.label}: {c.reason}", style="yellow"))
     refused = [c for c in ranked if c.refusal]
-    for reason in dict.fromkeys(c.refusal for c in refused):
-        who = ", ".join(dict.fromkeys(c.label.split(",")[0] for c in refused if c.refusal == reason))
-        console.print(Text(f"refused: {who}: {reason}", style="yellow"))
+    for line in refusal_lines(refused):
+        console.print(Text(line, style="yellow"))
     console.print(Text(f"{len(fitting)} ranked, {len(dropped)} dropped (memory), {len(refused)} refused of "
                        f"{plural(len(ranked), 'candidate')}; calibration: {calibration}; predicted, not measured "
                        "(ringbench predict --against measures the model's error).", style="dim"))
