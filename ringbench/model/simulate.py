@@ -27,9 +27,9 @@ once.
 The programs are priced once (:func:`price`, per kernel: each distinct op once, every rank's slot
 an index into that table) and played (:func:`play`, per cluster and placement) with every rank and
 every quantile at once in numpy arrays. Walking, pricing and playing are still W ranks of O(W)
-Python ops each: a zigzag case, walk included, took about 2 s at 256 ranks, 8 s at 512 and 30 s at
-1024 on a two-core machine (the window's and mask's own steps cost more: ``window.RingParts``
-asks every pair of ranks, on every rank). Torch-free.
+Python ops each: ``ringbench predict`` of one zigzag case took 11-13 s at 512 ranks and 46-62 s at
+1024 on an idle two-core machine (26 s and 136 s before this layout), a windowed one 10 s at 512.
+Torch-free.
 
 Source: issue 24.
 """
