@@ -202,6 +202,12 @@ def _merge_bytes(rows: int, shape: Shape, esize: int, *, local: int | None = Non
     return per_row * (touched * shape.head_dim_v * (held + into) + rows * shape.head_dim_v * esize + rows * 12)
 
 
+def _grad_bytes(q_rows: int, kv_rows: int, shape: Shape) -> float:
+    # float32 dq at q_rows, dk and dv at kv_rows: the bytes a zeroing writes.
+    return shape.batch * (q_rows * shape.heads * shape.head_dim + kv_rows * shape.kv_heads *
+                          (shape.head_dim + shape.head_dim_v)) * 4
+
+
 def _add_bytes(q_rows: int, kv_rows: int, shape: Shape, esize: int) -> float:
     # add_steps: dq at the block's query rows, dk and dv at its key rows; read sum and grad, write the sum.
     per = 4 + esize + 4
@@ -272,8 +278,12 @@ def ring_forward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, sh
         block = steps(step, (me - step) % R)
         if block is not None:
             calls = _block_calls(block, "fwd", seqlen_local)
+            folded = block.parts and not _whole(block.parts, seqlen_local)  # window.attend folds its parts
+            if folded:  # into a float32 out and lse of the block's rows, zeroed first
+                zeroed = shape.batch * shape.heads * _rows(block.q, seqlen_local) * (shape.head_dim_v + 1) * 4
+                ops.append(Compute("copy", "fwd", step, nbytes=zeroed))
             ops += [Compute("kernel", "fwd", step, c) for c in calls]
-            if block.parts and not _whole(block.parts, seqlen_local):  # window.attend folds its parts
+            if folded:
                 ops += [Compute("merge", "fwd", step, nbytes=_merge_bytes(c.q, shape, esize)) for c in calls]
             whole = isinstance(block.q, slice) and block.q == slice(None)
             left -= 1
@@ -312,8 +322,12 @@ def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, s
         block = steps((me - source) % R, source)
         if block is not None:
             calls = _block_calls(block, "bwd", seqlen_local)
+            summed = block.parts and not _whole(block.parts, seqlen_local)  # window.attend_backward sums its parts
+            if summed:  # into float32 dq, dk and dv of the block's rows, zeroed first
+                ops.append(Compute("copy", "bwd", i, nbytes=_grad_bytes(_rows(block.q, seqlen_local),
+                                                                        _rows(block.kv, seqlen_local), shape)))
             ops += [Compute("kernel", "bwd", i, c) for c in calls]
-            if block.parts and not _whole(block.parts, seqlen_local):  # window.attend_backward sums its parts
+            if summed:
                 ops += [Compute("add", "bwd", i, nbytes=_add_bytes(c.q, c.k, shape, esize)) for c in calls]
         if own:
             break

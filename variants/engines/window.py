@@ -26,10 +26,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import bands
+from . import bands, merge
 from ..kernels.common import accumulation_dtype
 from ..kernels import Kernel
-from ..kernels.common import merge_
 
 Tensor = torch.Tensor
 
@@ -132,8 +131,9 @@ def attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, parts, scale: float,
            bias=None) -> tuple[Tensor, Tensor]:
     """out ``[B, Sq, Hq, Dv]`` and lse ``[B, Hq, Sq]`` of one step cut into parts over all of q's rows: the
     parts' kernel calls merged (float32, or float64 for float64 inputs; a single part that covers
-    the block is the kernel's own result); rows no part covers get out 0 and lse ``-inf``. ``bias``
-    (a ``PositionBias`` of the step's rows and keys, or ``None``): each part takes its block of it."""
+    the block is the kernel's own result) by ``merge.merge_step``, one launch a part on CUDA;
+    rows no part covers get out 0 and lse ``-inf``. ``bias`` (a ``PositionBias`` of the step's
+    rows and keys, or ``None``): each part takes its block of it."""
     if _whole(parts, q, k):
         return kernel.forward(q, k, v, False, scale, **_with_bias(parts[0], bias))
     acc = accumulation_dtype(q.dtype)
@@ -143,15 +143,15 @@ def attend(kernel: Kernel, q: Tensor, k: Tensor, v: Tensor, parts, scale: float,
     for p in parts:
         rows, keys = slice(*p.q), slice(*p.kv)
         o, l = kernel.forward(q[:, rows], k[:, keys], v[:, keys], False, scale, **_with_bias(p, bias))
-        merge_(out[:, rows], lse[:, :, rows], o, l)
+        out = merge.merge_step(out, lse, rows, o, l, into=acc)  # in place: out is already acc
     return out, lse
 
 
 def attend_backward(kernel: Kernel, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                     parts, scale: float, bias=None) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of one step cut into parts (``out`` and ``lse`` the final ones of q's rows): the
-    parts' gradients summed (float32, or the kernel's own for a single part that covers the block);
-    ``bias`` as in :func:`attend`."""
+    parts' gradients summed (float32, or the kernel's own for a single part that covers the block),
+    dq, dk and dv of a part in one ``merge.add_steps`` launch on CUDA; ``bias`` as in :func:`attend`."""
     if _whole(parts, q, k):
         return kernel.backward(dout, q, k, v, out, lse, False, scale, **_with_bias(parts[0], bias))
     acc = accumulation_dtype(q.dtype)
@@ -162,7 +162,6 @@ def attend_backward(kernel: Kernel, dout: Tensor, q: Tensor, k: Tensor, v: Tenso
         rows, keys = slice(*p.q), slice(*p.kv)
         g = kernel.backward(dout[:, rows], q[:, rows], k[:, keys], v[:, keys], out[:, rows], lse[:, :, rows],
                             False, scale, **_with_bias(p, bias))
-        dq[:, rows] += g[0]
-        dk[:, keys] += g[1]
-        dv[:, keys] += g[2]
+        dq, dk, dv = merge.add_steps([(dq, rows, g[0], acc, None, None), (dk, keys, g[1], acc, None, None),
+                                      (dv, keys, g[2], acc, None, None)])  # in place: each is already acc
     return dq, dk, dv
