@@ -38,7 +38,8 @@ def test_add_steps_under_the_interpreter_match_one_add_at_a_time():
 @pytest.mark.slow
 def test_engines_pass_verify_on_the_triton_kernels_under_the_interpreter(tmp_path):
     cases = [["--variant", "zigzag"], ["--variant", "ring_varlen", "--docs", "64,128,64"],
-             ["--variant", "zigzag", "--window", "40"], ["--variant", "stripe", "--sink", "learnable"]]
+             ["--variant", "zigzag", "--window", "40"], ["--variant", "stripe", "--sink", "learnable"],
+             ["--variant", "stripe", "--mask", "shared-prefix:64,answers=3"]]  # window.attend's folds
     for case in cases:
         proc = subprocess.run([sys.executable, "-m", "ringbench.cli", "verify", *case, "--world-size", "4",
                                "--device", "cpu", "--dtype", "bf16", "--seqlen", "256", "--heads", "4",
