@@ -1153,3 +1153,26 @@ def test_predict_help_shows_seed_which_draws_the_documents_of_doc_dist(tmp_path)
         assert res.returncode == 0, res.stderr
         times.add(json.loads(res.stdout)["spec"]["docs"])
     assert len(times) == 2  # the seed draws other documents
+
+
+def test_every_gpu_a_calibrated_kernel_runs_on_has_its_own_memory_and_links():
+    """A GPU that predict can price gets its own memory and intra-node link, never NVLink assumed for a
+    PCIe card (an L4's ring of 8 crosses PCIe 4.0, not NVLink 4); every row's links are fabric rows of
+    their class, and every row names a GPU of the peaks table."""
+    from ringbench.model import gpus
+    from ringbench.model.fabric import fabric_table, link
+    from ringbench.rank.peaks import DATASHEETS
+
+    rows, names = gpus._gpu_rows(), {d.name for d in DATASHEETS}
+    assert set(rows) <= names, set(rows) - names
+    runs_a_kernel = [d.name for d in DATASHEETS if d.arch and d.arch.startswith("sm") and int(d.arch[2:]) >= 80]
+    assert "L4" in runs_a_kernel and "B200" in runs_a_kernel
+    for name in runs_a_kernel:
+        gpu = gpus.find_gpu(name)
+        assert gpu.intra and gpu.memory_gib and gpu.hbm_gb_s and rows[name].get("source"), name
+        link(gpu.intra, link_class="intra-node")
+        if gpu.inter:
+            link(gpu.inter, link_class="inter-node")
+    table = fabric_table()
+    assert gpus.find_gpu("L4").intra == "pcie4" and table["pcie4"].gb_s < table["pcie5"].gb_s
+    assert gpus.find_gpu("GeForce RTX 4090").inter is None  # its network is not assumed silently
