@@ -701,7 +701,10 @@ def _against(paths: List[Path], case: dict, *, bound, gpu, calibration, cluster,
     reason = check.none_predicted(rows, paths)
     if reason:
         raise SpecError(reason)
-    summary = {**check.summary(rows, bound), "left_out": measured.left_out_text()}
+    summary = {**check.summary(rows, bound), "left_out": measured.left_out_text(),
+               "other_gpu": check.other_gpu_note(rows)}
+    if summary["other_gpu"]:
+        _note(summary["other_gpu"])
     if json_out:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"summary": summary}) + "\n")
     else:

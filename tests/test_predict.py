@@ -1176,3 +1176,16 @@ def test_every_gpu_a_calibrated_kernel_runs_on_has_its_own_memory_and_links():
     table = fabric_table()
     assert gpus.find_gpu("L4").intra == "pcie4" and table["pcie4"].gb_s < table["pcie5"].gb_s
     assert gpus.find_gpu("GeForce RTX 4090").inter is None  # its network is not assumed silently
+
+
+def test_against_says_when_gpu_prices_records_as_another_gpu(tmp_path):
+    """``--against H100 records --gpu A100`` printed a 196% error with no word that the GPUs differ; it
+    says how many records ran on another GPU than they are priced as, on stderr and in the summary."""
+    ref = Path(__file__).resolve().parents[1] / "results/reference/2026-12-07-s4/h100/runs.jsonl"
+    args = ("predict", "--against", str(ref), "--bound", "900%", "--json")
+    other = ringbench_here(*args, "--gpu", "A100", cwd=tmp_path)
+    summary = json.loads(other.stdout.splitlines()[-1])["summary"]
+    assert summary["other_gpu"].startswith("1 record priced as A100 (--gpu or the cluster file) ran on another GPU")
+    assert summary["other_gpu"] in " ".join(other.stderr.split())
+    same = ringbench_here(*args, "--gpu", "H100", cwd=tmp_path)
+    assert json.loads(same.stdout.splitlines()[-1])["summary"]["other_gpu"] is None

@@ -210,8 +210,27 @@ def compare(records: list[dict], *, target_of: Callable[[dict], Any] = record_ta
         path = fields["prediction"]["critical_path_ms"]
         rows.append({**row, "predicted_ms": predicted, "error": predicted / rec["time_ms"] - 1,
                      "path": {part: ms / fields["time_ms"] for part, ms in path.items()},
-                     "calibration": fields["prediction"]["calibration"]})
+                     "calibration": fields["prediction"]["calibration"], **_priced_as(rec, tgt)})
     return rows
+
+
+def _priced_as(rec: dict, tgt) -> dict:
+    """``{"priced_as": GPU}`` where ``--gpu`` prices a record as another GPU than the one it ran on
+    (both known to the peaks table), else ``{}``."""
+    from ringbench.rank.peaks import match_datasheet
+
+    ran, priced = match_datasheet(record_gpu(rec)), getattr(tgt, "gpu", None)
+    return {"priced_as": priced.name} if ran and priced and ran.name != priced.name else {}
+
+
+def other_gpu_note(rows: list[dict]) -> Optional[str]:
+    """One sentence where some rows were priced as another GPU than they ran on, else None."""
+    other = [r for r in rows if r.get("priced_as")]
+    if not other:
+        return None
+    return (f"{plural(len(other), 'record')} priced as {other[0]['priced_as']} (--gpu or the cluster file) ran on "
+            "another GPU, so their errors compare two GPUs, not the model with a run; drop --gpu to price each record "
+            "on its own GPU")
 
 
 def _kernel(name: str, tgt) -> str:
