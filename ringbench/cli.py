@@ -595,12 +595,21 @@ PREDICT_CASE_HELPS = {
                    "cuda_graph_note. Default: auto."),
     "seed": ("The seed that draws the documents of --doc-dist (0 to 2^63 - 1); a prediction draws no other "
              "input, so without --doc-dist it changes nothing. Default: 0."),
+    "kernel": ("The kernel each case is priced with: one the calibration measured (ringbench calibrate --kernel "
+               "adds one), or auto: the first calibrated kernel the GPU runs (flash-attn-4 on Hopper, torch-flash "
+               "on an A100). Repeat for several: one case per value. Default: auto."),
+    "mask": (options.option_help(FIELD_ROWS["mask"], scenario=False) + " A variant whose masked steps the model "
+             "does not walk yet (the varlen engines) is refused under a mask, naming the variants it prices."),
 }
+
+#: Case options a prediction cannot take at all: left out of predict's --help, and refused, each with
+#: its reason, if given (a bias: no calibration rates the kernels that take one; --rotate: torch_cp's).
+PREDICT_HIDDEN = ("bias", "rotate")
 
 
 # predict measures nothing: the options of how to measure stay out of its help, and each is refused in
 # a sentence of its own (MEASURING); --seed stays, since it draws --doc-dist's documents.
-@options.with_case_options("run", hidden=MEASURING, scenario=False, helps=PREDICT_CASE_HELPS)
+@options.with_case_options("run", hidden=MEASURING + PREDICT_HIDDEN, scenario=False, helps=PREDICT_CASE_HELPS)
 def predict(
     case: dict,
     gpu: Optional[str] = _GPU,

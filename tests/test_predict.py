@@ -970,8 +970,18 @@ def test_predict_help_says_what_device_world_size_and_cuda_graph_mean_in_a_predi
     assert "The calibration's device type, cuda or cpu" in text, text
     assert "Repeat for several: one case per value; above 1024 ranks" in text and "gpus-per-node x nodes." in text
     assert "Price each iteration replayed as one CUDA graph" in text
+    # --kernel auto is the first calibrated kernel, not "the first one available here"; a bias and --rotate
+    # (torch_cp's) cannot be priced, so they are not offered; the mask text says which variants are refused.
+    assert "--kernel NAME The kernel each case is priced with" in text and "available here" not in text, text
+    assert "--bias" not in text and "--rotate" not in text, text
+    assert "the model does not walk yet (the varlen engines) is refused under a mask" in text, text
     run = help_text("run")  # run keeps its own texts
     assert "every visible GPU" in run and "--seed" in run and "(NCCL, one GPU per rank)" in run
+    assert "--bias" in run and "--rotate" in run and "first one available here" in run
+    for args, says in ((("--bias", "alibi"), "bias alibi is not priced by the model yet"),
+                       (("--rotate", "alltoall"), "zigzag takes no rotate")):
+        res = ringbench_here("predict", "--gpu", "H100", "--variant", "zigzag", "--seqlen", "8k", *args, cwd=tmp_path)
+        assert res.returncode == 2 and says in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("args, says", [
