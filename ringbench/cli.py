@@ -638,6 +638,10 @@ def predict(
                                               "records that must be predicted for the check to pass. Default: one.",
                                               show_default=False,
                                               parser=options.whole("min-records", "--min-records", 30)),
+    latest: bool = typer.Option(False, "--latest", help="With --against: check each case (case_id) on its last "
+                                "record alone, in the order the files are given, where it was measured again (after "
+                                "the engine changed, say); the earlier records are counted as left out. Default: every "
+                                "record."),
     out: Optional[Path] = typer.Option(None, "--out", metavar="FILE", help="Also append the predicted records "
                                        "(predicted: true) to this .jsonl file, which ringbench compare reads beside "
                                        "measured ones. Default: none.", show_default=False),
@@ -662,8 +666,9 @@ def predict(
             if out is not None:
                 raise SpecError("--out does not go with --against, which writes no records; drop --out")
             _against(against, case, bound=Bound(bound, median_bound, min_records), gpu=gpu, calibration=calibration,
-                     cluster=cluster, gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric, json_out=json_out)
-        for name, value in (("median-bound", median_bound), ("min-records", min_records)):
+                     cluster=cluster, gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric, json_out=json_out,
+                     latest=latest)
+        for name, value in (("median-bound", median_bound), ("min-records", min_records), ("latest", latest or None)):
             if value is not None:
                 raise SpecError(f"--{name} bounds the check of --against, which is not given; drop --{name}")
         if out is not None:
@@ -694,7 +699,7 @@ def predict(
 
 
 def _against(paths: List[Path], case: dict, *, bound, gpu, calibration, cluster, gpus_per_node, nodes, fabric,
-             json_out: bool) -> None:
+             json_out: bool, latest: bool = False) -> None:
     """``predict --against``: every measured record of ``paths`` predicted; exits 0, or 1 past ``bound``."""
     from ringbench.model import against as check
 
@@ -704,6 +709,8 @@ def _against(paths: List[Path], case: dict, *, bound, gpu, calibration, cluster,
     if bound.min_records is not None and bound.min_records < 1:
         raise SpecError(f"min-records {bound.min_records} must be 1 or more; pass --min-records such as 30")
     measured = check.measured_records(paths)
+    if latest:
+        measured = check.latest(measured)
     rows = check.compare(measured.records, target_of=lambda rec: check.record_target(
         rec, gpu=gpu, calibrations=calibration or (), cluster_file=cluster, gpus_per_node=gpus_per_node, nodes=nodes,
         fabric=fabric))

@@ -93,6 +93,21 @@ def test_against_counts_what_it_leaves_out_and_says_why_it_cannot_predict(measur
     assert rows[2]["emulated"] and not rows[0]["emulated"]
 
 
+def test_latest_checks_each_case_on_its_last_record_and_counts_the_others(measured_file, tmp_path):
+    """``--latest``: a case measured again in a later file (the engine changed) is checked on that record
+    alone; the earlier ones are counted as left out, and cases measured once stay."""
+    path, cal, _ = measured_file
+    again = json.loads(path.read_text(encoding="utf-8").splitlines()[0])  # the first zigzag, measured again
+    again["time_ms"] *= 2
+    later = tmp_path / "later.jsonl"
+    later.write_text(json.dumps(again) + "\n", encoding="utf-8")
+    measured = against.latest(against.measured_records([path, later]))
+    assert [r["spec"]["variant"] for r in measured.records] == ["ring", "zigzag", "rfa_zigzag", "zigzag"]
+    assert measured.records[-1]["time_ms"] == again["time_ms"] and measured.records[-1]["_source"] == str(later)
+    assert measured.left_out_text().endswith("1 record measured again later")
+    assert against.latest(against.measured_records([path])).records == against.measured_records([path]).records
+
+
 @pytest.mark.parametrize("bound,passed,failures", [
     (against.Bound(0.12), True, []),
     (against.Bound(0.08), False, ["the worst error, 10.0%, is past 8%"]),
@@ -134,11 +149,12 @@ def test_against_cli_prints_each_error_and_exits_1_past_the_bound(measured_file)
 @pytest.mark.parametrize("args,words", [
     (["--variant", "zigzag", "--gpu", "H100", "--median-bound", "3%"], "--median-bound bounds the check of --against"),
     (["--variant", "zigzag", "--gpu", "H100", "--min-records", "30"], "--min-records bounds the check of --against"),
+    (["--variant", "zigzag", "--gpu", "H100", "--latest"], "--latest bounds the check of --against"),
     (["--variant", "zigzag", "--gpu", "H100", "--out", "p.json"], "must end in .jsonl"),
     (["--against", "runs.jsonl", "--out", "p.jsonl"], "--out does not go with --against"),
     (["--against", "runs.jsonl", "--min-records", "0"], "min-records 0 must be 1 or more"),
     (["--against", "runs.jsonl", "--median-bound", "three"], "is not a percentage"),
-], ids=["median-alone", "min-alone", "out-suffix", "out-against", "min-zero", "median-word"])
+], ids=["median-alone", "min-alone", "latest-alone", "out-suffix", "out-against", "min-zero", "median-word"])
 def test_predict_refuses_bad_against_and_out_options_in_one_sentence(tmp_path, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)
     res = _invoke("predict", *args)

@@ -136,6 +136,18 @@ def measured_records(paths: Sequence[Path]) -> Measured:
     return found
 
 
+def latest(measured: Measured) -> Measured:
+    """``measured`` with each case (``case_id``) on its last record alone (files in the order given, lines
+    in file order): a case measured again, after the engine changed, is checked on what it does now.
+    The earlier records are counted as left out."""
+    last = {rec.get("case_id"): i for i, rec in enumerate(measured.records)}
+    kept = [rec for i, rec in enumerate(measured.records) if last[rec.get("case_id")] == i]
+    left_out = dict(measured.left_out)
+    if len(kept) < len(measured.records):
+        left_out[("record measured again later", "records measured again later")] = len(measured.records) - len(kept)
+    return Measured(kept, left_out)
+
+
 def record_gpu(rec: dict) -> str | None:
     """The GPU a record was measured on (``env.gpu_name``), or None."""
     return (rec.get("env") or {}).get("gpu_name")
