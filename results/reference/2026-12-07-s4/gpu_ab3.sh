@@ -7,7 +7,7 @@ source results/reference/2026-12-06-h200/common.sh
 STOP_S=${STOP_S:-430}
 U=results/reference/2026-12-07-s4/unfused
 M="--seqlen 64k --mask prefix:8k --mask shared-prefix:8k,answers=7"
-A="$R $FA --emulate --world-size 8 $M --variant stripe --variant zigzag"
+A="ringbench run --device cuda --yes $FA --emulate --world-size 8 $M --variant stripe --variant zigzag"
 OLD="env RINGBENCH_PROBE_UNFUSED=1 PYTHONPATH=$PWD/$U:$PYTHONPATH"
 V="ringbench verify --device cuda --world-size 1 --yes --out /tmp/r --heads 32 --kv-heads 8 --head-dim 128"
 t verify_masks 80 $V $FA --variant zigzag --variant stripe --variant llama3 --seqlen 4k --mask shared-prefix:512,answers=7 --mask prefix:512
@@ -15,7 +15,7 @@ t fa_old1 90 $OLD $A --out /tmp/r/fa_old
 t fa_new1 90 $A --out /tmp/r/fa_new
 t fa_old2 90 $OLD $A --out /tmp/r/fa_old
 t fa_new2 90 $A --out /tmp/r/fa_new
-t m_bal 80 $R $FA --emulate $M --variant ring --layout balanced --world-size 8 --out /tmp/r/fa_new
+t m_bal 80 ringbench run --device cuda --yes $FA --emulate $M --variant ring --layout balanced --world-size 8 --out /tmp/r/fa_new
 for d in fa_old fa_new; do [ -f /tmp/r/$d/runs.jsonl ] && cp /tmp/r/$d/runs.jsonl $OUT/ab_$d.jsonl; done
 grep -c "folded unfused" $L/fa_old1.txt
 grep -hE "^(stripe|zigzag|ring) " $L/fa_*.txt $L/m_bal.txt
