@@ -1,8 +1,11 @@
 # 2026-12-07, fourth session, A/B call 3 (.fa4b carried; call 2 put .fa4c in place): flash-attn-4
 # installed, then the fused window folds against the unfused ones with flash-attn-4, emulated W=8
-# 64k under both masks (old, new, old, new), the balanced ring and verify at W=1 under masks with
-# the fused folds, and a windowed zigzag.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .fa4b/*.whl >/dev/null 2>&1
+# 64k under both masks (old, new, old, new), the balanced ring, and verify at W=1 under masks with
+# the fused folds. Every wheel goes in in one pip call: pip --target --upgrade of the joined wheel
+# alone replaced the cutlass package folder the others had filled (no cutlass.cute).
+cp .fa4b/big.part.* /root/fa4/ && cat /root/fa4/big.part.* > /root/fa4/$(cat /root/fa4/big.name) && rm /root/fa4/big.part.*
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .fa4b/*.whl /root/fa4/*.whl
+printf 'import site\nsite.addsitedir("/tmp/site")\n' > /tmp/site/sitecustomize.py
 source results/reference/2026-12-06-h200/common.sh
 STOP_S=${STOP_S:-430}
 U=results/reference/2026-12-07-s4/unfused
