@@ -1199,3 +1199,26 @@ def test_against_says_when_gpu_prices_records_as_another_gpu(tmp_path):
     assert summary["other_gpu"] in " ".join(other.stderr.split())
     same = ringbench_here(*args, "--gpu", "H100", cwd=tmp_path)
     assert json.loads(same.stdout.splitlines()[-1])["summary"]["other_gpu"] is None
+
+
+def test_a_varlen_zigzag_half_step_pays_the_row_copies_its_index_rows_make():
+    """zigzag_varlen's half-steps pick every document's half by index (``ring.VarlenSteps``), and
+    ``ring._rows`` copies those rows (``index_select``) before the kernel: q forward; dout, q, out and the
+    float32 lse backward; k and v at key rows. The model prices each copy (read and written); ring_varlen,
+    whose blocks are slices, makes none. Hand-computed at W=2, documents 64 and 128 (48 rows a half)."""
+    W, docs = 2, "64,128"
+    progs, _ = schedule.programs(_spec("zigzag_varlen", W, 192, mode="fwd_bwd", docs=docs))
+    H, Hk, D, e = SHAPE.heads, SHAPE.kv_heads, SHAPE.head_dim, 4  # fp32
+    half = (64 + 128) // W // 2
+
+    def copies(rank, phase):
+        return [op.nbytes for op, _ in progs[rank] if isinstance(op, schedule.Compute) and op.kind == "copy"
+                and op.phase == phase]
+
+    q_rows, kv_rows = 2 * half * H * D * e, 2 * half * Hk * D * e
+    # rank 0 meets rank 1's block at step 1 with its second halves of queries; rank 1 meets rank 0's with
+    # the first halves of keys.
+    assert copies(0, "fwd") == [q_rows] and copies(0, "bwd") == [q_rows, q_rows, q_rows, 2 * half * H * 4]
+    assert copies(1, "fwd") == [kv_rows, kv_rows] and copies(1, "bwd") == [kv_rows, kv_rows]
+    ring, _ = schedule.programs(_spec("ring_varlen", W, 192, mode="fwd_bwd", docs=docs))
+    assert not [op for prog in ring for op, _ in prog if isinstance(op, schedule.Compute) and op.kind == "copy"]

@@ -230,6 +230,21 @@ def ring_steps(layout: str, seqlen_local: int, ring_rank: int, ring_degree: int,
                                 doc_lengths=doc_lengths, device="cpu", mask=mask, by_slices=mask is not None))
 
 
+def _row_copies(block, phase: str, step: int, shape: Shape, esize: int) -> list:
+    """The copies ``ring._rows`` makes of a block whose rows are indices (a varlen zigzag half-step):
+    at its query rows q (forward), or dout, q, out and the float32 lse (backward); at its key rows k
+    and v. Each is one ``index_select``: its rows read and written."""
+    sizes = []
+    if not isinstance(block.q, slice):
+        row = shape.batch * _rows(block.q, 0) * shape.heads
+        sizes += [row * shape.head_dim * esize] if phase == "fwd" else [
+            row * shape.head_dim_v * esize, row * shape.head_dim * esize, row * shape.head_dim_v * esize, row * 4]
+    if not isinstance(block.kv, slice):
+        row = shape.batch * _rows(block.kv, 0) * shape.kv_heads
+        sizes += [row * shape.head_dim * esize, row * shape.head_dim_v * esize]
+    return [Compute("copy", phase, step, nbytes=2 * n) for n in sizes]
+
+
 def _memo(steps):
     """``steps`` asked once per ``(step, source)``: the forward ring counts its blocks and walks them, and
     the backward walks them again (three plan calls per step otherwise, W² of them per case)."""
@@ -277,6 +292,7 @@ def ring_forward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, sh
             ops.append(Post(f"{tag}f", "p2p", "fwd", step, kv_bytes, ring, ring[(me + 1) % R], ring[(me - 1) % R]))
         block = steps(step, (me - step) % R)
         if block is not None:
+            ops += _row_copies(block, "fwd", step, shape, esize)
             calls = _block_calls(block, "fwd", seqlen_local)
             folded = block.parts and not _whole(block.parts, seqlen_local)  # window.attend folds its parts
             if folded:  # into a float32 out and lse of the block's rows, zeroed first
@@ -321,6 +337,7 @@ def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, s
             ops.append(Post(f"{tag}b", "p2p", "bwd", i, kv_bytes * esize, ring, nxt, prv))
         block = steps((me - source) % R, source)
         if block is not None:
+            ops += _row_copies(block, "bwd", i, shape, esize)
             calls = _block_calls(block, "bwd", seqlen_local)
             summed = block.parts and not _whole(block.parts, seqlen_local)  # window.attend_backward sums its parts
             if summed:  # into float32 dq, dk and dv of the block's rows, zeroed first
