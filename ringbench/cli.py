@@ -469,9 +469,9 @@ GPUS_PER_NODE_HELP = "GPUs per node; consecutive ranks share a node. Default: th
 NODES_HELP = "Nodes of the cluster; world size = gpus-per-node x nodes unless --world-size is given. Default: 1."
 WORLD_SIZE_HELP = ("The ranks of the cluster, one per GPU: one node of that many where it fits gpus-per-node, else "
                    "whole nodes of gpus-per-node. Default: gpus-per-node x nodes.")
-FABRIC_HELP = ("The links: INTRA or INTRA,INTER, rows of the fabric table (nvlink4, h800-nvlink, nvlink5, nvlink3, "
-               "pcie5; ib-ndr, ib-hdr, roce-400g; h200-nvlink-measured). Default: the --cluster file's, else the "
-               "GPU's usual ones.")
+FABRIC_HELP = ("The links: INTRA or INTRA,INTER, rows of the fabric table (inside a node: nvlink4, h800-nvlink, "
+               "nvlink5, nvlink3, a800-nvlink, pcie4, pcie5, h200-nvlink-measured; between nodes: ib-ndr, ib-hdr, "
+               "roce-400g). Default: the --cluster file's, else the GPU's usual ones.")
 CLUSTER_HELP = ("A cluster file (TOML: gpu, gpus_per_node, nodes, intra, inter, and [fabric.NAME] rows of its "
                 "own); the options above override it. Default: none.")
 CALIBRATION_HELP = ("A calibration file written by ringbench calibrate, searched before the shipped ones; repeat "
@@ -585,8 +585,8 @@ _CALIBRATION = typer.Option(None, "--calibration", metavar="FILE", help=CALIBRAT
 
 #: predict's own texts for the case options that mean something else in a prediction than in a run.
 PREDICT_CASE_HELPS = {
-    "device": ("The calibration's device type, cuda or cpu; a prediction runs nothing, so another is refused. "
-               "Default: the calibration's."),
+    "device": ("The device type of the calibration that prices the case, cuda or cpu; a prediction runs nothing, "
+               "and a device the calibration was not measured on is refused. Default: the calibration's."),
     "world_size": WORLD_SIZE_HELP.replace(" Default:", f" Repeat for several: one case per value; above {MAX_RANKS} "
                                           "ranks (the most the model walks) it is refused. Default:"),
     "cuda_graph": ("Price each iteration replayed as one CUDA graph (on: no host cost after its one launch), eager "
@@ -598,8 +598,12 @@ PREDICT_CASE_HELPS = {
     "kernel": ("The kernel each case is priced with: one the calibration measured (ringbench calibrate --kernel "
                "adds one), or auto: the first calibrated kernel the GPU runs (flash-attn-4 on Hopper, torch-flash "
                "on an A100). Repeat for several: one case per value. Default: auto."),
-    "mask": (options.option_help(FIELD_ROWS["mask"], scenario=False) + " A variant whose masked steps the model "
-             "does not walk yet (the varlen engines) is refused under a mask, naming the variants it prices."),
+    "mask": ("The mask each case is priced under, as NAME[:PARAMS]: causal; full; window:L or window:L,R; prefix:P; "
+             "shared-prefix:P,answers=A; chunked:C; global:G,window:L; or slices:q0,q1,k0,k1,type;... (each "
+             "described in ringbench run --help). Priced on ring, zigzag, stripe, llama3, ulysses and usp, as the "
+             "window calls a window-taking kernel makes (one per slice of each partial block); a varlen variant "
+             "under a mask is refused. Repeat for several: one case per value. Default: the mask of --causal and "
+             "--window."),
 }
 
 #: Case options a prediction cannot take at all: left out of predict's --help, and refused, each with
@@ -650,6 +654,9 @@ def predict(
     from ringbench.model.against import Bound
 
     with _usage_errors():
+        if case.get("rotate") and not against:  # before check_given, which would point at torch_cp
+            raise SpecError("--rotate is how torch_cp (PyTorch's context parallel, a peer) moves K/V, and predict "
+                            "prices ringbench's own engines only; drop --rotate")
         if not against:  # before the masks' own rules: no seqlen they offer makes a mask priced
             from ringbench.model.schedule import engine_mask_refusal
 
@@ -719,14 +726,14 @@ def _against(paths: List[Path], case: dict, *, bound, gpu, calibration, cluster,
         raise SpecError(reason)
     summary = {**check.summary(rows, bound), "left_out": measured.left_out_text(),
                "other_gpu": check.other_gpu_note(rows)}
-    if summary["other_gpu"]:
-        _note(summary["other_gpu"])
     if json_out:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"summary": summary}) + "\n")
     else:
         from ringbench.present.predict import print_against
 
         print_against(rows, summary, Console())
+    if summary["other_gpu"]:  # after the table, beside the summary it qualifies
+        _note(summary["other_gpu"])
     raise typer.Exit(EXIT_OK if summary["passed"] else EXIT_FAILED)
 
 

@@ -588,7 +588,7 @@ def test_predicts_option_help_keeps_ranges_and_ellipses_whole():
     "p - L + 1 .. p" and "type;..." for sentence ends, printing "p - L + 1 . p" and "type;."."""
     from ringbench.case import fields, options
 
-    texts = {name: options.option_help(fields.BY_NAME[name], scenario=False) for name in ("mask", "bias", "window")}
+    texts = {name: options._option_help(fields.BY_NAME[name], scenario=False) for name in ("mask", "bias", "window")}
     assert "p - L + 1 .. p" in texts["mask"] and "type;..." in texts["mask"] and "scenario" not in texts["mask"]
     assert "h = 0 .. H-1" in texts["bias"]
     assert ". ." not in " ".join(texts.values()) and "...." not in " ".join(texts.values())

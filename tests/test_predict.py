@@ -792,8 +792,12 @@ def test_a_cpu_calibration_says_its_link_is_assumed(tmp_path):
     path.write_text(json.dumps(_flat_calibration()), encoding="utf-8")
     cpu = target(gpu=None, calibrations=[path], cluster_file=None, gpus_per_node=4, nodes=None, fabric=None,
                  dtype="fp32")
-    assert cpu.cluster(4).describe().endswith("(NVLink 4 (H100 and H200 SXM), assumed: no link is known for cpu; "
-                                              "pass --fabric)")
+    assert cpu.cluster(4).describe().endswith("(NVLink 4 (H100 and H200 SXM), assumed: no intra-node link is known "
+                                              "for cpu; pass --fabric INTRA)")
+    # Two nodes of PCIe cards: PCIe inside a node, their network assumed, and said to be the network.
+    l4 = target(gpu="L4", calibrations=[], cluster_file=None, gpus_per_node=8, nodes=2, fabric=None, dtype="bf16")
+    assert l4.cluster(16).describe() == ("2 x 8 L4 (PCIe 4.0 x16; between nodes InfiniBand NDR (400 Gb/s per GPU), "
+                                         "assumed: no inter-node link is known for L4; pass --fabric INTRA,INTER)")
     gpu = target(gpu="H100", calibrations=[], cluster_file=None, gpus_per_node=8, nodes=None, fabric=None,
                  dtype="bf16")
     assert "assumed" not in gpu.cluster(8).describe()
@@ -829,6 +833,10 @@ def test_an_emulated_rank_pays_the_copies_that_stand_for_its_collectives():
                                            "and fp16; pass --dtype bf16"),
     (("--gpu", "H100", "--head-dim", "512"), "head_dim 512 exceeds 256, the largest the flash-attn-4 kernel takes; "
                                              "pass another --head-dim or --kernel"),
+    # An uncalibrated kernel on a GPU that runs only some of the calibrated ones: offer only those.
+    (("--gpu", "L4", "--kernel", "cudnn"), "kernel 'cudnn' is not in the calibration of L4, which holds torch-flash "
+                                           "(those L4 runs); pass --kernel with one of them, or calibrate cudnn with "
+                                           "ringbench calibrate --kernel cudnn"),
 ])
 def test_predict_refuses_what_no_calibrated_kernel_or_peak_takes(tmp_path, args, says):
     """A GPU with no peak in the case's dtype (V100 in bf16) was a traceback; --kernel auto priced fp64 or a
@@ -967,19 +975,24 @@ def test_predict_help_says_what_device_world_size_and_cuda_graph_mean_in_a_predi
     text = help_text("predict")
     assert "every visible GPU" not in text and "(NCCL, one GPU per rank)" not in text, text
     assert "--seed INT The seed that draws the documents of --doc-dist" in text, text  # not run's random inputs
-    assert "The calibration's device type, cuda or cpu" in text, text
+    assert "The device type of the calibration that prices the case, cuda or cpu" in text, text
     assert "Repeat for several: one case per value; above 1024 ranks" in text and "gpus-per-node x nodes." in text
     assert "Price each iteration replayed as one CUDA graph" in text
     # --kernel auto is the first calibrated kernel, not "the first one available here"; a bias and --rotate
     # (torch_cp's) cannot be priced, so they are not offered; the mask text says which variants are refused.
     assert "--kernel NAME The kernel each case is priced with" in text and "available here" not in text, text
     assert "--bias" not in text and "--rotate" not in text, text
-    assert "the model does not walk yet (the varlen engines) is refused under a mask" in text, text
+    from ringbench.model.schedule import MASK_PRICED
+
+    priced = ", ".join(MASK_PRICED[:-1]) + f" and {MASK_PRICED[-1]}"
+    assert "--mask NAME[:PARAMS] The mask each case is priced under" in text, text
+    assert f"Priced on {priced}, as the window calls" in text and "a varlen variant under a mask is refused" in text
     run = help_text("run")  # run keeps its own texts
     assert "every visible GPU" in run and "--seed" in run and "(NCCL, one GPU per rank)" in run
     assert "--bias" in run and "--rotate" in run and "first one available here" in run
     for args, says in ((("--bias", "alibi"), "bias alibi is not priced by the model yet"),
-                       (("--rotate", "alltoall"), "zigzag takes no rotate")):
+                       (("--rotate", "alltoall"), "--rotate is how torch_cp (PyTorch's context parallel, a peer) "
+                                                  "moves K/V, and predict prices ringbench's own engines only")):
         res = ringbench_here("predict", "--gpu", "H100", "--variant", "zigzag", "--seqlen", "8k", *args, cwd=tmp_path)
         assert res.returncode == 2 and says in res.stderr, res.stderr
 
@@ -1186,6 +1199,10 @@ def test_every_gpu_a_calibrated_kernel_runs_on_has_its_own_memory_and_links():
     table = fabric_table()
     assert gpus.find_gpu("L4").intra == "pcie4" and table["pcie4"].gb_s < table["pcie5"].gb_s
     assert gpus.find_gpu("GeForce RTX 4090").inter is None  # its network is not assumed silently
+    # A part of one entry's name finds it (A6000, 4090); a part of two (6000) is refused.
+    assert (gpus.find_gpu("A6000").name, gpus.find_gpu("4090").name) == ("RTX A6000", "GeForce RTX 4090")
+    with pytest.raises(C.SpecError, match="gpu '6000' is not in the peaks table"):
+        gpus.find_gpu("6000")
 
 
 def test_against_says_when_gpu_prices_records_as_another_gpu(tmp_path):
@@ -1195,8 +1212,16 @@ def test_against_says_when_gpu_prices_records_as_another_gpu(tmp_path):
     args = ("predict", "--against", str(ref), "--bound", "900%", "--json")
     other = ringbench_here(*args, "--gpu", "A100", cwd=tmp_path)
     summary = json.loads(other.stdout.splitlines()[-1])["summary"]
-    assert summary["other_gpu"].startswith("1 record priced as A100 (--gpu or the cluster file) ran on another GPU")
+    assert summary["other_gpu"].startswith("1 record ran on another GPU than A100, which --gpu (or the cluster file) "
+                                           "prices it as: its error compares two GPUs")
     assert summary["other_gpu"] in " ".join(other.stderr.split())
+    # The flash-attn-4 records, which an A100 cannot run, say so, and not "pass --kernel" (--against takes none).
+    reasons = {json.loads(line).get("reason") for line in other.stdout.splitlines()[:-1]} - {None}
+    fa4 = [r for r in reasons if r.startswith("gpu A100 (sm80) cannot run the flash-attn-4 kernel")]
+    cudnn = [r for r in reasons if r.startswith("kernel 'cudnn' is not in the calibration of A100, which holds ")]
+    assert cudnn and "flash-attn-4" not in cudnn[0], cudnn  # only what an A100 runs
+    assert fa4 and all(r.endswith("and the record ran it; drop --gpu to price each record on the GPU it ran on")
+                       and "--kernel" not in r for r in fa4), fa4
     same = ringbench_here(*args, "--gpu", "H100", cwd=tmp_path)
     assert json.loads(same.stdout.splitlines()[-1])["summary"]["other_gpu"] is None
 
@@ -1222,3 +1247,15 @@ def test_a_varlen_zigzag_half_step_pays_the_row_copies_its_index_rows_make():
     assert copies(1, "fwd") == [kv_rows, kv_rows] and copies(1, "bwd") == [kv_rows, kv_rows]
     ring, _ = schedule.programs(_spec("ring_varlen", W, 192, mode="fwd_bwd", docs=docs))
     assert not [op for prog in ring for op, _ in prog if isinstance(op, schedule.Compute) and op.kind == "copy"]
+
+
+def test_fabric_help_names_every_row_of_the_fabric_table_in_its_class():
+    """--fabric's help lists the rows by class; a row added to fabrics.toml (pcie4, a800-nvlink) must be
+    listed, under the class it is."""
+    from ringbench.cli import FABRIC_HELP
+    from ringbench.model.fabric import fabric_table
+
+    inside, between = FABRIC_HELP.split("between nodes:")
+    for name, row in fabric_table().items():
+        where = inside if row.link_class == "intra-node" else between
+        assert f" {name}," in where or f" {name})" in where or f" {name};" in where, (name, row.link_class)

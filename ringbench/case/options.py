@@ -55,7 +55,7 @@ SCENARIO_HELP = ("Sweep a scenario instead of one shape: a built-in name (smoke,
 JUNIT_HELP = "Also write the results as JUnit XML to this file, one test case per case. Default: no file."
 
 
-def option_help(field: fields.Field, scenario: bool = True) -> str:
+def _option_help(field: fields.Field, scenario: bool = True) -> str:
     """The option's help; without ``scenario`` (a command that takes no --scenario, as predict),
     its sentences about scenarios are left out."""
     text = field.help[0].upper() + field.help[1:] + "."
@@ -87,7 +87,7 @@ def _case_parameters(command: str, hidden: tuple[str, ...] = (), scenario: bool 
     """One typer option per field that ``command`` takes, in table order (a field with a
     ``file_option`` has that one too, right after its own); the fields named in ``hidden`` are
     left out of ``--help`` (still parsed, so the command can refuse them in its own sentence);
-    ``scenario``: whether the command takes --scenario (``option_help``); ``helps``: field ->
+    ``scenario``: whether the command takes --scenario (``_option_help``); ``helps``: field ->
     the command's own help text, where the field means something else there (predict's --device)."""
     helps = helps or {}
     params = []
@@ -96,7 +96,7 @@ def _case_parameters(command: str, hidden: tuple[str, ...] = (), scenario: bool 
         # refusal is ringbench's one sentence, not the parser's box; the help shows the text.
         kind = str if f.value_type is not None else f.type
         annotation = Optional[List[kind]] if f.repeatable else Optional[kind]
-        option = typer.Option(None, *f.option.split(" "), help=helps.get(f.name) or option_help(f, scenario),
+        option = typer.Option(None, *f.option.split(" "), help=helps.get(f.name) or _option_help(f, scenario),
                               show_default=False,
                               parser=f.value_type, metavar=f.value_name, hidden=f.name in hidden)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,

@@ -240,9 +240,10 @@ def other_gpu_note(rows: list[dict]) -> Optional[str]:
     other = [r for r in rows if r.get("priced_as")]
     if not other:
         return None
-    return (f"{plural(len(other), 'record')} priced as {other[0]['priced_as']} (--gpu or the cluster file) ran on "
-            "another GPU, so their errors compare two GPUs, not the model with a run; drop --gpu to price each record "
-            "on its own GPU")
+    one = len(other) == 1
+    return (f"{plural(len(other), 'record')} ran on another GPU than {other[0]['priced_as']}, which --gpu (or the "
+            f"cluster file) prices {'it' if one else 'them'} as: {'its error compares' if one else 'their errors compare'}"
+            " two GPUs, not the model with a run; drop --gpu to price each record on its own GPU")
 
 
 def _kernel(name: str, tgt) -> str:
@@ -253,9 +254,12 @@ def _kernel(name: str, tgt) -> str:
             --kernel, so the calibration's own fix would not do).
     """
     cal = tgt.calibration
+    why = tgt.kernel_refusal(name) if name != "auto" else None
+    if why:  # --against takes no --kernel: the record ran this one
+        raise SpecError(f"{why}, and the record ran it; drop --gpu to price each record on the GPU it ran on")
     if name != "auto" and name not in cal.kernels:
         raise SpecError(f"kernel {name!r} is not in the calibration of {cal.device}, which holds "
-                        f"{', '.join(cal.kernels)}, so its records cannot be checked against it; calibrate it on the "
+                        f"{', '.join(tgt.kernels() or cal.kernels)}, so its records cannot be checked against it; calibrate it on the "
                         f"machine they ran on with ringbench calibrate --kernel {name} and pass the file with "
                         "--calibration")
     return tgt.kernel(name)

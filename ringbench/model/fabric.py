@@ -200,7 +200,7 @@ class Cluster:
 
     def describe(self) -> str:
         """``8 x 8 H100 (NVLink 4 ... / InfiniBand NDR ...)`` for headers."""
-        where = f"{self.intra.title}" + (f", {self.inter.title} between nodes" if self.nodes > 1 else "")
+        where = f"{self.intra.title}" + (f"; between nodes {self.inter.title}" if self.nodes > 1 else "")
         return f"{self.nodes} x {self.gpus_per_node} {self.gpu} ({where})"
 
 

@@ -57,6 +57,9 @@ def find_gpu(name: str, where: str = "") -> Gpu:
         SpecError: no entry's pattern matches it (naming ``where`` and its ``gpu`` key, if given).
     """
     sheet = match_datasheet(name) or match_datasheet(f"NVIDIA {name}")
+    if sheet is None:  # a part of one entry's name alone (A6000, 4090)
+        part = [d for d in DATASHEETS if name.strip() and name.strip().lower() in d.name.lower()]
+        sheet = part[0] if len(part) == 1 else None
     if sheet is None:
         names = ", ".join(d.name for d in DATASHEETS)
         if where:

@@ -86,7 +86,12 @@ class Target:
             if not runs:
                 raise SpecError(runs_none(self.gpu_name, self.gpu, self.calibration.kernels))
             return runs[0]
-        name = self.calibration.kernel(name).name
+        if name not in self.calibration.kernels:  # offer only what the GPU runs
+            runs = self.kernels() or list(self.calibration.kernels)
+            which = f" (those {self.gpu_name} runs)" if len(runs) < len(self.calibration.kernels) else ""
+            raise SpecError(f"kernel {name!r} is not in the calibration of {self.calibration.device}, which holds "
+                            f"{', '.join(runs)}{which}; pass --kernel with one of them, or calibrate {name} with "
+                            f"ringbench calibrate --kernel {name}")
         why = self.kernel_refusal(name)
         if why:
             runs = self.kernels()
@@ -152,7 +157,8 @@ def _default(own: Optional[str], fallback: str, table: dict, gpu: str) -> Link:
     if own:
         return link(own, table)
     row = link(fallback, table)
-    return replace(row, title=f"{row.title}, assumed: no link is known for {gpu}; pass --fabric")
+    fix = "--fabric INTRA" if row.link_class == "intra-node" else "--fabric INTRA,INTER"
+    return replace(row, title=f"{row.title}, assumed: no {row.link_class} link is known for {gpu}; pass {fix}")
 
 
 def _measured(cal: Calibration, link_class: str) -> Link | None:
