@@ -528,7 +528,8 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     device = tgt.calibration.device_type
     if case.get("device", device) != device:
         raise SpecError(f"device {case['device']!r} is not the calibration's ({device}, {tgt.calibration.source}); "
-                        "drop --device or pass a calibration of that device")
+                        "drop --device, or pass a calibration of that device (ringbench calibrate --device "
+                        f"{case['device']} --out FILE there, then --calibration FILE)")
     if "variant" not in case:
         raise SpecError(build._no_variant_message("run").split(", or --scenario")[0])
     cases = []

@@ -833,6 +833,11 @@ def test_an_emulated_rank_pays_the_copies_that_stand_for_its_collectives():
                                            "and fp16; pass --dtype bf16"),
     (("--gpu", "H100", "--head-dim", "512"), "head_dim 512 exceeds 256, the largest the flash-attn-4 kernel takes; "
                                              "pass another --head-dim or --kernel"),
+    # Another device than the calibration's: how to make a calibration of it.
+    (("--gpu", "H100", "--device", "cpu"), "device 'cpu' is not the calibration's (cuda, measured 2026-12-07 by "
+                                           "ringbench calibrate on NVIDIA H100 80GB HBM3); drop --device, or pass a "
+                                           "calibration of that device (ringbench calibrate --device cpu --out FILE "
+                                           "there, then --calibration FILE)"),
     # An uncalibrated kernel on a GPU that runs only some of the calibrated ones: offer only those.
     (("--gpu", "L4", "--kernel", "cudnn"), "kernel 'cudnn' is not in the calibration of L4, which holds torch-flash "
                                            "(those L4 runs); pass --kernel with one of them, or calibrate cudnn with "
