@@ -383,8 +383,9 @@ class Calibration:
     memory_scale: float = 1.0
     derived_from: str | None = None
 
-    def kernel(self, name: str) -> KernelCalibration:
-        """The calibration of kernel ``name`` (``auto``: the first one in the file).
+    def kernel(self, name: str, runs: list[str] | None = None, gpu: str = "") -> KernelCalibration:
+        """The calibration of kernel ``name`` (``auto``: the first one in the file); ``runs``: the
+        calibrated kernels ``gpu`` can run, which a refusal offers in place of them all.
 
         Raises:
             SpecError: a kernel the calibration does not hold.
@@ -392,8 +393,10 @@ class Calibration:
         if name == "auto":
             return next(iter(self.kernels.values()))
         if name not in self.kernels:
+            offer = runs or list(self.kernels)
+            which = f" (those {gpu} runs)" if len(offer) < len(self.kernels) else ""
             raise SpecError(f"kernel {name!r} is not in the calibration of {self.device}, which holds "
-                            f"{', '.join(self.kernels)}; pass --kernel with one of them, or calibrate {name} with "
+                            f"{', '.join(offer)}{which}; pass --kernel with one of them, or calibrate {name} with "
                             f"ringbench calibrate --kernel {name}")
         return self.kernels[name]
 

@@ -202,17 +202,15 @@ def _merge_bytes(rows: int, shape: Shape, esize: int, *, local: int | None = Non
     return per_row * (touched * shape.head_dim_v * (held + into) + rows * shape.head_dim_v * esize + rows * 12)
 
 
-def _grad_bytes(q_rows: int, kv_rows: int, shape: Shape) -> float:
-    # float32 dq at q_rows, dk and dv at kv_rows: the bytes a zeroing writes.
+def _grad_elements(q_rows: int, kv_rows: int, shape: Shape) -> int:
+    # dq at q_rows, dk and dv at kv_rows: the elements of a step's gradients.
     return shape.batch * (q_rows * shape.heads * shape.head_dim + kv_rows * shape.kv_heads *
-                          (shape.head_dim + shape.head_dim_v)) * 4
+                          (shape.head_dim + shape.head_dim_v))
 
 
 def _add_bytes(q_rows: int, kv_rows: int, shape: Shape, esize: int) -> float:
     # add_steps: dq at the block's query rows, dk and dv at its key rows; read sum and grad, write the sum.
-    per = 4 + esize + 4
-    return shape.batch * (q_rows * shape.heads * shape.head_dim + kv_rows * shape.kv_heads *
-                          (shape.head_dim + shape.head_dim_v)) * per
+    return _grad_elements(q_rows, kv_rows, shape) * (4 + esize + 4)
 
 
 # --------------------------------------------------------------------------- the ring engine
@@ -341,8 +339,8 @@ def ring_backward(steps, *, ring: tuple[int, ...], me: int, seqlen_local: int, s
             calls = _block_calls(block, "bwd", seqlen_local)
             summed = block.parts and not _whole(block.parts, seqlen_local)  # window.attend_backward sums its parts
             if summed:  # into float32 dq, dk and dv of the block's rows, zeroed first
-                ops.append(Compute("copy", "bwd", i, nbytes=_grad_bytes(_rows(block.q, seqlen_local),
-                                                                        _rows(block.kv, seqlen_local), shape)))
+                ops.append(Compute("copy", "bwd", i, nbytes=4 * _grad_elements(_rows(block.q, seqlen_local),
+                                                                               _rows(block.kv, seqlen_local), shape)))
             ops += [Compute("kernel", "bwd", i, c) for c in calls]
             if summed:
                 ops += [Compute("add", "bwd", i, nbytes=_add_bytes(c.q, c.k, shape, esize)) for c in calls]

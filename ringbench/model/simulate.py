@@ -314,14 +314,16 @@ def issue_and_run_ms(priced: Priced, rank: int = 0, which: int = 0) -> tuple[flo
 def _pattern(ops: list, link, place, cluster: Cluster) -> dict:
     """What one transfer of every rank costs and sends: durations, groups, bytes per rank and class."""
     W = len(ops)
-    out: dict = {"sent": np.array([_sent_bytes(op) for op in ops]), "classes": []}
     # per link class: the bytes each rank sends over it, and its place among that rank's classes (-1: none)
+    classes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for r, op in enumerate(ops):
         for place_in, (cls, nbytes) in enumerate(_by_class(op, r, link).items()):
-            if cls not in [c for c, _, _ in out["classes"]]:
-                out["classes"].append((cls, np.zeros(W), np.full(W, -1)))
-            _, sent, where = next(c for c in out["classes"] if c[0] == cls)
+            if cls not in classes:
+                classes[cls] = (np.zeros(W), np.full(W, -1))
+            sent, where = classes[cls]
             sent[r], where[r] = nbytes, place_in
+    out: dict = {"sent": np.array([_sent_bytes(op) for op in ops]),
+                 "classes": [(cls, sent, where) for cls, (sent, where) in classes.items()]}
     if ops[0].op == "p2p":
         out["to"] = np.array([op.send_to for op in ops])
         out["from"] = np.array([op.recv_from for op in ops])

@@ -86,12 +86,8 @@ class Target:
             if not runs:
                 raise SpecError(runs_none(self.gpu_name, self.gpu, self.calibration.kernels))
             return runs[0]
-        if name not in self.calibration.kernels:  # offer only what the GPU runs
-            runs = self.kernels() or list(self.calibration.kernels)
-            which = f" (those {self.gpu_name} runs)" if len(runs) < len(self.calibration.kernels) else ""
-            raise SpecError(f"kernel {name!r} is not in the calibration of {self.calibration.device}, which holds "
-                            f"{', '.join(runs)}{which}; pass --kernel with one of them, or calibrate {name} with "
-                            f"ringbench calibrate --kernel {name}")
+        if name not in self.calibration.kernels:  # its refusal offers only what the GPU runs
+            self.calibration.kernel(name, runs=self.kernels(), gpu=self.gpu_name)
         why = self.kernel_refusal(name)
         if why:
             runs = self.kernels()
