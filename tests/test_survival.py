@@ -219,14 +219,15 @@ LOADED_COMMAND_TIMEOUT_S = 1800
 @pytest.mark.dist
 @pytest.mark.slow
 def test_survival_default_watchdog_kills_no_case_under_load(tmp_path):
-    """Issue 27: a default CPU verify with W=4 launches, beside 8 busy processes, records no timeout."""
+    """Issue 27: a default CPU verify with W=4 launches, beside 8 busy processes, records no timeout (W=4 alone:
+    its four ranks on the shared cores are the tighter case of the two default world sizes)."""
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
             for _ in range(BUSY_PROCESSES)]
     try:
         start = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", "ringbench.cli", "verify", "--device", "cpu", "--variant", "ring", "--variant",
-             "zigzag", "--world-size", "2", "--world-size", "4", "--seqlen", "1024", "--out", str(tmp_path)],
+             "zigzag", "--world-size", "4", "--seqlen", "1024", "--out", str(tmp_path)],
             cwd=tmp_path, env={**os.environ, **CLI_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True)
         try:
@@ -245,5 +246,5 @@ def test_survival_default_watchdog_kills_no_case_under_load(tmp_path):
     print(f"under {BUSY_PROCESSES} busy processes: wall {wall_s:.0f} s; {estimate_line}")
     records = read_jsonl(tmp_path / "verify.jsonl")
     statuses = collections.Counter(r["status"] for r in records)
-    assert len(records) >= 4 and statuses["timeout"] == 0, (statuses, stderr[-3000:])
+    assert len(records) == 2 and statuses["timeout"] == 0, (statuses, stderr[-3000:])
     assert proc.returncode == 0 and statuses == {"ok": len(records)}, (proc.returncode, statuses, stderr[-3000:])
