@@ -532,6 +532,9 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
                         f"{case['device']} --out FILE there, then --calibration FILE)")
     if "variant" not in case:
         raise SpecError(build._no_variant_message("run").split(", or --scenario")[0])
+    if case.get("bias"):  # before the cases are built, so that no rule of the bias's own speaks first
+        bias = case["bias"]
+        raise SpecError(schedule.bias_refusal(bias[0] if isinstance(bias, list) else bias))
     cases = []
     for w in world_sizes(case.pop("world_size", None), tgt):
         given = {**case, "world_size": [w], "device": device}
@@ -608,7 +611,7 @@ PREDICT_CASE_HELPS = {
 }
 
 #: Case options a prediction cannot take at all: left out of predict's --help, and refused, each with
-#: its reason, if given (a bias: no calibration rates the kernels that take one; --rotate: torch_cp's).
+#: its reason, if given (a bias: no calibration rates a kernel call with one; --rotate: torch_cp's).
 PREDICT_HIDDEN = ("bias", "rotate")
 
 

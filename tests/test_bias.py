@@ -227,10 +227,27 @@ def test_bias_world_size_1_in_process(solo_group, bias):
     assert names == ["out", "lse", "dq", "dk", "dv", *(["dbias"] if bias != "alibi" else [])]
 
 
-def test_bias_predict_refuses_it_in_one_sentence(tmp_path):
-    proc = ringbench_here("predict", "--variant", "zigzag", "--seqlen", "16k", "--bias", "alibi", "--gpu", "H200",
+@pytest.mark.parametrize("bias, seqlen", [("alibi", "16k"), ("1hss", "128k")])
+def test_bias_predict_refuses_it_in_one_sentence(tmp_path, bias, seqlen):
+    # 1hss at 128k: the model's refusal comes first, not the learnable bias's 32k rule a user would fix in vain.
+    proc = ringbench_here("predict", "--variant", "zigzag", "--seqlen", seqlen, "--bias", bias, "--gpu", "H200",
                           "--world-size", "2", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip() == ("bias alibi is not priced by the model yet (no calibration rates the kernels that "
-                                   "take one, flex and math); predict the case without --bias, or measure the bias "
-                                   "with ringbench run")
+    assert proc.stderr.strip() == (f"bias {bias} is not priced by the model yet (no calibration rates a kernel call "
+                                   "with a bias: flash-attn-4's ALiBi score mod, flex or math); predict the case "
+                                   "without --bias, or measure the bias with ringbench run")
+
+
+def test_bias_a_learnable_tensor_counts_in_the_memory_a_cpu_launch_needs():
+    """A learnable bias is held whole on every rank with its gradient (and in float64 on rank 0 of verify): at
+    16k over 4 heads, 1 GiB a copy, so a launch that fit without it does not fit with it."""
+    from dataclasses import replace
+
+    from ringbench.sweep import estimate
+
+    plain = spec("zigzag", 2, kernel="auto", seqlen=16384)
+    biased = replace(plain, bias="1hss")
+    assert estimate.bias_bytes(plain) == 0 == estimate.bias_bytes(replace(plain, bias="alibi"))
+    assert estimate.bias_bytes(biased) == 2 * 4 * 16384 ** 2 * 4  # values and gradient, float32
+    added = estimate.launch_bytes(biased) - estimate.launch_bytes(plain)
+    assert added == 2 * estimate.bias_bytes(biased) + 2 * estimate.bias_bytes(biased)  # two ranks, then rank 0's f64

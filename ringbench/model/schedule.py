@@ -663,6 +663,13 @@ def _own_twin(peer) -> str:
     return (named or alike or [VARIANTS["zigzag"]])[0].name
 
 
+def bias_refusal(bias: str) -> str:
+    """Why the model does not price a case with ``bias`` (its ``--bias`` value), in one sentence."""
+    return (f"bias {bias} is not priced by the model yet (no calibration rates a kernel call with a bias: "
+            "flash-attn-4's ALiBi score mod, flex or math); predict the case without --bias, or measure the bias "
+            "with ringbench run")
+
+
 def refusal(spec) -> str | None:
     """Why the model cannot walk ``spec``'s schedule, in one sentence, or ``None``."""
     variant = VARIANTS.get(spec.variant)
@@ -676,8 +683,7 @@ def refusal(spec) -> str | None:
     if reason:
         return reason
     if getattr(spec, "bias", ""):
-        return (f"bias {spec.bias} is not priced by the model yet (no calibration rates the kernels that take "
-                "one, flex and math); predict the case without --bias, or measure the bias with ringbench run")
+        return bias_refusal(spec.bias)
     if spec.sink != "none":
         return None  # the sink joins once per row: no step of its own worth pricing
     return None

@@ -27,6 +27,7 @@ available (:func:`launch_bytes`, against ``MemAvailable`` and the cgroup's limit
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from ringbench.case.spec import launch_world_size
 from ringbench.case.types import MAX_TIMEOUT_S
 from ringbench.errors import SpecError
 from ringbench.variants import plural
+from ringbench.variants.rules import BIAS_SHAPES
 
 #: A sweep on CPU estimated above this many seconds is refused without --yes.
 CPU_LIMIT_S = 30 * 60
@@ -272,11 +274,21 @@ def shard_bytes(case) -> int:
     return tensors + scores
 
 
+def bias_bytes(case) -> int:
+    """A learnable bias (``--bias`` of a shape such as ``1hss``, docs/masks.md): every rank holds the whole
+    ``[b|1, h|1, s|1, s]`` tensor and its gradient, float32 (float64 for fp64 inputs); 0 for none and for
+    ALiBi, which holds only its slopes."""
+    if case.bias not in BIAS_SHAPES:
+        return 0
+    sizes = {"b": case.batch, "h": case.heads, "s": case.seqlen, "1": 1}
+    return 2 * math.prod(sizes[c] for c in case.bias) * (8 if case.dtype == "fp64" else 4)
+
+
 def rank_bytes(case) -> int:
-    """Resident memory one CPU rank of the case needs: :data:`RANK_BASE_BYTES` and its
-    :func:`shard_bytes`. verify adds, on rank 0, the whole sequence in float64 and its scores:
-    see :func:`verify_extra_bytes`."""
-    return RANK_BASE_BYTES + shard_bytes(case)
+    """Resident memory one CPU rank of the case needs: :data:`RANK_BASE_BYTES`, its
+    :func:`shard_bytes` and a learnable bias (:func:`bias_bytes`). verify adds, on rank 0, the whole
+    sequence in float64 and its scores: see :func:`verify_extra_bytes`."""
+    return RANK_BASE_BYTES + shard_bytes(case) + bias_bytes(case)
 
 
 def launch_bytes(case) -> int:
@@ -290,13 +302,14 @@ def launch_bytes(case) -> int:
 
 def verify_extra_bytes(case) -> int:
     """What rank 0 of a verify case holds beyond :func:`rank_bytes`: the whole sequence's inputs
-    and results in float64 (values, outputs and their gradients at Dv) and the reference's
-    float64 scores."""
+    and results in float64 (values, outputs and their gradients at Dv), the reference's
+    float64 scores, and a learnable bias's float64 copy with its gradient."""
     if case.task != "verify":
         return 0
     whole = 5 * case.batch * case.seqlen * _qkv_dims(case) * 8
     scores = 2 * case.batch * case.heads * min(_CHUNK, case.seqlen) * case.seqlen * 8
-    return whole + scores
+    bias = bias_bytes(case) * (8 // (8 if case.dtype == "fp64" else 4))
+    return whole + scores + bias
 
 
 @dataclass
