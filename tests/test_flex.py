@@ -200,14 +200,13 @@ def _everywhere(registry: dict) -> dict:
 
 def test_flex_is_named_never_picked_by_auto():
     """``auto`` never picks flex (it compiles each block shape on CUDA, and one GPU case fails): flash-attn-4
-    keeps plain causal bf16, masks (window calls) and ALiBi (a score mod), math takes a bias tensor or fp32; ``--kernel flex`` takes both."""
+    keeps plain causal bf16 and masks (window calls), math takes a bias or fp32; ``--kernel flex`` takes both."""
     assert "flex" not in AUTO_ORDER["cuda"] and "flex" not in AUTO_ORDER["cpu"]
     every = _everywhere(KERNELS)
     pick = lambda **rules: resolve_kernel("auto", "cuda", head_dim=128, kernels=every, **rules).name  # noqa: E731
     assert pick(dtype=torch.bfloat16) == "flash-attn-4"
     assert pick(dtype=torch.bfloat16, mask="prefix:512") == "flash-attn-4"
-    assert pick(dtype=torch.bfloat16, bias="alibi") == "flash-attn-4"  # its own score mod
-    assert pick(dtype=torch.bfloat16, bias="1hss") == "math"
+    assert pick(dtype=torch.bfloat16, bias="alibi") == "math"
     assert pick(dtype=torch.float32, mask="prefix:512", bias="1hss") == "math"
     assert resolve_kernel("flex", "cuda", head_dim=128, kernels=every, dtype=torch.bfloat16, bias="alibi").name == "flex"
     assert resolve_kernel("flex", "cpu", dtype=torch.float64, mask="prefix:10", bias="alibi") is FLEX
