@@ -76,6 +76,16 @@ ERR_FACTOR = 2.0
 #: and eps of the accumulation dtype per partial result at the largest magnitude.
 SHADOW_ULPS = 1.0
 SHADOW_EPS_PER_TERM = 4.0
+#: The kernel rule (:func:`kernel_check`): the most the case's kernel alone, on one device, may be off
+#: float64, in eps of the case's dtype (bf16, fp16) at the tensor's largest magnitude. Correct kernels in
+#: every verify record through 2026-12-07 reached 1.8 (cpu's dk, CPU) and 1.0 (torch-flash, cudnn,
+#: torch-efficient, flash-attn-4 and flex on an H200 or H100, up to 16k tokens); flash-attn-4's ALiBi score
+#: mod with a wrong GQA backward read 14044 on dq (results/reference/2026-12-07-s5/h100/verify.jsonl).
+KERNEL_UNITS = 8.0
+#: The kernel rule leaves out a tensor whose float64 value stays below this at its largest: verify's inputs
+#: are drawn at unit scale, so such a tensor cancels analytically (dq and dk where every document is one
+#: token: 1e-17 in float64) and its kernel errors are roundings of terms with no scale of its own.
+KERNEL_MIN_SCALE = 1e-3
 #: The shadow fields of a check entry, null where the block-decomposition check does not apply.
 SHADOW_FIELDS = ("shadow_err", "shadow_allowed", "shadow_ratio", "shadow_mean_ratio", "shadow_terms",
                  "shadow_passed")
@@ -147,6 +157,31 @@ def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: tor
         "passed": bool(ok_err and finite and dtype_ok and shape_ok),
         "dtype": str(got.dtype).replace("torch.", ""),
     }
+
+
+def kernel_check(check: dict, ref: torch.Tensor, dtype: torch.dtype) -> dict:
+    """The kernel rule for one attention check entry (docs/verify.md): the single run's error
+    (``check["err_single"]``) against float64 ``ref``, in eps of the case's ``dtype`` at ``ref``'s
+    largest finite magnitude, at most :data:`KERNEL_UNITS`. The max rule scales with that error, so a
+    kernel that is wrong the same way on one device and in the ring passes it; this bound does not
+    move with the kernel. bf16 and fp16 only: in fp32 the sums over the keys carry roundings that grow
+    with the sequence (a correct kernel read up to 346 eps), and fp64 is the reference's own precision.
+
+    Returns:
+        ``{"kernel_units": float | None, "kernel_passed": bool | None}``, None where the rule does
+        not apply (fp32, fp64, a malformed result, which fails the max rule already, or a tensor
+        below :data:`KERNEL_MIN_SCALE`).
+    """
+    skip = {"kernel_units": None, "kernel_passed": None}
+    if dtype not in (torch.bfloat16, torch.float16) or not check["shape_ok"]:
+        return skip
+    ref = ref.double()
+    finite = ref[torch.isfinite(ref)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    if scale < KERNEL_MIN_SCALE:
+        return skip
+    units = check["err_single"] / (torch.finfo(dtype).eps * scale)
+    return {"kernel_units": units, "kernel_passed": bool(units <= KERNEL_UNITS)}
 
 
 def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -722,6 +757,9 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         terms = shadow.terms if shadow is not None else (None,) * len(TENSORS)
         checks = [tolerance_check(n, g, s, r, *e, world_size=world_size, terms=t)
                   for n, g, s, r, e, t in zip(TENSORS, gathered, single, ref, expected, terms)]
+        for c, r in zip(checks, ref):
+            c.update(kernel_check(c, r, dtype))
+            c["passed"] = c["passed"] and c["kernel_passed"] is not False
         if shadow is None:
             why = "a peer's own engine" if variant.peer else "none of them runs in ringbench's engines"
             for c in checks:
@@ -758,6 +796,11 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         reasons.append("over the tolerance or malformed: " + ", ".join(failed))
     if drifted:
         reasons.append("off the variant's own block decomposition (merged in float64): " + ", ".join(drifted))
+    off = [f"{c['tensor']} ({c['kernel_units']:.3g} eps)" for c in checks if c.get("kernel_passed") is False]
+    if off:
+        reasons.append(f"the {kernel.name} kernel alone on one device is off float64 by more than {KERNEL_UNITS:g} "
+                       f"eps of {spec.dtype} at the tensor's scale, so the max rule, which scales with that error, "
+                       "cannot vouch for the variant: " + ", ".join(off))
     if active is False:
         reasons.append(f"changing one rank's K/V left the other rank's output unchanged, so "
                        f"context parallelism was not active at world size {world_size}")
