@@ -87,3 +87,11 @@ def rate_measured_once(monkeypatch):
     from ringbench.sweep import estimate
 
     monkeypatch.setattr(estimate, "remeasure", lambda: None)
+
+
+@pytest.fixture(scope="session")
+def cli_run_pool(request, tmp_path_factory):
+    """The session's pooled ``ringbench run`` command (``helpers.CliRunPool``): one launch per world size."""
+    from helpers import CliRunPool
+
+    return CliRunPool(request.session, tmp_path_factory)

@@ -493,3 +493,66 @@ class CliVerifyPool:
             self.done[exit_code, world_size] = (result, records, wanted)
         result, records, wanted = self.done[exit_code, world_size]
         return {"result": result, "records": [records.get(c.case_id()) for c in wanted[module]]}
+
+
+#: The modules whose ``ringbench run`` commands are pooled (:class:`CliRunPool`): module name (or ``module:part``)
+#: -> ``cases()``: the run cases that module's commands build (each command exits 0, every case ok).
+POOLED_CLI_RUN: dict = {}
+
+
+def pool_cli_run(module: str, cases) -> None:
+    """Put a module's ``ringbench run`` cases in the session's pool (:class:`CliRunPool`), at its import."""
+    POOLED_CLI_RUN[module] = cases
+
+
+def scenario_text_run_cases(text: str) -> list:
+    """The cases ``ringbench run --scenario`` builds from a scenario file of ``text``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "scenario.toml"
+        path.write_text(text)
+        return scenario_cases("run", path)
+
+
+class CliRunPool:
+    """Every pooled module's ``ringbench run`` cases in one ``ringbench run --json`` command of this session.
+
+    The command groups its cases into one launch per world size (an emulated case's launch has one rank), so the
+    pooled modules share a launch per world size, not one per command: a launch's start (torchrun and every rank
+    importing torch) is most of such a command. The command line still runs in full (``--scenario`` of exactly
+    those cases, :func:`scenario_of`, each as the module's own command line builds it; ``--json``, so that stdout
+    is the records and nothing else; ``--yes``, since the joined sweep's estimate is longer), and the cases of
+    modules the session does not run are left out. Two modules' cases of one ``case_id`` must be the same case
+    (it runs once). ``get(module)``: ``{"result": the command's CompletedProcess, "records": that module's records
+    from the results file, in its case order (None where one is missing), "printed": the records the command
+    printed for those cases, in the same order (the lines of each case_id, each a list)}``.
+    """
+
+    def __init__(self, session, folder):
+        self.session, self.folder, self.done = session, folder, None
+
+    def get(self, module: str) -> dict:
+        if self.done is None:
+            running = {item.module.__name__ for item in self.session.items}
+            wanted = {name: cases() for name, cases in POOLED_CLI_RUN.items()
+                      if name.split(":")[0] in running or name == module}
+            joined: dict = {}
+            for cases in wanted.values():
+                for case in cases:
+                    assert joined.setdefault(case.case_id(), case).to_dict() == case.to_dict(), \
+                        f"two pooled run cases share case_id {case.case_id()} but differ"
+            folder = self.folder.mktemp("cli_run_pool")
+            scenario = folder / "pool.toml"
+            scenario.write_text(scenario_of(list(joined.values()), "the pooled run cases"))
+            assert [c.case_id() for c in scenario_cases("run", scenario)] == list(joined)
+            result = ringbench_here("run", "--scenario", str(scenario), "--out", str(folder), "--json", "--yes",
+                                    cwd=folder)
+            printed = [json.loads(line) for line in result.stdout.splitlines()]  # --json: records, nothing else
+            written = folder / "runs.jsonl"
+            records = {r["case_id"]: r for r in read_jsonl(written)} if written.exists() else {}
+            self.done = (result, records, printed, wanted)
+        result, records, printed, wanted = self.done
+        cases = wanted[module]
+        return {"result": result, "records": [records.get(c.case_id()) for c in cases],
+                "printed": [[r for r in printed if r.get("case_id") == c.case_id()] for c in cases]}

@@ -24,9 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from helpers import attention_fp64, read_jsonl, ringbench_here
+from helpers import attention_fp64, pool_cli_run, pool_verify_batches, scenario_text_run_cases
 from ringbench.case.spec import CaseSpec, default_fields, validate
 from ringbench.variants import get_variant, instruments
 from ringbench.variants.engines import layouts
@@ -259,10 +258,11 @@ GLOO_CASES = [
 ]
 
 
-def _real_and_emulated(rank: int, world_size: int, store_path: str, out_dir: str) -> None:
-    """Rank ``rank`` of a real gloo run of every GLOO_CASES case, then the same rank emulated in
-    the same process; out, lse, dq and the bytes of both go to ``out_dir/rank{rank}.pt``."""
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size)
+def real_and_emulated(out_dir: str) -> None:
+    """This rank of a real gloo run (the default process group) of every GLOO_CASES case, then the same
+    rank emulated in the same process; out, lse, dq and the bytes of both go to ``out_dir/rank{rank}.pt``.
+    Every rank of the session's pooled launch of four ranks runs it (``tests/dist/verify_cases.py``)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     found = {}
     for key, name, options, docs in GLOO_CASES:
         gen = torch.Generator().manual_seed(5)
@@ -294,16 +294,35 @@ def _real_and_emulated(rank: int, world_size: int, store_path: str, out_dir: str
                       "bytes": real.traffic.bytes_sent, "emulated_bytes": emulated_bytes.traffic.bytes_sent}
     torch.save(found, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()
-    dist.destroy_process_group()
+
+
+def _gloo_batches(world_size: int, with_slow: bool) -> dict:
+    """:func:`real_and_emulated` as a case of the session's pooled launch of four ranks (``helpers.VerifyPool``),
+    where it had four spawned processes of its own; its test is slow. The ranks' files go to a new folder."""
+    if world_size != 4 or not with_slow:
+        return {}
+    import tempfile
+
+    return {"gloo": ([{"name": "gloo", "script": "emulation", "out": tempfile.mkdtemp(prefix="emulation-ranks-")}],
+                     240)}
+
+
+pool_verify_batches(__name__, _gloo_batches)
 
 
 @pytest.mark.dist
-@pytest.mark.slow  # four spawned gloo ranks
-def test_emulated_ranks_equal_a_real_gloo_run_bitwise_and_count_its_bytes(tmp_path):
+@pytest.mark.slow  # a share of the session's pooled launch of four ranks
+def test_emulated_ranks_equal_a_real_gloo_run_bitwise_and_count_its_bytes(verify_pool):
+    import shutil
+
     world_size = 4
-    mp.start_processes(_real_and_emulated, args=(world_size, str(tmp_path / "store"), str(tmp_path)),
-                       nprocs=world_size, join=True, start_method="spawn")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
+    launch = verify_pool.get(__name__, world_size, "gloo")
+    assert launch["returncode"] == 0 and not launch["timed_out"], launch["log_tail"]
+    rec = launch["records"]["gloo"]
+    assert rec["status"] == "ok", rec.get("error")
+    out = Path(launch["cases"]["gloo"]["out"])
+    ranks = [torch.load(out / f"rank{r}.pt") for r in range(world_size)]
+    shutil.rmtree(out)
     for key, name, options, _ in GLOO_CASES:
         u = get_variant(name).ulysses_degree(world_size, options.get("ulysses_degree", 0))
         for tensor, head_dim in (("out", 2), ("lse", 1), ("dq", 2)):
@@ -357,13 +376,18 @@ docs = "128,256,128"
 """
 
 
+# The session's pooled run command runs them (helpers.CliRunPool): its launch of one rank.
+pool_cli_run(__name__, lambda: scenario_text_run_cases(EMULATED_SCENARIO))
+
+
 @pytest.mark.dist
-@pytest.mark.slow  # one launch of seven emulated cases of 8 ranks
-def test_emulated_run_of_every_collective_engine_at_world_size_8_on_cpu(tmp_path):
-    (tmp_path / "e.toml").write_text(EMULATED_SCENARIO)
-    proc = ringbench_here("run", "--scenario", str(tmp_path / "e.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
+@pytest.mark.slow  # seven emulated cases of 8 ranks, in the pooled launch of one rank
+def test_emulated_run_of_every_collective_engine_at_world_size_8_on_cpu(cli_run_pool):
+    got = cli_run_pool.get(__name__)
+    proc = got["result"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    records = read_jsonl(tmp_path / "out" / "runs.jsonl")
+    records = got["records"]
+    assert None not in records, proc.stderr[-2000:]
     assert [(r["spec"]["variant"], r["spec"]["ulysses_degree"]) for r in records] == [
         ("llama3", 0), ("llama3_varlen", 0), ("ulysses", 0), ("ulysses_varlen", 0), ("usp", 2), ("usp", 4),
         ("usp_varlen", 4)]

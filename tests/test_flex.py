@@ -352,11 +352,11 @@ def test_flex_matches_math_by_the_kernel_rule_in_low_precision(device, dtype, ma
 def test_flex_runs_alibi_beside_a_mask_at_world_size_1(tmp_path):
     """At world size 1 the engine's call and the reference's give flex a mask and ALiBi over the same
     position tensors; dynamo's aliasing guard failed with an IndexError on the second call's recompile."""
-    from helpers import ringbench
+    from helpers import ringbench_here
 
-    res = ringbench("run", "--device", "cpu", "--kernel", "flex", "--variant", "zigzag", "--world-size", "1",
-                    "--seqlen", "128", "--head-dim", "16", "--mask", "prefix:40", "--bias", "alibi", "--iters", "1",
-                    "--warmup", "0", "--out", str(tmp_path), cwd=tmp_path)
+    res = ringbench_here("run", "--device", "cpu", "--kernel", "flex", "--variant", "zigzag", "--world-size", "1",
+                         "--seqlen", "128", "--head-dim", "16", "--mask", "prefix:40", "--bias", "alibi",
+                         "--iters", "1", "--warmup", "0", "--out", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     rec = json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])
     assert rec["status"] == "ok", rec.get("reason")

@@ -16,12 +16,12 @@ keeps its own few cases, every mask of 256 tokens once); the quick subset checks
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from helpers import not_verified, pool_verify_batches, read_jsonl, ringbench_here, slow_when
+from helpers import (not_verified, pool_cli_run, pool_verify_batches, read_jsonl, ringbench_here,
+                     scenario_text_run_cases, slow_when)
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 from ringbench.variants.engines import masks
 
@@ -197,17 +197,20 @@ warmup = 1
 mask = ["full", "chunked:128"]
 """
 
+# The session's pooled run command (--json) runs its cases (helpers.CliRunPool).
+pool_cli_run(__name__, lambda: scenario_text_run_cases(EARLY_STOP))
+
 
 @pytest.mark.dist
 @pytest.mark.slow  # one launch of four ranks through the CLI
-def test_masks_ring_sends_only_the_kv_some_rank_needs_and_counts_only_unmasked_flops(tmp_path):
+def test_masks_ring_sends_only_the_kv_some_rank_needs_and_counts_only_unmasked_flops(cli_run_pool):
     """chunked:128 over ring blocks of 64: odd ranks need their left neighbour's K/V, no rank needs more,
     so the forward ring stops after one step (one K/V block sent per rank instead of three); FLOPs and
     the predicted work count only the chunks' causal pairs."""
-    (tmp_path / "early.toml").write_text(EARLY_STOP)
-    done = ringbench_here("run", "--scenario", str(tmp_path / "early.toml"), "--json", "--out", str(tmp_path), cwd=tmp_path)
+    got = cli_run_pool.get(__name__)
+    done = got["result"]
     assert done.returncode == 0, done.stderr
-    full, chunked = sorted((json.loads(line) for line in done.stdout.splitlines()), key=lambda r: r["spec"]["mask"])
+    full, chunked = sorted((rec for printed in got["printed"] for rec in printed), key=lambda r: r["spec"]["mask"])
     assert full["status"] == chunked["status"] == "ok"
     assert full["spec"]["mask"] == "" and full["spec"]["causal"] is False  # --mask full is --no-causal
     kv_block = 2 * 64 * 1 * 16 * 4  # K and V, 64 tokens, 1 head, dim 16, fp32

@@ -15,7 +15,7 @@ from dataclasses import replace as dc_replace
 import pytest
 from pathlib import Path
 
-from helpers import flat_calibration, ringbench, ringbench_here
+from helpers import flat_calibration, ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields
 from ringbench.model import calibration as C
 from ringbench.model import schedule
@@ -374,7 +374,7 @@ def test_calibrate_on_cpu_end_to_end(tmp_path):
     """ringbench calibrate --device cpu writes a schema 2 file: GPU-free points timed by the CPU clock,
     each kernel's host cost per direction and merge/add/copy's; predict reads it back."""
     out = tmp_path / "cpu.json"
-    res = ringbench("calibrate", "--device", "cpu", "--out", str(out), cwd=tmp_path)
+    res = ringbench_here("calibrate", "--device", "cpu", "--out", str(out), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     raw = json.loads(out.read_text())
     assert raw["schema_version"] == C.SCHEMA_VERSION == 2
@@ -387,9 +387,9 @@ def test_calibrate_on_cpu_end_to_end(tmp_path):
     assert sorted((s["mode"], s["mask"]) for s in ranks) == [("bwd", "causal"), ("fwd", "causal")]
     cal = C.load(out)
     assert not cal.host_inclusive and cal.issue_ms("kernel", "cpu", "bwd") == kernel["host_ms"]["bwd"]
-    res = ringbench("predict", "--calibration", str(out), "--gpu", str(out), "--variant", "zigzag", "--world-size",
-                    "2", "--seqlen", "1024", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--dtype", "fp32",
-                    "--json", cwd=tmp_path)
+    res = ringbench_here("predict", "--calibration", str(out), "--gpu", str(out), "--variant", "zigzag",
+                         "--world-size", "2", "--seqlen", "1024", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
+                         "--dtype", "fp32", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     rec = json.loads(res.stdout.splitlines()[0])
     assert rec["time_ms"] > 0 and rec["cuda_graph"] is False

@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from helpers import attention_fp64
+from helpers import attention_fp64, pool_cli_run
 from ringbench.present import profile as present_profile
 from ringbench.rank import profile
 from ringbench.errors import SpecError
@@ -242,16 +242,28 @@ def test_emulate_case_applies_an_off_by_one_sink(solo_group, monkeypatch):
     assert sinks and all(s is not None and s.shape == (2,) and not s.any() and not s.requires_grad for s in sinks)
 
 
-@pytest.mark.dist
-@pytest.mark.slow  # 6-9 s on two cores: the quick subset keeps one fault, one run and one verify
-def test_emulated_run_with_an_off_by_one_sink_on_cpu(tmp_path):
-    from helpers import read_jsonl, ringbench_here
+def _emulated_sink_cases() -> list:
+    """``run --emulate --variant zigzag --world-size 4 --sink off-by-one --device cpu --seqlen 512 --heads 4
+    --kv-heads 2 --head-dim 32 --iters 2 --warmup 1``'s case, as the command line builds it."""
+    from helpers import command_cases
 
-    proc = ringbench_here("run", "--emulate", "--variant", "zigzag", "--world-size", "4", "--sink", "off-by-one",
-                          "--device", "cpu", "--seqlen", "512", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
-                          "--iters", "2", "--warmup", "1", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    return command_cases("run", {"emulate": True, "variant": ["zigzag"], "world_size": [4], "sink": "off-by-one",
+                                 "device": "cpu", "seqlen": 512, "heads": 4, "kv_heads": 2, "head_dim": 32, "iters": 2,
+                                 "warmup": 1})
+
+
+# The session's pooled run command runs it (helpers.CliRunPool): its launch of one rank.
+pool_cli_run(__name__, _emulated_sink_cases)
+
+
+@pytest.mark.dist
+@pytest.mark.slow  # the session's pooled run command; the quick subset keeps one fault, one run and one verify
+def test_emulated_run_with_an_off_by_one_sink_on_cpu(cli_run_pool):
+    got = cli_run_pool.get(__name__)
+    proc = got["result"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    (record,) = read_jsonl(tmp_path / "out" / "runs.jsonl")
+    (record,) = got["records"]
+    assert record is not None, proc.stderr[-2000:]
     assert record["status"] == "ok" and record["emulated"] is True and record["spec"]["sink"] == "off-by-one"
     assert len(record["per_rank_compute_ms"]) == 4
 

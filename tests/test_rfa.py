@@ -28,7 +28,7 @@ import sys
 import pytest
 import torch
 
-from helpers import command_cases, pool_cli_verify, read_jsonl, ringbench_here, scenario_cases, scenario_of
+from helpers import command_cases, pool_cli_run, pool_cli_verify
 from ringbench.variants import VARIANTS, get_variant
 from ringbench.variants.peers import rfa, rfa_standin
 from ringbench.variants.kernels import KERNELS
@@ -303,18 +303,6 @@ RUN = {
 }
 
 
-def _as_one_command(task: str, commands: dict, folder) -> dict:
-    """Every command's cases in one ``ringbench TASK --scenario`` (one launch per world size, where
-    the commands took one each): ``{"result", name: [that command's records, in its case order]}``."""
-    wanted = {name: command_cases(task, given) for name, given in commands.items()}
-    scenario = folder / f"{task}.toml"
-    scenario.write_text(scenario_of([c for cases in wanted.values() for c in cases], f"test_rfa's {task} commands"))
-    assert [c.case_id() for c in scenario_cases(task, scenario)] == [c.case_id() for v in wanted.values() for c in v]
-    result = ringbench_here(task, "--scenario", str(scenario), "--out", str(folder), cwd=folder)
-    records = {r["case_id"]: r for r in read_jsonl(folder / ("verify.jsonl" if task == "verify" else "runs.jsonl"))}
-    return {"result": result, **{name: [records.get(c.case_id()) for c in cases] for name, cases in wanted.items()}}
-
-
 def _verify_cases(world_size: int) -> dict:
     """The verify commands' cases at ``world_size``, by command."""
     return {name: [c for c in command_cases("verify", given) if c.world_size == world_size]
@@ -344,9 +332,21 @@ def verified(cli_verify_pool):
     return out
 
 
+def _run_cases() -> dict:
+    """The run commands' cases, by command, as the command line builds them."""
+    return {name: command_cases("run", given) for name, given in RUN.items()}
+
+
+# The session's pooled run command runs them (helpers.CliRunPool), beside the other modules' run cases.
+pool_cli_run(__name__, lambda: [c for cases in _run_cases().values() for c in cases])
+
+
 @pytest.fixture(scope="module")
-def ran(tmp_path_factory):
-    return _as_one_command("run", RUN, tmp_path_factory.mktemp("rfa_run"))
+def ran(cli_run_pool) -> dict:
+    """``{"result": the pooled run command, name: [that command's records, in its case order]}``."""
+    got = cli_run_pool.get(__name__)
+    records = iter(got["records"])
+    return {"result": got["result"], **{name: [next(records) for _ in cases] for name, cases in _run_cases().items()}}
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from ringbench.variants import get_variant
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.engines.sinks import apply_sink, local_sink_grad
 
-from helpers import pool_verify_batches, ringbench, ringbench_here
+from helpers import pool_cli_run, pool_verify_batches, ringbench, ringbench_here
 
 LAUNCH_TIMEOUT_S = {2: 200, 4: 300, 8: 500}
 SHAPE = dict(heads=4, kv_heads=2, head_dim=32, seqlen=256, seed=5, kernel="cpu")
@@ -385,15 +385,26 @@ def test_sinks_learnable_and_off_by_one_are_both_emulated():
             assert spec(variant, 2, task="run", sink=sink, emulate=True).sink == sink
 
 
+def _padded_run_cases() -> list:
+    """``run --variant llama3_varlen --world-size 2 --seqlen 744 --docs 438,300 --doc-pad 8 --sink learnable --iters 2
+    --warmup 1``'s case, as the command line builds it."""
+    from helpers import command_cases
+
+    return command_cases("run", {"variant": ["llama3_varlen"], "world_size": [2], "seqlen": 744, "docs": "438,300",
+                                 "doc_pad": 8, "sink": "learnable", "iters": 2, "warmup": 1})
+
+
+# The session's pooled run command (--json) runs it (helpers.CliRunPool).
+pool_cli_run(__name__, _padded_run_cases)
+
+
 @pytest.mark.dist
 @pytest.mark.slow
-def test_padding_run_counts_real_tokens_and_times_the_sink(tmp_path):
-    proc = ringbench_here("run", "--variant", "llama3_varlen", "--world-size", "2", "--seqlen", "744", "--docs", "438,300",
-                          "--doc-pad", "8", "--sink", "learnable", "--iters", "2", "--warmup", "1", "--json", cwd=tmp_path)
+def test_padding_run_counts_real_tokens_and_times_the_sink(cli_run_pool):
+    got = cli_run_pool.get(__name__)
+    proc = got["result"]
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import json
-
-    (rec,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    ((rec,),) = got["printed"]  # --json printed the case's record once
     assert rec["status"] == "ok" and rec["spec"]["sink"] == "learnable" and rec["spec"]["doc_pad"] == 8
     # Causal fwd_bwd over the real documents only (4 heads, head dim 32), per GPU.
     assert rec["flops_per_gpu"] == 3.5 * 2.0 * (438 ** 2 + 300 ** 2) * 4 * 32 / 2

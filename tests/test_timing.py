@@ -3,18 +3,14 @@ rank agrees on, the L2 flush, and what they leave in the record and in ``case_id
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import read_jsonl, ringbench_here, run_torchrun
+from helpers import command_cases, pool_cli_run, pool_verify_batches, ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields
 from ringbench.rank.bench import quantiles, time_iterations
-
-LOOP = Path(__file__).parent / "dist" / "timing_loop.py"
 
 
 def _spec(**changes) -> CaseSpec:
@@ -46,27 +42,51 @@ def test_timing_budget_and_flush_keep_or_change_the_case_id_as_they_change_the_m
     assert _spec(flush_l2=True).case_id() != base.case_id()  # a cold L2 is another measurement
 
 
+def _budget_batches(world_size: int, with_slow: bool) -> dict:
+    """``tests/dist/timing_loop.py``'s loop (``--iters 3 --min-time-ms 30``) as a case of the session's pooled
+    launch of two ranks (``helpers.VerifyPool``), where it had a launch of its own; its test is slow."""
+    if world_size != 2 or not with_slow:
+        return {}
+    return {"budget": ([{"name": "budget", "script": "timing", "iters": 3, "min_time_ms": 30}], 120)}
+
+
+pool_verify_batches(__name__, _budget_batches)
+
+
 @pytest.mark.dist
 @pytest.mark.slow
-def test_timing_budget_gives_every_rank_the_same_count(tmp_path):
-    code, timed_out, log = run_torchrun(2, [str(LOOP), "--iters", "3", "--min-time-ms", "30", "--out",
-                                            str(tmp_path)], timeout_s=120)
-    assert code == 0 and not timed_out, log[-2000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+def test_timing_budget_gives_every_rank_the_same_count(verify_pool):
+    launch = verify_pool.get(__name__, 2, "budget")
+    assert launch["returncode"] == 0 and not launch["timed_out"], launch["log_tail"][-2000:]
+    rec = launch["records"]["budget"]
+    assert rec["status"] == "ok", rec.get("error")
+    ranks = rec["ranks"]
+    assert len(ranks) == 2
     # Rank 0 sleeps half as long as rank 1, so it needs more iterations; both run its count.
     assert ranks[0]["count"] == ranks[1]["count"] >= 3
     assert all(r["spent_ms"] >= 30 for r in ranks), ranks
     assert all(r["flushes"] == r["count"] for r in ranks)
 
 
+def _spread_run_cases() -> list:
+    """``run --variant zigzag --world-size 1 --world-size 2 --seqlen 256 --heads 2 --kv-heads 1 --head-dim 16 --iters 3
+    --warmup 1 --min-time-ms 40``'s cases, as the command line builds them."""
+    return command_cases("run", {"variant": ["zigzag"], "world_size": [1, 2], "seqlen": 256, "heads": 2, "kv_heads": 1,
+                                 "head_dim": 16, "iters": 3, "warmup": 1, "min_time_ms": 40})
+
+
+# The session's pooled run command runs them (helpers.CliRunPool): its launches of one and two ranks.
+pool_cli_run(__name__, _spread_run_cases)
+
+
 @pytest.mark.dist
 @pytest.mark.slow
-def test_timing_run_records_the_spread_and_the_counts_at_world_sizes_1_and_2(tmp_path):
-    result = ringbench_here("run", "--variant", "zigzag", "--world-size", "1", "--world-size", "2", "--seqlen", "256",
-                            "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--iters", "3", "--warmup", "1",
-                            "--min-time-ms", "40", "--out", str(tmp_path), "--json", cwd=tmp_path)
+def test_timing_run_records_the_spread_and_the_counts_at_world_sizes_1_and_2(cli_run_pool):
+    got = cli_run_pool.get(__name__)
+    result = got["result"]
     assert result.returncode == 0, result.stderr
-    records = read_jsonl(tmp_path / "runs.jsonl")
+    records = got["records"]
+    assert None not in records, result.stderr
     assert sorted(r["spec"]["world_size"] for r in records) == [1, 2]
     for r in records:
         w = r["spec"]["world_size"]

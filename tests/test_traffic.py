@@ -4,8 +4,8 @@ and what ``run`` records of it.
 - The counting helpers and the patch of ``torch.distributed`` (``instruments.open(count_dist=True)``)
   at world size 1 (what is patched, and put back) and 2 (the byte counts, with real transfers
   between two gloo processes).
-- Under real torchrun (the cases of four run commands in one launch): a peer-like variant whose
-  bytes go through plain ``torch.distributed`` calls is counted and not refused; a variant
+- Under real torchrun (the cases of four run commands in one launch, the session's pooled run command's):
+  a peer-like variant whose bytes go through plain ``torch.distributed`` calls is counted and not refused; a variant
   declared ``traffic_counted=False`` records ``bytes_sent: null``; llama3's gathers are counted;
   a variant that never communicates is still refused (``fault_silent``, in test_faults.py).
 """
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers import command_cases, read_jsonl, ringbench_here, scenario_of
+from helpers import command_cases, pool_cli_run
 from ringbench.rank.bench import refusal
 from ringbench.variants import instruments
 from ringbench.variants.engines import comm
@@ -175,22 +175,28 @@ RUNS = {"plain_dist_peer": ("plain_dist_peer", {}), "plain_dist_peer fwd": ("pla
         "uncounted_peer": ("uncounted_peer", {}), "llama3": ("llama3", {})}
 
 
-@pytest.fixture(scope="module")
-def ran(tmp_path_factory):
-    """The cases of the run commands of :data:`RUNS`, as the command line builds them, run as one
-    ``run --scenario`` (one launch of two ranks, where each command had its own): name -> record."""
-    folder = tmp_path_factory.mktemp("traffic_runs")
+def _wanted() -> dict:
+    """The cases of the run commands of :data:`RUNS`, as the command line builds them: name -> cases."""
     small = {"device": "cpu", "world_size": [2], "seqlen": 256, "heads": 2, "kv_heads": 1, "head_dim": 16,
              "iters": 3, "warmup": 1}
-    wanted = {name: command_cases("run", {**small, **extra, "variant": [variant]})
-              for name, (variant, extra) in RUNS.items()}
+    return {name: command_cases("run", {**small, **extra, "variant": [variant]})
+            for name, (variant, extra) in RUNS.items()}
+
+
+# The session's pooled run command runs them (helpers.CliRunPool).
+pool_cli_run(__name__, lambda: [c for cases in _wanted().values() for c in cases])
+
+
+@pytest.fixture(scope="module")
+def ran(cli_run_pool):
+    """The cases of the run commands of :data:`RUNS`, run in the session's pooled ``run --scenario``
+    (``helpers.CliRunPool``: one launch of two ranks, where each command had its own): name -> record."""
+    wanted = _wanted()
     case = wanted["llama3"][0]
     assert SHARD == case.seqlen // case.world_size * case.kv_heads * case.head_dim * 4
-    scenario = folder / "runs.toml"
-    scenario.write_text(scenario_of([c for cases in wanted.values() for c in cases], "test_traffic's run commands"))
-    result = ringbench_here("run", "--scenario", str(scenario), "--out", str(folder), cwd=folder)
-    records = {r["case_id"]: r for r in read_jsonl(folder / "runs.jsonl")}
-    assert len(records) == len(RUNS), result.stderr
+    got = cli_run_pool.get(__name__)
+    records = dict(zip([c.case_id() for cases in wanted.values() for c in cases], got["records"]))
+    assert len(records) == len(RUNS) and None not in records.values(), got["result"].stderr
     return {name: records[cases[0].case_id()] for name, cases in wanted.items()}
 
 

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from helpers import pool_cli_verify, ringbench_here, scenario_text_cases
+from helpers import command_cases, pool_cli_run, pool_cli_verify, ringbench_here, scenario_text_cases
 from ringbench.case.spec import CaseSpec, default_fields, expand_ulysses_degree
 from ringbench.variants import VARIANTS, default_ulysses_degree, factorizations, ulysses_rule
 from ringbench.variants.engines import layouts
@@ -181,15 +181,24 @@ def test_ulysses_usp_verify_passes(verified, world_size):
         assert any("K/V heads replicated" in n for n in rec.get("notes", [])) is replicated
 
 
+def _bytes_run_cases() -> list:
+    """``run --variant ulysses --device cpu --kernel cpu --world-size 2 --seqlen 256 --heads 4 --kv-heads 4
+    --head-dim 16 --iters 1 --warmup 0``'s case, as the command line builds it."""
+    return command_cases("run", {"variant": ["ulysses"], "device": "cpu", "kernel": "cpu", "world_size": [2],
+                                 "seqlen": 256, "heads": 4, "kv_heads": 4, "head_dim": 16, "iters": 1, "warmup": 0})
+
+
+# The session's pooled run command (--json) runs it (helpers.CliRunPool).
+pool_cli_run(__name__, _bytes_run_cases)
+
+
 @pytest.mark.dist
 @pytest.mark.slow
-def test_ulysses_bytes_counted(tmp_path):
+def test_ulysses_bytes_counted(cli_run_pool):
     """Forward and backward all-to-all q, k, v, out, lse, dout, dq, dk, dv: (W-1)/W of each, per rank."""
-    proc = ringbench_here("run", "--variant", "ulysses", "--device", "cpu", "--kernel", "cpu", "--world-size", "2",
-                          "--seqlen", "256", "--heads", "4", "--kv-heads", "4", "--head-dim", "16", "--iters", "1",
-                          "--warmup", "0", "--out", str(tmp_path), "--json", cwd=tmp_path)
-    assert proc.returncode == 0
-    rec = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][0])
+    got = cli_run_pool.get(__name__)
+    assert got["result"].returncode == 0
+    ((rec,),) = got["printed"]  # --json printed the case's record once
     local = 128 * 4 * 16 * 4  # one [1, S/W, H, D] fp32 tensor, bytes
     lse = 128 * 4 * 4
     assert rec["bytes_sent"] == rec["bytes_received"] == (8 * local + lse) // 2

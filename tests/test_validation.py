@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import flat_calibration, ringbench
+from helpers import flat_calibration, ringbench_here
 from ringbench.case.spec import CaseSpec, default_fields
 from ringbench.model import against
 from ringbench.model import calibration as C
@@ -129,8 +129,8 @@ def test_against_cli_prints_each_error_and_exits_1_past_the_bound(measured_file)
     """Through the CLI: every record's error, the peer listed with its reason, the lines left out, the
     median and worst; exit 1 past --median-bound, 0 within the bounds (the JSON summary says so)."""
     path, cal, _ = measured_file
-    res = ringbench("predict", "--against", str(path), "--calibration", str(cal), "--bound", "12%",
-                    "--median-bound", "3%", cwd=path.parent)
+    res = ringbench_here("predict", "--against", str(path), "--calibration", str(cal), "--bound", "12%",
+                         "--median-bound", "3%", cwd=path.parent)
     assert res.returncode == 1, res.stderr
     text = " ".join(res.stdout.split())
     for words in ("+10.0%", "-2.0%", "+4.0%", "(emulated)", "not predicted [1]",
@@ -138,8 +138,8 @@ def test_against_cli_prints_each_error_and_exits_1_past_the_bound(measured_file)
                   "3 records predicted: median error 4.0%, worst 10.0%",
                   "past the bound: worst <= 12%, median <= 3%; the median error, 4.0%, is past 3%"):
         assert words in text, words
-    res = ringbench("predict", "--against", str(path), "--against", str(path), "--calibration", str(cal),
-                    "--bound", "12%", "--json", cwd=path.parent)
+    res = ringbench_here("predict", "--against", str(path), "--against", str(path), "--calibration", str(cal),
+                         "--bound", "12%", "--json", cwd=path.parent)
     assert res.returncode == 0, res.stderr
     lines = [json.loads(line) for line in res.stdout.splitlines()]
     assert len(lines) == 9 and lines[-1]["summary"]["passed"] is True and lines[-1]["summary"]["count"] == 6

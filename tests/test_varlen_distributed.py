@@ -2,7 +2,8 @@
 
 Two launches, each run once and cached for the module:
 
-- world size 4, ``tests/dist/varlen_cases.py``: verify cases through the harness's own
+- world size 4, ``tests/dist/varlen_cases.py``'s cases, run by ``tests/dist/verify_cases.py`` in the session's
+  pooled launch of four ranks (``helpers.VerifyPool``): verify cases through the harness's own
   ``ringbench.rank.check.verify_case`` (each variant against the float64 math kernel and the same
   kernel's varlen call over the whole packed row, MEASUREMENT.md's rule), and calls with a bad
   ``cu_seqlens`` whose error messages every rank records;
@@ -22,11 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_torchrun
+from helpers import pool_verify_batches, run_torchrun
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES_SCRIPT = ROOT / "tests" / "dist" / "varlen_cases.py"
 LAUNCH_TIMEOUT_S = 240
 PG_TIMEOUT_S = 150
 VARLEN = ("ring_varlen", "zigzag_varlen", "llama3_varlen")
@@ -111,19 +111,22 @@ def _torchrun(world_size: int, args: list[str]) -> tuple[int, bool, str]:
     return returncode, timed_out, log[-3000:]
 
 
+def _batches(world_size: int, with_slow: bool) -> dict:
+    """Every case in CASES, at world size 4, for the session's pooled launch (its tests are slow):
+    ``tests/dist/verify_cases.py`` runs each as ``tests/dist/varlen_cases.py`` does."""
+    if world_size != 4 or not with_slow:
+        return {}
+    return {"w4": ([{**c, "script": "varlen"} for c in CASES], LAUNCH_TIMEOUT_S)}
+
+
+pool_verify_batches(__name__, _batches)
+
+
 @pytest.fixture(scope="module")
-def w4(tmp_path_factory) -> dict:
-    """The world-size-4 launch of every case in CASES; records by name."""
-    folder = tmp_path_factory.mktemp("varlen_w4")
-    cases_file, results_file = folder / "cases.json", folder / "results.jsonl"
-    cases_file.write_text(json.dumps(CASES))
-    rc, timed_out, log = _torchrun(4, [str(CASES_SCRIPT), "--cases", str(cases_file), "--results", str(results_file)])
-    records = {}
-    if results_file.exists():
-        for line in results_file.read_text().splitlines():
-            rec = json.loads(line)
-            records[rec["name"]] = rec
-    return {"records": records, "returncode": rc, "timed_out": timed_out, "log_tail": log}
+def w4(verify_pool) -> dict:
+    """Every case in CASES at world size 4, in the session's pooled launch of four ranks (``helpers.VerifyPool``);
+    records by name, the launch's return code, timeout and log tail."""
+    return verify_pool.get(__name__, 4, "w4")
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,10 @@ Every world size is slow (2, a few cases, takes 5-7 s on two cores).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from helpers import not_verified, pool_verify_batches, read_jsonl, ringbench_here, slow_when
+from helpers import (not_verified, pool_cli_run, pool_verify_batches, read_jsonl, ringbench_here,
+                     scenario_text_run_cases, slow_when)
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 
 LAUNCH_TIMEOUT_S = {1: 120, 2: 150, 4: 240, 8: 300}
@@ -133,17 +132,19 @@ warmup = 1
 window = [0, 8]
 """
 
+# The session's pooled run command (--json) runs its cases (helpers.CliRunPool).
+pool_cli_run(__name__, lambda: scenario_text_run_cases(EARLY_STOP))
+
 
 @pytest.mark.slow
-def test_window_ring_stops_early_in_forward(tmp_path):
+def test_window_ring_stops_early_in_forward(cli_run_pool):
     """ring at W=4 with a window shorter than a rank's block needs one step of K/V from its left
     neighbour: its forward sends one block of K/V per rank instead of three, and the FLOPs count
     only the pairs inside the window."""
-    (tmp_path / "early.toml").write_text(EARLY_STOP)
-    done = ringbench_here("run", "--scenario", str(tmp_path / "early.toml"), "--json", "--out", str(tmp_path),
-                          cwd=tmp_path)
+    got = cli_run_pool.get(__name__)
+    done = got["result"]
     assert done.returncode == 0
-    full, windowed = sorted((json.loads(line) for line in done.stdout.splitlines()), key=lambda r: r["spec"]["window"])
+    full, windowed = sorted((rec for printed in got["printed"] for rec in printed), key=lambda r: r["spec"]["window"])
     assert full["status"] == windowed["status"] == "ok"
     kv_block = 2 * 64 * 1 * 16 * 4  # K and V, 64 tokens, 1 head, dim 16, fp32
     assert (full["bytes_sent"], windowed["bytes_sent"]) == (3 * kv_block, kv_block)

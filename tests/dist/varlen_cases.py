@@ -56,6 +56,11 @@ def _bad_cu(case: dict) -> dict:
     return {"messages": messages}
 
 
+def run_case(case: dict) -> dict:
+    """Run one case of its ``kind`` on this rank (``tests/dist/verify_cases.py`` runs them too, pooled)."""
+    return {"verify": _verify, "bad_cu": _bad_cu}[case["kind"]](case)
+
+
 def _start(case: dict, world_size: int) -> dict:
     return {"name": case["name"], "world_size": world_size, "status": "ok", "error": None}
 
@@ -66,8 +71,7 @@ def _describe(record: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     # Rank 0 computes the references while the others wait, so it gets two threads.
-    return drive(__doc__, lambda case: {"verify": _verify, "bad_cu": _bad_cu}[case["kind"]](case), _start,
-                 _describe, argv, rank0_threads=2)
+    return drive(__doc__, run_case, _start, _describe, argv, rank0_threads=2)
 
 
 if __name__ == "__main__":
