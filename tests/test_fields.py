@@ -101,3 +101,15 @@ def test_fields_help_says_who_takes_an_option_and_what_its_values_mean():
                                "layout": "balanced", "causal": False, "docs": "100,156", "seqlen": 256})
     validate(spec, visible_gpus=0)
     assert "0: the largest such divisor" in fields.BY_NAME["ulysses_degree"].help
+
+
+@pytest.mark.parametrize("name", ["bias", "docs", "doc_dist"])
+def test_fields_none_as_the_help_shows_the_default_is_no_value(name):
+    """``--bias none`` (and --docs, --doc-dist), the default their help shows, is the case without one: the
+    same case_id as leaving it out; it was refused as an unknown bias."""
+    from helpers import command_cases
+
+    given = {"variant": ["ring"], "world_size": [2], "seqlen": 64, "head_dim": 16}
+    [plain] = command_cases("verify", given)
+    [none] = command_cases("verify", {**given, name: "none"})
+    assert getattr(none, name) == "" and none.case_id() == plain.case_id()

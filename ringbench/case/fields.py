@@ -329,6 +329,9 @@ def read_mask_file(path: str) -> str:
         raise SpecError(str(exc)) from None
 
 
+#: The text of a field whose help says ``Default: none`` (--docs, --doc-dist, --bias): ``none`` is the
+#: default itself, no value (``""``), so a user who writes what the help shows gets it.
+NONE_IS_UNSET = ValueType("TEXT", lambda text: "" if text.strip().lower() == "none" else text)
 #: ``--mask``: a family and its parameters; ``--mask-file``: a file of slices.
 MASK = ValueType("NAME[:PARAMS]", parse_mask)
 MASK_FILE = ValueType("FILE", read_mask_file)
@@ -524,11 +527,12 @@ class CaseSpec:
                     "llama3, ulysses and usp take any as a document mask over their own layout of the whole row "
                     "(written mask docs:LENGTHS;MASK), every row of --batch packing the same "
                     "lengths", "", "",
-                    default_text="none", optional=True, check=_if_set(lambda name, value: parse_docs(value)),
+                    default_text="none", optional=True, parse=NONE_IS_UNSET,
+                    check=_if_set(lambda name, value: parse_docs(value)),
                     metavar="LENGTHS")
     doc_dist: str = row("draw the documents with the seed until they fill seqlen: lognormal:mean=4k,sigma=1 (mean "
                         "length in tokens, sigma of its log) or uniform:min=512,max=8k; lengths are rounded to the "
-                        "variant's multiple", "", "", default_text="none", optional=True,
+                        "variant's multiple", "", "", default_text="none", optional=True, parse=NONE_IS_UNSET,
                         check=_if_set(lambda name, value: parse_doc_dist(value)), metavar="DIST")
     doc_pad: int = row("pad every document given by --docs to a multiple of this many tokens, the padding at the "
                        "document's end (so under the causal mask no real token sees it); --docs gives the real "
@@ -572,7 +576,7 @@ class CaseSpec:
                     "seed (normal * 0.5), whose gradient verify checks too (dbias); composes with --mask, --window and "
                     "--sink; "
                     "FLOPs unchanged; on the flex and math kernels and the batch variants ring, zigzag, stripe, llama3, "
-                    "ulysses and usp", "", "", default_text="none", label="bias={}", optional=True,
+                    "ulysses and usp", "", "", default_text="none", label="bias={}", optional=True, parse=NONE_IS_UNSET,
                     check=_if_set(_check_bias), repeatable=True, metavar="|".join(BIAS_KINDS))
     max_logit: bool = row("also return the per-head maximum logit (TransformerEngine's return_max_logit, the "
                           "quantity QK-clip reads): the largest scaled, masked score (bias included, the sink not) "
