@@ -445,14 +445,14 @@ def pool_cli_verify(module: str, cases, exit_code: int = 0) -> None:
     POOLED_CLI_VERIFY[module] = (cases, exit_code)
 
 
-def scenario_text_cases(text: str) -> list:
-    """The cases ``ringbench verify --scenario`` builds from a scenario file of ``text``."""
+def scenario_text_cases(text: str, task: str = "verify") -> list:
+    """The cases ``ringbench TASK --scenario`` builds from a scenario file of ``text``."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "scenario.toml"
         path.write_text(text)
-        return scenario_cases("verify", path)
+        return scenario_cases(task, path)
 
 
 class CliVerifyPool:
@@ -503,16 +503,6 @@ POOLED_CLI_RUN: dict = {}
 def pool_cli_run(module: str, cases) -> None:
     """Put a module's ``ringbench run`` cases in the session's pool (:class:`CliRunPool`), at its import."""
     POOLED_CLI_RUN[module] = cases
-
-
-def scenario_text_run_cases(text: str) -> list:
-    """The cases ``ringbench run --scenario`` builds from a scenario file of ``text``."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "scenario.toml"
-        path.write_text(text)
-        return scenario_cases("run", path)
 
 
 class CliRunPool:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from helpers import (not_verified, pool_cli_run, pool_verify_batches, read_jsonl, ringbench_here,
-                     scenario_text_run_cases, slow_when)
+                     scenario_text_cases, slow_when)
 from ringbench.case.spec import CaseSpec, canonical, default_fields, resolve_mask, resolve_options, validate
 from ringbench.variants.engines import masks
 
@@ -198,7 +198,7 @@ mask = ["full", "chunked:128"]
 """
 
 # The session's pooled run command (--json) runs its cases (helpers.CliRunPool).
-pool_cli_run(__name__, lambda: scenario_text_run_cases(EARLY_STOP))
+pool_cli_run(__name__, lambda: scenario_text_cases(EARLY_STOP, "run"))
 
 
 @pytest.mark.dist

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import (not_verified, pool_cli_run, pool_verify_batches, read_jsonl, ringbench_here,
-                     scenario_text_run_cases, slow_when)
+                     scenario_text_cases, slow_when)
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 
 LAUNCH_TIMEOUT_S = {1: 120, 2: 150, 4: 240, 8: 300}
@@ -133,7 +133,7 @@ window = [0, 8]
 """
 
 # The session's pooled run command (--json) runs its cases (helpers.CliRunPool).
-pool_cli_run(__name__, lambda: scenario_text_run_cases(EARLY_STOP))
+pool_cli_run(__name__, lambda: scenario_text_cases(EARLY_STOP, "run"))
 
 
 @pytest.mark.slow
