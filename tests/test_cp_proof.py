@@ -17,7 +17,7 @@ import torch
 from rich.console import Console
 
 from helpers import read_jsonl, ringbench_here
-from ringbench.rank import check
+from ringbench.rank import check, tolerance
 from ringbench.present import report
 from ringbench.case.spec import CaseSpec, default_fields, resolve
 from ringbench.rank.setup import CaseSetup
@@ -63,7 +63,7 @@ def _record(**fields) -> dict:
     spec = {**default_fields("cpu", 0), "task": "verify", "variant": "llama3_varlen", "seqlen": 256,
             "docs": "128,128"}
     checks = [{"tensor": t, "err": 1e-7, "allowed": 1e-6, "ratio": 0.1, "finite": True, "dtype_ok": True,
-               "shape_ok": True, "passed": True} for t in check.TENSORS]
+               "shape_ok": True, "passed": True} for t in tolerance.TENSORS]
     return {"task": "verify", "spec": spec, "status": "ok", "reason": None, "kernel": "cpu", "checks": checks,
             **fields}
 

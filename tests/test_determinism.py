@@ -21,7 +21,7 @@ import torch
 from rich.console import Console
 
 from helpers import read_jsonl, ringbench_here
-from ringbench.rank import check
+from ringbench.rank import check, tolerance
 from ringbench.case import fields
 from ringbench.present import report
 from ringbench.errors import SpecError
@@ -169,7 +169,7 @@ def test_verify_case_passes_documented_backward_nondeterminism_unless_required(s
 
 def _record(variant="ring", status="ok", **fields_) -> dict:
     checks = [{"tensor": t, "err": 1e-7, "allowed": 1e-6, "ratio": 0.1, "finite": True, "dtype_ok": True,
-               "shape_ok": True, "passed": True} for t in check.TENSORS]
+               "shape_ok": True, "passed": True} for t in tolerance.TENSORS]
     spec = {**_spec(variant).to_dict(), **fields_.pop("spec", {})}
     return {"task": "verify", "spec": spec, "status": status, "reason": None, "kernel": spec["kernel"],
             "checks": checks, "cp_active": True, **fields_}

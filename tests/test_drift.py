@@ -21,7 +21,7 @@ import json
 import pytest
 import torch
 
-from ringbench.rank import check
+from ringbench.rank import check, tolerance
 from ringbench.present import report
 from ringbench.case.spec import CaseSpec, default_fields, resolve_docs, validate
 from ringbench.variants import factorizations, instruments
@@ -166,13 +166,13 @@ def test_drift_ulp_is_the_spacing_of_the_dtype(dtype):
                                                                                                generator=gen),
                    torch.tensor([1.0, -2.0, 0.5, 1e-7, 3e-8])]).to(dtype)
     spacing = (torch.nextafter(x.abs(), torch.tensor(float("inf"), dtype=dtype)) - x.abs()).double()
-    assert torch.equal(check.ulp(x.double(), dtype), spacing)
+    assert torch.equal(tolerance.ulp(x.double(), dtype), spacing)
 
 
 def test_drift_ulp_below_the_smallest_normal_is_the_subnormal_spacing():
     info = torch.finfo(torch.float16)
     tiny = torch.tensor([0.0, info.tiny / 3, info.tiny / 1000], dtype=torch.float64)
-    assert torch.equal(check.ulp(tiny, torch.float16), torch.full((3,), info.eps * info.tiny, dtype=torch.float64))
+    assert torch.equal(tolerance.ulp(tiny, torch.float16), torch.full((3,), info.eps * info.tiny, dtype=torch.float64))
 
 
 def _partials(n: int, seed: int = 1) -> torch.Tensor:
@@ -183,7 +183,7 @@ def test_drift_shadow_check_passes_one_rounding_within_half_its_allowance():
     parts = _partials(4)
     shadow = parts.double().sum(0)
     once = parts.float().sum(0).to(torch.bfloat16)  # float32 sum, one rounding: a correct ring's dq
-    fields = check.shadow_check(once, shadow, torch.bfloat16, terms=4, scale=float(parts.double().abs().max()))
+    fields = tolerance.shadow_check(once, shadow, torch.bfloat16, terms=4, scale=float(parts.double().abs().max()))
     print(fields)
     assert fields["shadow_passed"] and 0.4 < fields["shadow_ratio"] <= 0.5 + 1e-3
     assert fields["shadow_reason"] is None and fields["shadow_terms"] == 4
@@ -195,19 +195,19 @@ def test_drift_shadow_check_fails_accumulation_in_the_input_dtype():
     lossy = parts[0]
     for p in parts[1:]:
         lossy = lossy + p  # bf16 + bf16: rounded after every add
-    fields = check.shadow_check(lossy, shadow, torch.bfloat16, terms=4, scale=float(parts.double().abs().max()))
+    fields = tolerance.shadow_check(lossy, shadow, torch.bfloat16, terms=4, scale=float(parts.double().abs().max()))
     print(fields)
     assert not fields["shadow_passed"] and fields["shadow_ratio"] > 1.5
 
 
 def test_drift_shadow_check_needs_exact_non_finite_values_and_refuses_nan_and_shapes():
     shadow = torch.tensor([[-float("inf"), 1.0, 2.0]], dtype=torch.float64)
-    ok = check.shadow_check(shadow.float(), shadow, torch.float32, terms=1, scale=2.0)
+    ok = tolerance.shadow_check(shadow.float(), shadow, torch.float32, terms=1, scale=2.0)
     assert ok["shadow_passed"] and ok["shadow_ratio"] == 0.0
-    finite = check.shadow_check(torch.tensor([[-50.0, 1.0, 2.0]]), shadow, torch.float32, terms=1, scale=2.0)
-    nan = check.shadow_check(torch.tensor([[-float("inf"), float("nan"), 2.0]]), shadow, torch.float32, terms=1,
+    finite = tolerance.shadow_check(torch.tensor([[-50.0, 1.0, 2.0]]), shadow, torch.float32, terms=1, scale=2.0)
+    nan = tolerance.shadow_check(torch.tensor([[-float("inf"), float("nan"), 2.0]]), shadow, torch.float32, terms=1,
                              scale=2.0)
-    shape = check.shadow_check(torch.zeros(1, 2), shadow, torch.float32, terms=1, scale=2.0)
+    shape = tolerance.shadow_check(torch.zeros(1, 2), shadow, torch.float32, terms=1, scale=2.0)
     assert not finite["shadow_passed"] and not nan["shadow_passed"] and not shape["shadow_passed"]
 
 
@@ -236,7 +236,7 @@ def test_drift_verify_at_world_size_one_records_the_shadow(solo_group):
     print(json.dumps(rec["checks"], indent=1))
     assert rec["status"] == "ok"
     for c in rec["checks"]:
-        assert set(check.SHADOW_FIELDS) <= set(c) and c["shadow_reason"] is None
+        assert set(tolerance.SHADOW_FIELDS) <= set(c) and c["shadow_reason"] is None
         # llama3's zigzag layout: two chunks, the second one two kernel calls merged.
         assert c["shadow_passed"] and c["shadow_ratio"] <= 0.5 + 1e-3 and c["shadow_terms"] == 2
 
@@ -246,7 +246,7 @@ def test_drift_verify_of_an_engine_that_reports_nothing_keeps_the_max_rule(solo_
     rec = check.verify_case(_solo_spec("plain_dist_peer", dtype="fp32"), device=torch.device("cpu"))
     assert rec["status"] == "ok"
     for c in rec["checks"]:
-        assert all(c[f] is None for f in check.SHADOW_FIELDS)
+        assert all(c[f] is None for f in tolerance.SHADOW_FIELDS)
         assert "does not report its kernel calls" in c["shadow_reason"]
 
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import attention_fp64, pool_cli_run, pool_verify_batches, scenario_text_run_cases
+from helpers import attention_fp64, pool_cli_run, pool_verify_batches, scenario_text_cases
 from ringbench.case.spec import CaseSpec, default_fields, validate
 from ringbench.variants import get_variant, instruments
 from ringbench.variants.engines import layouts
@@ -377,7 +377,7 @@ docs = "128,256,128"
 
 
 # The session's pooled run command runs them (helpers.CliRunPool): its launch of one rank.
-pool_cli_run(__name__, lambda: scenario_text_run_cases(EMULATED_SCENARIO))
+pool_cli_run(__name__, lambda: scenario_text_cases(EMULATED_SCENARIO, "run"))
 
 
 @pytest.mark.dist

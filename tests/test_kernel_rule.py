@@ -1,4 +1,4 @@
-"""Verify's kernel rule (``check.kernel_check``, docs/verify.md): the case's kernel alone, on one device,
+"""Verify's kernel rule (``tolerance.kernel_check``, docs/verify.md): the case's kernel alone, on one device,
 is held to a bound that does not move with it.
 
 The max rule allows the variant twice the single run's own error, so a kernel that is wrong the same way
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ringbench.case.spec import CaseSpec, default_fields, resolve
-from ringbench.rank import check
+from ringbench.rank import check, tolerance
 from ringbench.variants.kernels import KERNELS
 
 
@@ -42,7 +42,7 @@ def test_kernel_rule_fails_a_kernel_wrong_the_same_way_on_one_device(solo_group,
     found = check.verify_case(_spec("bf16"), device=torch.device("cpu"), group=solo_group)
     by = {c["tensor"]: c for c in found["checks"]}
     assert by["dq"]["err"] <= by["dq"]["allowed"] and by["dq"]["shadow_passed"]  # the other rules pass it
-    assert by["dq"]["kernel_passed"] is False and by["dq"]["kernel_units"] > 2 * check.KERNEL_UNITS
+    assert by["dq"]["kernel_passed"] is False and by["dq"]["kernel_units"] > 2 * tolerance.KERNEL_UNITS
     assert not by["dq"]["passed"] and all(by[t]["passed"] for t in ("out", "lse", "dk", "dv"))
     assert found["status"] == "fail"
     assert ("the cpu kernel alone on one device is off float64 by more than 8 eps of bf16 at the tensor's scale"
@@ -58,4 +58,4 @@ def test_kernel_rule_passes_the_right_kernel_and_leaves_fp32_out(solo_group, dty
         if dtype == "fp32":
             assert c["kernel_units"] is None and c["kernel_passed"] is None
         else:
-            assert c["kernel_passed"] is True and 0 <= c["kernel_units"] <= check.KERNEL_UNITS, c
+            assert c["kernel_passed"] is True and 0 <= c["kernel_units"] <= tolerance.KERNEL_UNITS, c

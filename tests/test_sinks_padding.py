@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from ringbench.rank import check, sink_pad as sink_pad_check
+from ringbench.rank import check, sink_pad as sink_pad_check, tolerance
 from ringbench.rank.setup import case_setup
 from ringbench.errors import SpecError
 from ringbench.case.spec import CaseSpec, default_fields, padded_docs, resolve_docs, validate
@@ -151,7 +151,7 @@ def _check_launch(launch: dict, world_size: int) -> None:
         assert ("dsink" in checks) == learnable, f"{name}: d sink checked iff the sink is learnable"
         if case["variant"] == "sink_every_block":
             # Only the max rule: at W >= 2 a row meets several blocks, so the sink counts more than once.
-            assert not (check._max_rule_passed(checks["lse"]) and check._max_rule_passed(checks["out"])), name
+            assert not (tolerance.max_rule_passed(checks["lse"]) and tolerance.max_rule_passed(checks["out"])), name
             assert rec["verdict"] == "fail", name
         elif case["variant"] == "drift_dsink":
             _assert_only_dsink_fails(rec)
@@ -197,7 +197,7 @@ def test_sinks_padding_world_size_1_in_process(solo_group):
             continue
         if case.variant == "sink_every_block":
             # One block per row at W=1: the per-block sink is counted once, so the max rule holds.
-            assert all(check._max_rule_passed(c) for c in fields["checks"]), fields["reason"]
+            assert all(tolerance.max_rule_passed(c) for c in fields["checks"]), fields["reason"]
             continue
         assert fields["status"] == "ok", f"{case.variant} {case.sink}: {fields['reason']}"
         assert ("dsink" in checks) == (case.sink == "learnable")

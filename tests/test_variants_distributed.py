@@ -1,7 +1,7 @@
 """The variants under real torchrun (gloo, CPU): one launch per world size runs a batch of cases.
 
 Each case runs as ``tests/dist/cases.py`` runs it, which writes one JSON line per case: the variant's
-out, lse, dq, dk and dv checked with ``ringbench.rank.check.tolerance_check`` against the float64 math kernel
+out, lse, dq, dk and dv checked with ``ringbench.rank.tolerance.tolerance_check`` against the float64 math kernel
 and the single-device kernel (MEASUREMENT.md's rule). The tests below assert each case's expected
 outcome, the extra property each case exists for, and that every case was checked.
 

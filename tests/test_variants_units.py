@@ -467,7 +467,7 @@ def test_check_compare_shape_mismatch_is_a_failed_check():
     ringbench/rank/check.py's docstring says a shape that differs from the input's fails; compare
     indexes the result with the reference's finite mask first, so it raises instead.
     """
-    from ringbench.rank.check import tolerance_check
+    from ringbench.rank.tolerance import tolerance_check
 
     ref = torch.randn(1, 8, 2, 4, dtype=torch.float64)
     single = ref.float()
@@ -479,7 +479,7 @@ def test_check_compare_shape_mismatch_is_a_failed_check():
 
 def test_tolerance_check_passes_and_fails():
     """err <= 2 * err_single + floor passes; a little above it fails; NaN and a wrong dtype fail."""
-    from ringbench.rank.check import tolerance_check
+    from ringbench.rank.tolerance import tolerance_check
 
     gen = torch.Generator().manual_seed(5)
     ref = torch.randn(1, 16, 2, 4, generator=gen, dtype=torch.float64)
@@ -551,7 +551,7 @@ def test_torch_cp_session_lays_out_zigzag_and_pytorch_has_no_cpu_context_paralle
 def test_tolerance_floor_in_float64_admits_the_variants_own_roundings():
     """In float64 the single-device math kernel is the reference itself (no error), and the variant
     accumulates in float64: the floor allows two roundings of the output's precision per block."""
-    from ringbench.rank.check import floor_for
+    from ringbench.rank.tolerance import floor_for
 
     eps64 = torch.finfo(torch.float64).eps
     assert floor_for(torch.float64, 2.0, 4) == 4 * 4 * eps64 * 2.0

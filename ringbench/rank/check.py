@@ -1,28 +1,13 @@
-"""Correctness of one case: the variant against two references, under the tolerance rule.
+"""Correctness of one case: the variant on its ranks against the math kernel in float64 (T_fp64)
+and the same kernel on one device over the whole sequence (T_single), under verify's rules
+(``tolerance``: the max rule, the kernel rule and the block-decomposition rule; docs/verify.md).
+Comparing against float64, not only against the same kernel without context parallelism, keeps a
+kernel bug from cancelling itself out.
 
-For each tensor T in (out, lse, dq, dk, dv), with T_fp64 the math kernel in float64 and
-T_single the same kernel on one device over the whole sequence::
-
-    pass  iff  max|T_variant - T_fp64| <= 2 * max|T_single - T_fp64| + floor(T)
-
-In bf16 and fp16 ``floor(T) = 0.5 * eps(dtype) * max|T_fp64|`` is one rounding of T's dtype at
-T's largest magnitude. Each block of a context-parallel result comes back from the kernel
-already rounded to the dtype before the float32 merge, so a correct variant carries roundings
-that the single-device kernel does not; the floor admits one of them at full scale and nothing
-of the size a dropped, doubled or mis-masked block makes. It also keeps the allowance above
-zero where the single-device kernel happens to be exact. In fp32 and fp64 the merge itself
-accumulates in the input's precision, so the floor admits two roundings per partial result
-(:func:`floor_for`).
-NaN or Inf fails, and so does a dtype or shape that differs from the input's.
-Comparing against the fp64 reference, not only against the same kernel without context
-parallelism, keeps a kernel bug from cancelling itself out (verify's rules in docs/verify.md).
-
-The max rule hides systematic drift (an accumulation in the input dtype passes it), so each
-tensor is also held to its block-decomposition reference (:func:`shadow_check`): while the
-variant runs, its engine reports every kernel call (``variants/instruments/observe.py``), and
-:func:`_shadow` rebuilds out, lse, dq, dk and dv from those blocks in float64. A correct
-variant is one rounding away from it; a check passes only when both rules do. Variants whose
-engine reports nothing (peers) keep the max rule alone, their shadow fields null.
+For the block-decomposition rule the variant's engine reports every kernel call while it runs
+(``variants/instruments/observe.py``), and :func:`_shadow` rebuilds out, lse, dq, dk and dv from
+those blocks in float64. A check passes only when every rule does. Variants whose engine reports
+nothing (peers) keep the max and kernel rules alone, their shadow fields null.
 
 A case with an attention bias (``spec.bias``) takes both references from ``sink_pad``'s
 (``sink_pad.references``): the bias over every position, a learnable one's gradient checked as
@@ -59,6 +44,8 @@ import torch.distributed as dist
 
 from ringbench.rank import sink_pad as extras
 from ringbench.rank import max_logit_check
+from ringbench.rank.tolerance import (KERNEL_UNITS, TENSORS, kernel_check, max_rule_passed, no_shadow,
+                                      shadow_check, tolerance_check)
 from ringbench.rank.setup import CaseSetup, Results, bias_of, case_setup, sink_logits
 from ringbench.records import cp_reasons
 from ringbench.variants import plural
@@ -69,192 +56,6 @@ from ringbench.variants.instruments import observe
 from ringbench.variants.kernels.common import accumulation_dtype
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.kernels.common import merge_
-
-TENSORS = ("out", "lse", "dq", "dk", "dv")
-ERR_FACTOR = 2.0
-#: The block-decomposition rule (:func:`shadow_check`): ulps of the tensor's dtype at each element,
-#: and eps of the accumulation dtype per partial result at the largest magnitude.
-SHADOW_ULPS = 1.0
-SHADOW_EPS_PER_TERM = 4.0
-#: The kernel rule (:func:`kernel_check`): the most the case's kernel alone, on one device, may be off
-#: float64, in eps of the case's dtype (bf16, fp16) at the tensor's largest magnitude. Correct kernels in
-#: every verify record through 2026-12-07 reached 1.8 (cpu's dk, CPU) and 1.0 (torch-flash, cudnn,
-#: torch-efficient, flash-attn-4 and flex on an H200 or H100, up to 16k tokens); flash-attn-4's ALiBi score
-#: mod with a wrong GQA backward read 14044 on dq (results/reference/2026-12-07-s5/h100/verify.jsonl).
-KERNEL_UNITS = 8.0
-#: The kernel rule leaves out a tensor whose float64 value stays below this at its largest: verify's inputs
-#: are drawn at unit scale, so such a tensor cancels analytically (dq and dk where every document is one
-#: token: 1e-17 in float64) and its kernel errors are roundings of terms with no scale of its own.
-KERNEL_MIN_SCALE = 1e-3
-#: The shadow fields of a check entry, null where the block-decomposition check does not apply.
-SHADOW_FIELDS = ("shadow_err", "shadow_allowed", "shadow_ratio", "shadow_mean_ratio", "shadow_terms",
-                 "shadow_passed")
-
-
-def floor_for(dtype: torch.dtype, ref_max: float, world_size: int = 1, terms: int | None = None) -> float:
-    """The error floor of a tensor of ``dtype`` whose largest |value| is ``ref_max``.
-
-    bf16 and fp16: one rounding, ``0.5 * eps * ref_max`` (the blocks are merged in the finer
-    float32 and rounded once). fp32 and fp64: the merge accumulates in the input's own precision,
-    so each of the ``n`` partial results met in one element (``terms``, at least ``2 * world_size``,
-    two blocks a rank) may add a rounding of that precision, twice (once in its kernel, once in
-    the sum): ``2 * n * eps * ref_max``. In float64 the single-device reference has no error at
-    all, and in float32 its error is a few ulps, so a tighter floor fails correct variants by
-    chance (zigzag with a shared-prefix mask at W=2, seed 0, read 1.25); a dropped or mis-masked
-    block is orders of magnitude above it."""
-    eps = torch.finfo(dtype).eps
-    if dtype in (torch.float32, torch.float64):
-        return 2 * max(terms or 0, 2 * world_size) * eps * ref_max
-    return 0.5 * eps * ref_max
-
-
-def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: torch.Tensor,
-                    expected_dtype: torch.dtype, expected_shape: tuple, world_size: int = 1,
-                    floor: float = 0.0, single_ref: torch.Tensor | None = None,
-                    terms: int | None = None) -> dict:
-    """Apply the tolerance rule to one tensor and return its check entry (docs/contracts.md).
-
-    A result of the wrong shape is a failed check with infinite error, not an exception.
-    ``floor`` raises the error floor to at least that; ``single_ref`` is what ``single`` is
-    measured against where that is not ``ref`` (``d sink``: each against what its own out and
-    lse imply, see ``sink_pad_check.references``); ``terms`` the most partial results met in one
-    element (:func:`floor_for`).
-    """
-    dtype_ok = got.dtype == expected_dtype
-    shape_ok = tuple(got.shape) == tuple(expected_shape) == tuple(ref.shape)
-    if not shape_ok:
-        inf = float("inf")
-        return {"tensor": name, "err": inf, "err_single": inf, "floor": 0.0, "allowed": 0.0,
-                "ratio": inf, "mean_err": inf, "mean_err_single": inf, "finite": False,
-                "dtype_ok": dtype_ok, "shape_ok": False, "passed": False,
-                "dtype": str(got.dtype).replace("torch.", "")}
-    ref = ref.double()
-    finite_ref = torch.isfinite(ref)
-    got_d, single_d = got.double(), single.double()
-    # Where the reference is -inf (lse of a row that sees no key) the variant must match exactly.
-    finite = bool(torch.isfinite(got_d[finite_ref]).all()) and bool(
-        (got_d[~finite_ref] == ref[~finite_ref]).all())
-    diff = (got_d - ref)[finite_ref].abs()
-    diff_single = (single_d - (ref if single_ref is None else single_ref.double()))[finite_ref].abs()
-    err = float(diff.max()) if diff.numel() else 0.0
-    err_single = float(diff_single.max()) if diff_single.numel() else 0.0
-    ref_max = float(ref[finite_ref].abs().max()) if finite_ref.any() else 0.0
-    floor = max(floor, floor_for(expected_dtype, ref_max, world_size, terms))
-    allowed = ERR_FACTOR * err_single + floor
-    ok_err = err == err and err <= allowed  # err == err is False for nan
-    return {
-        "tensor": name,
-        "err": err,
-        "err_single": err_single,
-        "floor": floor,
-        "allowed": allowed,
-        "ratio": err / allowed if allowed > 0 else (0.0 if err == 0 else float("inf")),
-        "mean_err": float(diff.mean()) if diff.numel() else 0.0,
-        "mean_err_single": float(diff_single.mean()) if diff_single.numel() else 0.0,
-        "finite": finite,
-        "dtype_ok": dtype_ok,
-        "shape_ok": shape_ok,
-        "passed": bool(ok_err and finite and dtype_ok and shape_ok),
-        "dtype": str(got.dtype).replace("torch.", ""),
-    }
-
-
-def kernel_check(check: dict, ref: torch.Tensor, dtype: torch.dtype) -> dict:
-    """The kernel rule for one attention check entry (docs/verify.md): the single run's error
-    (``check["err_single"]``) against float64 ``ref``, in eps of the case's ``dtype`` at ``ref``'s
-    largest finite magnitude, at most :data:`KERNEL_UNITS`. The max rule scales with that error, so a
-    kernel that is wrong the same way on one device and in the ring passes it; this bound does not
-    move with the kernel. bf16 and fp16 only: in fp32 the sums over the keys carry roundings that grow
-    with the sequence (a correct kernel read up to 346 eps), and fp64 is the reference's own precision.
-
-    Returns:
-        ``{"kernel_units": float | None, "kernel_passed": bool | None}``, None where the rule does
-        not apply (fp32, fp64, a malformed result, which fails the max rule already, or a tensor
-        below :data:`KERNEL_MIN_SCALE`).
-    """
-    skip = {"kernel_units": None, "kernel_passed": None}
-    if dtype not in (torch.bfloat16, torch.float16) or not check["shape_ok"]:
-        return skip
-    ref = ref.double()
-    finite = ref[torch.isfinite(ref)]
-    scale = float(finite.abs().max()) if finite.numel() else 0.0
-    if scale < KERNEL_MIN_SCALE:
-        return skip
-    units = check["err_single"] / (torch.finfo(dtype).eps * scale)
-    return {"kernel_units": units, "kernel_passed": bool(units <= KERNEL_UNITS)}
-
-
-def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The spacing of ``dtype``'s numbers at each |x| (a float64 tensor of x's shape).
-
-    ``eps(dtype) * 2**floor(log2|x|)`` for a normal |x|; below the smallest normal number, the
-    subnormal spacing ``eps * tiny``. Rounding x to ``dtype`` moves it by at most half of this.
-    """
-    info = torch.finfo(dtype)
-    _, exponent = torch.frexp(x.double().abs().clamp_min(info.tiny))  # |x| = m * 2**e, m in [0.5, 1)
-    return torch.ldexp(torch.full_like(x, info.eps / 2, dtype=torch.float64), exponent)
-
-
-def _max_rule_passed(check: dict) -> bool:
-    """Whether a check entry passed the max rule (and was well formed), whatever its shadow says."""
-    return bool(check["err"] <= check["allowed"] and check["finite"] and check["dtype_ok"] and check["shape_ok"])
-
-
-def _no_shadow(reason: str) -> dict:
-    return {**dict.fromkeys(SHADOW_FIELDS), "shadow_reason": reason}
-
-
-def shadow_check(got: torch.Tensor, shadow: torch.Tensor, dtype: torch.dtype, *, terms: int,
-                 scale: float) -> dict:
-    """Judge one tensor against its block-decomposition reference and return the shadow fields.
-
-    ``shadow`` is the float64 result rebuilt from the variant's own kernel calls (each block's
-    out and lse as the kernel returned them, merged in float64; partial gradients summed in
-    float64 at their owner). A correct variant differs from it by its float32 merge or sum and
-    one rounding to ``dtype``, so for every element::
-
-        |T - T_shadow| <= SHADOW_ULPS * ulp_dtype(T_shadow) + SHADOW_EPS_PER_TERM * terms * eps_acc * scale
-
-    with ``eps_acc`` the eps of the accumulation dtype (float32; float64 for float64 inputs),
-    ``terms`` the most partial results that met in one element, and ``scale`` the largest
-    magnitude among the shadow and its partial results. Where the shadow is not finite (the lse
-    of a row that sees no key) the variant must match it exactly.
-
-    Args:
-        got: the variant's gathered tensor.
-        shadow: the float64 reference of the same shape.
-        dtype: the dtype whose ulp applies (the input dtype; lse: its own, float32 or float64).
-        terms: the most partial results of one element, over every rank.
-        scale: the largest magnitude among the shadow and its partial results.
-
-    Returns:
-        ``shadow_err`` (max |T - T_shadow|), ``shadow_ratio`` (max over elements of the
-        difference over its allowance; pass needs <= 1), ``shadow_allowed`` (the allowance at
-        that element), ``shadow_mean_ratio`` (the mean of that ratio over the elements),
-        ``shadow_terms``, ``shadow_passed`` and ``shadow_reason`` (null).
-    """
-    if tuple(got.shape) != tuple(shadow.shape):
-        inf = float("inf")
-        return {"shadow_err": inf, "shadow_allowed": 0.0, "shadow_ratio": inf, "shadow_mean_ratio": inf,
-                "shadow_terms": terms, "shadow_passed": False, "shadow_reason": None}
-    got_d = got.double()
-    finite = torch.isfinite(shadow)
-    exact = bool((got_d[~finite] == shadow[~finite]).all())
-    diff = (got_d - shadow)[finite].abs()
-    eps_acc = torch.finfo(accumulation_dtype(dtype)).eps
-    allowed = SHADOW_ULPS * ulp(shadow[finite], dtype) + SHADOW_EPS_PER_TERM * terms * eps_acc * scale
-    if not diff.numel():
-        ratio, mean_ratio, err, at = 0.0, 0.0, 0.0, 0.0
-    else:
-        ratios = diff / allowed
-        worst = int(torch.argmax(torch.nan_to_num(ratios, nan=float("inf"))))
-        ratio, mean_ratio = float(ratios[worst]), float(ratios.mean())
-        err, at = float(diff.max()), float(allowed[worst])
-    if not exact:
-        ratio = float("inf")
-    return {"shadow_err": err, "shadow_allowed": at, "shadow_ratio": ratio, "shadow_mean_ratio": mean_ratio,
-            "shadow_terms": terms, "shadow_passed": bool(ratio <= 1.0), "shadow_reason": None}
-
 
 def _index(sel, n: int, device) -> torch.Tensor:
     """Rows (or heads) ``sel`` of a dimension of ``n``, a slice or int64 indices, as int64 indices."""
@@ -680,7 +481,7 @@ def _summed_grad_check(name: str, got, like, single, ref, held: dict, world_size
     entry = tolerance_check(name, got, single, held["variant"], like.dtype, tuple(like.shape), world_size=world_size,
                             floor=held["floor"], single_ref=held["single"])
     entry["err_fp64"], entry["err_single_fp64"] = (float((t.double() - ref).abs().max()) for t in (got, single))
-    return {**entry, **_no_shadow(why)}
+    return {**entry, **no_shadow(why)}
 
 def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     """Check one ``verify`` case; every rank calls it, every rank gets the same fields back.
@@ -763,7 +564,7 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         if shadow is None:
             why = "a peer's own engine" if variant.peer else "none of them runs in ringbench's engines"
             for c in checks:
-                c.update(_no_shadow(f"{variant.name} does not report its kernel calls ({why}), so "
+                c.update(no_shadow(f"{variant.name} does not report its kernel calls ({why}), so "
                                     "only the max rule applies"))
         else:
             for c, got, rebuilt, (want_dtype, _), terms, scale in zip(checks, gathered, shadow.tensors, expected,
@@ -788,7 +589,7 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0,
                                group=group)
     checks = box[0]
-    failed = [c["tensor"] for c in checks if not _max_rule_passed(c)]
+    failed = [c["tensor"] for c in checks if not max_rule_passed(c)]
     drifted = [f"{c['tensor']} ({c['shadow_ratio']:.2f}x its allowance)" for c in checks
                if c.get("shadow_passed") is False]
     reasons = []

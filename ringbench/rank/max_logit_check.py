@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from ringbench.case.spec import CaseSpec
 from ringbench.rank import sink_pad as extras
+from ringbench.rank.tolerance import no_shadow, tolerance_check
 from ringbench.variants.kernels import KERNELS
 from ringbench.variants.kernels.common import Bias, accumulation_dtype
 from ringbench.variants.kernels.max_logit import MaxLogit
@@ -62,7 +63,7 @@ def whole_row(kernel, inputs, spec: CaseSpec, causal: bool, scale: float, bias: 
 
 def max_logit_entry(every_rank: Tensor, kernel, inputs, spec: CaseSpec, causal: bool, scale: float,
                     bias: Bias | None, world_size: int) -> dict:
-    """The ``max_logit`` check entry (``check.tolerance_check``'s fields, the shadow fields null).
+    """The ``max_logit`` check entry (``tolerance.tolerance_check``'s fields, the shadow fields null).
 
     Args:
         every_rank: ``[W, H]``, each rank's max logit after the variant's forward.
@@ -71,7 +72,6 @@ def max_logit_entry(every_rank: Tensor, kernel, inputs, spec: CaseSpec, causal: 
     Returns:
         The entry; per head the rank farthest from the float64 reference is judged.
     """
-    from ringbench.rank.check import _no_shadow, tolerance_check
 
     single = whole_row(kernel, inputs, spec, causal, scale, bias)
     ref = whole_row(KERNELS["math"], [x.double() for x in inputs[:3]], spec, causal, scale, bias)
@@ -79,5 +79,5 @@ def max_logit_entry(every_rank: Tensor, kernel, inputs, spec: CaseSpec, causal: 
     got = every_rank[far, torch.arange(every_rank.shape[1], device=every_rank.device)]
     entry = tolerance_check("max_logit", got, single, ref, accumulation_dtype(inputs[0].dtype), (spec.heads,),
                             world_size=world_size)
-    return {**entry, **_no_shadow("the max logit is a maximum reduced over the ranks, not a sum of kernel "
+    return {**entry, **no_shadow("the max logit is a maximum reduced over the ranks, not a sum of kernel "
                                   "calls' partial results, so only the max rule applies")}

@@ -12,7 +12,7 @@ Three runs on the same tokens:
 - variant: the case's dtype, the variant over the group, through the Hugging Face adapter
   (sharded ids, positions and labels; the group-wide loss; gradients summed over the group).
 
-Each tensor (the loss, then each parameter's gradient) goes through ``check.tolerance_check``, the rule
+Each tensor (the loss, then each parameter's gradient) goes through ``tolerance.tolerance_check``, the rule
 of every verify case. The references are computed on rank 0 only, independently of the
 adapter's sharding helpers (plain next-token cross-entropy over the whole row).
 """
@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ringbench.adapters import cp, hf
 from ringbench.rank.setup import case_setup
-from ringbench.rank.check import tolerance_check
+from ringbench.rank.tolerance import tolerance_check
 from ringbench.case.models import load_model
 from ringbench.case.spec import CaseSpec
 from ringbench.variants.engines import layouts

@@ -105,7 +105,7 @@ class Results(NamedTuple):
 
     The same tensors come from the variant (one rank's shards, or gathered into global
     tensors), the single-device run, the float64 reference and the block-decomposition
-    reference. The first five are ``check.TENSORS``, in that order; zip with it to take them.
+    reference. The first five are ``tolerance.TENSORS``, in that order; zip with it to take them.
 
     Attributes:
         out: ``[B, S, Hq, Dv]``, the input dtype (float64 for the references).

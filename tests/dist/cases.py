@@ -8,7 +8,7 @@ rank builds the same global q, k, v and dout from the case's seed, takes its sha
 ``ringbench.variants.engines.layouts.shard``, runs the variant's ``attention`` forward and backward,
 and all-gathers and unshards out, lse, dq, dk and dv. Rank 0 computes the float64
 reference (the tests' one, ``tests/helpers.py``'s ``attention_fp64``) while rank 1 (when there is one) runs the single-device kernel; rank 0 then checks
-each tensor with ``ringbench.rank.check.tolerance_check`` (MEASUREMENT.md's rule: the variant's max error
+each tensor with ``ringbench.rank.tolerance.tolerance_check`` (MEASUREMENT.md's rule: the variant's max error
 against the float64 reference must stay within twice the same kernel's single-device error
 plus a dtype floor) and appends one JSON line per case to ``RESULTS.jsonl`` as soon as the
 case ends, so a later hang loses nothing. A case that raises is recorded with
@@ -34,7 +34,7 @@ import torch.distributed as dist
 # Under torchrun this script's folder (tests/dist) heads sys.path; the tests' shared helpers sit one up.
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from helpers import attention_fp64  # noqa: E402
-from ringbench.rank.check import tolerance_check  # noqa: E402
+from ringbench.rank.tolerance import tolerance_check  # noqa: E402
 from ringbench.rank.worker import leave  # noqa: E402
 from ringbench.records.envinfo import warm_cpu_math  # noqa: E402
 from ringbench.variants import get_variant  # noqa: E402

@@ -39,6 +39,7 @@ import torch
 
 from . import bands, mask_balance, masks
 from ..kernels.common import PositionMask
+from .steps import part_steps
 from .window import RingParts, attend, attend_backward, ring_reach
 
 Tensor = torch.Tensor
@@ -261,8 +262,6 @@ def ring_steps(mask: masks.Mask, layout: str, seqlen_local: int, rank: int, worl
     Raises:
         ValueError: a layout that cannot cut ``seqlen_local * world_size`` tokens.
     """
-    from .ring import part_steps
-
     runs = layout_runs(mask, layout, seqlen_local * world_size, world_size)
     return part_steps(RingParts(rank, world_size, lambda r, source, mine: parts(mask, runs[r], runs[source], device,
                                                                                  mine, r, source, by_slices),

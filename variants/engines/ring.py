@@ -37,6 +37,7 @@ from ..kernels.common import Bias, PositionBias, accumulation_dtype, running_lse
 from ..kernels import Kernel, as_kernel
 from ..kernels.max_logit import MaxLogit, with_max_logit
 from .merge import add_steps, merge_step
+from .steps import _ALL, Step, Steps, part_steps
 from .sinks import apply_sink, check_sink, sink_grad
 
 Tensor = torch.Tensor
@@ -53,38 +54,6 @@ class Block(NamedTuple):
 #: ``plan(step, source_rank, rank, world_size, seqlen_local, causal) -> Block | None``;
 #: ``None`` means this step contributes nothing (the K/V block is entirely in the future).
 Plan = Callable[[int, int, int, int, int, bool], "Block | None"]
-
-_ALL = slice(None)
-
-
-class Step(NamedTuple):
-    """A plan's block made concrete for one kernel call.
-
-    ``q`` and ``kv`` are local rows: a slice, or (varlen) int64 row indices. For packed
-    documents, ``cu_q`` and ``cu_k`` are the int32 offsets of the documents within the taken
-    rows, and ``max_q`` and ``max_k`` their longest lengths; ``None`` and 0 in the batch form.
-    Under a sliding window or a mask, ``parts`` are its kernel calls (``window.py``, ``masked.py``),
-    q and kv all rows.
-    ``q_inv`` and ``kv_inv`` are the row maps of index selections, int32 ``[S/W]`` on the
-    device: the block row of every local row, -1 where the block has none (the fused merge
-    reads them); ``None`` for slices.
-    """
-
-    q: "slice | Tensor"
-    kv: "slice | Tensor"
-    causal: bool
-    cu_q: Tensor | None = None
-    cu_k: Tensor | None = None
-    max_q: int = 0
-    max_k: int = 0
-    parts: tuple = ()
-    q_inv: Tensor | None = None
-    kv_inv: Tensor | None = None
-
-
-#: ``steps(step, source_rank) -> Step | None``: what this rank computes at each ring step.
-Steps = Callable[[int, int], "Step | None"]
-
 
 class RingBias(NamedTuple):
     """An attention bias in the ring engine: the whole-sequence :class:`~..kernels.common.Bias`, the
@@ -674,18 +643,6 @@ def _window_steps(layout: str, seqlen_local: int, doc_lengths: list[int] | None,
         def runs_of(r):
             return bands.document_runs([n * world_size for n in doc_lengths], layout, r, world_size)
     return part_steps(_window.WindowParts(runs_of, rank, world_size, window))
-
-
-def part_steps(parts_of: "_window.RingParts") -> Steps:
-    """The steps of a ring cut into parts (a window's, a mask's): each step's parts, q and kv all
-    rows, ``None`` where a step has none; its ``n_steps`` is ``parts_of``'s."""
-
-    def steps(step: int, source: int) -> Step | None:
-        parts = parts_of(step, source)
-        return None if parts is None else Step(_ALL, _ALL, False, parts=parts)
-
-    steps.n_steps = parts_of.n_steps
-    return steps
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
