@@ -59,3 +59,13 @@ def test_kernel_rule_passes_the_right_kernel_and_leaves_fp32_out(solo_group, dty
             assert c["kernel_units"] is None and c["kernel_passed"] is None
         else:
             assert c["kernel_passed"] is True and 0 <= c["kernel_units"] <= tolerance.KERNEL_UNITS, c
+
+
+@pytest.mark.dist
+def test_kernel_rule_fields_are_null_on_the_entries_it_does_not_judge(solo_group):
+    """d sink (and d bias, the max logit) carry the kernel fields as null, as the record's contract says."""
+    spec = resolve(CaseSpec.from_dict({**_spec("bf16").to_dict(), "sink": "learnable"}))
+    found = check.verify_case(spec, device=torch.device("cpu"), group=solo_group)
+    assert found["status"] == "ok", found["reason"]
+    dsink = [c for c in found["checks"] if c["tensor"] == "dsink"]
+    assert len(dsink) == 1 and dsink[0]["kernel_units"] is None and dsink[0]["kernel_passed"] is None
