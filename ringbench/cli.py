@@ -535,6 +535,9 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     if case.get("bias"):  # before the cases are built, so that no rule of the bias's own speaks first
         bias = case["bias"]
         raise SpecError(schedule.bias_refusal(bias[0] if isinstance(bias, list) else bias))
+    kernels = case.get("kernel") or []
+    for name in kernels if isinstance(kernels, list) else [kernels]:  # the calibration's rule first: its fix
+        tgt.kernel(name)                                                 # offers only the kernels it can price
     cases = []
     for w in world_sizes(case.pop("world_size", None), tgt):
         given = {**case, "world_size": [w], "device": device}

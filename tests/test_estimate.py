@@ -285,3 +285,15 @@ def test_estimate_of_a_masked_case_counts_the_dense_square_the_math_kernel_compu
     assert ("attention at about 80 GFLOP/s on cpu (the math kernel at about 42, a mask's work counted over the "
             "whole square and its dense masks built), from a 400 GFLOP/s") in text, text
     assert "math kernel" not in estimate.summary([case()], estimate.estimate([case()]))
+
+
+def test_estimate_a_long_verify_is_refused_without_naming_iters_it_has_none(tmp_path):
+    """verify takes no --iters, so its refusal suggests a smaller --seqlen or fewer cases only."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU refusal: this machine has a GPU, where the case runs on cuda")
+    result = ringbench("verify", "--variant", "ring", "--seqlen", "190k", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().endswith("pass --yes to run it anyway, or a smaller --seqlen or fewer cases"), \
+        result.stderr

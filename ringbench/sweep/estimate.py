@@ -471,4 +471,4 @@ def check(cases: list, est: Estimate, *, yes: bool) -> None:
         raise SpecError(f"this sweep would take about {duration(cpu_s)} on cpu ({which}; "
                         f"{_rate_text([cases[i] for i in cpu])}), over the {duration(CPU_LIMIT_S)} that "
                         f"ringbench runs on cpu without asking; pass --yes to run it anyway, or a smaller "
-                        f"--seqlen, fewer --iters or fewer cases")
+                        f"--seqlen{', fewer --iters' if cases[longest].task == 'run' else ''} or fewer cases")
