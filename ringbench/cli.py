@@ -856,8 +856,9 @@ def advise_command(
         cands = adv.candidates(shape, world_size=world_size, nodes=nodes_n, kernels=kernels, device=device,
                                both_placements=both_placements)
     memory_gib = tgt.gpu.memory_gib if tgt.gpu else None
-    ranked = adv.advise(cands, build=lambda fields: build_at(fields, world_size), tgt=tgt, world_size=world_size,
-                        memory_gib=memory_gib)
+    with _candidates_progress(len(cands)) as shown:
+        ranked = adv.advise(cands, build=lambda fields: build_at(fields, world_size), tgt=tgt,
+                            world_size=world_size, memory_gib=memory_gib, progress=shown)
     if ranked and all(c.refusal for c in ranked):  # a refusal: no table, no note on a model that priced nothing
         from ringbench.present.predict import refusal_lines
 
@@ -877,6 +878,24 @@ def advise_command(
     if plot is not None:
         _advise_plot(plot, ranked, shape, tgt, world_size, build_at, memory_gib)
     raise typer.Exit(EXIT_OK)
+
+
+@contextlib.contextmanager
+def _candidates_progress(total: int):
+    """A progress bar on stderr over advise's candidates, gone when they are done; none where stderr is not
+    a terminal (a script reads stdout alone). Yields ``shown(i, candidate)``."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = Console(stderr=True)
+    columns = (TextColumn("candidate {task.fields[at]} of {task.total:.0f}"), BarColumn(bar_width=16),
+               TimeElapsedColumn(), TextColumn("{task.description}"))
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("", total=total, at=0)
+
+        def shown(i: int, candidate) -> None:
+            bar.update(task, completed=i, at=i + 1, description=candidate.label)  # the finished ones and this
+
+        yield shown
 
 
 def _advise_plot(path: Path, ranked: list, shape: dict, tgt, world_size: int, build_at, memory_gib) -> None:

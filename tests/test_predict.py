@@ -577,6 +577,30 @@ def test_advise_asks_git_once_and_predicts_with_the_collector_paused(tmp_path, m
     assert collecting and not any(collecting) and gc.isenabled()
 
 
+def test_advise_holds_one_cases_programs_at_a_time(tmp_path, monkeypatch):
+    """advise at 1024 GPUs kept every case's walked programs (about 4 GB each) to the end and peaked at
+    16.8 GB; it keeps one case's while its kernels and placements are priced, and walks each case once."""
+    from ringbench.model import advise as adv
+
+    walked, held = [], []
+    programs, predict = adv.schedule.programs, adv.predict_case
+
+    def walk(spec, *args, **kw):
+        walked.append(spec.replace(kernel="auto"))
+        return programs(spec, *args, **kw)
+
+    def watched(*args, cache=None, **kw):
+        held.append(sum(1 for key in cache if key[0] == "segments"))
+        return predict(*args, cache=cache, **kw)
+
+    monkeypatch.setattr(adv.schedule, "programs", walk)
+    monkeypatch.setattr(adv, "predict_case", watched)
+    res = _advise(tmp_path, "--world-size", "4", "--json", "--both-placements")
+    assert res.returncode == 0, res.stderr
+    assert len(walked) > 3 and len(walked) == len(set(walked))
+    assert held and max(held) <= 1
+
+
 def test_the_models_error_is_its_devices_measured_median_never_below_its_bound(tmp_path, monkeypatch):
     """advise widens by what validation measured on the calibration's own device (or on the device a
     derived calibration comes from, saying so), not by the 3% it is held to, nor by another card's check;

@@ -238,12 +238,15 @@ def _collector_paused():
 
 
 def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target, world_size: int,
-           memory_gib: Optional[float]) -> list[Candidate]:
+           memory_gib: Optional[float], progress: Optional[Callable[[int, Candidate], None]] = None
+           ) -> list[Candidate]:
     """Build, predict and rank ``cands`` in place; returns them ranked: the fitting ones by time,
     then those that do not fit, then the refused ones.
 
     ``build(fields) -> CaseSpec`` builds one case as ``run`` would, raising ``SpecError`` with the
-    rules' refusal.
+    rules' refusal. ``progress(i, candidate)``, if given, is called before each candidate (i from 0).
+    One case's walked programs are kept while its kernels and placements are priced (they come
+    together in ``candidates``' order), then dropped: at 1024 ranks each case's take about 4 GB.
     """
     from ringbench.errors import SpecError
 
@@ -251,7 +254,9 @@ def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target,
     walked: dict[Any, tuple] = {}
     priced: dict = {}  # the programs' segments and prices, shared by the kernels and placements of a case
     with _collector_paused():
-        for c in cands:
+        for i, c in enumerate(cands):
+            if progress is not None:
+                progress(i, c)
             c.refusal = tgt.kernel_refusal(c.fields["kernel"])  # a kernel the GPU cannot run
             if c.refusal:
                 continue
@@ -267,6 +272,8 @@ def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target,
             spec = spec.replace(kernel=c.fields["kernel"])
             key = spec.replace(kernel="auto")
             if key not in walked:  # one walk of the plans serves every kernel and placement of a case
+                walked.clear()
+                priced.clear()
                 walked[key] = schedule.programs(spec)
             fields = predict_case(spec, calibration=tgt.calibration, kernel=spec.kernel, cluster=cluster,
                                   place=c.placement or "ulysses-inner", programs=walked[key], cache=priced)
