@@ -470,7 +470,10 @@ def test_advise_takes_world_size_as_predict_does(tmp_path):
     (("--world-size", "16", "--nodes", "4"), "world_size 16 disagrees with nodes 4 x gpus_per_node 8 = 32"),
     (("--world-size", "12", "--gpus-per-node", "8"), "world_size 12 is more than one node of 8 GPUs"),
     (("--world-size", "0"), "world_size 0 must be positive"),
-], ids=["against-nodes", "not-whole-nodes", "zero"])
+    # Both wrong: --nodes first, since the multiple's fix (9) would still disagree with 2 x 3.
+    (("--world-size", "8", "--gpus-per-node", "3", "--nodes", "2"),
+     "world_size 8 disagrees with nodes 2 x gpus_per_node 3 = 6; pass one of --world-size and --nodes"),
+], ids=["against-nodes", "not-whole-nodes", "zero", "against-nodes-first"])
 def test_advise_refuses_a_world_size_the_cluster_contradicts_in_one_sentence(tmp_path, args, words):
     res = _advise(tmp_path, *args)
     assert res.returncode == 2, res.stderr

@@ -184,11 +184,12 @@ def world_sizes(given: Optional[list[int]], tgt: Target) -> list[int]:
                             "through every rank's plan, whose ring steps grow with the ranks, so time and memory "
                             f"grow with their square (minutes and GBs past {MAX_RANKS}); pass --world-size or "
                             f"--nodes for {MAX_RANKS} GPUs or fewer")
+        # --nodes first: a fix of the multiple alone would still disagree with it.
+        if tgt.nodes is not None and w != per * tgt.nodes:
+            raise SpecError(f"world_size {w} disagrees with nodes {tgt.nodes} x gpus_per_node {per} = "
+                            f"{per * tgt.nodes}; pass one of --world-size and --nodes")
         if w > per and w % per:
             raise SpecError(f"world_size {w} is more than one node of {per} GPUs but not a multiple of "
                             f"gpus_per_node {per}, and every node holds gpus_per_node ranks; pass --world-size "
                             f"{(w // per + 1) * per} or another --gpus-per-node")
-        if tgt.nodes is not None and w != per * tgt.nodes:
-            raise SpecError(f"world_size {w} disagrees with nodes {tgt.nodes} x gpus_per_node {per} = "
-                            f"{per * tgt.nodes}; pass one of --world-size and --nodes")
     return given
