@@ -348,7 +348,9 @@ def test_refusal_of_a_mask_onto_a_scenario_window_names_the_scenarios_window():
     message = str(got.value)
     assert re.fullmatch(r"scenario smoke \(built-in\) case \d+ of \d+ \([^)]*\): the scenario sets window (\d+) on this "
                         r"case, and a window is itself a mask \(--window L is the short form of --mask window:L\), so "
-                        r"--mask causal cannot join it; drop --mask, or give the mask without --scenario", message), message
+                        r"--mask causal cannot join it; drop --mask, or give the mask without --scenario"
+                        r"(; \d+ more of its \d+ cases (is|are) refused too, by this rule or another \(--variant "
+                        r"keeps the ones named\))?", message), message
     assert "pass one of them" not in message
     with pytest.raises(SpecError, match="pass one of them"):  # both given by the user: still theirs to choose
         build.cases_for("verify", {"device": "cpu", "variant": ["zigzag"], "mask": ["causal"], "window": [64],
@@ -368,3 +370,19 @@ def test_a_layout_a_one_layout_variant_refuses_says_what_to_do(variant, layout, 
     message = _refusal(variant=variant, layout=layout, seqlen=4096, world_size=2, **docs)
     assert message == (f"layout {layout!r} is not one {variant} takes, since it lays the sequence out as "
                        f"{VARIANTS[variant].layout} only; {fix}")
+
+
+def test_refusal_of_an_option_onto_a_scenario_counts_the_other_cases_it_refuses():
+    """verify --scenario smoke --bias alibi named the first case's fix (--kernel math); taking it met the next
+    case's refusal, and so on: the sentence counts the scenario's other refused cases, and one refused case
+    alone keeps the sentence as it was."""
+    with pytest.raises(SpecError) as got:
+        build.cases_for("verify", {"device": "cpu", "bias": ["alibi"], "kernel": ["math"]}, scenario="smoke",
+                        resolve_kernels=False, machine=("cpu", 0))
+    found = re.search(r"; (\d+) more of its (\d+) cases (?:is|are) refused too, by this rule or another \(--variant "
+                      r"keeps the ones named\)$", str(got.value))
+    assert found and 0 < int(found.group(1)) < int(found.group(2)), str(got.value)
+    with pytest.raises(SpecError) as one:
+        build.cases_for("verify", {"device": "cpu", "bias": ["alibi"], "kernel": ["math"], "variant": ["ring_varlen"]},
+                        scenario="smoke", resolve_kernels=False, machine=("cpu", 0))  # its one case
+    assert str(one.value).endswith("use one of ring, zigzag, stripe, llama3, ulysses, usp"), str(one.value)

@@ -97,6 +97,8 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
                             "filters; pass values that its cases use")
     cases = [c for case in cases for c in expand_ulysses_degree(case)]  # --ulysses-degree auto
     resolved, skipped = [], {}
+    first: SpecError | None = None  # a scenario's first refused case; the others are counted, not raised
+    refused = 0
     for i, case in enumerate(cases):
         try:
             if scen is not None:
@@ -123,7 +125,16 @@ def build_cases(task: str, scenario: Optional[str], given: dict[str, Any],
                      f"{case.world_size}, seqlen {case.seqlen}, kernel {case.kernel}): ")
             reason = exc.args[0] if exc.args else ""
             # An offered seqlen stays one, for sweep.fit to hold to the other rules.
-            raise SpecError(reason.within(where) if isinstance(reason, SeqlenOffer) else where + str(exc)) from None
+            if isinstance(reason, SeqlenOffer):
+                raise SpecError(reason.within(where)) from None
+            refused += 1
+            first = first or SpecError(where + str(exc))
+    if first is not None:
+        if refused > 1:  # so that a user who fixes the first does not meet the next one by one
+            more = refused - 1
+            raise SpecError(f"{first}; {more} more of its {len(cases)} cases {'is' if more == 1 else 'are'} refused "
+                            "too, by this rule or another (--variant keeps the ones named)") from None
+        raise first
     seen: dict[str, Any] = {}
     for case in resolved:
         other = seen.setdefault(case.case_id(), case)
