@@ -532,9 +532,9 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
                         f"{case['device']} --out FILE there, then --calibration FILE)")
     if "variant" not in case:
         raise SpecError(build._no_variant_message("run").split(", or --scenario")[0])
-    if case.get("bias"):  # before the cases are built, so that no rule of the bias's own speaks first
-        bias = case["bias"]
-        raise SpecError(schedule.bias_refusal(bias[0] if isinstance(bias, list) else bias))
+    biases = [b for b in (case.get("bias") if isinstance(case.get("bias"), list) else [case.get("bias")]) if b]
+    if biases:  # before the cases are built, so that no rule of the bias's own speaks first ("" or none: no bias)
+        raise SpecError(schedule.bias_refusal(biases[0]))
     kernels = case.get("kernel") or []
     for name in kernels if isinstance(kernels, list) else [kernels]:  # the calibration's rule first: its fix
         tgt.kernel(name)                                                 # offers only the kernels it can price

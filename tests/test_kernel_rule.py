@@ -45,7 +45,7 @@ def test_kernel_rule_fails_a_kernel_wrong_the_same_way_on_one_device(solo_group,
     assert by["dq"]["kernel_passed"] is False and by["dq"]["kernel_units"] > 2 * tolerance.KERNEL_UNITS
     assert not by["dq"]["passed"] and all(by[t]["passed"] for t in ("out", "lse", "dk", "dv"))
     assert found["status"] == "fail"
-    assert ("the cpu kernel alone on one device is off float64 by more than 8 eps of bf16 at the tensor's scale"
+    assert ("the cpu kernel alone on one device is off float64 by more than the kernel rule's limit in eps of bf16"
             in found["reason"] and "dq (" in found["reason"]), found["reason"]
 
 
@@ -58,7 +58,7 @@ def test_kernel_rule_passes_the_right_kernel_and_leaves_fp32_out(solo_group, dty
         if dtype == "fp32":
             assert c["kernel_units"] is None and c["kernel_passed"] is None
         else:
-            assert c["kernel_passed"] is True and 0 <= c["kernel_units"] <= tolerance.KERNEL_UNITS, c
+            assert c["kernel_passed"] is True and 0 <= c["kernel_units"] <= tolerance.kernel_limit(c["tensor"], 2), c
 
 
 @pytest.mark.dist
@@ -69,3 +69,19 @@ def test_kernel_rule_fields_are_null_on_the_entries_it_does_not_judge(solo_group
     assert found["status"] == "ok", found["reason"]
     dsink = [c for c in found["checks"] if c["tensor"] == "dsink"]
     assert len(dsink) == 1 and dsink[0]["kernel_units"] is None and dsink[0]["kernel_passed"] is None
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_kernel_rule_lets_dk_and_dv_grow_with_the_query_heads_a_kv_head(solo_group):
+    """PyTorch's CPU flash op rounds each query head's dK/dV before summing a GQA group: at 128 query heads a
+    K/V head its correct dk read 12.6 eps in fp16 (1024 tokens) and failed a flat bound of 8; dk and dv get
+    8 * sqrt(128). At 512 tokens dv reads 9.2."""
+    spec = resolve(CaseSpec.from_dict({**_spec("fp16").to_dict(), "seqlen": 512, "heads": 128, "kv_heads": 1,
+                                       "head_dim": 64, "causal": False}))
+    found = check.verify_case(spec, device=torch.device("cpu"), group=solo_group)
+    assert found["status"] == "ok", found["reason"]
+    worst = max((c for c in found["checks"] if c["tensor"] in ("dk", "dv")), key=lambda c: c["kernel_units"])
+    assert worst["kernel_units"] > tolerance.KERNEL_UNITS  # over the flat bound ...
+    assert worst["kernel_units"] <= tolerance.kernel_limit(worst["tensor"], 128)  # ... within the group's
+    assert tolerance.kernel_limit("dq", 128) == tolerance.KERNEL_UNITS

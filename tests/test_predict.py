@@ -872,8 +872,7 @@ def test_an_emulated_rank_pays_the_copies_that_stand_for_its_collectives():
     # A kernel of another device: the calibration's rule, whose fix offers only what it can price (the case
     # rule offered every CUDA kernel, most of them then refused as not calibrated).
     (("--gpu", "H100", "--kernel", "cpu"), "kernel 'cpu' is not in the calibration of NVIDIA H100 80GB HBM3, which "
-                                           "holds flash-attn-4, torch-flash; pass --kernel with one of them, or "
-                                           "calibrate cpu with ringbench calibrate --kernel cpu"),
+                                           "holds flash-attn-4, torch-flash; pass --kernel with one of them"),
 ])
 def test_predict_refuses_what_no_calibrated_kernel_or_peak_takes(tmp_path, args, says):
     """A GPU with no peak in the case's dtype (V100 in bf16) was a traceback; --kernel auto priced fp64 or a

@@ -96,7 +96,7 @@ def test_report_junit_round_trip_counts_and_messages(tmp_path):
     assert cases[0].get("name") == "zigzag W=2 S=16k H=32/8 D=128 bf16 causal cpu"
     assert list(cases[0]) == []  # a pass has no child element
     failure = cases[1].find("failure").get("message")
-    assert failure.startswith("2 of 3 tensors over allowance")
+    assert failure.startswith("2 of 3 tensors failed")
     assert "dq: err 3.000e-03 > allowed 1.000e-03" in failure
     assert "dk: err nan > allowed 1.000e-03 (non-finite values)" in failure
     assert "out:" not in failure
@@ -257,3 +257,18 @@ def test_report_run_table_marks_an_emulated_run_and_its_efficiency_as_the_bound(
     assert any(line.startswith("emulated: one process played every rank") for line in lines), text
     text = _render(report.print_run_table, [real])
     assert "emulated" not in text and "≤" not in text and "0.988" in text
+
+
+def test_report_a_kernel_rule_failure_says_why_in_the_note_and_the_junit_message():
+    """A tensor within the max rule that fails the kernel rule read 'FAIL' with an empty note, and the JUnit
+    message said 'over allowance: dk: within the max rule'."""
+    from ringbench.present.report import _check_notes, _failure_message
+
+    bad = {"tensor": "dk", "err": 4e-2, "allowed": 8e-2, "ratio": 0.5, "finite": True, "dtype_ok": True,
+           "shape_ok": True, "passed": False, "kernel_units": 12.6, "kernel_passed": False}
+    good = {**bad, "tensor": "dq", "passed": True, "kernel_units": 0.6, "kernel_passed": True}
+    assert _check_notes(bad) == "the kernel alone is 12.6 eps off float64, over the kernel rule's limit"
+    assert _check_notes(good) == ""
+    message = _failure_message({"checks": [good, bad], "status": "fail"})
+    assert message == ("1 of 2 tensors failed: dk: within the max rule (the kernel alone is 12.6 eps off float64, "
+                       "over the kernel rule's limit)"), message

@@ -393,11 +393,16 @@ class Calibration:
         if name == "auto":
             return next(iter(self.kernels.values()))
         if name not in self.kernels:
+            from ringbench.variants.kernels import KERNELS  # imports torch; a refusal only
+
             offer = runs or list(self.kernels)
             which = f" (those {gpu} runs)" if len(offer) < len(self.kernels) else ""
+            kernel = KERNELS.get(name)
+            # Only a kernel of the calibration's device can be calibrated into it.
+            calibrable = kernel is not None and kernel.device_type in (self.device_type, "any")
+            more = f", or calibrate {name} with ringbench calibrate --kernel {name}" if calibrable else ""
             raise SpecError(f"kernel {name!r} is not in the calibration of {self.device}, which holds "
-                            f"{', '.join(offer)}{which}; pass --kernel with one of them, or calibrate {name} with "
-                            f"ringbench calibrate --kernel {name}")
+                            f"{', '.join(offer)}{which}; pass --kernel with one of them{more}")
         return self.kernels[name]
 
     def kernel_ms(self, kernel: str, call: Call, shape: Shape, which: str = "mid") -> float:

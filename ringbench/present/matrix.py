@@ -93,8 +93,8 @@ def cell_text(cell: Optional[Cell], *, short: bool = False) -> str:
     if cell.klass == "mismatch":
         ratio = (cell.worst or {}).get("ratio")
         what = f"{cell.worst['tensor']} ×{_times(ratio)}" if ratio is not None and ratio > 1 else "failed"
-        if ratio is not None and ratio > 1 and cell.worst.get("rule") == "blocks":
-            what += " blocks"  # over the block-decomposition rule's allowance, not the max rule's
+        if ratio is not None and ratio > 1 and cell.worst.get("rule") in ("blocks", "kernel"):
+            what += f" {cell.worst['rule']}"  # over the block-decomposition or kernel rule, not the max rule
         return what if short else f"mismatch {what}"
     if short:
         return refusal_topic(cell.reason) if cell.klass == "unsupported" else cell.klass

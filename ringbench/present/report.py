@@ -246,6 +246,9 @@ def _check_notes(check: dict) -> str:
     if check.get("shadow_passed") is False:
         notes.append(f"block-decomposition ratio {ratio_text(check.get('shadow_ratio'))} over 1: precision lost "
                      "in a merge or a sum")
+    if check.get("kernel_passed") is False:
+        notes.append(f"the kernel alone is {number(check.get('kernel_units'), '.3g')} eps off float64, over the "
+                     "kernel rule's limit")
     return ", ".join(notes)
 
 
@@ -537,8 +540,7 @@ def _failure_message(record: dict) -> str:
                 f"{number(c.get('allowed'), '.3e')}" if over_max else f"{text(c.get('tensor'))}: within the max rule")
         notes = _check_notes(c)
         parts.append(f"{part} ({notes})" if notes else part)
-    return f"{len(bad)} of {plural(len(record.get('checks') or []), 'tensor')} over allowance: " + \
-        "; ".join(parts)
+    return f"{len(bad)} of {plural(len(record.get('checks') or []), 'tensor')} failed: " + "; ".join(parts)
 
 
 def write_junit(records: list[dict], path: Path | str) -> None:

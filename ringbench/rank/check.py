@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from ringbench.rank import sink_pad as extras
 from ringbench.rank import max_logit_check
-from ringbench.rank.tolerance import (KERNEL_UNITS, TENSORS, kernel_check, max_rule_passed, no_shadow,
+from ringbench.rank.tolerance import (TENSORS, kernel_check, max_rule_passed, no_shadow,
                                       shadow_check, tolerance_check)
 from ringbench.rank.setup import CaseSetup, Results, bias_of, case_setup, sink_logits
 from ringbench.records import cp_reasons
@@ -558,8 +558,9 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         terms = shadow.terms if shadow is not None else (None,) * len(TENSORS)
         checks = [tolerance_check(n, g, s, r, *e, world_size=world_size, terms=t)
                   for n, g, s, r, e, t in zip(TENSORS, gathered, single, ref, expected, terms)]
+        groups = q.shape[2] // k.shape[2]  # query heads a K/V head
         for c, r in zip(checks, ref):
-            c.update(kernel_check(c, r, dtype))
+            c.update(kernel_check(c, r, dtype, groups))
             c["passed"] = c["passed"] and c["kernel_passed"] is not False
         if shadow is None:
             why = "a peer's own engine" if variant.peer else "none of them runs in ringbench's engines"
@@ -587,8 +588,8 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
                                                           world_size))
     if checks is not None:  # d sink, d bias and the max logit have no kernel rule: null, as the contract says
         for c in checks:
-            c.setdefault("kernel_units", None)
-            c.setdefault("kernel_passed", None)
+            for field in ("kernel_units", "kernel_limit", "kernel_passed"):
+                c.setdefault(field, None)
     box = [checks]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0,
                                group=group)
@@ -601,11 +602,12 @@ def verify_case(spec: CaseSpec, *, device: torch.device, group=None) -> dict:
         reasons.append("over the tolerance or malformed: " + ", ".join(failed))
     if drifted:
         reasons.append("off the variant's own block decomposition (merged in float64): " + ", ".join(drifted))
-    off = [f"{c['tensor']} ({c['kernel_units']:.3g} eps)" for c in checks if c.get("kernel_passed") is False]
+    off = [f"{c['tensor']} ({c['kernel_units']:.3g} eps, limit {c['kernel_limit']:.3g})"
+           for c in checks if c.get("kernel_passed") is False]
     if off:
-        reasons.append(f"the {kernel.name} kernel alone on one device is off float64 by more than {KERNEL_UNITS:g} "
-                       f"eps of {spec.dtype} at the tensor's scale, so the max rule, which scales with that error, "
-                       "cannot vouch for the variant: " + ", ".join(off))
+        reasons.append(f"the {kernel.name} kernel alone on one device is off float64 by more than the kernel rule's "
+                       f"limit in eps of {spec.dtype} at the tensor's scale, so the max rule, which scales with that "
+                       "error, cannot vouch for the variant: " + ", ".join(off))
     if active is False:
         reasons.append(f"changing one rank's K/V left the other rank's output unchanged, so "
                        f"context parallelism was not active at world size {world_size}")

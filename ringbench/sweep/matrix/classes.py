@@ -25,12 +25,15 @@ def _worst(checks: list[dict], *, failing: bool = False) -> Optional[dict]:
     """The check with the largest error over its allowance: ``{"tensor", "ratio", "rule"}``.
 
     ``rule`` is ``max`` (verify's max rule, ``ratio``) or, among ``failing`` checks, ``blocks``
-    where the block-decomposition rule (``shadow_ratio``) is the one the check failed by more.
+    where the block-decomposition rule (``shadow_ratio``) or ``kernel`` where the kernel rule
+    (``kernel_units`` over ``kernel_limit``) is the one the check failed by more.
     """
     def excess(c: dict) -> tuple[float, str]:
         top = (_ratio(c.get("ratio"), c.get("finite", True)), "max")
         if failing and c.get("shadow_passed") is False:
             top = max(top, (_ratio(c.get("shadow_ratio")), "blocks"))
+        if failing and c.get("kernel_passed") is False and c.get("kernel_limit"):
+            top = max(top, (_ratio(c["kernel_units"] / c["kernel_limit"]), "kernel"))
         return top
 
     if not checks:
