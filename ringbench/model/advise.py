@@ -251,7 +251,7 @@ def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target,
     from ringbench.errors import SpecError
 
     cluster = tgt.cluster(world_size)
-    walked: dict[Any, tuple] = {}
+    walked_key, walked = None, None  # the case whose programs are held, and its programs
     priced: dict = {}  # the programs' segments and prices, shared by the kernels and placements of a case
     with _collector_paused():
         for i, c in enumerate(cands):
@@ -271,12 +271,12 @@ def advise(cands: list[Candidate], *, build: Callable[[dict], Any], tgt: Target,
                 continue
             spec = spec.replace(kernel=c.fields["kernel"])
             key = spec.replace(kernel="auto")
-            if key not in walked:  # one walk of the plans serves every kernel and placement of a case
-                walked.clear()
+            if key != walked_key:  # one walk of the plans serves every kernel and placement of a case
                 priced.clear()
-                walked[key] = schedule.programs(spec)
+                walked = None  # the last case's programs freed before the next walk, not after it
+                walked_key, walked = key, schedule.programs(spec)
             fields = predict_case(spec, calibration=tgt.calibration, kernel=spec.kernel, cluster=cluster,
-                                  place=c.placement or "ulysses-inner", programs=walked[key], cache=priced)
+                                  place=c.placement or "ulysses-inner", programs=walked, cache=priced)
             from ringbench.records.build import build as build_record
 
             c.record = build_record(spec, run_id=tgt.run_id, status="ok", fields=fields, env=tgt.env())

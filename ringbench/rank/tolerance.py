@@ -67,14 +67,15 @@ def floor_for(dtype: torch.dtype, ref_max: float, world_size: int = 1, terms: in
 def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: torch.Tensor,
                     expected_dtype: torch.dtype, expected_shape: tuple, world_size: int = 1,
                     floor: float = 0.0, single_ref: torch.Tensor | None = None,
-                    terms: int | None = None) -> dict:
+                    terms: int | None = None, kernel_rule: tuple[torch.dtype, int] | None = None) -> dict:
     """Apply the tolerance rule to one tensor and return its check entry (docs/contracts.md).
 
     A result of the wrong shape is a failed check with infinite error, not an exception.
     ``floor`` raises the error floor to at least that; ``single_ref`` is what ``single`` is
     measured against where that is not ``ref`` (``d sink``: each against what its own out and
     lse imply, see ``sink_pad_check.references``); ``terms`` the most partial results met in one
-    element (:func:`floor_for`).
+    element (:func:`floor_for`); ``kernel_rule``: the case's dtype and query heads a K/V head, to
+    apply :func:`kernel_check` too (its fields added, ``passed`` only if it passes).
     """
     dtype_ok = got.dtype == expected_dtype
     shape_ok = tuple(got.shape) == tuple(expected_shape) == tuple(ref.shape)
@@ -98,7 +99,7 @@ def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: tor
     floor = max(floor, floor_for(expected_dtype, ref_max, world_size, terms))
     allowed = ERR_FACTOR * err_single + floor
     ok_err = err == err and err <= allowed  # err == err is False for nan
-    return {
+    entry = {
         "tensor": name,
         "err": err,
         "err_single": err_single,
@@ -113,6 +114,10 @@ def tolerance_check(name: str, got: torch.Tensor, single: torch.Tensor, ref: tor
         "passed": bool(ok_err and finite and dtype_ok and shape_ok),
         "dtype": str(got.dtype).replace("torch.", ""),
     }
+    if kernel_rule is not None:
+        entry.update(kernel_check(name, err_single, ref_max, *kernel_rule))
+        entry["passed"] = entry["passed"] and entry["kernel_passed"] is not False
+    return entry
 
 
 def kernel_limit(tensor: str, groups: int = 1) -> float:
@@ -123,31 +128,23 @@ def kernel_limit(tensor: str, groups: int = 1) -> float:
     return KERNEL_UNITS * (math.sqrt(groups) if tensor in ("dk", "dv") else 1.0)
 
 
-def kernel_check(check: dict, ref: torch.Tensor, dtype: torch.dtype, groups: int = 1) -> dict:
-    """The kernel rule for one attention check entry (docs/verify.md): the single run's error
-    (``check["err_single"]``) against float64 ``ref``, in eps of the case's ``dtype`` at ``ref``'s
-    largest finite magnitude, at most :func:`kernel_limit` (``groups``: query heads a K/V head). The max
-    rule scales with that error, so a kernel that is wrong the same way on one device and in the ring
-    passes it; this bound does not move with the kernel. bf16 and fp16 only: in fp32 the sums over the
-    keys carry roundings that grow with the sequence (a correct kernel read up to 346 eps), and fp64 is
-    the reference's own precision.
+def kernel_check(tensor: str, err_single: float, ref_max: float, dtype: torch.dtype, groups: int = 1) -> dict:
+    """The kernel rule for one attention tensor (docs/verify.md): the single run's error ``err_single``
+    against float64, in eps of the case's ``dtype`` at ``ref_max`` (the float64 tensor's largest finite
+    magnitude), at most :func:`kernel_limit` (``groups``: query heads a K/V head). The max rule scales with
+    that error, so a kernel that is wrong the same way on one device and in the ring passes it; this bound
+    does not move with the kernel. bf16 and fp16 only: in fp32 the sums over the keys carry roundings that
+    grow with the sequence (a correct kernel read up to 346 eps), and fp64 is the reference's own precision.
 
     Returns:
         ``{"kernel_units": float | None, "kernel_limit": float | None, "kernel_passed": bool | None}``
-        (the error and its bound in eps), None where the rule does
-        not apply (fp32, fp64, a malformed result, which fails the max rule already, or a tensor
+        (the error and its bound in eps), None where the rule does not apply (fp32, fp64, or a tensor
         below :data:`KERNEL_MIN_SCALE`).
     """
-    skip = {"kernel_units": None, "kernel_limit": None, "kernel_passed": None}
-    if dtype not in (torch.bfloat16, torch.float16) or not check["shape_ok"]:
-        return skip
-    ref = ref.double()
-    finite = ref[torch.isfinite(ref)]
-    scale = float(finite.abs().max()) if finite.numel() else 0.0
-    if scale < KERNEL_MIN_SCALE:
-        return skip
-    units = check["err_single"] / (torch.finfo(dtype).eps * scale)
-    limit = kernel_limit(check["tensor"], groups)
+    if dtype not in (torch.bfloat16, torch.float16) or ref_max < KERNEL_MIN_SCALE:
+        return {"kernel_units": None, "kernel_limit": None, "kernel_passed": None}
+    units = err_single / (torch.finfo(dtype).eps * ref_max)
+    limit = kernel_limit(tensor, groups)
     return {"kernel_units": units, "kernel_limit": limit, "kernel_passed": bool(units <= limit)}
 
 
