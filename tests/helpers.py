@@ -546,3 +546,99 @@ class CliRunPool:
         cases = wanted[module]
         return {"result": result, "records": [records.get(c.case_id()) for c in cases],
                 "printed": [[r for r in printed if r.get("case_id") == c.case_id()] for c in cases]}
+
+
+# --------------------------------------------------------------------------- emulation against a gloo run
+
+def doc_offsets(docs: list[int]) -> list[int]:
+    """The offsets of packed documents of these lengths (cu_seqlens as a list: 0, then each end)."""
+    out = [0]
+    for d in docs:
+        out.append(out[-1] + d)
+    return out
+
+
+class Sharding:
+    """How a case's tensors are cut into the ranks' shards and put back (batch or packed documents)."""
+
+    def __init__(self, name: str, world_size: int, ulysses_degree: int, options: dict, docs: list[int] | None):
+        from ringbench.variants import get_variant
+
+        self.variant = get_variant(name)
+        self.layout = options.get("layout") or self.variant.layout
+        self.degree = self.variant.layout_degree(world_size, ulysses_degree)
+        self.world_size, self.cu = world_size, doc_offsets(docs) if docs else None
+
+    def cut(self, t, rank: int):
+        from ringbench.variants.engines import layouts
+
+        if self.cu is None:
+            part = layouts.shard(t, self.layout, rank, self.world_size, ulysses_degree=self.degree)
+        else:
+            part = layouts.shard_varlen(t, self.cu, self.layout, rank, self.world_size,
+                                        by_document=self.variant.shard_by_document, ulysses_degree=self.degree)
+        return part.detach().contiguous()
+
+    def join(self, parts: list, dim: int = 1):
+        from ringbench.variants.engines import layouts
+
+        if self.cu is None:
+            return layouts.unshard(parts, self.layout, dim=dim, ulysses_degree=self.degree)
+        moved = [p.movedim(dim, 1) for p in parts]
+        return layouts.unshard_varlen(moved, self.cu, self.layout, by_document=self.variant.shard_by_document,
+                                      ulysses_degree=self.degree).movedim(1, dim)
+
+
+#: (name, variant, options, docs): the engines whose collectives emulation replaces, at W = 4.
+GLOO_CASES = [
+    ("llama3-stride1", "llama3", {"heads_k_stride": 1}, None),
+    ("llama3_varlen-balanced", "llama3_varlen", {"layout": "balanced"}, [16, 32, 16]),
+    ("ulysses", "ulysses", {}, None),
+    ("ulysses_varlen", "ulysses_varlen", {}, [10, 30, 24]),
+    ("usp-U2", "usp", {"ulysses_degree": 2}, None),
+]
+
+
+def real_and_emulated(out_dir: str) -> None:
+    """This rank of a real gloo run (the default process group) of every GLOO_CASES case, then the same
+    rank emulated in the same process; out, lse, dq and the bytes of both go to ``out_dir/rank{rank}.pt``.
+    Every rank of the session's pooled launch of four ranks runs it (``tests/dist/verify_cases.py``) for
+    ``tests/test_emulation.py``."""
+    import torch
+    import torch.distributed as dist
+
+    from ringbench.variants import get_variant, instruments
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    found = {}
+    for key, name, options, docs in GLOO_CASES:
+        gen = torch.Generator().manual_seed(5)
+        whole = [torch.randn(1, 64, h, 8, generator=gen) for h in (4, 2, 2, 4)]  # fp32 q, k, v, dout
+        cut = Sharding(name, world_size, options.get("ulysses_degree", 0), options, docs)
+        shards = [[cut.cut(t, r) for t in whole] for r in range(world_size)]
+        q, k, v, dout = shards[rank]
+
+        def call():  # a new cu_seqlens tensor each time, so each run checks it (and counts that all-gather)
+            cu = {"cu_seqlens": torch.tensor(doc_offsets(docs), dtype=torch.int32)} if docs else {}
+            return {**options, **cu}
+
+        with instruments.open(traffic=True) as real:
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            out, lse = get_variant(name).attention(q, k, v, causal=True, kernel="math", **call())
+            out.backward(dout)
+            dq = q.grad
+            for t in (q, k, v):
+                t.grad = None
+                t.requires_grad_(False)
+        with instruments.open(traffic=True) as emulated_bytes, \
+                instruments.open(emulation=instruments.Emulation(rank, world_size, shards)):
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            e_out, e_lse = get_variant(name).attention(q, k, v, causal=True, kernel="math", **call())
+            e_out.backward(dout)
+        found[key] = {"out": out.detach(), "lse": lse, "dq": dq, "emulated_out": e_out.detach(), "emulated_lse": e_lse,
+                      "emulated_dq": q.grad,
+                      "bytes": real.traffic.bytes_sent, "emulated_bytes": emulated_bytes.traffic.bytes_sent}
+    torch.save(found, Path(out_dir) / f"rank{rank}.pt")
+    dist.barrier()

@@ -23,53 +23,20 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from helpers import attention_fp64, pool_cli_run, pool_verify_batches, scenario_text_cases
+from helpers import (GLOO_CASES, Sharding, attention_fp64, doc_offsets, pool_cli_run, pool_verify_batches,
+                     scenario_text_cases)
 from ringbench.case.spec import CaseSpec, default_fields, validate
 from ringbench.variants import get_variant, instruments
-from ringbench.variants.engines import layouts
 from ringbench.variants.engines.sinks import apply_sink
 
 D = 8
-
-
-def _offsets(docs: list[int]) -> list[int]:
-    out = [0]
-    for d in docs:
-        out.append(out[-1] + d)
-    return out
 
 
 def _inputs(heads: int, kv_heads: int, seqlen: int, dv: int = D, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(1, seqlen, h, d, generator=gen, dtype=torch.float64)
                  for h, d in ((heads, D), (kv_heads, D), (kv_heads, dv), (heads, dv)))
-
-
-class Layout:
-    """How a case's tensors are cut into the ranks' shards and put back (batch or packed documents)."""
-
-    def __init__(self, name: str, world_size: int, ulysses_degree: int, options: dict, docs: list[int] | None):
-        self.variant = get_variant(name)
-        self.layout = options.get("layout") or self.variant.layout
-        self.degree = self.variant.layout_degree(world_size, ulysses_degree)
-        self.world_size, self.cu = world_size, _offsets(docs) if docs else None
-
-    def cut(self, t: torch.Tensor, rank: int) -> torch.Tensor:
-        if self.cu is None:
-            part = layouts.shard(t, self.layout, rank, self.world_size, ulysses_degree=self.degree)
-        else:
-            part = layouts.shard_varlen(t, self.cu, self.layout, rank, self.world_size,
-                                        by_document=self.variant.shard_by_document, ulysses_degree=self.degree)
-        return part.detach().contiguous()
-
-    def join(self, parts: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
-        if self.cu is None:
-            return layouts.unshard(parts, self.layout, dim=dim, ulysses_degree=self.degree)
-        moved = [p.movedim(dim, 1) for p in parts]
-        return layouts.unshard_varlen(moved, self.cu, self.layout, by_document=self.variant.shard_by_document,
-                                      ulysses_degree=self.degree).movedim(1, dim)
 
 
 def emulate(name: str, shards: list[list[torch.Tensor]], *, backward: bool = True, **options):
@@ -149,13 +116,13 @@ def test_emulation_out_lse_and_dq_of_every_engine_equal_fp64_attention(key, devi
         else None
     window = options.get("window")
     q.requires_grad_(True)
-    cu = _offsets(docs) if docs else None
+    cu = doc_offsets(docs) if docs else None
     want, want_lse = attention_fp64(q, k, v, scale=D ** -0.5, causal=True, cu_seqlens=cu,
                                     window=(window - 1, 0) if window else None)
     if sink is not None:
         want, want_lse = apply_sink(want, want_lse, sink)
     want.backward(dout)
-    cut = Layout(name, world_size, degree, options, docs)
+    cut = Sharding(name, world_size, degree, options, docs)
     shards = [[cut.cut(t, r).to(device) for t in (q, k, v, dout)] for r in range(world_size)]
     if degree:
         options["ulysses_degree"] = degree
@@ -180,7 +147,7 @@ def test_emulation_copies_what_depends_on_other_ranks_work():
     that transposition the emulated outputs are not attention's; and an unknown all-gather input
     (not a view of a starting tensor) is copied, not invented."""
     q, k, v, dout = _inputs(4, 2, 64)
-    cut = Layout("ulysses", 4, 0, {}, None)
+    cut = Sharding("ulysses", 4, 0, {}, None)
     shards = [[cut.cut(t, r) for t in (q, k, v, dout)] for r in range(4)]
     results, _ = emulate("ulysses", shards, backward=False)
     want, _ = attention_fp64(q, k, v, scale=D ** -0.5, causal=True)
@@ -248,56 +215,8 @@ def test_emulate_case_counts_the_bytes_a_real_rank_sends(solo_group, changes):
 
 # --------------------------------------------------------------------------- against a real run, on gloo
 
-#: (name, variant, options, docs): the engines whose collectives emulation replaces, at W = 4.
-GLOO_CASES = [
-    ("llama3-stride1", "llama3", {"heads_k_stride": 1}, None),
-    ("llama3_varlen-balanced", "llama3_varlen", {"layout": "balanced"}, [16, 32, 16]),
-    ("ulysses", "ulysses", {}, None),
-    ("ulysses_varlen", "ulysses_varlen", {}, [10, 30, 24]),
-    ("usp-U2", "usp", {"ulysses_degree": 2}, None),
-]
-
-
-def real_and_emulated(out_dir: str) -> None:
-    """This rank of a real gloo run (the default process group) of every GLOO_CASES case, then the same
-    rank emulated in the same process; out, lse, dq and the bytes of both go to ``out_dir/rank{rank}.pt``.
-    Every rank of the session's pooled launch of four ranks runs it (``tests/dist/verify_cases.py``)."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    found = {}
-    for key, name, options, docs in GLOO_CASES:
-        gen = torch.Generator().manual_seed(5)
-        whole = [torch.randn(1, 64, h, D, generator=gen) for h in (4, 2, 2, 4)]  # fp32 q, k, v, dout
-        cut = Layout(name, world_size, options.get("ulysses_degree", 0), options, docs)
-        shards = [[cut.cut(t, r) for t in whole] for r in range(world_size)]
-        q, k, v, dout = shards[rank]
-
-        def call():  # a new cu_seqlens tensor each time, so each run checks it (and counts that all-gather)
-            return {**options, **({"cu_seqlens": torch.tensor(_offsets(docs), dtype=torch.int32)} if docs else {})}
-
-        with instruments.open(traffic=True) as real:
-            for t in (q, k, v):
-                t.requires_grad_(True)
-            out, lse = get_variant(name).attention(q, k, v, causal=True, kernel="math", **call())
-            out.backward(dout)
-            dq = q.grad
-            for t in (q, k, v):
-                t.grad = None
-                t.requires_grad_(False)
-        with instruments.open(traffic=True) as emulated_bytes, \
-                instruments.open(emulation=instruments.Emulation(rank, world_size, shards)):
-            for t in (q, k, v):
-                t.requires_grad_(True)
-            e_out, e_lse = get_variant(name).attention(q, k, v, causal=True, kernel="math", **call())
-            e_out.backward(dout)
-        found[key] = {"out": out.detach(), "lse": lse, "dq": dq, "emulated_out": e_out.detach(), "emulated_lse": e_lse,
-                      "emulated_dq": q.grad,
-                      "bytes": real.traffic.bytes_sent, "emulated_bytes": emulated_bytes.traffic.bytes_sent}
-    torch.save(found, Path(out_dir) / f"rank{rank}.pt")
-    dist.barrier()
-
-
 def _gloo_batches(world_size: int, with_slow: bool) -> dict:
-    """:func:`real_and_emulated` as a case of the session's pooled launch of four ranks (``helpers.VerifyPool``),
+    """``helpers.real_and_emulated`` as a case of the session's pooled launch of four ranks (``helpers.VerifyPool``),
     where it had four spawned processes of its own; its test is slow. The ranks' files go to a new folder."""
     if world_size != 4 or not with_slow:
         return {}
@@ -412,10 +331,10 @@ def test_side_stream_merges_give_the_in_line_results_on_cuda(name, options, monk
     world_size, seqlen = 4, 2048
     torch.manual_seed(0)
     q, k, v, dout = (torch.randn(1, seqlen, h, 64, device="cuda", dtype=torch.bfloat16) for h in (8, 2, 2, 8))
-    cut = Layout(name, world_size, 0, options, docs)
+    cut = Sharding(name, world_size, 0, options, docs)
     shards = [[cut.cut(t, r) for t in (q, k, v, dout)] for r in range(world_size)]
     if docs:
-        options["cu_seqlens"] = torch.tensor(_offsets(docs), dtype=torch.int32, device="cuda")
+        options["cu_seqlens"] = torch.tensor(doc_offsets(docs), dtype=torch.int32, device="cuda")
     got = {}
     for side in ("1", "0"):
         monkeypatch.setenv("RINGBENCH_SIDE_MERGE", side)

@@ -19,7 +19,7 @@ pooled likewise): its ``kind`` (``verify`` or ``bad_cu``) runs and is recorded a
 it, rank 0 on two threads as there. A case with ``"script": "timing"`` (``tests/test_timing.py``'s) runs
 ``tests/dist/timing_loop.py``'s loop on every rank (``iters``, ``min_time_ms``) and records every rank's result
 as ``ranks``, in rank order. A case with ``"script": "emulation"`` (``tests/test_emulation.py``'s) runs that
-module's ``real_and_emulated`` on every rank, which writes each rank's tensors to the case's ``out`` folder.
+``helpers.real_and_emulated`` on every rank, which writes each rank's tensors to the case's ``out`` folder.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def _verify(case: dict) -> dict | None:
     if kind == "timing":
         return _every_rank(timing_loop.budget(case["iters"], case["min_time_ms"]))
     if kind == "emulation":
-        import test_emulation  # tests/ is on sys.path (tests/dist/cases.py puts it there)
+        from helpers import real_and_emulated  # tests/ is on sys.path (tests/dist/cases.py puts it there)
 
-        test_emulation.real_and_emulated(case["out"])
+        real_and_emulated(case["out"])
         return None
     fields = verify_case(CaseSpec.from_dict(case["spec"]), device=torch.device("cpu"))
     return {"verdict": fields.pop("status"), **fields}
