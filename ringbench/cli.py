@@ -512,6 +512,12 @@ def _prediction_target(case: dict, *, gpu, calibration, cluster, gpus_per_node, 
 MEASURING = ("emulate", "profile", "iters", "warmup", "min_time_ms", "flush_l2")
 
 
+def _listed(case: dict, key: str) -> list:
+    """A case option's values as a list (a repeatable option gives one, a single one its value; none: [])."""
+    given = case.get(key) or []
+    return given if isinstance(given, list) else [given]
+
+
 def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     """The cases of predict's options at every world size asked, built as run builds them, for the
     target, and the model's refusals of the others (``schedule.refusal``: a peer, a mask an engine's
@@ -532,12 +538,11 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
                         f"{case['device']} --out FILE there, then --calibration FILE)")
     if "variant" not in case:
         raise SpecError(build._no_variant_message("run").split(", or --scenario")[0])
-    biases = [b for b in (case.get("bias") if isinstance(case.get("bias"), list) else [case.get("bias")]) if b]
-    if biases:  # before the cases are built, so that no rule of the bias's own speaks first ("" or none: no bias)
+    biases = [b for b in _listed(case, "bias") if b]  # "" (or none): no bias
+    if biases:  # before the cases are built, so that no rule of the bias's own speaks first
         raise SpecError(schedule.bias_refusal(biases[0]))
-    kernels = case.get("kernel") or []
-    for name in kernels if isinstance(kernels, list) else [kernels]:  # the calibration's rule first: its fix
-        tgt.kernel(name)                                                 # offers only the kernels it can price
+    for name in _listed(case, "kernel"):  # the calibration's rule first: its fix offers only what it can price
+        tgt.kernel(name)
     cases = []
     for w in world_sizes(case.pop("world_size", None), tgt):
         given = {**case, "world_size": [w], "device": device}
@@ -667,12 +672,8 @@ def predict(
         if not against:  # before the masks' own rules: no seqlen they offer makes a mask priced
             from ringbench.model.schedule import engine_mask_refusal
 
-            def listed(key):
-                given = case.get(key) or []
-                return given if isinstance(given, list) else [given]
-
-            for text in listed("mask"):  # refused here only where no variant given prices it
-                reasons = [engine_mask_refusal(text, v) for v in listed("variant")]
+            for text in _listed(case, "mask"):  # refused here only where no variant given prices it
+                reasons = [engine_mask_refusal(text, v) for v in _listed(case, "variant")]
                 if reasons and all(reasons):
                     raise SpecError(reasons[0])
         options.check_given(case)
