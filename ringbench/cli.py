@@ -726,9 +726,11 @@ def _against(paths: List[Path], case: dict, *, bound, gpu, calibration, cluster,
     measured = check.measured_records(paths)
     if latest:
         measured = check.latest(measured)
-    rows = check.compare(measured.records, target_of=lambda rec: check.record_target(
+    from ringbench.present.predict import labelled, print_against
+
+    rows = labelled(measured.records, check.compare(measured.records, target_of=lambda rec: check.record_target(
         rec, gpu=gpu, calibrations=calibration or (), cluster_file=cluster, gpus_per_node=gpus_per_node, nodes=nodes,
-        fabric=fabric))
+        fabric=fabric)))
     reason = check.none_predicted(rows, paths)
     if reason:
         raise SpecError(reason)
@@ -737,8 +739,6 @@ def _against(paths: List[Path], case: dict, *, bound, gpu, calibration, cluster,
     if json_out:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"summary": summary}) + "\n")
     else:
-        from ringbench.present.predict import print_against
-
         print_against(rows, summary, Console())
     if summary["other_gpu"]:  # after the table, beside the summary it qualifies
         _note(summary["other_gpu"])

@@ -182,19 +182,19 @@ def record_target(rec: dict, *, gpu: Optional[str] = None, calibrations: Sequenc
 
 
 def compare(records: list[dict], *, target_of: Callable[[dict], Any] = record_target) -> list[dict]:
-    """One row per record: ``label``, ``source``, ``variant``, ``case_id``, ``measured_ms``,
+    """One row per record, in the records' order: ``source``, ``variant``, ``case_id``, ``measured_ms``,
     ``emulated``, then ``predicted_ms``, ``error``, ``path`` (the prediction's shares of its time
     in compute, overhead, exposed communication and waiting) and ``calibration``, or ``refused:
     true`` and ``reason`` (one sentence) for a record the model cannot predict. ``target_of(rec)``
-    gives the target of a record (default :func:`record_target`)."""
+    gives the target of a record (default :func:`record_target`). A presenter names each row's case
+    (``present.predict.labelled``)."""
     from ringbench.case.fields import CaseSpec
     from ringbench.model import schedule
     from ringbench.model.predict import predict_case
-    from ringbench.present.report import case_label
 
     rows, targets = [], {}
     for rec in records:
-        row = {"label": case_label(rec), "source": rec.get("_source"), "variant": rec["spec"].get("variant"),
+        row = {"source": rec.get("_source"), "variant": rec["spec"].get("variant"),
                "case_id": rec.get("case_id"), "measured_ms": rec["time_ms"], "emulated": bool(rec.get("emulated"))}
         try:
             try:

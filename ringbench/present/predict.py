@@ -61,6 +61,14 @@ def efficiency_cell(value) -> str:
     return number(value, ".3f") + ("*" if value is not None and value > 1 else "")
 
 
+def labelled(records: list[dict], rows: list[dict]) -> list[dict]:
+    """``model.against.compare``'s rows of ``records`` (one a record, in order), each with its case's
+    ``label`` first (``report.case_label``)."""
+    from ringbench.present.report import case_label
+
+    return [{"label": case_label(rec), **row} for rec, row in zip(records, rows, strict=True)]
+
+
 def _what_differs(records: list[dict]) -> list[str]:
     """Per record, the words of its case label (``case_label``: seqlen, heads, mask, window, documents...)
     that not every record shares, less what the variant cell shows: so rows of one variant under

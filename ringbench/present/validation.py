@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 from ringbench.model.against import Bound
 from ringbench.model.predict import MEDIAN_BOUND, VALIDATED
+from ringbench.present.predict import labelled
 from ringbench.variants import plural
 
 #: The checkout's root (this file is ringbench/present/validation.py).
@@ -121,7 +122,7 @@ def run_records(check: RecordCheck, root: Path = ROOT, target_of: Optional[Calla
     measured = against.measured_records([root / f for f in check.files])
     if check.latest:
         measured = against.latest(measured)
-    rows = against.compare(measured.records, target_of=target_of or against.record_target)
+    rows = labelled(measured.records, against.compare(measured.records, target_of=target_of or against.record_target))
     for row in rows:
         row["file"] = str(Path(row["source"]).relative_to(root))
         row["bounded"] = not row.get("refused") and (check.bounded is None or check.bounded(row))
