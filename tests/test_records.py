@@ -45,7 +45,8 @@ def test_records_written_before_the_restructure_load_with_the_same_case_id(name)
             # spread of the timing (issue 25) came after these records.
             later = {"peak_tflops", "peak_source", "per_rank_busy_ms", "busy_imbalance", "profile", "time_ms_p20",
                      "time_ms_p80", "per_rank_time_ms_p20", "per_rank_time_ms_p80", "timed_iters",
-                     "ref_time_ms_p20", "ref_time_ms_p80", "ref_timed_iters", "l2_flush_bytes"}
+                     "ref_time_ms_p20", "ref_time_ms_p80", "ref_timed_iters", "l2_flush_bytes",
+                     "per_rank_ref_time_ms"}
             assert set(records.RUN_FIELDS) - later <= record.keys()
     frame = results.load(DATA / name)
     assert len(frame) == len(old) and "spec.seqlen" in frame.columns

@@ -98,7 +98,33 @@ def test_timing_run_records_the_spread_and_the_counts_at_world_sizes_1_and_2(cli
         assert all(lo <= mid <= hi for lo, mid, hi in zip(lows, mids, highs))
         assert (r["time_ms_p20"], r["time_ms"], r["time_ms_p80"]) == (max(lows), max(mids), max(highs))
         assert r["ref_time_ms_p20"] <= r["ref_time_ms"] <= r["ref_time_ms_p80"]
+        assert len(r["per_rank_ref_time_ms"]) == w and r["ref_time_ms"] in r["per_rank_ref_time_ms"]
         assert r["l2_flush_bytes"] is None
+
+
+def _ranks(ref_ms: list[float], flops: list[float] | None = None):
+    from ringbench.rank.bench import RankMeasure
+
+    return [RankMeasure(time_ms=1.0, time_ms_p20=1.0, time_ms_p80=1.0, ref_time_ms=ms, ref_time_ms_p20=ms,
+                        ref_time_ms_p80=ms, timed_iters=1, ref_timed_iters=1, bytes_sent=0, bytes_received=0,
+                        peak_allocated_gib=None, peak_reserved_gib=None, l2_flush_bytes=None,
+                        ref_flops=(flops or [1.0] * len(ref_ms))[i], profile=None, cuda_graph=False,
+                        cuda_graph_note="")
+            for i, ms in enumerate(ref_ms)]
+
+
+@pytest.mark.parametrize("ref_ms, flops, want", [
+    # One rank's reference 2.4x slow (the H200's emulated W=8 at 2k tokens per rank): the median stands.
+    ([0.31, 0.32, 0.30, 0.31, 0.33, 0.31, 0.75, 0.32], None, 0.31),
+    ([0.5, 2.0], None, 0.5),  # of two, the faster: the efficiency is not raised by the slower
+    ([4.0], None, 4.0),
+    # Shares of different work (llama3_varlen's pieces): by rate, with the rank's own time.
+    ([1.0, 3.0, 2.0], [1.0, 6.0, 3.0], 2.0),  # rates 1, 2 and 1.5 TFLOP/s: the middle one
+])
+def test_timing_the_reference_is_the_rank_at_the_median_rate_not_the_slowest(ref_ms, flops, want):
+    from ringbench.rank.bench import reference_rank
+
+    assert reference_rank(_ranks(ref_ms, flops)).ref_time_ms == want
 
 
 @pytest.mark.parametrize("args, message", [

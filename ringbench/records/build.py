@@ -22,7 +22,7 @@ PASSING = ("ok", "skipped")
 #: The measurement fields of a run record (units in their names: ms, GiB, GiB/s).
 RUN_FIELDS = ("time_ms", "time_ms_p20", "time_ms_p80", "per_rank_time_ms", "per_rank_time_ms_p20",
               "per_rank_time_ms_p80", "timed_iters", "imbalance", "flops_per_gpu", "tflops_per_gpu", "ref_time_ms",
-              "ref_time_ms_p20", "ref_time_ms_p80", "ref_timed_iters", "ref_tflops", "efficiency",
+              "ref_time_ms_p20", "ref_time_ms_p80", "per_rank_ref_time_ms", "ref_timed_iters", "ref_tflops", "efficiency",
               "peak_allocated_gib", "peak_reserved_gib", "l2_flush_bytes", "bytes_sent", "bytes_received",
               "bus_gib_s", "peak_tflops", "peak_source", "per_rank_busy_ms", "busy_imbalance", "profile")
 #: The name of the exception class that means out of memory (torch.cuda.OutOfMemoryError is
