@@ -19,6 +19,14 @@ def install_hint(extra: str) -> str:
     return f"pip install -e '.[{extra}]' from the root of the ringbench checkout"
 
 
+def unreadable(exc: OSError | UnicodeDecodeError) -> str:
+    """Why a file could not be read, in a few words for a refusal: the system's reason, or that it is
+    not UTF-8 text (a binary file given where a text one goes)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "it is not UTF-8 text"
+    return exc.strerror or type(exc).__name__
+
+
 class RingbenchError(ValueError):
     """Anything ringbench refuses. The message is one sentence: what, the value, the rule and the fix."""
 

@@ -1043,12 +1043,21 @@ def test_predict_help_says_what_device_world_size_and_cuda_graph_mean_in_a_predi
     (("predict", "--variant", "zigzag", "--gpu", "missing.json"),
      "calibration 'missing.json' cannot be read (No such file or directory); pass --gpu with a GPU of the peaks "
      "table (H100, A100...) or a file ringbench calibrate wrote"),
-], ids=["calibrate-out", "predict-out", "gpu-file"])
+    (("predict", "--variant", "zigzag", "--cluster", "binary.toml"),
+     "cluster file 'binary.toml' cannot be read (it is not UTF-8 text); pass --cluster with a readable TOML file"),
+    (("predict", "--variant", "zigzag", "--gpu", "binary.json"),
+     "calibration 'binary.json' cannot be read (it is not UTF-8 text); pass --gpu with a GPU of the peaks table "
+     "(H100, A100...) or a file ringbench calibrate wrote"),
+    (("predict", "--against", "binary.json"),
+     "against 'binary.json' cannot be read (it is not UTF-8 text); pass --against with a .jsonl file of run records"),
+], ids=["calibrate-out", "predict-out", "gpu-file", "binary-cluster", "binary-gpu", "binary-against"])
 def test_calibration_and_prediction_files_are_refused_with_their_own_fix(tmp_path, args, says):
     """calibrate --out offered compare.md as its example, and a --gpu file that was not there said
-    "pass --calibration"."""
+    "pass --calibration"; a binary file given for a text one came out as a UnicodeDecodeError traceback."""
     (tmp_path / "taken.json").mkdir()
     (tmp_path / "taken.jsonl").mkdir()
+    for name in ("binary.toml", "binary.json"):
+        (tmp_path / name).write_bytes(b"\x00\xff\xfe")
     res = ringbench_here(*args, cwd=tmp_path)
     assert res.returncode == 2, res.stdout + res.stderr
     assert " ".join(res.stderr.split()) == says

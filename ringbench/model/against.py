@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ringbench.errors import SpecError
+from ringbench.errors import SpecError, unreadable
 from ringbench.variants import plural
 
 
@@ -111,8 +111,8 @@ def measured_records(paths: Sequence[Path]) -> Measured:
     for path in paths:
         try:
             lines = Path(path).read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise SpecError(f"against {str(path)!r} cannot be read ({exc.strerror or type(exc).__name__}); pass "
+        except (OSError, UnicodeDecodeError) as exc:
+                raise SpecError(f"against {str(path)!r} cannot be read ({unreadable(exc)}); pass "
                             "--against with a .jsonl file of run records") from None
         for line in lines:
             if not line.strip():

@@ -59,7 +59,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
-from ringbench.errors import SpecError
+from ringbench.errors import SpecError, unreadable
 
 FORMAT = "ringbench-calibration"
 #: The schema ``ringbench calibrate`` writes; :data:`READS` the ones this ringbench reads.
@@ -512,9 +512,9 @@ def load(path: Path, option: str = "--calibration") -> Calibration:
     where = repr(str(path))
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         alternative = "a GPU of the peaks table (H100, A100...) or " if option == "--gpu" else ""
-        raise SpecError(f"calibration {where} cannot be read ({exc.strerror or type(exc).__name__}); pass "
+        raise SpecError(f"calibration {where} cannot be read ({unreadable(exc)}); pass "
                         f"{option} with {alternative}a file ringbench calibrate wrote") from None
     except json.JSONDecodeError as exc:
         raise SpecError(f"calibration {where} is not JSON ({exc.msg} at line {exc.lineno}); pass a file "

@@ -36,7 +36,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from ringbench.errors import SpecError
+from ringbench.errors import SpecError, unreadable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -221,9 +221,9 @@ def load_cluster(path: Path) -> dict[str, Any]:
     where = f"cluster file {str(path)!r}"
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"{where} cannot be read ({exc.strerror or type(exc).__name__}); pass --cluster with a "
-                        "readable TOML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{where} cannot be read ({unreadable(exc)}); pass --cluster with a readable TOML file"
+                        ) from None
     raw = _read_toml(text, where)
     unknown = sorted(set(raw) - _CLUSTER_KEYS)
     if unknown:

@@ -36,7 +36,7 @@ def load(path: Path) -> dict:
     """
     try:
         table = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise SpecError(f"published table {str(path)!r} cannot be read ({exc}); pass a TOML file such as "
                         "results/reference/published-ring-flash-attn-8xh800/table.toml") from None
     missing = [k for k in ("source", "gpu", "world_size", "kernel", "shape") if k not in table]
