@@ -13,6 +13,7 @@ Exit codes: 0 every case passed, 1 a case failed (compare: a case regressed), 2 
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import json
 import sys
@@ -664,6 +665,24 @@ def predict(
 ) -> None:
     """Predict a variant's time, throughput, memory and traffic on a cluster, from a calibration; runs nothing."""
     from ringbench.model.against import Bound
+    from ringbench.sweep import fit
+
+    def target_of(given: dict):
+        return _prediction_target(given, gpu=gpu, calibration=calibration, cluster=cluster,
+                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
+
+    before = copy.deepcopy(case)
+
+    def offer_refused(seqlen: int) -> Optional[str]:
+        """Why predict's checks refuse its options with ``--seqlen seqlen`` (``fit.naming``), so that a
+        seqlen a rule offers is held to every rule of the case, as run's and verify's are."""
+        at = {**copy.deepcopy(before), "seqlen": [seqlen]}
+
+        def check() -> None:
+            options.check_given(at)
+            _predicted_cases(at, target_of(at))
+
+        return fit.naming(seqlen, check)
 
     with _usage_errors():
         if case.get("rotate") and not against:  # before check_given, which would point at torch_cp
@@ -676,7 +695,8 @@ def predict(
                 reasons = [engine_mask_refusal(text, v) for v in _listed(case, "variant")]
                 if reasons and all(reasons):
                     raise SpecError(reasons[0])
-        options.check_given(case)
+        with fit.offers_held(offer_refused):
+            options.check_given(case)
         if against:
             if out is not None:
                 raise SpecError("--out does not go with --against, which writes no records; drop --out")
@@ -691,9 +711,9 @@ def predict(
                 raise SpecError(f"--out {str(out)!r} must end in .jsonl, the records' format; pass --out such as "
                                 "results/predicted.jsonl")
             options.check_output("--out", out, (), example="results/predicted.jsonl")
-        tgt = _prediction_target(case, gpu=gpu, calibration=calibration, cluster=cluster,
-                                 gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
-        cases, refused = _predicted_cases(case, tgt)
+        with fit.offers_held(offer_refused):
+            tgt = target_of(case)
+            cases, refused = _predicted_cases(case, tgt)
     records = [_predict_record(spec, tgt, placement) for spec in cases]
     if out is not None:
         from ringbench.records.store import append_record

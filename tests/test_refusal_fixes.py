@@ -338,6 +338,25 @@ def test_a_seqlen_a_refusal_offers_passes_every_rule_of_the_case(args, offered):
     assert _check(followed, task="verify") is None
 
 
+@pytest.mark.parametrize("args, offered", [
+    # 16386 splits the answers, zigzag over 8 ranks needs a multiple of 16: 16416 takes both.
+    (["--mask", "shared-prefix:4k,answers=5"], 16416),
+    (["--mask", "shared-prefix:4k,answers=7", "--world-size", "2", "--seqlen", "4k"], 4124),
+])
+def test_predict_offers_a_seqlen_every_rule_of_the_case_takes(args, offered):
+    """`predict --variant zigzag --gpu H100 --mask shared-prefix:4k,answers=5` offered 16386, which zigzag
+    refused offering 16400, which the answers refused again: predict now holds its offers to every rule, as
+    run and verify do."""
+    from helpers import ringbench_here
+
+    result = ringbench_here("predict", "--variant", "zigzag", "--gpu", "H100", *args, cwd=Path.cwd())
+    message = " ".join(result.stderr.split())
+    assert result.returncode == 2 and f"pass --seqlen {offered} or another P or A" in message, message
+    followed = [a for a in args if a not in ("--seqlen", "4k")] + ["--seqlen", str(offered)]
+    again = ringbench_here("predict", "--variant", "zigzag", "--gpu", "H100", "--json", *followed, cwd=Path.cwd())
+    assert again.returncode == 0, again.stderr
+
+
 def test_refusal_of_a_mask_onto_a_scenario_window_names_the_scenarios_window():
     """verify --scenario smoke --mask causal said 'mask causal and window 100 do not go together ...; pass one
     of them', as if the user had given the window: the scenario set it, so the sentence says so and the fix is

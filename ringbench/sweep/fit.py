@@ -55,35 +55,52 @@ def refusal(task: str, given: dict[str, Any], seqlen: int, *, scenario: Optional
     from ringbench.sweep import build
 
     given = {**copy.deepcopy(given), "seqlen": [seqlen]}
-    try:
+
+    def check() -> None:
         options.check_given(given)
         nnodes, _ = options.check_nodes(*nodes)
         model = given.pop("hf_model", None)
         machine = ("cpu", 0) if given.get("device") == "cpu" else None
         build.cases_for(task, given, scenario=scenario, model=model, nnodes=nnodes, resolve_kernels=False,
                         machine=machine)
+
+    return naming(seqlen, check)
+
+
+def naming(seqlen: int, check: Callable[[], object]) -> Optional[str]:
+    """Why ``check()`` refuses, where its sentence names ``seqlen``, or ``None``: a refusal that does not
+    name it is another option's, which no seqlen fixes, and counts as none, as does a case that cannot
+    run on this machine."""
+    try:
+        check()
+    except Unavailable:  # not the seqlen's doing
+        return None
     except SpecError as exc:
         reason = exc.args[0] if exc.args else str(exc)
         return reason if re.search(rf"\b{seqlen}\b", str(reason)) else None
-    except Unavailable:  # not the seqlen's doing
-        return None
     return None
 
 
-@contextlib.contextmanager
 def offers_checked(task: str, given: dict[str, Any], *, scenario: Optional[str] = None,
-                   nodes: tuple = (None, None, None, None)) -> Iterator[None]:
+                   nodes: tuple = (None, None, None, None)):
     """Around a command's checks: a refusal offering a seqlen that another of the checks refuses
     is raised again offering the nearest seqlen that every check takes (or, with none near, the
     rule's fix that needs no seqlen). ``given``: the command's case options, copied on entry."""
     before = copy.deepcopy(given)
+    return offers_held(lambda s: refusal(task, before, s, scenario=scenario, nodes=nodes))
+
+
+@contextlib.contextmanager
+def offers_held(refused: Callable[[int], Optional[str]]) -> Iterator[None]:
+    """Around checks: a refusal offering a seqlen that ``refused(seqlen)`` (every check with that seqlen,
+    as :func:`naming` reads it) refuses is raised again offering the :func:`nearest` seqlen that passes."""
     try:
         yield
     except SpecError as exc:
         offer = exc.args[0] if exc.args else None
         if not isinstance(offer, SeqlenOffer):
             raise
-        fit = nearest(offer.seqlen, lambda s: refusal(task, before, s, scenario=scenario, nodes=nodes))
+        fit = nearest(offer.seqlen, refused)
         if fit == offer.seqlen:
             raise
         raise SpecError(offer.offering(fit)) from None

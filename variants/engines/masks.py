@@ -413,8 +413,10 @@ def rule(text: str, seqlen: int) -> str | None:
         rest = seqlen - p
         if rest < a or rest % a:
             fit = p + (max(rest, 0) // a + 1) * a
-            return SeqlenOffer(f"mask {text} needs the {max(rest, 0)} tokens after the prompt to split into {a} "
-                               f"answers of equal length, which seqlen {seqlen} does not give",
+            need = (f"has a prompt of {p} tokens, which leaves seqlen {seqlen} no tokens for its {a} answers"
+                    if rest <= 0 else f"needs the {rest} tokens after the prompt to split into {a} answers of "
+                    f"equal length, which seqlen {seqlen} does not give")
+            return SeqlenOffer(f"mask {text} {need}",
                                lambda s: f"pass --seqlen {s} or another P or A", fit, "pass another P or A")
     if name == "global" and plain[0] >= seqlen:
         return (f"mask {text} has {plain[0]} global tokens, not fewer than seqlen {seqlen}; pass a G below the "
