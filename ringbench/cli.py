@@ -635,7 +635,7 @@ def predict(
     fabric: Optional[str] = _FABRIC,
     cluster: Optional[Path] = _CLUSTER,
     calibration: Optional[List[Path]] = _CALIBRATION,
-    placement: str = typer.Option("ulysses-inner", "--placement", metavar="ulysses-inner|ring-inner", help=PLACEMENT_HELP, show_default=False,
+    placement: Optional[str] = typer.Option(None, "--placement", metavar="ulysses-inner|ring-inner", help=PLACEMENT_HELP, show_default=False,
                                   parser=options.ValueType("text", _placement)),
     json_out: bool = typer.Option(False, "--json", help="Print one predicted record per line (predicted: true) on "
                                   "stdout instead of the table."),
@@ -645,7 +645,7 @@ def predict(
                                                  "for several files. Other lines are counted as left out, and records "
                                                  "the model cannot predict (peers...) are listed with the reason. The "
                                                  "case options are not taken with it. Exit 1 past the bounds."),
-    bound: float = typer.Option(0.08, "--bound", metavar="PERCENT", help="With --against: the largest error allowed "
+    bound: Optional[float] = typer.Option(None, "--bound", metavar="PERCENT", help="With --against: the largest error allowed "
                                 "for any record, a percentage such as 8%. Default: 8%.", show_default=False,
                                 parser=options.ValueType("percent", _bound)),
     median_bound: Optional[float] = typer.Option(None, "--median-bound", metavar="PERCENT", help="With --against: the "
@@ -666,6 +666,7 @@ def predict(
     """Predict a variant's time, throughput, memory and traffic on a cluster, from a calibration; runs nothing."""
     from ringbench.model.against import Bound
     from ringbench.sweep import fit
+    from ringbench.variants import get_variant
 
     def target_of(given: dict):
         return _prediction_target(given, gpu=gpu, calibration=calibration, cluster=cluster,
@@ -700,10 +701,11 @@ def predict(
         if against:
             if out is not None:
                 raise SpecError("--out does not go with --against, which writes no records; drop --out")
-            _against(against, case, bound=Bound(bound, median_bound, min_records), gpu=gpu, calibration=calibration,
+            _against(against, case, bound=Bound(0.08 if bound is None else bound, median_bound, min_records), gpu=gpu, calibration=calibration,
                      cluster=cluster, gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric, json_out=json_out,
                      latest=latest)
-        for name, value in (("median-bound", median_bound), ("min-records", min_records), ("latest", latest or None)):
+        for name, value in (("bound", bound), ("median-bound", median_bound), ("min-records", min_records),
+                            ("latest", latest or None)):
             if value is not None:
                 raise SpecError(f"--{name} bounds the check of --against, which is not given; drop --{name}")
         if out is not None:
@@ -714,7 +716,13 @@ def predict(
         with fit.offers_held(offer_refused):
             tgt = target_of(case)
             cases, refused = _predicted_cases(case, tgt)
-    records = [_predict_record(spec, tgt, placement) for spec in cases]
+        if placement is not None and not any(get_variant(spec.variant).ulysses == "option" for spec in cases):
+            from ringbench.variants.rules import listed
+
+            names = list(dict.fromkeys(spec.variant for spec in cases))
+            raise SpecError(f"--placement {placement} places the Ulysses and ring groups of a hybrid such as usp, and "
+                            f"{listed(names)} {'has' if len(names) == 1 else 'have'} none; drop --placement")
+    records = [_predict_record(spec, tgt, placement or PLACEMENTS[0]) for spec in cases]
     if out is not None:
         from ringbench.records.store import append_record
 

@@ -154,7 +154,12 @@ def test_against_cli_prints_each_error_and_exits_1_past_the_bound(measured_file)
     (["--against", "runs.jsonl", "--out", "p.jsonl"], "--out does not go with --against"),
     (["--against", "runs.jsonl", "--min-records", "0"], "min-records 0 must be 1 or more"),
     (["--against", "runs.jsonl", "--median-bound", "three"], "is not a percentage"),
-], ids=["median-alone", "min-alone", "latest-alone", "out-suffix", "out-against", "min-zero", "median-word"])
+    (["--variant", "zigzag", "--gpu", "H100", "--bound", "5%"], "--bound bounds the check of --against"),
+    (["--variant", "zigzag", "--variant", "stripe", "--gpu", "H100", "--placement", "ring-inner"],
+     "--placement ring-inner places the Ulysses and ring groups of a hybrid such as usp, and zigzag and stripe have "
+     "none; drop --placement"),
+], ids=["median-alone", "min-alone", "latest-alone", "out-suffix", "out-against", "min-zero", "median-word",
+        "bound-alone", "placement-no-hybrid"])
 def test_predict_refuses_bad_against_and_out_options_in_one_sentence(tmp_path, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)
     res = _invoke("predict", *args)
