@@ -241,7 +241,12 @@ def _write(path, text):
     ("gpus_per_node = 0\n", "gpus_per_node 0 must be a whole number of 1 or more"),
     ("[fabric.mine]\nclass = \"intra-node\"\ngb_s = 10.0\nlatency_us = 1.0\n", "has no source"),
     ("[fabric.mine]\nclass = \"between\"\ngb_s = 10.0\nlatency_us = 1.0\nsource = \"x\"\n", "has class 'between'"),
-], ids=["unknown-key", "bad-toml", "unknown-link", "wrong-class", "zero-gpus", "no-source", "bad-class"])
+    # The GPU's own row laid over by one of another class: it was taken as the intra-node link at 1 GB/s.
+    ("nodes = 2\n[fabric.nvlink4]\nclass = \"inter-node\"\ngb_s = 1.0\nlatency_us = 5.0\nsource = \"x\"\n",
+     "fabric row 'nvlink4', the intra-node link of H100, has class 'inter-node'; give it class 'intra-node', or "
+     "name another row as intra"),
+], ids=["unknown-key", "bad-toml", "unknown-link", "wrong-class", "zero-gpus", "no-source", "bad-class",
+        "own-row-wrong-class"])
 def test_predict_refuses_a_bad_cluster_file_in_one_sentence(tmp_path, body, words):
     path = _write(tmp_path / "cluster.toml", body)
     res = ringbench_here("predict", "--variant", "zigzag", "--gpu", "H100", "--cluster", str(path), cwd=tmp_path)

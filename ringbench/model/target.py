@@ -141,18 +141,29 @@ def target(*, gpu: Optional[str], calibrations: list[Path], cluster_file: Option
         intra = link(a, table, link_class="intra-node")
         inter = link(b, table, link_class="inter-node") if b else None
     intra = intra or given.get("intra") or _measured(calibration, "intra-node") or _default(
-        info.intra if info and info.intra else None, DEFAULT_INTRA, table, name)
+        info.intra if info and info.intra else None, DEFAULT_INTRA, table, name, "intra-node", cluster_file)
     inter = inter or given.get("inter") or _measured(calibration, "inter-node") or _default(
-        info.inter if info and info.inter else None, DEFAULT_INTER, table, name)
+        info.inter if info and info.inter else None, DEFAULT_INTER, table, name, "inter-node", cluster_file)
     return Target(name, info, calibration, gpus_per_node or given.get("gpus_per_node"),
                   nodes or given.get("nodes"), intra, inter, uuid.uuid4().hex)
 
 
-def _default(own: Optional[str], fallback: str, table: dict, gpu: str) -> Link:
-    """The GPU's own fabric row, or ``fallback``'s, titled as assumed (a cpu calibration has no link)."""
+def _default(own: Optional[str], fallback: str, table: dict, gpu: str, link_class: str,
+             cluster_file: Optional[Path] = None) -> Link:
+    """The GPU's own fabric row, or ``fallback``'s, titled as assumed (a cpu calibration has no link).
+
+    Raises:
+        SpecError: the row is of another class than ``link_class`` (a cluster file's row of that name
+            laid over the shipped one).
+    """
+    row = link(own or fallback, table)
+    if row.link_class != link_class:
+        key = "intra" if link_class == "intra-node" else "inter"
+        raise SpecError(f"cluster file {str(cluster_file)!r}: fabric row {own or fallback!r}, the {link_class} link of "
+                        f"{gpu}, has class {row.link_class!r}; give it class {link_class!r}, or name another row as "
+                        f"{key}")
     if own:
-        return link(own, table)
-    row = link(fallback, table)
+        return row
     fix = "--fabric INTRA" if row.link_class == "intra-node" else "--fabric INTRA,INTER"
     return replace(row, title=f"{row.title}, assumed: no {row.link_class} link is known for {gpu}; pass {fix}")
 
