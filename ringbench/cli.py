@@ -527,6 +527,8 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     from ringbench.case.spec import kernel_refusal
     from ringbench.model.target import world_sizes
     from ringbench.sweep import build
+    from ringbench.variants import get_variant
+    from ringbench.variants.kernels import KERNELS
 
     for name in MEASURING:
         if case.get(name) is not None and case[name] is not False:  # 0 too: --warmup 0 still measures
@@ -544,11 +546,21 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
         raise SpecError(schedule.bias_refusal(biases[0]))
     for name in _listed(case, "kernel"):  # the calibration's rule first: its fix offers only what it can price
         tgt.kernel(name)
+    # Built with auto, then each kernel asked for held to the kernels' rules with the calibration's kernels as
+    # the fixes' choices: a fix naming a kernel the calibration lacks would only be refused next.
+    kernels = _listed(case, "kernel") or ["auto"]
+    calibrated = {name: KERNELS[name] for name in tgt.kernels() if name in KERNELS}
     cases = []
     for w in world_sizes(case.pop("world_size", None), tgt):
-        given = {**case, "world_size": [w], "device": device}
+        given = {**case, "kernel": ["auto"], "world_size": [w], "device": device}
         built, _ = build.build_cases("run", None, given, machine=(device, w), resolve_kernels=False)
-        cases += built
+        for spec in built:
+            for name in kernels:
+                if name != "auto":
+                    reason = get_variant(spec.variant).check_kernel(name) or kernel_refusal(spec, name, calibrated)
+                    if reason:
+                        raise SpecError(reason)
+                cases.append(spec.replace(kernel=name))
     kept, refused = [], []
     for spec in cases:
         reason = schedule.refusal(spec)
@@ -559,7 +571,7 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
         if spec.kernel == "auto":
             # auto: the first calibrated kernel that the GPU runs and that takes the case, as run's auto takes
             # the first available one.
-            reasons = {name: kernel_refusal(spec, name) for name in tgt.kernels()}
+            reasons = {name: kernel_refusal(spec, name, calibrated) for name in tgt.kernels()}
             takes = [name for name, why in reasons.items() if why is None]
             if not takes:
                 refused.append(next(iter(reasons.values())))

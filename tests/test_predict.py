@@ -863,8 +863,14 @@ def test_an_emulated_rank_pays_the_copies_that_stand_for_its_collectives():
                         "--calibration FILE)"),
     (("--gpu", "H100", "--dtype", "fp64"), "dtype fp64 is not supported by the flash-attn-4 kernel, which takes bf16 "
                                            "and fp16; pass --dtype bf16"),
+    # No calibrated kernel takes it: no --kernel is offered (math would be, and is not in the calibration).
     (("--gpu", "H100", "--head-dim", "512"), "head_dim 512 exceeds 256, the largest the flash-attn-4 kernel takes; "
-                                             "pass another --head-dim or --kernel"),
+                                             "pass another --head-dim"),
+    (("--gpu", "H100", "--head-dim", "100", "--kernel", "torch-flash"),
+     "head_dim 100 is not a multiple of 8, which the torch-flash kernel needs; pass another --head-dim"),
+    (("--gpu", "H100", "--head-dim-v", "64", "--kernel", "torch-flash"),
+     "head_dim_v 64 differs from head_dim 128, which the torch-flash kernel cannot take (it needs one head dim for q, "
+     "k and v); pass another --head-dim-v, or --kernel flash-attn-4"),
     # Another device than the calibration's: how to make a calibration of it.
     (("--gpu", "H100", "--device", "cpu"), "device 'cpu' is not the calibration's (cuda, measured 2026-12-07 by "
                                            "ringbench calibrate on NVIDIA H100 80GB HBM3); drop --device, or pass a "

@@ -201,7 +201,7 @@ def test_check_fields_refuses_heads_before_the_ulysses_degree():
     ({"world_size": 4}, 2, r"^world_size 4 exceeds the 2 visible GPUs; pass --world-size 2 or fewer$"),
     ({}, 0, r"^device cuda needs a visible GPU and none is visible; run on a GPU machine or pass --device cpu$"),
     ({"head_dim": 300}, 2, r"^head_dim 300 exceeds 256, the largest the torch-flash kernel takes; pass another "
-                           r"--head-dim or --kernel$"),
+                           r"--head-dim, or --kernel math$"),
     ({"head_dim": 100}, 2, r"^head_dim 100 is not a multiple of 8, which the torch-flash kernel needs"),
     ({"dtype": "fp32"}, 2, r"^dtype fp32 is not supported by the torch-flash kernel, which takes bf16 and fp16; "
                            r"pass --dtype bf16$"),

@@ -345,7 +345,7 @@ def test_kernels_auto_says_why_no_kernel_fits():
      r"^kernel 'cpu' runs on cpu, not cuda; pass --kernel with one of "
      + re.escape(", ".join(n for n, k in KERNELS.items() if k.device_type in ("cuda", "any"))) + " or auto$"),
     ({"name": "torch-flash", "device_type": "cuda", "head_dim": 300},
-     r"^head_dim 300 exceeds 256, the largest the torch-flash kernel takes; pass another --head-dim or --kernel$"),
+     r"^head_dim 300 exceeds 256, the largest the torch-flash kernel takes; pass another --head-dim, or --kernel math$"),
     ({"name": "torch-flash", "device_type": "cuda", "dtype": torch.float32},
      r"^dtype fp32 is not supported by the torch-flash kernel, which takes bf16 and fp16; pass --dtype bf16$"),
     ({"name": "nope", "device_type": "cpu"},

@@ -306,10 +306,11 @@ def _named_kernel(name: str):
         raise SpecError(str(exc)) from None
 
 
-def kernel_refusal(spec: CaseSpec, name: str) -> str | None:
+def kernel_refusal(spec: CaseSpec, name: str, kernels=None) -> str | None:
     """Why the kernel ``name`` cannot take ``spec``'s device, head dim, dtype, packed documents, window,
     mask, bias or max logit (``variants.kernels.check_kernel``'s rules, the ones ``auto`` resolves
-    by), in one sentence, or None."""
+    by), in one sentence, or None. ``kernels``: the registry its fix names kernels from (default
+    every kernel; predict passes the calibration's)."""
     import torch
 
     from ringbench.variants.kernels import check_kernel
@@ -317,7 +318,8 @@ def kernel_refusal(spec: CaseSpec, name: str) -> str | None:
     return check_kernel(_named_kernel(name), spec.device, dtype=getattr(torch, DTYPES[spec.dtype]),
                         head_dim=spec.head_dim, head_dim_v=spec.value_head_dim(),
                         varlen=get_variant(spec.variant).varlen, window=bool(spec.window),
-                        mask=masks.label(spec.mask) if spec.mask else "", bias=spec.bias, max_logit=spec.max_logit)
+                        mask=masks.label(spec.mask) if spec.mask else "", bias=spec.bias, max_logit=spec.max_logit,
+                        kernels=kernels)
 
 
 def _check_kernel(spec: CaseSpec, kernel) -> None:

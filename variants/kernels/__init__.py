@@ -198,9 +198,8 @@ class Kernel:
         this kernel, or ``None`` when it is fine."""
         if head_dim_v is not None and head_dim_v != head_dim:
             if not self.head_dim_v:
-                takers = ", ".join(n for n, k in KERNELS.items() if k.head_dim_v)
                 return (f"head_dim_v {head_dim_v} differs from head_dim {head_dim}, which the {self.name} kernel "
-                        f"cannot take (it needs one head dim for q, k and v); kernels that can: {takers}")
+                        "cannot take (it needs one head dim for q, k and v)")
             reason = self.check_head_dim(head_dim_v)
             if reason:
                 return reason.replace("head_dim", "head_dim_v", 1)
@@ -345,7 +344,11 @@ def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None 
     if head_dim is not None:
         reason = kernel.check_head_dim(head_dim, head_dim_v)
         if reason:
-            return f"{reason}; pass another --head-dim{'-v' if 'head_dim_v' in reason else ''} or --kernel"
+            takers = [n for n in kernels_for(device_type, registry)
+                      if n != kernel.name and registry[n].check_head_dim(head_dim, head_dim_v) is None]
+            return (f"{reason}; pass another --head-dim{'-v' if 'head_dim_v' in reason else ''}"
+                    + (f", or --kernel {takers[0]}" if len(takers) == 1 else
+                       f", or --kernel with one of {', '.join(takers)}" if takers else ""))
     if dtype is not None and dtype not in kernel.dtypes:
         taken = [short for d, short in DTYPE_NAMES.items() if d in kernel.dtypes]
         return (f"dtype {DTYPE_NAMES.get(dtype, dtype)} is not supported by the {kernel.name} kernel, which takes "
