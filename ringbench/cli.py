@@ -903,10 +903,13 @@ def advise_command(
     if ranked and all(c.refusal for c in ranked):  # a refusal: no table, no note on a model that priced nothing
         from ringbench.present.predict import refusal_lines
 
-        for line in refusal_lines(ranked):
-            _note(line)
+        if json_out:  # the refused candidates as the help says, then the refusal on stderr
+            sys.stdout.write("".join(json.dumps(adv.entry(c, None)) + "\n" for c in ranked))
+        else:
+            for line in refusal_lines(ranked):
+                _note(line)
         _error(f"every one of the {plural(len(ranked), 'candidate')} is refused at this shape and cluster, so "
-               "nothing was ranked; change what the refusals above name")
+               "nothing was ranked; change what the refusals " + ("on stdout" if json_out else "above") + " name")
         raise typer.Exit(EXIT_USAGE)
     if json_out:
         order = {id(c): i + 1 for i, c in enumerate(c for c in ranked if c.record and c.fits)}

@@ -650,6 +650,11 @@ def test_advise_refuses_a_top_below_one_and_exits_2_when_every_candidate_is_refu
     assert verdict.startswith("every one of the ") and "so nothing was ranked" in verdict
     # A refusal: no table, no verdict on memory, only the refusals (one line per reason) and the verdict.
     assert res.stdout == "" and refusals and all(line.startswith("refused: ") for line in refusals), res.stderr
+    # --json: the refused candidates on stdout, as its help says, and the verdict alone on stderr.
+    res = _advise(tmp_path, "--world-size", "3", "--json")
+    entries = [json.loads(line) for line in res.stdout.splitlines()]
+    assert res.returncode == 2 and len(entries) >= len(refusals) and all(e["refused"] for e in entries), res.stdout
+    assert res.stderr.strip().startswith("every one of the ") and res.stderr.strip().endswith("refusals on stdout name")
 
 
 def test_advise_offers_no_layout_that_needs_a_mask_it_cannot_take():
