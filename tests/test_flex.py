@@ -200,13 +200,14 @@ def _everywhere(registry: dict) -> dict:
 
 def test_flex_is_named_never_picked_by_auto():
     """``auto`` never picks flex (it compiles each block shape on CUDA, and one GPU case fails): flash-attn-4
-    keeps plain causal bf16 and masks (window calls), math takes a bias or fp32; ``--kernel flex`` takes both."""
+    keeps plain causal bf16, masks (window calls) and ALiBi (a score mod), math takes a bias tensor or fp32; ``--kernel flex`` takes both."""
     assert "flex" not in AUTO_ORDER["cuda"] and "flex" not in AUTO_ORDER["cpu"]
     every = _everywhere(KERNELS)
     pick = lambda **rules: resolve_kernel("auto", "cuda", head_dim=128, kernels=every, **rules).name  # noqa: E731
     assert pick(dtype=torch.bfloat16) == "flash-attn-4"
     assert pick(dtype=torch.bfloat16, mask="prefix:512") == "flash-attn-4"
-    assert pick(dtype=torch.bfloat16, bias="alibi") == "math"
+    assert pick(dtype=torch.bfloat16, bias="alibi") == "flash-attn-4"  # its own score mod
+    assert pick(dtype=torch.bfloat16, bias="1hss") == "math"
     assert pick(dtype=torch.float32, mask="prefix:512", bias="1hss") == "math"
     assert resolve_kernel("flex", "cuda", head_dim=128, kernels=every, dtype=torch.bfloat16, bias="alibi").name == "flex"
     assert resolve_kernel("flex", "cpu", dtype=torch.float64, mask="prefix:10", bias="alibi") is FLEX
@@ -220,8 +221,8 @@ def test_flex_is_named_never_picked_by_auto():
                         r"global:G,window:L run on it\); pass --kernel with one of cpu, math or auto$"),
     (dict(max_logit=True), r"^the flex kernel cannot return the per-head max logit \(.*max_scores.*\), which "
                            r"--max-logit needs; pass --kernel math$"),
-    (dict(head_dim=512), r"^head_dim 512 exceeds 256, the largest the flex kernel takes; pass another --head-dim "
-                         r"or --kernel$"),
+    (dict(head_dim=512), r"^head_dim 512 exceeds 256, the largest the flex kernel takes; pass another --head-dim, "
+                         r"or --kernel with one of cpu, math$"),
 ])
 def test_flex_refusals_are_one_sentence_naming_the_value_and_rule(rules, pattern):
     with pytest.raises(ValueError, match=pattern) as caught:
