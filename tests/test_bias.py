@@ -146,7 +146,57 @@ def test_bias_refusals_name_the_value_and_the_rule(fields, message):
 def test_bias_taken_by_the_batch_engines_only():
     takers = sorted(n for n, v in VARIANTS.items() if "bias" in v.options)
     assert takers == sorted(["ring", "zigzag", "stripe", "llama3", "ulysses", "usp"])
-    assert [n for n, k in KERNELS.items() if k.takes_bias] == ["flex", "math"]
+    assert [n for n, k in KERNELS.items() if k.takes_bias] == ["flash-attn-4", "flex", "math"]
+    # flash-attn-4 takes ALiBi alone: its backward gives no gradient for a bias tensor.
+    assert [n for n, k in KERNELS.items() if k.takes("1hss")] == ["flex", "math"]
+    assert [n for n, k in KERNELS.items() if k.takes("alibi")] == ["flash-attn-4", "flex", "math"]
+
+
+def test_bias_a_tensor_on_flash_attn_4_is_refused_naming_the_kernels_that_take_it():
+    from ringbench.variants.kernels import check_kernel
+
+    reason = check_kernel(KERNELS["flash-attn-4"], "cuda", bias="1hss")
+    assert reason.startswith("the flash-attn-4 kernel cannot take bias 1hss (its backward gives no gradient")
+    assert reason.endswith("pass --kernel with one of flex, math or auto")
+    assert check_kernel(KERNELS["flash-attn-4"], "cuda", bias="alibi") is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_bias_alibi_on_flash_attn_4_matches_math_in_float64(layout, causal):
+    """flash-attn-4's ALiBi score mod against the math kernel in float64 on the same positions: a block of
+    a ring step (rows 256 on from 512 contiguously, or every 4th position as stripe deals them, keys
+    likewise), GQA 8/2, forward and backward, within twice the math kernel's own bf16 error plus one bf16
+    unit at the largest reference value (``tests/test_kernels_gpu.py``'s rule)."""
+    from ringbench.variants.kernels.common import PositionBias
+
+    fa4, math_k = KERNELS["flash-attn-4"], KERNELS["math"]
+    reason = fa4.why_unavailable()
+    if reason:
+        pytest.skip(f"kernel flash-attn-4 is unavailable here: {reason}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    s, hq, hkv, d = 384, 8, 2, 128
+    q, k, v, dout = (torch.randn(2, s, h, d, generator=gen, device="cuda") for h in (hq, hkv, hkv, hq))
+    step = 1 if layout == "contiguous" else 4
+    pos = torch.arange(s, device="cuda") * step + (512 if layout == "contiguous" else 3)
+    bias = PositionBias(Bias("alibi", torch.tensor(alibi_slopes(hq), device="cuda")), pos, pos)
+    scale = d ** -0.5
+
+    def run(kernel, dtype):
+        x = [t.to(dtype) for t in (q, k, v, dout)]
+        out, lse = kernel.forward(*x[:3], causal, scale, bias=bias)
+        grads = kernel.backward(x[3], *x[:3], out, lse, causal, scale, bias=bias)
+        return (out, lse, *grads)
+
+    ref, low, got = run(math_k, torch.float64), run(math_k, torch.bfloat16), run(fa4, torch.bfloat16)
+    for name, g, lo, r in zip(("out", "lse", "dq", "dk", "dv"), got, low, ref):
+        err = (g.double() - r).abs().max().item()
+        allowed = 2 * (lo.double() - r).abs().max().item() + torch.finfo(torch.bfloat16).eps * r.abs().max().item()
+        assert err <= allowed, f"{name}: {err:.3e} against {allowed:.3e}"
+    # The bias is there: without it, out moves by far more than the rule.
+    plain = fa4.forward(*(t.to(torch.bfloat16) for t in (q, k, v)), causal, scale)[0]
+    assert (plain.double() - ref[0]).abs().max().item() > 10 * torch.finfo(torch.bfloat16).eps
 
 
 @pytest.mark.parametrize("args, value", [
@@ -184,8 +234,8 @@ def test_bias_predict_refuses_it_in_one_sentence(tmp_path, bias, seqlen):
                           "--world-size", "2", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip() == (f"bias {bias} is not priced by the model yet (no calibration rates a kernel call "
-                                   "with a bias, on flex or math); predict the case without --bias, or measure the "
-                                   "bias with ringbench run")
+                                   "with a bias: flash-attn-4's ALiBi score mod, flex or math); predict the case "
+                                   "without --bias, or measure the bias with ringbench run")
 
 
 def test_bias_a_learnable_tensor_counts_in_the_memory_a_cpu_launch_needs():

@@ -115,6 +115,31 @@ def test_by_slices_one_device_matches_the_dense_float64_mask(text, dtype):
         assert (got.double() - want).abs().max() <= tol * (1 + want.abs().max()), text
 
 
+def test_by_slices_one_device_passes_the_bias_block_to_each_window_call():
+    """The cut under ALiBi (the math kernel taking the window calls, since it takes a bias): every call gets
+    its rows' and keys' block of the bias, so out, lse and the gradients equal the dense mask's with the
+    same bias in float64 (a cut that dropped or shifted the bias would be off by the slopes' distances)."""
+    from ringbench.variants.kernels.common import Bias, PositionBias, alibi_slopes
+
+    torch.manual_seed(0)
+    q, k, v, dout = (torch.randn(1, S, 4, 16, dtype=torch.float64) for _ in range(4))
+    mask, every = masks.build("prefix:40", S), torch.arange(S)
+    bias = PositionBias(Bias("alibi", torch.tensor(alibi_slopes(4), dtype=torch.float64)), every, every)
+    row = [bands.Run(0, 0, 1, S)]
+    math = KERNELS["math"]
+    sliced = masked.Sliced(math, mask, row, row)
+    assert len(sliced.parts) > 1
+    dense = {"mask": masked.PositionMask(every, every, mask.allows, "prefix:40"), "bias": bias}
+    ref_out, ref_lse = math.forward(q, k, v, False, 0.25, **dense)
+    ref_grads = math.backward(dout, q, k, v, ref_out, ref_lse, False, 0.25, **dense)
+    out, lse = sliced.forward(q, k, v, False, 0.25, bias=bias)
+    grads = sliced.backward(dout, q, k, v, out, lse, False, 0.25, bias=bias)
+    for got, want in ((out, ref_out), (lse, ref_lse), *zip(grads, ref_grads)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    plain = sliced.forward(q, k, v, False, 0.25)[0]
+    assert (plain - ref_out).abs().max() > 1e-2
+
+
 BY_SLICES_VARIANTS = ("ring", "zigzag", "stripe", "llama3", "ulysses", "usp", "mask_local_only")
 
 

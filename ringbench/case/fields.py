@@ -575,8 +575,9 @@ class CaseSpec:
                     "(b batch, h heads, s seqlen; 111s is one row of keys broadcast over the queries), drawn from the "
                     "seed (normal * 0.5), whose gradient verify checks too (dbias); composes with --mask, --window and "
                     "--sink; "
-                    "FLOPs unchanged; on the flex and math kernels and the batch variants ring, zigzag, stripe, llama3, "
-                    "ulysses and usp", "", "", default_text="none", label="bias={}", optional=True, parse=NONE_IS_UNSET,
+                    "FLOPs unchanged; on the flex and math kernels (ALiBi on flash-attn-4 too) and the batch variants ring, "
+                    "zigzag, stripe, llama3, ulysses and usp", "", "", default_text="none", label="bias={}", optional=True,
+                    parse=NONE_IS_UNSET,
                     check=_if_set(_check_bias), repeatable=True, metavar="|".join(BIAS_KINDS))
     max_logit: bool = row("also return the per-head maximum logit (TransformerEngine's return_max_logit, the "
                           "quantity QK-clip reads): the largest scaled, masked score (bias included, the sink not) "

@@ -665,8 +665,9 @@ def _own_twin(peer) -> str:
 
 def bias_refusal(bias: str) -> str:
     """Why the model does not price a case with ``bias`` (its ``--bias`` value), in one sentence."""
-    return (f"bias {bias} is not priced by the model yet (no calibration rates a kernel call with a bias, on flex "
-            "or math); predict the case without --bias, or measure the bias with ringbench run")
+    return (f"bias {bias} is not priced by the model yet (no calibration rates a kernel call with a bias: "
+            "flash-attn-4's ALiBi score mod, flex or math); predict the case without --bias, or measure the bias "
+            "with ringbench run")
 
 
 def refusal(spec) -> str | None:

@@ -106,7 +106,7 @@ def kernels_table() -> str:
                 if name in order]
         rows.append(f"| `{name}` | {kernel.device_type} | {dtypes} | {', '.join(rule) or 'any'} "
                     f"| {yes(kernel.varlen)} | {yes(kernel.takes_window)} | {mask} "
-                    f"| {yes(kernel.takes_bias)} | {yes(kernel.head_dim_v)} "
+                    f"| {', '.join(kernel.bias_kinds) if kernel.bias_kinds else yes(kernel.takes_bias)} | {yes(kernel.head_dim_v)} "
                     f"| {yes(kernel.takes_max_logit)} | {yes(not kernel.nondeterministic_backward)} | {', '.join(auto) or '-'} |")
     return "\n".join(rows) + "\n"
 

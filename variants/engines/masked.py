@@ -169,16 +169,17 @@ class Sliced:
         self.parts = tuple(p for q in q_runs for k in k_runs
                            for p in pair_parts(mask, q, k, mask.classify(q, k), by_slices=True))
 
-    def forward(self, q, k, v, causal, scale):
+    def forward(self, q, k, v, causal, scale, bias=None):
         """out ``[B, Sq, Hq, Dv]`` in q's dtype and lse ``[B, Hq, Sq]`` (float32; float64 for float64
-        inputs), as a kernel's; ``causal`` is ignored: the mask decides."""
-        out, lse = attend(self.kernel, q, k, v, self.parts, scale)
+        inputs), as a kernel's; ``causal`` is ignored: the mask decides; ``bias``: the block's
+        ``PositionBias`` or ``None``, each window call taking its part of it."""
+        out, lse = attend(self.kernel, q, k, v, self.parts, scale, bias)
         return out.to(q.dtype), lse
 
-    def backward(self, dout, q, k, v, out, lse, causal, scale):
-        """dq, dk, dv in the inputs' dtypes, as a kernel's."""
-        return tuple(g.to(x.dtype) for g, x in zip(attend_backward(self.kernel, dout, q, k, v, out, lse, self.parts,
-                                                                   scale), (q, k, v)))
+    def backward(self, dout, q, k, v, out, lse, causal, scale, bias=None):
+        """dq, dk, dv in the inputs' dtypes, as a kernel's; ``bias`` as in :meth:`forward`."""
+        grads = attend_backward(self.kernel, dout, q, k, v, out, lse, self.parts, scale, bias)
+        return tuple(g.to(x.dtype) for g, x in zip(grads, (q, k, v)))
 
 
 def pair_parts(mask: masks.Mask, q: bands.Run, k: bands.Run, kind: str, device=None, *,

@@ -37,7 +37,7 @@ window but no mask (flash-attn-4, flash-attn, torch-flash, cpu) gets a mask's pa
 the engines as window calls instead, one per slice of the mask (``Kernel.by_slices``).
 
 A bias (``bias=``, a ``common.PositionBias``, on the kernels with ``Kernel.takes_bias``, batch form
-only: math, and flex as a ``score_mod``) gives the global positions of the call's rows and keys and
+only: math, flex as a ``score_mod``, and flash-attn-4 for ALiBi alone, as its own score mod) gives the global positions of the call's rows and keys and
 the whole-sequence ``common.Bias`` (ALiBi's slopes, or a learnable tensor of TransformerEngine's
 post-scale shapes ``1hss``, ``bhss``, ``11ss``, ``111s``, ``b1ss``); its block is added to the
 scaled scores before the softmax, with causal, a window or a mask alike. Backward adds the call's
@@ -110,6 +110,9 @@ class Kernel:
             (``engines/masked.py``, :attr:`by_slices`).
         takes_bias: forward and backward (batch form) take ``bias=``, a ``common.PositionBias``
             (module docstring); ``no_bias`` says why a kernel does not.
+        bias_kinds: the biases it takes where it takes only some (``("alibi",)``: flash-attn-4,
+            whose backward gives no gradient for a bias tensor); empty: every one, where
+            ``takes_bias``. ``no_bias`` then says why the others do not run.
         takes_max_logit: forward (batch form) takes ``max_logit=``, a ``max_logit.MaxLogit`` it
             raises to each head's largest scaled, masked, biased score (math only);
             ``no_max_logit`` says why a kernel does not.
@@ -147,6 +150,7 @@ class Kernel:
     no_window: str = ""
     takes_mask: bool = False
     takes_bias: bool = False
+    bias_kinds: tuple[str, ...] = ()
     no_bias: str = "ringbench calls it without an additive score bias"
     takes_max_logit: bool = False
     no_max_logit: str = "its op returns out and lse only, never the scores' maximum"
@@ -179,6 +183,10 @@ class Kernel:
     def by_slices(self) -> bool:
         """Whether the engines give it a mask's partial blocks as window calls, one per slice."""
         return self.takes_window and not self.takes_mask
+
+    def takes(self, bias: str) -> bool:
+        """Whether it takes the bias ``bias`` (``alibi`` or a learnable shape, such as ``1hss``)."""
+        return self.takes_bias and (not self.bias_kinds or bias in self.bias_kinds)
 
     @property
     def varlen(self) -> bool:
@@ -238,8 +246,8 @@ KERNELS: dict[str, Kernel] = {
     for k in (
         Kernel("flash-attn-4", "cuda", _HALF, 256, 8, _fa4_forward, _fa4_backward, fa4.unavailable,
                _fa4_forward_varlen, _fa4_backward_varlen, nondeterministic_backward=_NONDET_FA4, head_dim_v=True,
-               takes_window=True, min_sm=90, arch_rule=_ARCH_FA4,
-               version=_fa4_version, notes=fa4.notes),
+               takes_window=True, takes_bias=True, bias_kinds=("alibi",), no_bias=fa4.NO_BIAS, min_sm=90,
+               arch_rule=_ARCH_FA4, version=_fa4_version, notes=fa4.notes),
         Kernel("flash-attn", "cuda", _HALF, 256, 8, _flash_attn_forward, _flash_attn_backward,
                _flash_attn_unavailable, _flash_attn_forward_varlen, _flash_attn_backward_varlen,
                nondeterministic_backward=_NONDET_FLASH_ATTN, version=_flash_attn_version, takes_window=True,
@@ -330,8 +338,8 @@ def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None 
         names = [n for n in kernels_for(device_type, registry) if registry[n].any_mask]
         return (f"the {kernel.name} kernel cannot take mask {mask} (a mask runs as a dense block or as one window "
                 f"call per slice, and {kernel.no_window}); pass --kernel with one of {', '.join(names)} or auto")
-    if bias and not kernel.takes_bias:
-        names = [n for n in kernels_for(device_type, registry) if registry[n].takes_bias]
+    if bias and not kernel.takes(bias):
+        names = [n for n in kernels_for(device_type, registry) if registry[n].takes(bias)]
         return (f"the {kernel.name} kernel cannot take bias {bias} ({kernel.no_bias}); "
                 f"pass --kernel with one of {', '.join(names)} or auto")
     if max_logit and not kernel.takes_max_logit:

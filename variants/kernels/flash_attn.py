@@ -10,7 +10,7 @@ import math
 import torch
 
 from . import fa4
-from .common import Window, _check_shapes, _check_varlen, _cuda_unavailable, _empty_rows_to_neg_inf, band_of
+from .common import Window, _check_shapes, _check_varlen, _cuda_unavailable, _empty_rows_to_neg_inf, band_of, check_bias
 
 
 # --------------------------------------------------------------------------- flash-attn
@@ -102,16 +102,21 @@ def _fa4_window(band: Window | None) -> dict:
     return {} if band is None else {"window_size_left": band[0], "window_size_right": band[1]}
 
 
-def _fa4_forward(q, k, v, causal, softmax_scale, *, window=None):
+def _fa4_forward(q, k, v, causal, softmax_scale, *, window=None, bias=None):
     band = band_of(window, causal)
     _check_shapes(q, k, v, causal and band is None)
-    return fa4.forward(q, k, v, causal and band is None, softmax_scale, **_fa4_window(band))
+    if bias is not None:
+        check_bias(bias, q, k)
+    return fa4.forward(q, k, v, causal and band is None, softmax_scale, bias, **_fa4_window(band))
 
 
-def _fa4_backward(dout, q, k, v, out, lse, causal, softmax_scale, *, window=None):
+def _fa4_backward(dout, q, k, v, out, lse, causal, softmax_scale, *, window=None, bias=None):
     band = band_of(window, causal)
     _check_shapes(q, k, v, causal and band is None)
-    return fa4.backward(dout, q, k, v, out, lse, causal and band is None, softmax_scale, **_fa4_window(band))
+    if bias is not None:
+        check_bias(bias, q, k)
+    return fa4.backward(dout, q, k, v, out, lse, causal and band is None, softmax_scale, bias,
+                        **_fa4_window(band))
 
 
 def _fa4_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, *,
