@@ -241,12 +241,14 @@ def _write(path, text):
     ("gpus_per_node = 0\n", "gpus_per_node 0 must be a whole number of 1 or more"),
     ("[fabric.mine]\nclass = \"intra-node\"\ngb_s = 10.0\nlatency_us = 1.0\n", "has no source"),
     ("[fabric.mine]\nclass = \"between\"\ngb_s = 10.0\nlatency_us = 1.0\nsource = \"x\"\n", "has class 'between'"),
+    ("[fabric.mine]\nclass = \"intra-node\"\ngb_s = 10.0\nsource = \"x\"\n",
+     "fabric row 'mine' has no latency_us; write latency_us (or a measured curve in place of gb_s and latency_us)"),
     # The GPU's own row laid over by one of another class: it was taken as the intra-node link at 1 GB/s.
     ("nodes = 2\n[fabric.nvlink4]\nclass = \"inter-node\"\ngb_s = 1.0\nlatency_us = 5.0\nsource = \"x\"\n",
      "fabric row 'nvlink4', the intra-node link of H100, has class 'inter-node'; give it class 'intra-node', or "
      "name another row as intra"),
 ], ids=["unknown-key", "bad-toml", "unknown-link", "wrong-class", "zero-gpus", "no-source", "bad-class",
-        "own-row-wrong-class"])
+        "no-latency", "own-row-wrong-class"])
 def test_predict_refuses_a_bad_cluster_file_in_one_sentence(tmp_path, body, words):
     path = _write(tmp_path / "cluster.toml", body)
     res = ringbench_here("predict", "--variant", "zigzag", "--gpu", "H100", "--cluster", str(path), cwd=tmp_path)
@@ -1077,6 +1079,25 @@ def test_calibration_and_prediction_files_are_refused_with_their_own_fix(tmp_pat
     res = ringbench_here(*args, cwd=tmp_path)
     assert res.returncode == 2, res.stdout + res.stderr
     assert " ".join(res.stderr.split()) == says
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda raw: raw.update(device_type="tpu"), "has device_type 'tpu', which is neither cuda nor cpu"),
+    (lambda raw: raw["overheads"].update(launch_ms=-1), "has launch_ms -1, which must be a number of ms, 0 or more"),
+])
+def test_a_calibration_file_with_a_bad_device_type_or_launch_cost_is_refused_naming_the_file(change, says):
+    """A device_type of tpu was refused as "device 'tpu' is unknown; pass --device", blaming an option the
+    user had not given; a negative launch_ms was taken and priced every transfer below nothing."""
+    import copy
+
+    from importlib import resources
+
+    raw = json.loads(resources.files("ringbench.model").joinpath("calibrations/h100.json").read_text(encoding="utf-8"))
+    raw = copy.deepcopy(raw)
+    change(raw)
+    with pytest.raises(C.SpecError) as got:
+        C.from_dict(raw, "'mine.json'")
+    assert str(got.value) == f"calibration 'mine.json' {says}; write it again with ringbench calibrate"
 
 
 @pytest.mark.parametrize("variant,degree", [("zigzag", 0), ("usp", 4), ("llama3", 0)])

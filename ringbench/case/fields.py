@@ -550,7 +550,8 @@ class CaseSpec:
                       "document, itself included (query p sees keys p - L + 1 .. p); a size such as 4096 or 4k; on "
                       "the flash-attn-4, flash-attn, torch-flash, cpu and math kernels", 0, 0, default_text="none",
                       label="window={}", optional=True, parse=_SIZE["window"], check=_check_window)
-    mask: str = row("any mask, as NAME[:PARAMS] (token counts, sizes such as 4k): causal; full; window:L (as "
+    mask: str = row("any mask, as NAME[:PARAMS] (a family's token counts take sizes such as 4k; slices' positions "
+                    "are whole numbers): causal; full; window:L (as "
                     "--window L) or window:L,R (two-sided, non-causal: query p sees keys p - L + 1 .. p + R); "
                     "prefix:P (a bidirectional prompt of P tokens, causal after); shared-prefix:P,answers=A (a "
                     "causal prompt of P tokens, then A equal answers, each seeing the prompt and itself); chunked:C "

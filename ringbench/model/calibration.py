@@ -490,9 +490,11 @@ def from_dict(raw: Any, where: str) -> Calibration:
 
         if not kernels:
             raise _bad(where, "holds no kernel")
+        if raw["device_type"] not in ("cuda", "cpu"):
+            raise _bad(where, f"has device_type {raw['device_type']!r}, which is neither cuda nor cpu")
         return Calibration(device=str(raw["device"]), device_type=str(raw["device_type"]), kernels=kernels,
                            merge=overhead("merge"), add=overhead("add"), copy=overhead("copy"),
-                           launch_ms=float(over["launch_ms"]), comm=dict(raw.get("comm") or {}),
+                           launch_ms=_positive(where, "launch_ms", over["launch_ms"]), comm=dict(raw.get("comm") or {}),
                            host_ms={} if version == 1 else {key: _positive(where, f"{key} host_ms", over[key]["host_ms"])
                                                             for key in ("merge", "add", "copy")},
                            schema_version=version, env=raw.get("env"), source=str(raw.get("source") or where),

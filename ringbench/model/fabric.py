@@ -133,6 +133,9 @@ def _row(name: str, raw: Any, where: str) -> Link:
         return Link(name, str(raw.get("title", name)), cls, None, 0.0, pairs, source)
     for key in ("gb_s", "latency_us"):
         value = raw.get(key)
+        if value is None:
+            raise SpecError(f"{where}: fabric row {name!r} has no {key}; write {key} (or a measured curve in place "
+                            "of gb_s and latency_us)")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 value > 0 if key == "gb_s" else value >= 0) or not math.isfinite(value):
             rule = "a positive number of GB/s per direction" if key == "gb_s" else "0 or more microseconds"
