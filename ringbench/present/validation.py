@@ -91,12 +91,12 @@ CHECK_A = RecordCheck(
     Bound(0.08, median=MEDIAN_BOUND, min_records=30), device="NVIDIA H200")
 #: Check (a) again on one H100: the only card lent on 2026-12-07, with the calibration it measured first in the
 #: same lease (shipped as ringbench/model/calibrations/h100.json) and these records after it; a case measured
-#: again by a later engine (the masks' joined slices, then their window calls folded in one launch) is
-#: checked on its latest record.
+#: again by a later engine (the masks' joined slices, then their window calls folded in one launch, then the
+#: lease of 2026-12-08 with the median rank's reference) is checked on its latest record.
 CHECK_A_H100 = RecordCheck(
     "a, H100", "ringbench's own records on one H100",
     (f"{REFERENCE}/2026-12-07/h100/runs.jsonl", f"{REFERENCE}/2026-12-07-s4/h100/runs.jsonl",
-     f"{REFERENCE}/2026-12-07-s4/h100/ab_fa4_new.jsonl"),
+     f"{REFERENCE}/2026-12-07-s4/h100/ab_fa4_new.jsonl", f"{REFERENCE}/2026-12-08-h100/call4/runs.jsonl"),
     Bound(0.08, median=MEDIAN_BOUND, min_records=30), device="NVIDIA H100 80GB HBM3", latest=True)
 CHECK_B = RecordCheck(
     "b", "the real two-GPU records of 2026-11-30 (2 x H200, NCCL over NVLink)",
