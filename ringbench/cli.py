@@ -647,8 +647,9 @@ def predict(
     fabric: Optional[str] = _FABRIC,
     cluster: Optional[Path] = _CLUSTER,
     calibration: Optional[List[Path]] = _CALIBRATION,
-    placement: Optional[str] = typer.Option(None, "--placement", metavar="ulysses-inner|ring-inner", help=PLACEMENT_HELP, show_default=False,
-                                  parser=options.ValueType("text", _placement)),
+    placement: Optional[str] = typer.Option(None, "--placement", metavar="ulysses-inner|ring-inner",
+                                            help=PLACEMENT_HELP, show_default=False,
+                                            parser=options.ValueType("text", _placement)),
     json_out: bool = typer.Option(False, "--json", help="Print one predicted record per line (predicted: true) on "
                                   "stdout instead of the table."),
     against: Optional[List[Path]] = typer.Option(None, "--against", metavar="FILE", help="Predict every measured run record "
@@ -657,9 +658,9 @@ def predict(
                                                  "for several files. Other lines are counted as left out, and records "
                                                  "the model cannot predict (peers...) are listed with the reason. The "
                                                  "case options are not taken with it. Exit 1 past the bounds."),
-    bound: Optional[float] = typer.Option(None, "--bound", metavar="PERCENT", help="With --against: the largest error allowed "
-                                "for any record, a percentage such as 8%. Default: 8%.", show_default=False,
-                                parser=options.ValueType("percent", _bound)),
+    bound: Optional[float] = typer.Option(None, "--bound", metavar="PERCENT", help="With --against: the largest error "
+                                          "allowed for any record, a percentage such as 8%. Default: 8%.",
+                                          show_default=False, parser=options.ValueType("percent", _bound)),
     median_bound: Optional[float] = typer.Option(None, "--median-bound", metavar="PERCENT", help="With --against: the "
                                                  "largest median error allowed, such as 3%. Default: none.",
                                                  show_default=False, parser=options.ValueType("percent", _bound)),
@@ -713,9 +714,9 @@ def predict(
         if against:
             if out is not None:
                 raise SpecError("--out does not go with --against, which writes no records; drop --out")
-            _against(against, case, bound=Bound(0.08 if bound is None else bound, median_bound, min_records), gpu=gpu, calibration=calibration,
-                     cluster=cluster, gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric, json_out=json_out,
-                     latest=latest)
+            _against(against, case, bound=Bound(0.08 if bound is None else bound, median_bound, min_records),
+                     gpu=gpu, calibration=calibration, cluster=cluster, gpus_per_node=gpus_per_node, nodes=nodes,
+                     fabric=fabric, json_out=json_out, latest=latest)
         for name, value in (("bound", bound), ("median-bound", median_bound), ("min-records", min_records),
                             ("latest", latest or None)):
             if value is not None:
