@@ -489,15 +489,19 @@ def _placement(value: str) -> str:
     return value
 
 
-def _bound(text: str) -> float:
-    raw = text.strip().rstrip("%")
-    try:
-        value = float(raw) / 100
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 10:
-        raise SpecError(f"bound {text!r} is not a percentage above 0, such as 8%; pass --bound 8%")
-    return value
+def _percent(option: str, example: str):
+    """The parser of a percentage option such as ``--bound``, whose refusal names it."""
+    def read(text: str) -> float:
+        raw = text.strip().rstrip("%")
+        try:
+            value = float(raw) / 100
+        except ValueError:
+            value = -1.0
+        if not 0 < value < 10:
+            raise SpecError(f"{option.lstrip('-')} {text!r} is not a percentage above 0, such as {example}; pass "
+                            f"{option} {example}")
+        return value
+    return read
 
 
 def _prediction_target(case: dict, *, gpu, calibration, cluster, gpus_per_node, nodes, fabric):
@@ -524,11 +528,8 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     target, and the model's refusals of the others (``schedule.refusal``: a peer, a mask an engine's
     steps are not walked under), one sentence each; every case refused is refused with the first."""
     from ringbench.model import schedule
-    from ringbench.case.spec import kernel_refusal
     from ringbench.model.target import world_sizes
     from ringbench.sweep import build
-    from ringbench.variants import get_variant
-    from ringbench.variants.kernels import KERNELS
 
     for name in MEASURING:
         if case.get(name) is not None and case[name] is not False:  # 0 too: --warmup 0 still measures
@@ -549,7 +550,6 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     # Built with auto, then each kernel asked for held to the kernels' rules with the calibration's kernels as
     # the fixes' choices: a fix naming a kernel the calibration lacks would only be refused next.
     kernels = _listed(case, "kernel") or ["auto"]
-    calibrated = {name: KERNELS[name] for name in tgt.kernels() if name in KERNELS}
     cases = []
     for w in world_sizes(case.pop("world_size", None), tgt):
         given = {**case, "kernel": ["auto"], "world_size": [w], "device": device}
@@ -557,7 +557,7 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
         for spec in built:
             for name in kernels:
                 if name != "auto":
-                    reason = get_variant(spec.variant).check_kernel(name) or kernel_refusal(spec, name, calibrated)
+                    reason = _calibrated_refusal(spec, name, tgt)
                     if reason:
                         raise SpecError(reason)
                 cases.append(spec.replace(kernel=name))
@@ -571,7 +571,7 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
         if spec.kernel == "auto":
             # auto: the first calibrated kernel that the GPU runs and that takes the case, as run's auto takes
             # the first available one.
-            reasons = {name: kernel_refusal(spec, name, calibrated) for name in tgt.kernels()}
+            reasons = {name: _calibrated_refusal(spec, name, tgt) for name in tgt.kernels()}
             takes = [name for name, why in reasons.items() if why is None]
             if not takes:
                 refused.append(next(iter(reasons.values())))
@@ -581,6 +581,17 @@ def _predicted_cases(case: dict, tgt) -> tuple[list, list[str]]:
     if not kept:
         raise SpecError(refused[0])
     return kept, list(dict.fromkeys(refused))
+
+
+def _calibrated_refusal(spec, name: str, tgt) -> Optional[str]:
+    """Why kernel ``name`` cannot take ``spec`` (its variant's rule, then the kernels'), in one sentence whose
+    fix names only the calibration's kernels (a kernel it lacks would be refused next), or ``None``."""
+    from ringbench.case.spec import kernel_refusal
+    from ringbench.variants import get_variant
+    from ringbench.variants.kernels import KERNELS
+
+    calibrated = {n: KERNELS[n] for n in tgt.kernels() if n in KERNELS}
+    return get_variant(spec.variant).check_kernel(name) or kernel_refusal(spec, name, calibrated)
 
 
 def _predict_record(spec, tgt, placement: str) -> dict:
@@ -660,10 +671,12 @@ def predict(
                                                  "case options are not taken with it. Exit 1 past the bounds."),
     bound: Optional[float] = typer.Option(None, "--bound", metavar="PERCENT", help="With --against: the largest error "
                                           "allowed for any record, a percentage such as 8%. Default: 8%.",
-                                          show_default=False, parser=options.ValueType("percent", _bound)),
+                                          show_default=False,
+                                          parser=options.ValueType("percent", _percent("--bound", "8%"))),
     median_bound: Optional[float] = typer.Option(None, "--median-bound", metavar="PERCENT", help="With --against: the "
                                                  "largest median error allowed, such as 3%. Default: none.",
-                                                 show_default=False, parser=options.ValueType("percent", _bound)),
+                                                 show_default=False,
+                                                 parser=options.ValueType("percent", _percent("--median-bound", "3%"))),
     min_records: Optional[int] = typer.Option(None, "--min-records", metavar="INT", help="With --against: the fewest "
                                               "records that must be predicted for the check to pass. Default: one.",
                                               show_default=False,
@@ -891,9 +904,14 @@ def advise_command(
         device = tgt.calibration.device_type
 
         def build_at(fields: dict, w: int):
-            cases, _ = build.build_cases("run", None, {**fields, "world_size": [w], "device": device},
-                                         machine=(device, w), resolve_kernels=False)
-            return cases[0]
+            # Built with auto, then the candidate's kernel held to the kernels' rules among the calibration's.
+            cases, _ = build.build_cases("run", None, {**fields, "kernel": "auto", "world_size": [w],
+                                                       "device": device}, machine=(device, w), resolve_kernels=False)
+            kernel = fields.get("kernel") or "auto"
+            reason = _calibrated_refusal(cases[0], kernel, tgt) if kernel != "auto" else None
+            if reason:
+                raise SpecError(reason)
+            return cases[0].replace(kernel=kernel)
 
         cands = adv.candidates(shape, world_size=world_size, nodes=nodes_n, kernels=kernels, device=device,
                                both_placements=both_placements)

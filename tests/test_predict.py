@@ -1082,6 +1082,9 @@ def test_calibration_and_prediction_files_are_refused_with_their_own_fix(tmp_pat
 
 
 @pytest.mark.parametrize("change, says", [
+    (lambda raw: raw["kernels"]["torch-flash"].update(
+        surfaces=[s for s in raw["kernels"]["torch-flash"]["surfaces"] if s["mode"] != "bwd"]),
+     "has no bwd surface for kernel torch-flash"),  # it was a traceback when priced, exit 1
     (lambda raw: raw.update(device_type="tpu"), "has device_type 'tpu', which is neither cuda nor cpu"),
     (lambda raw: raw["overheads"].update(launch_ms=-1), "has launch_ms -1, which must be a number of ms, 0 or more"),
 ])

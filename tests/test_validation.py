@@ -154,12 +154,14 @@ def test_against_cli_prints_each_error_and_exits_1_past_the_bound(measured_file)
     (["--against", "runs.jsonl", "--out", "p.jsonl"], "--out does not go with --against"),
     (["--against", "runs.jsonl", "--min-records", "0"], "min-records 0 must be 1 or more"),
     (["--against", "runs.jsonl", "--median-bound", "three"], "is not a percentage"),
+    (["--against", "runs.jsonl", "--median-bound", "0%"],
+     "median-bound '0%' is not a percentage above 0, such as 3%; pass --median-bound 3%"),
     (["--variant", "zigzag", "--gpu", "H100", "--bound", "5%"], "--bound bounds the check of --against"),
     (["--variant", "zigzag", "--variant", "stripe", "--gpu", "H100", "--placement", "ring-inner"],
      "--placement ring-inner places the Ulysses and ring groups of a hybrid such as usp, and zigzag and stripe have "
      "none; drop --placement"),
 ], ids=["median-alone", "min-alone", "latest-alone", "out-suffix", "out-against", "min-zero", "median-word",
-        "bound-alone", "placement-no-hybrid"])
+        "median-zero", "bound-alone", "placement-no-hybrid"])
 def test_predict_refuses_bad_against_and_out_options_in_one_sentence(tmp_path, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)
     res = _invoke("predict", *args)
@@ -175,6 +177,19 @@ def test_against_refuses_files_without_a_record_to_check(tmp_path):
     with pytest.raises(Exception, match=r"holds no ok run record with a time to check \(left out 2 lines: 1 verify "
                                         r"record, 1 with status skipped\)"):
         against.measured_records([path])
+
+
+@pytest.mark.parametrize("change", [{"time_ms": "NaN"}, {"time_ms": -3.0}, {"time_ms": float("inf")}, {"env": "x"}])
+def test_against_leaves_out_records_with_an_impossible_time_or_a_damaged_env(tmp_path, change):
+    """A time of -3 was checked (error -273%), a text time or a text env came out as a traceback (exit 1)."""
+    from ringbench.present.validation import CHECK_A, ROOT
+
+    good = next(json.loads(line) for line in (ROOT / CHECK_A.files[0]).read_text().splitlines()
+                if json.loads(line).get("status") == "ok")
+    path = tmp_path / "runs.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, **change}) + "\n", encoding="utf-8")
+    measured = against.measured_records([path])
+    assert len(measured.records) == 1 and "left out 1 line" in measured.left_out_text()
 
 
 def test_against_with_nothing_the_model_can_predict_exits_2_in_one_sentence(tmp_path, monkeypatch):

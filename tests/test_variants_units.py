@@ -357,6 +357,12 @@ def test_kernels_resolve_names_the_value_the_rule_and_the_fix(kwargs, pattern):
         resolve_kernel(kwargs.pop("name"), kernels=kernels, **kwargs)
 
 
+def test_a_kernel_of_another_device_is_refused_offering_only_kernels_that_take_the_rest_of_the_case():
+    """flash-attn-4 on CPU with ALiBi offered the cpu kernel, which refuses a bias."""
+    reason = check_kernel(KERNELS["flash-attn-4"], "cpu", bias="alibi", head_dim=64)
+    assert reason == "kernel 'flash-attn-4' runs on cuda, not cpu; pass --kernel with one of flex, math or auto"
+
+
 def test_as_kernel_resolves_names_and_checks_kernel_objects_by_the_same_rules():
     assert as_kernel("auto", "cpu", torch.float32, head_dim=32, varlen=True).name == "cpu"
     assert as_kernel(KERNELS["math"], "cpu", torch.float64) is KERNELS["math"]

@@ -19,6 +19,7 @@ Source: issue 24, item 4.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,8 +95,11 @@ def _why_left_out(rec: Any) -> Optional[tuple[str, str]]:
         return f"{task} record", f"{task} records"
     if rec.get("status") != "ok":
         return _same(f"with status {rec.get('status')}")
-    if not rec.get("time_ms"):
-        return "ok record without a time", "ok records without a time"
+    time_ms = rec.get("time_ms")
+    if isinstance(time_ms, bool) or not isinstance(time_ms, (int, float)) or not 0 < time_ms < math.inf:
+        return "ok record without a time", "ok records without a time"  # none, 0, negative, infinite or text
+    if not isinstance(rec.get("env", {}), dict):
+        return "record with a damaged env", "records with a damaged env"
     return None
 
 

@@ -477,6 +477,9 @@ def from_dict(raw: Any, where: str) -> Calibration:
                 if s["mask"] == "window" and any(not p.get("window", 0) > 0 for p in points):
                     raise _bad(where, f"has a {name} window point without a positive window")
                 surfaces.append(Surface(s["mode"], s["mask"], shape, points))
+            missing = [m for m in MODES if not any(s.mode == m for s in surfaces)]
+            if missing:
+                raise _bad(where, f"has no {missing[0]} surface for kernel {name}")
             host = {} if version == 1 else {m: _positive(where, f"{name} host_ms {m}", k["host_ms"][m]) for m in MODES}
             timing = dict.fromkeys(MODES, HOST_INCLUSIVE) if version == 1 else dict(k.get("timing") or {})
             kernels[name] = KernelCalibration(name, k.get("version"), tuple(surfaces), host, timing)

@@ -347,8 +347,12 @@ def check_kernel(kernel: Kernel, device_type: str, *, dtype: torch.dtype | None 
         return (f"the {kernel.name} kernel cannot return the per-head max logit ({kernel.no_max_logit}), which "
                 f"--max-logit needs; pass --kernel {' or '.join(names) or 'math'}")
     if kernel.device_type not in (device_type, "any"):
+        # Only kernels of this device that take the rest of the case: one that refuses it would be refused next.
+        takers = [n for n in kernels_for(device_type, registry) if check_kernel(
+            registry[n], device_type, dtype=dtype, head_dim=head_dim, varlen=varlen, head_dim_v=head_dim_v,
+            window=window, mask=mask, bias=bias, max_logit=max_logit, kernels=registry) is None]
         return (f"kernel {kernel.name!r} runs on {kernel.device_type}, not {device_type}; "
-                f"pass --kernel with one of {', '.join(kernels_for(device_type, registry))} or auto")
+                + (f"pass --kernel with one of {', '.join(takers)} or auto" if takers else "pass --kernel auto"))
     if head_dim is not None:
         reason = kernel.check_head_dim(head_dim, head_dim_v)
         if reason:
