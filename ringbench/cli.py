@@ -694,9 +694,16 @@ def predict(
     from ringbench.sweep import fit
     from ringbench.variants import get_variant
 
+    targets: dict = {}
+
     def target_of(given: dict):
-        return _prediction_target(given, gpu=gpu, calibration=calibration, cluster=cluster,
-                                  gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
+        # Settled once per dtype (the one case option it reads): the seqlens an offer tries all share it, and
+        # each settling reads the calibration and cluster files again.
+        key = repr(given.get("dtype"))
+        if key not in targets:
+            targets[key] = _prediction_target(given, gpu=gpu, calibration=calibration, cluster=cluster,
+                                              gpus_per_node=gpus_per_node, nodes=nodes, fabric=fabric)
+        return targets[key]
 
     before = copy.deepcopy(case)
 
